@@ -1,0 +1,46 @@
+# verl-hpo: `make search SPACE=kl_lr` and `make test` are all a fresh clone needs;
+# both install the virtualenv on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SPACE ?= kl_lr
+STUDY ?=
+N_TRIALS ?=
+STORAGE ?=
+PYTEST_ARGS ?=
+
+.PHONY: install search resume best test test-fast lint typecheck clean-studies
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# the CPU build of torch (a bare `torch` would pull a multi-GB CUDA build)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev,distributed]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+search: $(STAMP)
+	$(VENV)/bin/verl-hpo search --space $(SPACE) $(if $(STUDY),--study $(STUDY)) \
+		$(if $(N_TRIALS),--n-trials $(N_TRIALS)) $(if $(STORAGE),--storage $(STORAGE))
+
+resume: $(STAMP)
+	$(VENV)/bin/verl-hpo resume --study $(or $(STUDY),$(SPACE)) $(if $(STORAGE),--storage $(STORAGE))
+
+best: $(STAMP)
+	$(VENV)/bin/verl-hpo best --study $(or $(STUDY),$(SPACE)) $(if $(STORAGE),--storage $(STORAGE))
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check verl_core hpo tests
+	$(VENV)/bin/mypy
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy

@@ -1,0 +1,137 @@
+"""Rewards: rule-based scorers chosen by ``data_source``, user functions, HF reward models.
+
+Every scorer follows verl's contract ``compute_score(data_source, solution_str,
+ground_truth, extra_info) -> float | dict`` (a dict must hold ``"score"``), so a file
+written for verl's ``custom_reward_function.path`` works unchanged here. The
+sequence score is placed on the last valid response token (verl's convention) and
+divided by ``reward_model.temperature``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verl_core.config import Config, ConfigError
+
+ScoreFn = Callable[..., Any]
+
+_INT_RE = re.compile(r"-?\d+")
+_GSM8K_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+def arith_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    """1.0 when the response's leading integer equals the ground truth, else 0.0."""
+    m = _INT_RE.match(solution_str.strip())
+    return 1.0 if m is not None and m.group(0) == str(ground_truth).strip() else 0.0
+
+
+def gsm8k_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None,
+                format_score: float = 0.0, score: float = 1.0) -> float:
+    """verl's GSM8K rule: the last ``#### N`` in the last 300 characters, ``,``/``$`` stripped."""
+    matches = _GSM8K_RE.findall(solution_str[-300:])
+    if not matches:
+        return 0.0
+    answer = matches[-1].replace(",", "").replace("$", "")
+    return score if answer == str(ground_truth) else format_score
+
+
+SCORERS: dict[str, ScoreFn] = {
+    "synthetic/arith": arith_score,
+    "openai/gsm8k": gsm8k_score,
+    "gsm8k": gsm8k_score,
+}
+
+
+def default_compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Any:
+    """Dispatch on ``data_source`` like verl's ``default_compute_score``."""
+    fn = SCORERS.get(data_source)
+    if fn is None:
+        raise ConfigError(f"no rule-based scorer for data_source={data_source!r} (known: {', '.join(SCORERS)}); "
+                          "set custom_reward_function.path or reward_model.enable")
+    return fn(data_source, solution_str, ground_truth, extra_info)
+
+
+def load_custom_function(path: str, name: str) -> ScoreFn:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"custom_reward_function.path={path!r}: no such file")
+    spec = importlib.util.spec_from_file_location(f"custom_reward_{p.stem}", p)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        raise ConfigError(f"custom_reward_function.path={path!r}: failed to import ({type(err).__name__}: {err})") \
+            from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ConfigError(f"custom_reward_function.name={name!r}: not a function in {path}")
+    return fn  # type: ignore[no-any-return]
+
+
+def _as_float(result: Any) -> float:
+    if isinstance(result, dict):
+        return float(result["score"])
+    return float(result)
+
+
+class RuleReward:
+    """Scores decoded responses with a rule/custom function."""
+
+    def __init__(self, fn: ScoreFn) -> None:
+        self.fn = fn
+
+    def __call__(self, responses: list[str], examples: list[Any], prompts: list[str]) -> list[float]:
+        return [_as_float(self.fn(e.data_source, r, e.ground_truth, e.extra_info)) for r, e in zip(responses, examples)]
+
+
+class ModelReward:
+    """An HF ``AutoModelForSequenceClassification`` reward model; the score is logit 0 of prompt+response."""
+
+    def __init__(self, path: str, device: torch.device, micro_batch: int | None, max_length: int | None) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        if not Path(path).expanduser().is_dir():
+            raise ConfigError(f"reward_model.model.path={path!r}: no such model directory")
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForSequenceClassification.from_pretrained(path).to(device).eval()
+        if self.model.config.pad_token_id is None:
+            self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.device, self.micro_batch, self.max_length = device, micro_batch, max_length
+
+    @torch.no_grad()
+    def __call__(self, responses: list[str], examples: list[Any], prompts: list[str]) -> list[float]:
+        texts = [p + r for p, r in zip(prompts, responses)]
+        step = self.micro_batch or len(texts)
+        out: list[float] = []
+        for i in range(0, len(texts), step):
+            enc = self.tokenizer(texts[i : i + step], return_tensors="pt", padding=True, add_special_tokens=False,
+                                 truncation=self.max_length is not None, max_length=self.max_length).to(self.device)
+            out += self.model(**enc).logits[:, 0].float().tolist()
+        return out
+
+
+def build_reward(cfg: Config, device: torch.device) -> RuleReward | ModelReward:
+    rm = cfg.reward_model
+    if rm.enable:
+        assert rm.model.path is not None
+        return ModelReward(rm.model.path, device, rm.micro_batch_size_per_gpu, rm.max_length)
+    if cfg.custom_reward_function.path:
+        return RuleReward(load_custom_function(cfg.custom_reward_function.path, cfg.custom_reward_function.name))
+    return RuleReward(default_compute_score)
+
+
+def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence score on its last valid response token. (B,), (B, T) -> (B, T)."""
+    out = torch.zeros_like(response_mask, dtype=torch.float32)
+    last = (response_mask.sum(-1) - 1).clamp(min=0).long()
+    out[torch.arange(out.shape[0]), last] = scores.float()
+    return out * response_mask

