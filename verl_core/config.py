@@ -139,6 +139,16 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: int | None = _f(
         None, "Samples per forward when computing old/ref log-probs; null = ppo_micro_batch_size_per_gpu."
     )
+    # vLLM engine knobs (rollout.name=vllm), passed through to vllm.LLM
+    gpu_memory_utilization: float = _f(0.5, "vLLM: fraction of GPU memory for weights + KV cache.")
+    tensor_model_parallel_size: int = _f(1, "vLLM: tensor-parallel degree.")
+    max_num_seqs: int = _f(256, "vLLM: max sequences per engine step.")
+    max_num_batched_tokens: int = _f(8192, "vLLM: max tokens per engine step.")
+    enforce_eager: bool = _f(True, "vLLM: no CUDA graphs (faster start; graphs speed long runs on GPU).")
+    free_cache_engine: bool = _f(True, "vLLM: sleep (free KV cache) between rollouts so training gets the memory.")
+    dtype: str = _f("auto", "vLLM weights dtype: auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16, "
+                            "float32.", ("auto", "bfloat16", "float16", "float32"))
+    cpu_kvcache_space_gb: float = _f(1.0, "vLLM on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
 
 
 @dataclass

@@ -54,6 +54,11 @@ def _clip_grad(params: list[torch.nn.Parameter], max_norm: float) -> float:
     return float(torch.stack(norms).norm()) if norms else 0.0
 
 
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 activations -> fp32 for log-softmax and losses; fp32/fp64 stay as they are."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
 def _token_normalizer(mask: torch.Tensor, mode: str) -> float:
     """Denominator that makes micro-batch losses add up to the mini-batch loss."""
     return float(mask.sum().clamp(min=1)) if mode == "token-mean" else float(mask.shape[0])
@@ -70,7 +75,7 @@ class Policy:
         with self.autocast():
             logits = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
                                 position_ids=mb["position_ids"], use_cache=False).logits
-        logits = logits[:, -resp_len - 1 : -1].float() / self.temperature  # (B, R, V)
+        logits = _upcast(logits[:, -resp_len - 1 : -1]) / self.temperature  # (B, R, V), fp32 at least
         log_probs = algos.logprobs_from_logits(logits, mb["responses"])
         entropy = algos.entropy_from_logits(logits) if with_entropy else None
         return log_probs, entropy
@@ -104,17 +109,17 @@ class Actor(Policy):
             mb["old_log_probs"], log_prob, mb["advantages"], mask, lo, hi, c.clip_ratio_c, c.loss_agg_mode, normalizer
         )
         loss = pg_loss
-        metrics = {"actor/pg_loss": float(pg_loss), "actor/pg_clipfrac": float(clipfrac),
-                   "actor/ppo_kl": float(ppo_kl), "actor/pg_clipfrac_lower": float(clipfrac_lower)}
+        metrics = {"actor/pg_loss": pg_loss.item(), "actor/pg_clipfrac": clipfrac.item(),
+                   "actor/ppo_kl": ppo_kl.item(), "actor/pg_clipfrac_lower": clipfrac_lower.item()}
         if entropy is not None:
             ent = algos.agg_loss(entropy, mask, c.loss_agg_mode, normalizer)
             loss = loss - c.entropy_coeff * ent
-            metrics["actor/entropy_loss"] = float(ent)
+            metrics["actor/entropy_loss"] = ent.item()
         if c.use_kl_loss:
             kl = algos.kl_penalty(log_prob, mb["ref_log_probs"], c.kl_loss_type)
             kl_loss = algos.agg_loss(kl, mask, c.loss_agg_mode, normalizer)
             loss = loss + c.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = float(kl_loss)
+            metrics["actor/kl_loss"] = kl_loss.item()
             metrics["actor/kl_coef"] = c.kl_loss_coef
         return loss, metrics
 
@@ -158,7 +163,7 @@ class Critic:
         with self.autocast():
             out = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
                              position_ids=mb["position_ids"], use_cache=False).logits
-        return out[:, -resp_len - 1 : -1, 0].float()  # (B, R): V(s_t) before emitting token t
+        return _upcast(out[:, -resp_len - 1 : -1, 0])  # (B, R): V(s_t) before emitting token t
 
     @torch.no_grad()
     def compute_values(self, batch: Batch, micro: int) -> torch.Tensor:
@@ -182,7 +187,7 @@ class Critic:
                         self.cfg.loss_agg_mode, norm,
                     )
                     vf_loss.backward()
-                    loss_sum += float(vf_loss)
+                    loss_sum += vf_loss.item()
                     clip_sum += float(vf_clipfrac) * mb["responses"].shape[0] / mini_batch["responses"].shape[0]
                 sums["critic/grad_norm"].append(_clip_grad(self.params, self.cfg.grad_clip))
                 self.optimizer.step()

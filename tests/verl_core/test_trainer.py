@@ -1,0 +1,147 @@
+"""The trainer for real: it learns, is deterministic, resumes exactly, and its extras work."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, eval_curve, read_metrics, run_trainer
+
+FAST = ["trainer.cpu_threads=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.ppo_epochs=1"]
+VERL_METRICS = ["critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/values/mean",
+                "critic/vf_loss", "critic/vf_clipfrac", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
+                "actor/entropy", "actor/grad_norm", "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff",
+                "response_length/mean", "perf/throughput", "perf/cpu_memory_used_gb"]
+STAGES = ["gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step"]
+
+
+def _non_timing(row: dict) -> dict:
+    return {k: v for k, v in row["data"].items() if not k.startswith(("timing_s/", "perf/"))}
+
+
+def test_default_run_learns(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """tiny_arith: eval reward (sampled) rises by >= 0.15 over its step-0 value in 40 PPO steps."""
+    out = run_trainer(["train", "--config", "tiny_arith", "--metrics-file", "m.jsonl",
+                       "trainer.total_training_steps=40"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = read_metrics(tmp_path / "m.jsonl")
+    curve = eval_curve(rows)
+    assert sorted(curve) == [0, 10, 20, 30, 40]
+    assert curve[40] - curve[0] >= 0.15, curve
+    step = rows[1]["data"]
+    for key in VERL_METRICS + [f"timing_s/{s}" for s in STAGES]:
+        assert key in step, key
+    assert "eval/reward_std" in rows[0]["data"]
+    assert "step:1 - " in out.stdout  # verl's console format
+
+
+def test_same_seed_same_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
+    runs = []
+    for name in ("a", "b"):
+        out = run_trainer(["train", "--metrics-file", f"{name}.jsonl", "trainer.total_training_steps=3",
+                           "trainer.test_freq=3", *FAST], tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs.append([_non_timing(r) for r in read_metrics(tmp_path / f"{name}.jsonl")])
+    assert runs[0] == runs[1]
+    other = run_trainer(["train", "--metrics-file", "c.jsonl", "trainer.total_training_steps=3",
+                         "trainer.test_freq=3", "trainer.seed=2", *FAST], tmp_path)
+    assert [_non_timing(r) for r in read_metrics(tmp_path / "c.jsonl")] != runs[0]
+
+
+def test_resume_after_kill_matches_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    args = ["trainer.total_training_steps=6", "trainer.save_freq=2", "trainer.test_freq=3", *FAST]
+    ref = run_trainer(["train", "--metrics-file", "ref.jsonl", "trainer.default_local_dir=ck_ref", *args], tmp_path)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    expected = [_non_timing(r) for r in read_metrics(tmp_path / "ref.jsonl")]
+
+    cmd = [sys.executable, "-m", "verl_core", "train", "--metrics-file", "int.jsonl",
+           "trainer.default_local_dir=ck_int", *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = tmp_path / "int.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill it right after step 5 is logged (last checkpoint: step 4)
+        if metrics.is_file() and any(r["step"] == 5 for r in read_metrics(metrics)):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (tmp_path / "ck_int" / "global_step_4" / "state.pt").is_file()
+    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout and "global_step_4" in resumed.stdout
+    got = [_non_timing(r) for r in read_metrics(metrics)]
+    assert [r["step"] for r in read_metrics(metrics)] == [1, 2, 3, 4, 5, 6]
+    assert got == expected
+    assert (tmp_path / "ck_int" / "global_step_6" / "actor" / "huggingface" / "config.json").is_file()
+
+
+def test_grpo_with_kl_loss_filter_and_dynamic_gamma(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = run_trainer(["train", "--metrics-file", "m.jsonl", "trainer.total_training_steps=3", *FAST,
+                       "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
+                       "algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=true",
+                       "actor_rollout_ref.actor.kl_threshold=1e-6", "algorithm.dynamic_gamma.enable=true",
+                       "algorithm.dynamic_gamma.var_threshold=0.001", "algorithm.dynamic_gamma.min_gamma=0.5"],
+                      tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = read_metrics(tmp_path / "m.jsonl")
+    assert all("critic/values/mean" not in r["data"] for r in rows)  # no critic in GRPO
+    assert all("actor/kl_loss" in r["data"] for r in rows)
+    # step 1: actor == reference, nothing filtered; afterwards the tiny threshold filters tokens out
+    assert rows[0]["data"]["actor/kl_filtered_frac"] == 0.0
+    assert rows[-1]["data"]["actor/kl_filtered_frac"] > 0.0
+    # binary rewards near p~0.3 have variance >> 2 * 0.001, so gamma sits at its floor
+    assert rows[-1]["data"]["algorithm/gamma"] == pytest.approx(0.5)
+
+
+def test_custom_reward_function_and_reward_temperature(tiny_model_dir: Path, tmp_path: Path) -> None:
+    fn = tmp_path / "my_reward.py"
+    fn.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    return {'score': 0.5, 'acc': False}\n")
+    out = run_trainer(["train", "--metrics-file", "m.jsonl", "trainer.total_training_steps=2", *FAST,
+                       f"custom_reward_function.path={fn}", "reward_model.temperature=2.0",
+                       "trainer.test_freq=2"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = read_metrics(tmp_path / "m.jsonl")
+    assert rows[-1]["data"]["critic/score/mean"] == pytest.approx(0.25)  # scaled by 1/temperature
+    assert rows[-1]["data"]["eval/reward_mean"] == pytest.approx(0.5)  # validation reports raw scores
+
+
+def test_hf_reward_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rm = Qwen2ForSequenceClassification(Qwen2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
+        num_key_value_heads=1, head_dim=64, num_labels=1, pad_token_id=tok.pad_token_id))
+    rm.save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    out = run_trainer(["train", "--metrics-file", "m.jsonl", "trainer.total_training_steps=1", *FAST,
+                       "reward_model.enable=true", f"reward_model.model.path={tmp_path / 'rm'}"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    score = read_metrics(tmp_path / "m.jsonl")[0]["data"]
+    assert score["critic/score/max"] != score["critic/score/min"]  # real, varying model scores
+    assert score["critic/score/mean"] not in (0.0, 1.0)
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("actor_rollout_ref.model.path=/nonexistent/model", "not a local Hugging Face model directory"),
+    ("data.train_files=/nonexistent.parquet", "data.train_files='/nonexistent.parquet': no such file"),
+    ("data.val_files=corrupt.parquet", "not a readable parquet file"),
+])
+def test_bad_paths_are_one_line_errors(tmp_path: Path, override: str, needle: str) -> None:
+    (tmp_path / "corrupt.parquet").write_bytes(b"not parquet at all")
+    out = run_trainer(["train", "--metrics-file", "m.jsonl", override], tmp_path)
+    assert out.returncode == 2
+    assert needle in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
