@@ -235,6 +235,32 @@ class AlgorithmConfig:
     dynamic_gamma: DynamicGammaConfig = _sub(DynamicGammaConfig, "Dynamic-gamma schedule.")
 
 
+# ----------------------------------------------------------------------------- evaluation
+@dataclass
+class ToxicityConfig:
+    enable: bool = _f(True, "Score validation responses for toxicity: eval/toxicity_mean, eval/toxicity_max.")
+    model: str | None = _f(None, "Local HF sequence-classification model (e.g. a downloaded toxic-bert) scoring "
+                                 "the toxic class probability; null = alt-profanity-check (offline, built in).")
+    label: str | None = _f(None, "Toxic class label of that model; null = the label containing 'toxic', else 1.")
+    batch_size: int = _f(32, "Responses per toxicity-model forward.")
+
+
+@dataclass
+class LatencyConfig:
+    enable: bool = _f(True, "Time the policy answering validation prompts: eval/latency_p50, eval/latency_p95.")
+    batch_size: int = _f(4, "Requests per generation batch; each request's latency is its batch's time.")
+    num_batches: int = _f(8, "Timed batches (after warm-up).")
+    warmup_batches: int = _f(1, "Untimed warm-up batches.")
+
+
+@dataclass
+class EvaluationConfig:
+    toxicity: ToxicityConfig = _sub(ToxicityConfig, "Toxicity evaluator.")
+    latency: LatencyConfig = _sub(LatencyConfig, "Latency evaluator.")
+    custom: list[str] = _f([], "User evaluators 'name=path/to/file.py:function' or 'name=package.module:function'; "
+                               "fn(prompts, responses, examples) -> float | dict[str, float], logged as eval/<name>.")
+
+
 # ----------------------------------------------------------------------------- trainer
 @dataclass
 class TrainerConfig:
@@ -261,6 +287,7 @@ class Config:
     reward_model: RewardModelConfig = _sub(RewardModelConfig, "Reward model and reward scaling.")
     custom_reward_function: CustomRewardFunctionConfig = _sub(CustomRewardFunctionConfig, "User reward fn.")
     algorithm: AlgorithmConfig = _sub(AlgorithmConfig, "Advantages and KL.")
+    evaluation: EvaluationConfig = _sub(EvaluationConfig, "Extra validation metrics (toxicity, latency, custom).")
     trainer: TrainerConfig = _sub(TrainerConfig, "Run control.")
 
 
@@ -555,6 +582,16 @@ def validate(cfg: Config) -> DerivedSizes:
     if cfg.reward_model.enable:
         _check(bool(cfg.reward_model.model.path),
                "reward_model.model.path=None: reward_model.enable=true needs a model path")
+    lat = cfg.evaluation.latency
+    for key, value in (("evaluation.latency.batch_size", lat.batch_size),
+                       ("evaluation.latency.num_batches", lat.num_batches),
+                       ("evaluation.toxicity.batch_size", cfg.evaluation.toxicity.batch_size)):
+        _check(value > 0, f"{key}={value} must be positive")
+    _check(lat.warmup_batches >= 0, f"evaluation.latency.warmup_batches={lat.warmup_batches} must be >= 0")
+    for spec in cfg.evaluation.custom:
+        name, sep, target = spec.partition("=")
+        _check(bool(sep and name.strip() and ":" in target),
+               f"evaluation.custom: {spec!r} is not 'name=path/to/file.py:function' or 'name=module:function'")
     for name in cfg.trainer.logger:
         _check(name in ("console", "file"), f"trainer.logger: {name!r} is not one of console, file")
     _check(d.max_prompt_length + d.max_response_length <= 1 << 20, "data lengths are unreasonably large")

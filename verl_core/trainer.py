@@ -26,6 +26,7 @@ from verl_core import algos
 from verl_core.checkpoint import find_latest, load_checkpoint, save_checkpoint, truncate_metrics
 from verl_core.config import Config, ConfigError, derive_sizes
 from verl_core.data import Example, PromptBatch, PromptSampler, collate, load_examples
+from verl_core.evaluators import build_text_evaluators, measure_latency
 from verl_core.rewards import build_reward, token_level_scores
 from verl_core.rollout import SamplingParams, build_rollout, response_mask
 from verl_core.tracking import Tracking, default_metrics_path
@@ -122,6 +123,7 @@ class PPOTrainer:
             self.critic = Critic(self._load_critic(critic_path), cfg.critic, self.autocast)
         self.rollout = build_rollout(arr.rollout.name, self.actor.model, self.pad_id, self.eos_id, self.autocast)
         self.reward_fn = build_reward(cfg, self.device)
+        self.text_evaluators = build_text_evaluators(cfg.evaluation, self.device)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = algos.get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.reward_vars: deque[float] = deque(maxlen=cfg.algorithm.dynamic_gamma.window)
@@ -309,6 +311,9 @@ class PPOTrainer:
         scores: list[float] = []
         lengths: list[float] = []
         sources: list[str] = []
+        prompts: list[str] = []
+        texts: list[str] = []
+        examples: list[Example] = []
         t0 = time.perf_counter()
         with torch.random.fork_rng(devices=[self.device] if self.cuda else []):
             torch.manual_seed(self.cfg.trainer.seed * 31 + 17)  # the same validation draw at every evaluation
@@ -319,14 +324,35 @@ class PPOTrainer:
                 scores += self._score(pb, batch, vk.n).tolist()
                 lengths += batch["response_mask"].sum(-1).tolist()
                 sources += [e.data_source for e in pb.examples for _ in range(vk.n)]
+                examples += [e for e in pb.examples for _ in range(vk.n)]
+                texts += self._decode(batch["responses"], batch["response_mask"])
+            prompts = [e.prompt_text for e in examples]
+            extra: dict[str, float] = {}
+            for evaluator in self.text_evaluators:
+                extra.update(evaluator(prompts, texts, examples))
+            if self.cfg.evaluation.latency.enable:
+                extra.update(self._latency(params))
         arr = np.asarray(scores, dtype=np.float64)
         m: dict[str, Any] = {"eval/reward_mean": float(arr.mean()), "eval/reward_std": float(arr.std()),
                              "eval/response_length_mean": float(np.mean(lengths))}
         for src in sorted(set(sources)):
             sel = [s for s, ds in zip(scores, sources) if ds == src]
             m[f"val-core/{src}/reward/mean@{vk.n}"] = float(np.mean(sel))
+        m.update({f"eval/{k}": v for k, v in extra.items()})
         m["timing_s/testing"] = time.perf_counter() - t0
         return m
+
+    def _latency(self, params: SamplingParams) -> dict[str, float]:
+        """Seconds per request answering validation prompts in batches (see evaluators.measure_latency)."""
+        one = SamplingParams(1, params.temperature, params.top_p, params.top_k, params.do_sample,
+                             params.max_new_tokens)
+
+        def generate(indices: list[int]) -> None:
+            pb = self._prompt_batch(indices, self.val_data)
+            self.rollout.generate(pb.input_ids, pb.attention_mask, one)
+
+        sync = torch.cuda.synchronize if self.cuda else (lambda: None)
+        return measure_latency(generate, len(self.val_data), self.cfg.evaluation.latency, sync)
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:

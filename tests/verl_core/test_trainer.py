@@ -25,7 +25,9 @@ STAGES = ["gen", "reward", "old_log_prob", "ref", "values", "adv", "update_criti
 
 
 def _non_timing(row: dict) -> dict:
-    return {k: v for k, v in row["data"].items() if not k.startswith(("timing_s/", "perf/"))}
+    """Everything but wall-clock measurements (stage timings, throughput, memory, latency)."""
+    return {k: v for k, v in row["data"].items()
+            if not k.startswith(("timing_s/", "perf/", "eval/latency_"))}
 
 
 def test_default_run_learns(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -54,6 +56,7 @@ def test_same_seed_same_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert runs[0] == runs[1]
     other = run_trainer(["train", "--metrics-file", "c.jsonl", "trainer.total_training_steps=3",
                          "trainer.test_freq=3", "trainer.seed=2", *FAST], tmp_path)
+    assert other.returncode == 0, other.stderr[-2000:]
     assert [_non_timing(r) for r in read_metrics(tmp_path / "c.jsonl")] != runs[0]
 
 
