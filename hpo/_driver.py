@@ -1,0 +1,493 @@
+"""The Optuna loop: one trainer subprocess per trial, pruning, reward-aware early stopping, failure mapping,
+interrupt handling and resume.
+
+Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, ``exit_code``,
+``first_metric_s``, ``last_step``, ``trial_dir``, ``worker``):
+
+* ran to the end            -> COMPLETE, value = last objective value
+* ``stop_reason=converged`` -> COMPLETE, value = last objective value, ``compute_saved_s``
+* ``stop_reason=pruned``    -> PRUNED (Optuna stores the last reported value), ``compute_saved_s``
+* ``fail_reason=oom|timeout|crash`` -> COMPLETE with the worst value (``-inf``/``+inf``), or FAIL with
+  ``on_failure: fail``; ``stderr_tail`` (and ``error``) say why
+* interrupted (Ctrl-C, SIGTERM, driver death) -> FAIL without ``fail_reason``; a WAITING copy with the same
+  parameters is queued, so ``resume`` runs it first. Trials of a SIGKILLed driver are found on resume
+  (same host: the recorded driver pid is gone) or by Optuna's heartbeat (other hosts).
+
+"Finished" trials, which count towards ``study.n_trials``: COMPLETE, PRUNED, and FAIL with ``fail_reason``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from hpo._report import Reporter, summary
+from hpo._runner import (
+    ENV_DRIVER,
+    ENV_STUDY,
+    ENV_TRIAL,
+    TrialProcess,
+    driver_identity,
+    identity_alive,
+    is_finite,
+    read_tail,
+    sweep_orphans,
+)
+from hpo._space import EarlyStopping, PrunerSpec, SamplerSpec, Space, SpaceError, space_from_stored
+from hpo._storage import open_storage, study_exists
+
+ATTR_SPACE = "hpo:space"
+ATTR_SOURCE = "hpo:source"
+ATTR_TARGET = "hpo:n_trials"
+EXIT_INTERRUPTED: dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143}
+
+
+class TrialInterrupted(Exception):
+    """The driver was asked to stop while this trial ran; it is queued again for resume."""
+
+
+class TrialFailed(Exception):
+    """A trial failed and ``on_failure: fail`` asks for state FAIL (caught by ``study.optimize``)."""
+
+
+class DriverError(Exception):
+    """A runtime problem that is not bad input (exit 1)."""
+
+
+# ----------------------------------------------------------------------------- Optuna objects
+def make_sampler(spec: SamplerSpec, n_existing: int) -> optuna.samplers.BaseSampler:
+    """Seed = base seed + existing trials, so a resumed study does not replay the same suggestions."""
+    seed = None if spec.seed is None else spec.seed + n_existing
+    if spec.type == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials)
+
+
+def make_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
+    if spec.type == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=spec.n_startup_trials,
+                                           n_warmup_steps=spec.n_warmup_steps, interval_steps=spec.interval_steps)
+    if spec.type == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=spec.min_resource,
+                                              max_resource=spec.max_resource or "auto",
+                                              reduction_factor=spec.reduction_factor)
+    if spec.type == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=spec.min_resource,
+                                                      reduction_factor=spec.reduction_factor)
+    return optuna.pruners.NopPruner()
+
+
+def is_finished(t: FrozenTrial) -> bool:
+    return t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (
+        t.state == TrialState.FAIL and "fail_reason" in t.user_attrs)
+
+
+def n_finished(study: optuna.Study) -> int:
+    return sum(is_finished(t) for t in study.get_trials(deepcopy=False))
+
+
+def queue_retry(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) -> None:
+    """Queue a WAITING copy with the same parameters (Optuna's own retry callback, so the copy carries
+    ``failed_trial``/``retry_history`` system attrs)."""
+    optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)(study, trial)
+
+
+def recover_dead_trials(study: optuna.Study, max_retry: int | None) -> list[int]:
+    """RUNNING trials whose driver on this host is gone (SIGKILL, power loss): fail them and queue retries.
+    Trials of drivers on other hosts are left to the heartbeat."""
+    recovered = []
+    for t in study.get_trials(deepcopy=True, states=(TrialState.RUNNING,)):
+        ident = t.user_attrs.get("worker")
+        if not isinstance(ident, dict) or identity_alive(ident) is not False:
+            continue
+        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        queue_retry(study, t, max_retry)
+        recovered.append(t.number)
+    return recovered
+
+
+# ----------------------------------------------------------------------------- devices
+def detect_devices() -> list[str]:
+    """GPU ids visible to the driver: its CUDA_VISIBLE_DEVICES, else nvidia-smi, else none (CPU)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+class DevicePool:
+    """Hands out ``per_trial`` device ids to each running trial (blocking while none are free)."""
+
+    def __init__(self, devices: list[str], per_trial: int) -> None:
+        self.free = list(devices)
+        self.per_trial = min(per_trial, len(devices))
+        self._cond = threading.Condition()
+
+    def acquire(self, stop: threading.Event | None = None) -> list[str]:
+        if self.per_trial == 0:
+            return []
+        with self._cond:
+            while not self._cond.wait_for(lambda: len(self.free) >= self.per_trial, timeout=0.5):
+                if stop is not None and stop.is_set():
+                    return []
+            taken, self.free = self.free[: self.per_trial], self.free[self.per_trial:]
+            return taken
+
+    def release(self, taken: list[str]) -> None:
+        with self._cond:
+            self.free.extend(taken)
+            self._cond.notify_all()
+
+
+# ----------------------------------------------------------------------------- one trial's live state
+@dataclasses.dataclass
+class _Watch:
+    """Reports objective values to Optuna and decides pruning / convergence, one metrics line at a time."""
+
+    trial: Trial
+    space: Space
+    total_steps: int | None
+    on_eval: Callable[[int, float], None]
+    value: float | None = None
+    streak: int = 0
+    step_times: list[float] = dataclasses.field(default_factory=list)
+    reported: set[int] = dataclasses.field(default_factory=set)
+
+    def __call__(self, step: int, data: dict[str, Any]) -> str | None:
+        t = data.get("timing_s/step")
+        if isinstance(t, (int, float)) and is_finite(t):
+            self.step_times.append(float(t))
+        decision = None
+        metric = self.space.objective.metric
+        if metric in data:
+            v = data[metric]
+            self.value = float(v) if is_finite(v) else math.nan
+            if is_finite(v) and step not in self.reported:
+                self.reported.add(step)
+                self.trial.report(float(v), step)
+                self.on_eval(step, float(v))
+                if self.space.study.pruner.type != "none" and self.trial.should_prune():
+                    decision = "pruned"
+        es: EarlyStopping = self.space.early_stopping
+        if decision is None and es.enabled and es.metric in data and is_finite(data[es.metric]):
+            self.streak = self.streak + 1 if float(data[es.metric]) < es.threshold else 0
+            if self.streak >= es.patience and self.value is not None and math.isfinite(self.value):
+                decision = "converged"
+        return decision
+
+    def compute_saved_s(self, last_step: int | None, wall_s: float) -> float | None:
+        """Remaining steps x mean step time (measured by the trainer, else wall time per step)."""
+        if self.total_steps is None or last_step is None:
+            return None
+        left = max(0, self.total_steps - last_step)
+        if self.step_times:
+            per = sum(self.step_times) / len(self.step_times)
+        else:
+            per = wall_s / max(1, last_step)
+        return round(left * per, 3)
+
+
+# ----------------------------------------------------------------------------- the driver
+class Driver:
+    """Runs one study of one space to its target number of finished trials."""
+
+    def __init__(self, space: Space, study: optuna.Study, studies_dir: Path, reporter: Reporter,
+                 stop_event: threading.Event, cwd: str | None = None) -> None:
+        self.space = space
+        self.study = study
+        self.study_dir = studies_dir / study.study_name
+        self.trials_dir = self.study_dir / "trials"
+        self.reporter = reporter
+        self.stop_event = stop_event
+        self.cwd = cwd or os.getcwd()
+        self.identity = driver_identity()
+        spec = space.trial
+        self.pool = DevicePool(list(spec.devices) if spec.devices is not None else detect_devices(),
+                               spec.gpus_per_trial)
+
+    # -- argv / files
+    def command(self) -> list[str]:
+        cmd = list(self.space.trial.command)
+        if cmd and cmd[0] == "python":  # the driver's interpreter (the venv), not whatever is on PATH
+            cmd[0] = sys.executable
+        return cmd
+
+    def trainer_overrides(self, values: dict[str, Any], trial_dir: Path) -> list[str]:
+        overrides = self.space.trainer_overrides(values)
+        if self.space.trial.is_default_command:
+            overrides.append(f"trainer.default_local_dir={trial_dir / 'checkpoints'}")
+        return overrides
+
+    def total_steps(self, overrides: list[str]) -> int | None:
+        if self.space.trial.is_default_command:
+            from verl_core.config import load_config
+
+            return int(load_config(self.space.config, overrides).trainer.total_training_steps)
+        for o in overrides:
+            if o.startswith("trainer.total_training_steps="):
+                try:
+                    return int(o.partition("=")[2])
+                except ValueError:
+                    return None
+        return None
+
+    def write_trial_files(self, trial_dir: Path, argv: list[str], env: dict[str, str], overrides: list[str],
+                          params: dict[str, Any]) -> None:
+        shown_env = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", *self.space.trial.env) if k in env}
+        (trial_dir / "command.json").write_text(json.dumps(
+            {"argv": argv, "env": shown_env, "cwd": self.cwd, "shell": shlex.join(argv)}, indent=2) + "\n")
+        (trial_dir / "params.json").write_text(json.dumps(params, indent=2) + "\n")
+        if self.space.trial.is_default_command:
+            from verl_core.config import dump_yaml, load_config
+
+            text = dump_yaml(load_config(self.space.config, overrides))
+        else:
+            text = yaml.safe_dump({"config": self.space.config, "overrides": overrides}, sort_keys=False)
+        (trial_dir / "config.yaml").write_text(text)
+
+    def trial_env(self, trial: Trial, devices: list[str], metrics: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.space.trial.env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        env["VERL_FILE_LOGGER_PATH"] = str(metrics)  # verl's own file-logger variable
+        env["PYTHONUNBUFFERED"] = "1"
+        env[ENV_STUDY] = self.study.study_name
+        env[ENV_TRIAL] = str(trial.number)
+        env[ENV_DRIVER] = json.dumps(self.identity)
+        return env
+
+    # -- prepare
+    def prepare(self) -> None:
+        """Build the model/data the config needs once, before any trial (its time is no trial's)."""
+        cmd = self.space.trial.prepare_command
+        if not cmd:
+            return
+        argv = [sys.executable if c == "python" and i == 0 else c for i, c in enumerate(cmd)]
+        argv += ["--config", self.space.config, *self.space.trainer_overrides({})]
+        log_dir = self.study_dir / "prepare"
+        self.reporter.note(f"preparing model and data: {' '.join(argv[1:])}")
+        result = TrialProcess(argv=argv, env=dict(os.environ), log_dir=log_dir,
+                              metrics_path=log_dir / "metrics.jsonl", cwd=self.cwd,
+                              stop_event=self.stop_event).run()
+        if result.stop == "interrupted":
+            raise TrialInterrupted("interrupted while preparing")
+        if result.exit_code != 0:
+            last = (result.stderr_tail.strip().splitlines() or ["(no output)"])[-1]
+            if result.exit_code == 2:
+                raise SpaceError(f"prepare failed: {last}")
+            raise DriverError(f"prepare failed (exit {result.exit_code}): {last}; see {log_dir}/stderr.log")
+
+    # -- the objective
+    def objective(self, trial: Trial) -> float:
+        retry_of = self._frozen(trial.number).system_attrs.get("failed_trial")
+        values = {p.name: _suggest(trial, p) for p in self.space.params}
+        if self.stop_event.is_set():
+            self._interrupt(trial)
+        trial_dir = self.trials_dir / str(trial.number)
+        if trial_dir.exists():
+            shutil.rmtree(trial_dir)
+        trial_dir.mkdir(parents=True)
+        metrics = trial_dir / "metrics.jsonl"
+        overrides = self.trainer_overrides(values, trial_dir)
+        argv = [*self.command(), "--config", self.space.config, "--metrics-file", str(metrics), *overrides]
+        trial.set_user_attr("worker", self.identity)
+        trial.set_user_attr("trial_dir", str(trial_dir))
+        if retry_of is not None:
+            trial.set_user_attr("retry_of", retry_of)
+        total = self.total_steps(overrides)
+        self.reporter.trial_started(trial.number, values, retry_of)
+        entered = time.monotonic()
+        devices = self.pool.acquire(self.stop_event)
+        try:
+            env = self.trial_env(trial, devices, metrics)
+            self.write_trial_files(trial_dir, argv, env, overrides, values)
+            mem = [0.0]
+
+            def on_eval(step: int, value: float) -> None:
+                self.reporter.trial_eval(trial.number, step, total, value, mem[0])
+
+            def on_tick(step: int | None, gb: float) -> None:
+                mem[0] = gb
+                self.reporter.trial_tick(trial.number, step, total, gb)
+
+            watch = _Watch(trial, self.space, total, on_eval)
+            spec = self.space.trial
+            proc = TrialProcess(argv=argv, env=env, log_dir=trial_dir, metrics_path=metrics, cwd=self.cwd,
+                                timeout_s=spec.timeout_s, memory_limit_gb=spec.memory_limit_gb,
+                                on_metrics=watch, on_tick=on_tick, stop_event=self.stop_event)
+            result = proc.run()
+        finally:
+            self.pool.release(devices)
+        attrs: dict[str, Any] = {
+            "peak_memory_gb": round(result.peak_memory_gb, 4), "wall_time_s": round(result.wall_time_s, 3),
+            "exit_code": result.exit_code, "last_step": result.last_step,
+            "first_metric_s": None if result.first_metric_s is None else round(result.first_metric_s, 3),
+            # driver time between a device being free and the trainer being spawned (files, config)
+            "launch_overhead_s": None if proc.spawned_at is None else round(proc.spawned_at - entered, 4),
+        }
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        if result.stop == "interrupted":
+            self._interrupt(trial)
+        if result.stop in ("pruned", "converged"):
+            trial.set_user_attr("stop_reason", result.stop)
+            saved = watch.compute_saved_s(result.last_step, result.wall_time_s)
+            if saved is not None:
+                trial.set_user_attr("compute_saved_s", saved)
+            if result.stop == "pruned":
+                raise optuna.TrialPruned(f"pruned at step {result.last_step}")
+            assert watch.value is not None
+            return watch.value
+        failure, error = result.failure, None
+        if failure is None and (watch.value is None or math.isnan(watch.value)):
+            failure = "crash"
+            error = (f"exited {result.exit_code} without a finite {self.space.objective.metric}"
+                     if watch.value is None else f"{self.space.objective.metric} is NaN")
+        if failure is None:
+            assert watch.value is not None
+            return watch.value
+        return self._fail(trial, failure, error, read_tail(trial_dir / "stderr.log"))
+
+    def _fail(self, trial: Trial, reason: str, error: str | None, stderr_tail: str) -> float:
+        trial.set_user_attr("fail_reason", reason)
+        if error:
+            trial.set_user_attr("error", error)
+        if stderr_tail:
+            trial.set_user_attr("stderr_tail", stderr_tail[-4000:])
+        if self.space.trial.on_failure == "fail":
+            raise TrialFailed(f"trial {trial.number}: {reason}")
+        return self.space.objective.worst
+
+    def _frozen(self, number: int) -> FrozenTrial:
+        return next(t for t in self.study.get_trials(deepcopy=True) if t.number == number)
+
+    def _interrupt(self, trial: Trial) -> None:
+        queue_retry(self.study, self._frozen(trial.number), max_retry=None)
+        trial.set_user_attr("interrupted", True)
+        trial.set_user_attr("stop_reason", "interrupted")
+        raise TrialInterrupted(f"trial {trial.number} interrupted")
+
+    # -- the loop
+    def run(self, target: int) -> int:
+        """Run until the study has ``target`` finished trials. Returns the number of trials run."""
+        self.trials_dir.mkdir(parents=True, exist_ok=True)
+        killed = sweep_orphans(self.study.study_name)
+        if killed:
+            self.reporter.note(f"killed {killed} leftover trial process(es) of a dead driver")
+        recovered = recover_dead_trials(self.study, self.space.study.max_retry)
+        if recovered:
+            self.reporter.note(f"trial(s) {', '.join(map(str, recovered))} were interrupted by a driver crash; "
+                               "retrying with the same parameters")
+        remaining = target - n_finished(self.study)
+        if remaining <= 0:
+            return 0
+        self.prepare()
+
+        def after_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+            done = n_finished(study)
+            self.reporter.trial_finished(study, trial, done)
+            if done >= target:
+                study.stop()
+
+        self.study.optimize(self.objective, n_trials=remaining, n_jobs=self.space.trial.n_jobs,
+                            catch=(TrialFailed,), callbacks=[after_trial])
+        return remaining
+
+    def summary(self, storage: str) -> str:
+        return summary(self.study, storage, str(self.trials_dir))
+
+
+def _suggest(trial: Trial, p: Any) -> Any:
+    if p.type == "categorical":
+        return trial.suggest_categorical(p.name, list(p.choices))
+    if p.type == "int":
+        return trial.suggest_int(p.name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+    return trial.suggest_float(p.name, p.low, p.high, step=p.step, log=p.log)
+
+
+# ----------------------------------------------------------------------------- studies
+def quiet_optuna() -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
+
+
+def _essentials(raw: dict[str, Any]) -> dict[str, Any]:
+    return {k: raw.get(k) for k in ("config", "overrides", "params", "objective")}
+
+
+def _jsonable(raw: dict[str, Any]) -> dict[str, Any]:
+    return dict(json.loads(json.dumps(raw, default=str)))
+
+
+def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:
+    """Create the study, or load it when it exists with the same space (else SpaceError)."""
+    storage = open_storage(storage_url, space.study)
+    direction = space.objective.direction
+    n_existing = 0
+    if study_exists(storage, study_name):
+        old = optuna.load_study(study_name=study_name, storage=storage)
+        stored = old.user_attrs.get(ATTR_SPACE)
+        if stored is not None and _essentials(stored) != _essentials(_jsonable(space.raw)):
+            raise SpaceError(f"study {study_name!r} in {storage_url} was made from a different space "
+                             f"({old.user_attrs.get(ATTR_SOURCE)}); choose another --study or use resume")
+        if old.direction.name.lower() != direction:
+            raise SpaceError(f"study {study_name!r} has direction {old.direction.name.lower()}, space says "
+                             f"{direction}")
+        n_existing = len(old.trials)
+    study = optuna.create_study(study_name=study_name, storage=storage, direction=space.objective.direction_literal,
+                                load_if_exists=True,
+                                sampler=make_sampler(space.study.sampler, n_existing),
+                                pruner=make_pruner(space.study.pruner))
+    if ATTR_SPACE not in study.user_attrs:
+        study.set_user_attr(ATTR_SPACE, _jsonable(space.raw))
+        study.set_user_attr(ATTR_SOURCE, space.source)
+    study.set_user_attr(ATTR_TARGET, space.study.n_trials)
+    return study
+
+
+def load_stored(study_name: str, storage_url: str, n_trials: int | None) -> tuple[Space, optuna.Study]:
+    """The space a study was made from, and the study opened with a sampler reseeded for resume."""
+    from hpo._space import StudySpec
+
+    storage = open_storage(storage_url, StudySpec())
+    if not study_exists(storage, study_name):
+        raise SpaceError(f"no study {study_name!r} in {storage_url} (start one with verl-hpo search)")
+    old = optuna.load_study(study_name=study_name, storage=storage)
+    raw = old.user_attrs.get(ATTR_SPACE)
+    if not isinstance(raw, dict):
+        raise SpaceError(f"study {study_name!r} in {storage_url} was not made by verl-hpo (no stored space)")
+    space = space_from_stored(raw, str(old.user_attrs.get(ATTR_SOURCE, "stored space")), study_name)
+    target = n_trials or int(old.user_attrs.get(ATTR_TARGET, space.study.n_trials))
+    space = dataclasses.replace(space, study=dataclasses.replace(space.study, n_trials=target))
+    storage = open_storage(storage_url, space.study)
+    study = optuna.load_study(study_name=study_name, storage=storage,
+                              sampler=make_sampler(space.study.sampler, len(old.trials)),
+                              pruner=make_pruner(space.study.pruner))
+    if n_trials is not None:
+        study.set_user_attr(ATTR_TARGET, target)
+    return space, study

@@ -1,0 +1,198 @@
+"""Plain-text progress (works without a TTY), the final table of top trials, and ``best`` output."""
+
+from __future__ import annotations
+
+import math
+import resource
+import shlex
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+
+from hpo._space import Space, format_value
+
+BAR_WIDTH = 20
+
+
+def fmt_value(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if math.isinf(value) or math.isnan(value):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def fmt_params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
+def outcome(t: FrozenTrial) -> str:
+    """One word for how a trial ended: ok, converged, pruned, oom, timeout, crash, interrupted, running."""
+    ua = t.user_attrs
+    if t.state == TrialState.RUNNING:
+        return "running"
+    if t.state == TrialState.WAITING:
+        return "queued"
+    if "fail_reason" in ua:
+        return str(ua["fail_reason"])
+    if t.state == TrialState.FAIL:
+        return "interrupted"
+    if t.state == TrialState.PRUNED:
+        return "pruned"
+    return str(ua.get("stop_reason", "ok"))
+
+
+class Reporter:
+    """Progress over trials (with the running best) and a live line per running trial.
+
+    On a TTY the live line is redrawn in place; otherwise one line is printed per evaluation, so logs
+    and tests see the same information."""
+
+    def __init__(self, stream: TextIO | None = None, target: int = 0, direction: str = "maximize") -> None:
+        self.stream = stream or sys.stdout
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.target = target
+        self.direction = direction
+        self._lock = threading.Lock()
+        self._live = False
+        self._last_tick: dict[int, float] = {}
+
+    def _write(self, line: str, live: bool = False) -> None:
+        with self._lock:
+            if self.tty:
+                self.stream.write("\r\033[K" + line + ("" if live else "\n"))
+                self._live = live
+            elif not live:
+                self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def header(self, study: str, storage: str, trials_dir: str, finished: int, target: int) -> None:
+        self.target = target
+        self._write(f"study {study}: {finished}/{target} finished trials; storage {storage}; logs {trials_dir}")
+
+    def note(self, text: str) -> None:
+        self._write(text)
+
+    def trial_started(self, number: int, params: dict[str, Any], retry_of: int | None) -> None:
+        again = f" (retry of trial {retry_of})" if retry_of is not None else ""
+        self._write(f"  trial {number} started{again}: {fmt_params(params)}")
+
+    def trial_eval(self, number: int, step: int, total: int | None, value: float, mem_gb: float) -> None:
+        of = f"/{total}" if total else ""
+        line = f"  trial {number} step {step}{of} objective {fmt_value(value)} mem {mem_gb:.2f} GB"
+        self._write(line, live=self.tty)
+
+    def trial_tick(self, number: int, step: int | None, total: int | None, mem_gb: float) -> None:
+        if not self.tty:
+            return
+        now = time.monotonic()
+        if now - self._last_tick.get(number, 0.0) < 1.0:
+            return
+        self._last_tick[number] = now
+        of = f"/{total}" if total else ""
+        self._write(f"  trial {number} step {'-' if step is None else step}{of} mem {mem_gb:.2f} GB", live=True)
+
+    def trial_finished(self, study: optuna.Study, trial: FrozenTrial, finished: int) -> None:
+        done = min(finished, self.target) if self.target else finished
+        filled = int(BAR_WIDTH * done / self.target) if self.target else 0
+        bar = "#" * filled + "-" * (BAR_WIDTH - filled)
+        best = best_trial(study)
+        best_txt = f"best {fmt_value(best.value)} (trial {best.number})" if best is not None else "best -"
+        ua = trial.user_attrs
+        wall = ua.get("wall_time_s")
+        extra = f" {wall:.1f}s" if isinstance(wall, (int, float)) else ""
+        if isinstance(ua.get("peak_memory_gb"), (int, float)):
+            extra += f" peak {ua['peak_memory_gb']:.2f} GB"
+        self._write(f"[{bar}] {finished}/{self.target} | {best_txt} | trial {trial.number} "
+                    f"{trial.state.name} {fmt_value(trial.value)} {outcome(trial)}{extra}")
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The best COMPLETE trial with a finite value (failed trials complete with +-inf)."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.value is not None and math.isfinite(t.value)]
+    if not done:
+        return None
+    sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
+    return max(done, key=lambda t: sign * float(t.value))  # type: ignore[arg-type]
+
+
+def top_table(study: optuna.Study, limit: int = 10) -> str:
+    """A text table of the top trials (best first; failures and pruned trials after)."""
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    trials = [t for t in study.get_trials(deepcopy=False)
+              if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]
+
+    def key(t: FrozenTrial) -> tuple[int, float]:
+        v = t.value
+        if t.state != TrialState.COMPLETE or v is None or not math.isfinite(v):
+            return (1, 0.0)
+        return (0, -v if maximize else v)
+
+    trials.sort(key=key)
+    names = sorted({k for t in trials for k in t.params})
+    head = ["trial", "value", "outcome", *names, "steps", "wall_s", "peak_gb"]
+    rows = [head]
+    for t in trials[:limit]:
+        ua = t.user_attrs
+        rows.append([
+            str(t.number), fmt_value(t.value), outcome(t),
+            *(fmt_value(t.params[n]) if isinstance(t.params.get(n), float) else str(t.params.get(n, "-"))
+              for n in names),
+            str(ua.get("last_step", "-")), fmt_value(ua.get("wall_time_s")), fmt_value(ua.get("peak_memory_gb")),
+        ])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    if len(trials) > limit:
+        lines.append(f"... {len(trials) - limit} more")
+    return "\n".join(lines)
+
+
+def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
+    counts: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        counts[outcome(t)] = counts.get(outcome(t), 0) + 1
+    saved = sum(float(t.user_attrs.get("compute_saved_s", 0.0)) for t in study.get_trials(deepcopy=False))
+    parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    driver_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return (f"{top_table(study)}\n"
+            f"trials: {parts}; early stopping and pruning saved ~{saved:.0f}s of trainer time; "
+            f"driver peak RSS {driver_mb:.0f} MB\n"
+            f"study {study.study_name} in {storage}\n"
+            f"trial logs in {trials_dir}/<number>/ (command.json, config.yaml, stdout.log, stderr.log, "
+            f"metrics.jsonl)")
+
+
+# ----------------------------------------------------------------------------- best
+def best_overrides(space: Space, trial: FrozenTrial) -> list[str]:
+    return [f"{p.key}={format_value(trial.params[p.name])}" for p in space.params if p.name in trial.params]
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def render_best(space: Space, trial: FrozenTrial, fmt: str) -> str:
+    """``overrides``: one shell-ready line of tuned ``key=value``; ``yaml``: the same as a nested config
+    fragment; ``command``: the full trainer command (config, fixed overrides, tuned values)."""
+    if fmt == "yaml":
+        flat = {p.key: trial.params[p.name] for p in space.params if p.name in trial.params}
+        return yaml.safe_dump(nest(flat), sort_keys=False).rstrip()
+    tuned = best_overrides(space, trial)
+    if fmt == "command":
+        fixed = [f"{k}={format_value(v)}" for k, v in space.overrides.items()]
+        argv = [*space.trial.command, "--config", space.config, *fixed, *tuned]
+        return shlex.join(argv)
+    return shlex.join(tuned)

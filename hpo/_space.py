@@ -1,0 +1,524 @@
+"""The experiment file: ``search_spaces/<name>.yaml`` parsed into a typed, validated :class:`Space`.
+
+One file defines one experiment: the trainer config it starts from, fixed trainer overrides, the
+parameters to tune (Optuna's short distribution form, each mapped to a dotted trainer key), the
+objective, early stopping, the study settings (sampler, pruner, heartbeats) and how trials run.
+
+Every problem raises :class:`SpaceError`, whose message is one line naming the file (or the
+``--override`` it came from), the field and the value. Nothing here touches a study or the disk
+beyond reading the file. Trainer keys are checked with ``verl_core.config`` (torch-free) when the
+default trial command is used; other commands are trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SPACES_DIR = Path("search_spaces")
+DEFAULT_COMMAND = ("python", "-m", "verl_core", "train")
+DEFAULT_PREPARE_COMMAND = ("python", "-m", "verl_core", "prepare")
+# Trainer keys the driver sets itself for every trial (so a space must not).
+DRIVER_KEYS = ("trainer.default_local_dir",)
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+_MAX_CORNER_CHECKS = 64
+
+
+class SpaceError(ValueError):
+    """A bad experiment file or override; ``str(err)`` is one line for the user."""
+
+
+def _meta(help: str, choices: tuple[Any, ...] | None = None) -> dict[str, Any]:
+    return {"help": help, "choices": choices}
+
+
+# ----------------------------------------------------------------------------- sections
+@dataclass(frozen=True)
+class Objective:
+    """What a trial is scored by. Later modes (weighted, pareto) will extend this section."""
+
+    metric: str = field(default="eval/reward_mean", metadata=_meta("Metric name in metrics.jsonl."))
+    direction: str = field(default="maximize", metadata=_meta("maximize or minimize.", ("maximize", "minimize")))
+
+    @property
+    def direction_literal(self) -> typing.Literal["maximize", "minimize"]:
+        return "minimize" if self.direction == "minimize" else "maximize"
+
+    @property
+    def worst(self) -> float:
+        """The value a failed trial completes with."""
+        return float("-inf") if self.direction == "maximize" else float("inf")
+
+
+@dataclass(frozen=True)
+class EarlyStopping:
+    """Stop a trial as converged when ``metric`` stays below ``threshold`` for ``patience`` evaluations."""
+
+    enabled: bool = field(default=True, metadata=_meta("Off with false."))
+    metric: str = field(default="eval/reward_std", metadata=_meta("Spread metric watched at evaluations."))
+    threshold: float = field(default=0.05, metadata=_meta("Converged while metric < threshold."))
+    patience: int = field(default=3, metadata=_meta("Consecutive evaluations below threshold."))
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    type: str = field(default="tpe", metadata=_meta("Sampler.", ("tpe", "random")))
+    seed: int | None = field(default=0, metadata=_meta("Base seed; + number of existing trials on resume."))
+    n_startup_trials: int = field(default=4, metadata=_meta("TPE: random trials before modelling."))
+
+
+@dataclass(frozen=True)
+class PrunerSpec:
+    type: str = field(default="median", metadata=_meta("Pruner.", ("median", "hyperband", "successive_halving",
+                                                                      "none")))
+    n_startup_trials: int = field(default=2, metadata=_meta("median: trials before pruning starts."))
+    n_warmup_steps: int = field(default=0, metadata=_meta("median: trainer steps before a trial can be pruned."))
+    interval_steps: int = field(default=1, metadata=_meta("median: check every N reported steps."))
+    min_resource: int = field(default=1, metadata=_meta("hyperband/successive_halving: min steps."))
+    max_resource: int | None = field(default=None, metadata=_meta("hyperband: max steps; null = auto."))
+    reduction_factor: int = field(default=3, metadata=_meta("hyperband/successive_halving: eta."))
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    n_trials: int = field(default=10, metadata=_meta("Finished trials the study runs to."))
+    sampler: SamplerSpec = field(default_factory=SamplerSpec, metadata=_meta("Sampler."))
+    pruner: PrunerSpec = field(default_factory=PrunerSpec, metadata=_meta("Pruner."))
+    heartbeat_interval: int = field(default=10, metadata=_meta("RDB heartbeat period (s)."))
+    grace_period: int = field(default=30, metadata=_meta("A RUNNING trial silent this long (s) is stale."))
+    max_retry: int | None = field(default=3, metadata=_meta("Retries of an interrupted trial; null = unlimited."))
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    command: tuple[str, ...] = field(default=DEFAULT_COMMAND, metadata=_meta("Trainer argv prefix."))
+    prepare_command: tuple[str, ...] | None = field(default=None, metadata=_meta("Run once before trials."))
+    n_jobs: int = field(default=1, metadata=_meta("Trials run in parallel."))
+    timeout_s: float | None = field(default=None, metadata=_meta("Kill a trial after this many seconds."))
+    memory_limit_gb: float | None = field(default=None, metadata=_meta("Kill a trial whose tree RSS exceeds it."))
+    on_failure: str = field(default="worst", metadata=_meta("worst value or FAIL state.", ("worst", "fail")))
+    gpus_per_trial: int = field(default=1, metadata=_meta("Devices per trial (when any are visible)."))
+    devices: tuple[str, ...] | None = field(default=None, metadata=_meta("Device ids; null = detect."))
+    env: dict[str, str] = field(default_factory=dict, metadata=_meta("Extra environment of trials."))
+
+    @property
+    def is_default_command(self) -> bool:
+        return tuple(self.command) == DEFAULT_COMMAND
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tuned parameter: a readable name, the trainer key it sets and its distribution."""
+
+    name: str
+    key: str
+    type: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    def distribution(self) -> Any:
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        if self.type == "categorical":
+            assert self.choices is not None
+            return CategoricalDistribution(list(self.choices))
+        assert self.low is not None and self.high is not None
+        if self.type == "int":
+            return IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
+        return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+
+    def corner_values(self) -> list[Any]:
+        """Values worth checking against the trainer config: the ends or every choice."""
+        if self.type == "categorical":
+            return list(self.choices or ())
+        lo, hi = self.low, self.high
+        if self.type == "int":
+            assert lo is not None and hi is not None
+            step = int(self.step or 1)
+            return sorted({int(lo), int(lo) + (int(hi) - int(lo)) // step * step})
+        return [lo, hi]
+
+
+@dataclass(frozen=True)
+class Space:
+    """A parsed experiment file."""
+
+    name: str
+    source: str
+    config: str
+    overrides: dict[str, Any]
+    params: tuple[Param, ...]
+    objective: Objective = field(default_factory=Objective)
+    early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
+    study: StudySpec = field(default_factory=StudySpec)
+    trial: TrialSpec = field(default_factory=TrialSpec)
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def param(self, name: str) -> Param:
+        return next(p for p in self.params if p.name == name)
+
+    def trainer_overrides(self, values: dict[str, Any]) -> list[str]:
+        """Fixed overrides then ``key=value`` for each tuned parameter value (by param name)."""
+        out = [f"{k}={format_value(v)}" for k, v in self.overrides.items()]
+        out += [f"{p.key}={format_value(values[p.name])}" for p in self.params if p.name in values]
+        return out
+
+
+_SECTIONS: dict[str, type] = {
+    "objective": Objective, "early_stopping": EarlyStopping, "study": StudySpec, "trial": TrialSpec,
+}
+_TOP_FIELDS = ("config", "overrides", "params", *_SECTIONS)
+_PARAM_FIELDS = ("key", "type", "low", "high", "log", "step", "choices")
+
+
+def format_value(value: Any) -> str:
+    """A value as the right-hand side of a dotted override (YAML scalar syntax)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    return str(value)
+
+
+# ----------------------------------------------------------------------------- YAML
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader (no object construction) that rejects duplicate mapping keys."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def resolve_space_path(name_or_path: str, spaces_dir: Path = SPACES_DIR) -> Path:
+    """``kl_lr`` -> ``search_spaces/kl_lr.yaml``; anything with a suffix or a slash is a path."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        return p
+    return spaces_dir / f"{name_or_path}.yaml"
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpaceError(f"{path}: no such experiment file") from None
+    except OSError as err:
+        raise SpaceError(f"{path}: cannot read ({err.strerror})") from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}:" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpaceError(f"{path}:{where} invalid YAML ({problem})") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SpaceError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+# ----------------------------------------------------------------------------- parsing
+class _Ctx:
+    """Names the origin of a field in error messages (the file, or the --override that set it)."""
+
+    def __init__(self, source: str, overridden: dict[str, str]) -> None:
+        self.source = source
+        self.overridden = overridden
+
+    def error(self, where: str, msg: str) -> SpaceError:
+        for path, text in self.overridden.items():
+            if where == path or where.startswith(path + ".") or path.startswith(where + "."):
+                return SpaceError(f"--override '{text}': {where}: {msg}")
+        return SpaceError(f"{self.source}: {where}: {msg}" if where else f"{self.source}: {msg}")
+
+
+def _type_label(tp: Any) -> str:
+    if tp is float:
+        return "a number"
+    if tp is int:
+        return "an integer"
+    if tp is bool:
+        return "true or false"
+    if tp is str:
+        return "a string"
+    return str(tp)
+
+
+def _check_scalar(value: Any, tp: Any, where: str, ctx: _Ctx) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = next(a for a in args if a is not type(None))
+        return _check_scalar(value, inner, where, ctx)
+    if origin is tuple:
+        if not isinstance(value, list) or not value or not all(isinstance(v, (str, int)) for v in value):
+            raise ctx.error(where, f"expected a non-empty list of strings, got {value!r}")
+        return tuple(str(v) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ctx.error(where, f"expected a mapping, got {value!r}")
+        return {str(k): format_value(v) for k, v in value.items()}
+    ok = (
+        (tp is bool and isinstance(value, bool))
+        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
+        or (tp is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+        or (tp is str and isinstance(value, str))
+    )
+    if not ok:
+        raise ctx.error(where, f"expected {_type_label(tp)}, got {value!r}")
+    return float(value) if tp is float else value
+
+
+def _build(cls: type, raw: Any, where: str, ctx: _Ctx) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ctx.error(where, f"expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            raise ctx.error(f"{where}.{key}", f"unknown field (value {raw[key]!r}); known: {', '.join(names)}")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        tp, sub = hints[f.name], f"{where}.{f.name}"
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            kwargs[f.name] = _build(tp, raw[f.name], sub, ctx)
+            continue
+        value = _check_scalar(raw[f.name], tp, sub, ctx)
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise ctx.error(sub, f"{value!r} is not one of {', '.join(choices)}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and f.name not in (
+            "seed", "n_warmup_steps", "n_startup_trials", "max_retry", "gpus_per_trial", "threshold"
+        ):
+            raise ctx.error(sub, f"must be positive, got {value!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise ctx.error(sub, f"must be >= 0, got {value!r}")
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _number(raw: dict[str, Any], name: str, where: str, ctx: _Ctx, integer: bool) -> float | None:
+    if name not in raw or raw[name] is None:
+        return None
+    v = raw[name]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+        kind = "an integer" if integer else "a number"
+        raise ctx.error(f"{where}.{name}", f"expected {kind}, got {v!r}")
+    return v
+
+
+def _parse_param(name: str, raw: Any, ctx: _Ctx) -> Param:
+    where = f"params.{name}"
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ctx.error(where, "parameter names start with a letter and use letters, digits, _ . -")
+    if not isinstance(raw, dict):
+        raise ctx.error(where, f"expected a mapping like {{key: ..., type: float, low: ..., high: ...}}, got {raw!r}")
+    for k in raw:
+        if k not in _PARAM_FIELDS:
+            raise ctx.error(f"{where}.{k}", f"unknown field (value {raw[k]!r}); known: {', '.join(_PARAM_FIELDS)}")
+    key, kind = raw.get("key"), raw.get("type")
+    if not isinstance(key, str) or not key:
+        raise ctx.error(f"{where}.key", f"expected a dotted trainer key, got {key!r}")
+    if kind not in ("float", "int", "categorical"):
+        raise ctx.error(f"{where}.type", f"{kind!r} is not one of float, int, categorical")
+    log = raw.get("log", False)
+    if not isinstance(log, bool):
+        raise ctx.error(f"{where}.log", f"expected true or false, got {log!r}")
+    if kind == "categorical":
+        for k in ("low", "high", "log", "step"):
+            if k in raw:
+                raise ctx.error(f"{where}.{k}", f"not allowed with type categorical (value {raw[k]!r})")
+        choices = raw.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise ctx.error(f"{where}.choices", f"expected a non-empty list, got {choices!r}")
+        for c in choices:
+            if c is not None and not isinstance(c, (bool, int, float, str)):
+                raise ctx.error(f"{where}.choices", f"choice {c!r} is not a scalar (null, bool, number, string)")
+        if len(set(map(repr, choices))) != len(choices):
+            raise ctx.error(f"{where}.choices", f"duplicate choices in {choices!r}")
+        return Param(name, key, kind, choices=tuple(choices))
+    if "choices" in raw:
+        raise ctx.error(f"{where}.choices", f"only for type categorical (value {raw['choices']!r})")
+    integer = kind == "int"
+    low, high = _number(raw, "low", where, ctx, integer), _number(raw, "high", where, ctx, integer)
+    step = _number(raw, "step", where, ctx, integer)
+    if low is None or high is None:
+        missing = "low" if low is None else "high"
+        raise ctx.error(f"{where}.{missing}", f"required for type {kind}")
+    if low > high:
+        raise ctx.error(where, f"low={low!r} is greater than high={high!r}")
+    if log and low <= 0:
+        raise ctx.error(f"{where}.low", f"log scale needs low > 0, got low={low!r}")
+    if log and step is not None:
+        raise ctx.error(f"{where}.step", f"log and step are exclusive (step={step!r})")
+    if step is not None and step <= 0:
+        raise ctx.error(f"{where}.step", f"must be positive, got {step!r}")
+    return Param(name, key, kind, low=low, high=high, log=log, step=step)
+
+
+def _set_path(raw: dict[str, Any], path: list[str], value: Any) -> None:
+    node = raw
+    for p in path[:-1]:
+        nxt = node.get(p)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[p] = nxt
+        node = nxt
+    node[path[-1]] = value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, str]:
+    """Apply ``--override`` texts in place: space fields (``study.n_trials=4``, ``params.x.high=1``)
+    or, for any other dotted key, a fixed trainer override. Returns {field path: override text}."""
+    origin: dict[str, str] = {}
+    for text in overrides:
+        key, sep, rhs = text.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SpaceError(f"--override '{text}': expected key=value")
+        try:
+            value = yaml.safe_load(rhs) if rhs.strip() else ""
+        except yaml.YAMLError:
+            value = rhs
+        head = key.split(".")[0]
+        if head in _TOP_FIELDS and head != "overrides":
+            _set_path(raw, key.split("."), value)
+            origin[key] = text
+        else:
+            key = key.removeprefix("overrides.")
+            if not isinstance(raw.get("overrides"), dict):
+                raw["overrides"] = {} if raw.get("overrides") is None else raw["overrides"]
+            if isinstance(raw["overrides"], dict):
+                raw["overrides"][key] = value
+            origin[f"overrides.{key}"] = text
+    return origin
+
+
+def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, str] | None = None) -> Space:
+    """Validate a raw mapping into a :class:`Space` (trainer keys are checked by :func:`check_trainer`)."""
+    ctx = _Ctx(source, origin or {})
+    for key in raw:
+        if key not in _TOP_FIELDS:
+            raise ctx.error(str(key), f"unknown field (value {raw[key]!r}); known: {', '.join(_TOP_FIELDS)}")
+    config = raw.get("config")
+    if not isinstance(config, str) or not config:
+        raise ctx.error("config", f"expected a trainer config name or path, got {config!r}")
+    fixed = raw.get("overrides") or {}
+    if not isinstance(fixed, dict):
+        raise ctx.error("overrides", f"expected a mapping of dotted trainer keys to values, got {fixed!r}")
+    for k, v in fixed.items():
+        if not isinstance(k, str) or not k:
+            raise ctx.error("overrides", f"key {k!r} is not a dotted trainer key")
+        if isinstance(v, dict):
+            raise ctx.error(f"overrides.{k}", f"expected a value, got a mapping {v!r}")
+    params_raw = raw.get("params")
+    if not isinstance(params_raw, dict) or not params_raw:
+        raise ctx.error("params", f"expected a non-empty mapping of parameters, got {params_raw!r}")
+    params = tuple(_parse_param(n, p, ctx) for n, p in params_raw.items())
+    seen: dict[str, str] = {}
+    for p in params:
+        if p.key in seen:
+            raise ctx.error(f"params.{p.name}.key", f"{p.key!r} is already tuned by parameter {seen[p.key]!r}")
+        if p.key in fixed:
+            raise ctx.error(f"params.{p.name}.key", f"{p.key!r} is also a fixed override ({fixed[p.key]!r})")
+        seen[p.key] = p.name
+    sections = {s: _build(cls, raw.get(s), s, ctx) for s, cls in _SECTIONS.items()}
+    trial: TrialSpec = sections["trial"]
+    for k in DRIVER_KEYS:
+        if trial.is_default_command and (k in fixed or k in seen):
+            raise ctx.error(f"overrides.{k}" if k in fixed else f"params.{seen[k]}.key", f"{k} is set by the driver")
+    if trial.is_default_command and trial.prepare_command is None:
+        trial = dataclasses.replace(trial, prepare_command=DEFAULT_PREPARE_COMMAND)
+    if trial.devices is not None and not trial.devices:
+        raise ctx.error("trial.devices", "expected a non-empty list or null")
+    return Space(name=name, source=source, config=config, overrides=dict(fixed), params=params,
+                 objective=sections["objective"], early_stopping=sections["early_stopping"],
+                 study=sections["study"], trial=trial, raw=raw)
+
+
+def check_trainer(space: Space, origin: dict[str, str] | None = None) -> None:
+    """Check the config name, every trainer key and the corners of the space with ``verl_core.config``."""
+    from verl_core.config import ConfigError, known_keys, load_config
+
+    ctx = _Ctx(space.source, origin or {})
+    keys = set(known_keys())
+    try:
+        load_config(space.config, [])
+    except ConfigError as err:
+        raise ctx.error("config", f"{space.config!r}: {err}") from None
+    for k, v in space.overrides.items():
+        if k not in keys:
+            raise ctx.error(f"overrides.{k}", f"unknown trainer key (value {v!r})")
+    for p in space.params:
+        if p.key not in keys:
+            raise ctx.error(f"params.{p.name}.key", f"unknown trainer key {p.key!r}")
+    fixed = space.trainer_overrides({})
+    try:
+        load_config(space.config, fixed)
+    except ConfigError as err:
+        bad = next((k for k in space.overrides if f"'{k}" in str(err) or f"{k}=" in str(err)), None)
+        raise ctx.error(f"overrides.{bad}" if bad else "overrides", str(err)) from None
+    # Each parameter alone at its ends / choices, then all parameters jointly at their corners.
+    for p in space.params:
+        for v in p.corner_values():
+            try:
+                load_config(space.config, space.trainer_overrides({p.name: v}))
+            except ConfigError as err:
+                raise ctx.error(f"params.{p.name}", f"value {v!r} is rejected by the trainer: {err}") from None
+    combos = list(itertools.islice(itertools.product(*(p.corner_values() for p in space.params)),
+                                   _MAX_CORNER_CHECKS))
+    for combo in combos:
+        values = {p.name: v for p, v in zip(space.params, combo, strict=True)}
+        try:
+            load_config(space.config, space.trainer_overrides(values))
+        except ConfigError as err:
+            shown = ", ".join(f"{k}={v!r}" for k, v in values.items())
+            raise ctx.error("params", f"the combination {shown} is rejected by the trainer: {err}") from None
+
+
+def load_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR,
+               check: bool = True) -> Space:
+    """Read, override, parse and (for the default trial command) check an experiment file."""
+    path = resolve_space_path(name_or_path, spaces_dir)
+    raw = read_yaml(path)
+    origin = apply_overrides(raw, overrides)
+    space = parse_space(raw, str(path), path.stem, origin)
+    if check and space.trial.is_default_command:
+        check_trainer(space, origin)
+    return space
+
+
+def space_from_stored(raw: dict[str, Any], source: str, name: str) -> Space:
+    """Rebuild the space stored in a study (no trainer check: it passed when the study was made)."""
+    return parse_space(raw, source, name)

@@ -1,0 +1,97 @@
+"""A stand-in trainer that speaks the trial contract (argv + env + JSONL metrics) without torch.
+
+    python tests/hpo/fake_trainer.py train --config NAME [--metrics-file PATH] [key=value ...]
+    python tests/hpo/fake_trainer.py prepare --config NAME [key=value ...]
+
+Trainer keys read: trainer.total_training_steps (10), trainer.test_freq (2), trainer.val_before_train (true).
+Behaviour keys (all optional):
+    fake.x              final eval/reward_mean = 1 - (x - 0.3)^2, reached linearly over the run (default 0.3)
+    fake.std            eval/reward_std at every evaluation (default 0.2)
+    fake.step_s         seconds per step (default 0.02)
+    fake.crash_at       raise RuntimeError at this step
+    fake.oom_at         raise MemoryError at this step
+    fake.sigkill_at     SIGKILL itself at this step (what the kernel OOM killer looks like)
+    fake.hang_at        sleep forever at this step
+    fake.alloc_mb       allocate (and touch) this many MB at every step
+    fake.child          spawn a sleeping grandchild: 'group' (same process group) or 'session' (escapes it)
+    fake.ignore_sigterm ignore SIGTERM (the driver must escalate to SIGKILL)
+    fake.exit_code      exit with this code after the last step
+    fake.bad            exit 2 with 'error: ...' (bad config)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("train", "prepare"):
+        print("error: expected train or prepare", file=sys.stderr)
+        return 2
+    cmd, rest = argv[0], argv[1:]
+    metrics, opts = None, {}
+    i = 0
+    while i < len(rest):
+        if rest[i] in ("--config", "--metrics-file"):
+            if rest[i] == "--metrics-file":
+                metrics = rest[i + 1]
+            i += 2
+            continue
+        key, _, value = rest[i].partition("=")
+        opts[key] = value
+        i += 1
+    if cmd == "prepare":
+        marker = os.environ.get("FAKE_PREPARE_MARKER")
+        if marker:
+            with open(marker, "a") as fh:
+                fh.write("prepared\n")
+        return 0
+    if "fake.bad" in opts:
+        print(f"error: fake.bad={opts['fake.bad']!r} is not a valid option", file=sys.stderr)
+        return 2
+    if opts.get("fake.ignore_sigterm") == "true":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if "fake.child" in opts:
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                         start_new_session=opts["fake.child"] == "session")
+    total = int(opts.get("trainer.total_training_steps", 10))
+    freq = int(opts.get("trainer.test_freq", 2))
+    val0 = opts.get("trainer.val_before_train", "true") == "true"
+    x = float(opts.get("fake.x", 0.3))
+    std = float(opts.get("fake.std", 0.2))
+    step_s = float(opts.get("fake.step_s", 0.02))
+    final = 1.0 - (x - 0.3) ** 2
+    hog: list[bytearray] = []
+    path = metrics or os.environ.get("VERL_FILE_LOGGER_PATH", "metrics.jsonl")
+    with open(path, "a") as fh:
+        for step in range(0 if val0 else 1, total + 1):
+            if step:
+                time.sleep(step_s)
+            if str(step) == opts.get("fake.crash_at"):
+                raise RuntimeError(f"fake crash at step {step}")
+            if str(step) == opts.get("fake.oom_at"):
+                raise MemoryError(f"fake OOM at step {step}")
+            if str(step) == opts.get("fake.sigkill_at"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if str(step) == opts.get("fake.hang_at"):
+                time.sleep(3600)
+            if "fake.alloc_mb" in opts:
+                block = bytearray(int(float(opts["fake.alloc_mb"]) * 2**20))
+                block[:: 4096] = b"x" * len(block[:: 4096])
+                hog.append(block)
+            data: dict[str, float] = {"critic/score/mean": final * step / total, "timing_s/step": step_s}
+            if (step == 0 and val0) or (step and freq > 0 and step % freq == 0) or step == total:
+                data["eval/reward_mean"] = final * (step + 1) / (total + 1)
+                data["eval/reward_std"] = std
+            fh.write(json.dumps({"step": step, "data": data}) + "\n")
+            fh.flush()
+    return int(opts.get("fake.exit_code", 0))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
