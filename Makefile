@@ -11,7 +11,7 @@ N_TRIALS ?=
 STORAGE ?=
 PYTEST_ARGS ?=
 
-.PHONY: install search resume best test test-fast lint typecheck clean-studies
+.PHONY: install search resume best dashboard test test-fast lint typecheck
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,9 @@ resume: $(STAMP)
 
 best: $(STAMP)
 	$(VENV)/bin/verl-hpo best --study $(or $(STUDY),$(SPACE)) $(if $(STORAGE),--storage $(STORAGE))
+
+dashboard: $(STAMP)
+	$(VENV)/bin/verl-hpo dashboard --study $(or $(STUDY),$(SPACE)) $(if $(STORAGE),--storage $(STORAGE))
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -52,9 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--n-trials", type=int, help="raise (or lower) the study's target")
     common(r)
 
-    b = sub.add_parser("best", help="print the best trial as trainer overrides")
+    d = sub.add_parser("dashboard", help="write <studies-dir>/<study>/dashboard.html (one self-contained page)")
+    d.add_argument("--study", required=True)
+    d.add_argument("--out", type=Path, help="default <studies-dir>/<study>/dashboard.html")
+    common(d)
+
+    b = sub.add_parser("best", help="print the best trial as trainer overrides (pareto studies: the front)")
     b.add_argument("--study", required=True)
     b.add_argument("--format", choices=("overrides", "yaml", "command"), default="overrides")
+    b.add_argument("--trial", type=int, default=None, help="print this trial's overrides instead of the best")
     common(b)
     return p
 
@@ -111,15 +117,23 @@ def _run(space: Space, study_name: str, storage_url: str, studies_dir: Path, res
         else:
             study = open_study(space, study_name, storage_url)
         target = space.study.n_trials
-        reporter = Reporter(sys.stdout, target, space.objective.direction)
+        reporter = Reporter(sys.stdout, target, space.objective.direction_literal)
         driver = Driver(space, study, studies_dir, reporter, stop)
         reporter.header(study_name, storage_url, str(driver.trials_dir), n_finished(study), target)
+        from hpo._dashboard import DashboardCallback, dashboard_path, write_dashboard
+
+        page = dashboard_path(studies_dir, study_name)
         try:
-            ran = driver.run(target)
+            ran = driver.run(target, [DashboardCallback(page, storage_url, studies_dir, every=5)])
         except TrialInterrupted:
             ran = -1
         except DriverError as err:
             return _fail(str(err), 1)
+        try:
+            write_dashboard(study, page, storage_url=storage_url, studies_dir=studies_dir)
+            reporter.note(f"dashboard: {page}")
+        except Exception as err:  # noqa: BLE001 - the page must never fail a search
+            reporter.note(f"dashboard not written: {type(err).__name__}: {err}")
         if got or ran < 0:
             signum = got[0] if got else signal.SIGINT
             print(f"stopped by {signal.Signals(signum).name}: {n_finished(study)}/{target} trials finished; "
@@ -156,11 +170,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         db = sqlite_path(storage_url)
         if db is not None and not db.is_file():
             return _fail(f"no study {args.study!r}: {db} does not exist (start one with verl-hpo search)")
+        if args.cmd == "dashboard":
+            from hpo._dashboard import dashboard_command
+
+            return dashboard_command(args.study, storage_url, studies_dir, args.out)
         if args.cmd == "resume":
             if args.n_trials is not None and args.n_trials <= 0:
                 return _fail(f"--n-trials {args.n_trials}: must be positive")
             return _run(None, args.study, storage_url, studies_dir, True, args.n_trials)  # type: ignore[arg-type]
-        return _best(args.study, storage_url, args.format)
+        return _best(args.study, storage_url, args.format, args.trial)
     except SpaceError as err:
         return _fail(str(err))
     except STORAGE_ERRORS as err:
@@ -171,17 +189,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _best(study_name: str, storage_url: str, fmt: str) -> int:
+def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None = None) -> int:
     from hpo._driver import load_stored, quiet_optuna
-    from hpo._report import best_trial, render_best
+    from hpo._report import best_trial, front_table, objective_names, pareto_front, render_best
 
     quiet_optuna()
     space, study = load_stored(study_name, storage_url, None)
-    trial = best_trial(study)
+    if space.objective.multi and trial_number is None:
+        front = pareto_front(study)
+        if not front:
+            return _fail(f"study {study_name!r} has no feasible completed trial with finite values yet", 1)
+        print(f"# pareto front of study {study_name} ({space.objective.label}); "
+              f"overrides of one: verl-hpo best --study {study_name} --trial N", file=sys.stderr)
+        print(front_table(study))
+        return 0
+    if trial_number is not None:
+        trial = next((t for t in study.get_trials(deepcopy=False) if t.number == trial_number), None)
+        if trial is None or trial.state.name != "COMPLETE":
+            return _fail(f"--trial {trial_number}: no completed trial with that number in study {study_name!r}")
+    else:
+        trial = best_trial(study)
     if trial is None:
-        return _fail(f"study {study_name!r} has no completed trial with a finite value yet", 1)
-    print(f"# best trial {trial.number} of study {study_name}: {space.objective.metric}={trial.value}",
-          file=sys.stderr)
+        return _fail(f"study {study_name!r} has no feasible completed trial with a finite value yet", 1)
+    shown = ", ".join(f"{n}={v:.4g}" for n, v in zip(objective_names(study), trial.values, strict=True))
+    print(f"# trial {trial.number} of study {study_name} ({space.objective.label}): {shown}", file=sys.stderr)
     print(render_best(space, trial, fmt))
     return 0
 

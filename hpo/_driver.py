@@ -25,12 +25,13 @@ import os
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from hpo._objective import Scored
 from hpo._report import Reporter, summary
 from hpo._runner import (
     ENV_DRIVER,
@@ -176,21 +178,25 @@ class _Watch:
     streak: int = 0
     step_times: list[float] = dataclasses.field(default_factory=list)
     reported: set[int] = dataclasses.field(default_factory=set)
+    scored: Scored | None = None
+    curve: dict[int, float] = dataclasses.field(default_factory=dict)
 
     def __call__(self, step: int, data: dict[str, Any]) -> str | None:
         t = data.get("timing_s/step")
         if isinstance(t, (int, float)) and is_finite(t):
             self.step_times.append(float(t))
         decision = None
-        metric = self.space.objective.metric
-        if metric in data:
-            v = data[metric]
-            self.value = float(v) if is_finite(v) else math.nan
-            if is_finite(v) and step not in self.reported:
+        objective = self.space.objective
+        evaluated = objective.evaluate(data)
+        if evaluated is not None:
+            values, parts = evaluated
+            finite = all(is_finite(v) for v in values)
+            self.value = values[0] if finite else math.nan
+            self.scored = Scored(values, parts, dict(data)) if finite else None
+            if finite and step not in self.reported:
                 self.reported.add(step)
-                self.trial.report(float(v), step)
-                self.on_eval(step, float(v))
-                if self.space.study.pruner.type != "none" and self.trial.should_prune():
+                self.on_eval(step, values[0])
+                if self._report_and_prune(step, values[0]):
                     decision = "pruned"
         es: EarlyStopping = self.space.early_stopping
         if decision is None and es.enabled and es.metric in data and is_finite(data[es.metric]):
@@ -198,6 +204,32 @@ class _Watch:
             if self.streak >= es.patience and self.value is not None and math.isfinite(self.value):
                 decision = "converged"
         return decision
+
+    def _report_and_prune(self, step: int, value: float) -> bool:
+        """Record the intermediate value and ask the pruner. Single-objective: ``trial.report`` and
+        Optuna's pruner. Optuna cannot report multi-objective curves, so a pareto study records its first
+        objective's curve (user attr ``curve``) and prunes by the median rule: the trial's best value so
+        far against the median of finished trials' values at the same step."""
+        spec = self.space.study.pruner
+        if not self.space.objective.multi:
+            self.trial.report(value, step)
+            return spec.type != "none" and self.trial.should_prune()
+        self.curve[step] = value
+        self.trial.set_user_attr("curve", {str(k): v for k, v in sorted(self.curve.items())})
+        if step < spec.n_warmup_steps or spec.type != "median":
+            return False
+        finished = self.trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        complete = [t for t in finished if t.state == TrialState.COMPLETE]
+        if len(complete) < max(1, spec.n_startup_trials):
+            return False
+        others = [float(t.user_attrs["curve"][str(step)]) for t in finished
+                  if str(step) in t.user_attrs.get("curve", {})]
+        if not others:
+            return False
+        median = statistics.median(others)
+        if self.space.objective.direction_literal == "maximize":
+            return max(self.curve.values()) < median
+        return min(self.curve.values()) > median
 
     def compute_saved_s(self, last_step: int | None, wall_s: float) -> float | None:
         """Remaining steps x mean step time (measured by the trainer, else wall time per step)."""
@@ -302,7 +334,7 @@ class Driver:
             raise DriverError(f"prepare failed (exit {result.exit_code}): {last}; see {log_dir}/stderr.log")
 
     # -- the objective
-    def objective(self, trial: Trial) -> float:
+    def objective(self, trial: Trial) -> float | list[float]:
         retry_of = self._frozen(trial.number).system_attrs.get("failed_trial")
         values = {p.name: _suggest(trial, p) for p in self.space.params}
         if self.stop_event.is_set():
@@ -359,25 +391,40 @@ class Driver:
             if saved is not None:
                 trial.set_user_attr("compute_saved_s", saved)
             if result.stop == "pruned":
+                self._record_scores(trial, watch.scored)
                 raise optuna.TrialPruned(f"pruned at step {result.last_step}")
-            assert watch.value is not None
-            return watch.value
+            return self._finish(trial, watch)
         failure, error = result.failure, None
-        if failure is None and (watch.value is None or math.isnan(watch.value)):
+        if failure is None and watch.scored is None:
             failure = "crash"
-            error = (f"exited {result.exit_code} without a finite {self.space.objective.metric}"
-                     if watch.value is None else f"{self.space.objective.metric} is NaN")
+            names = ", ".join(self.space.objective.metrics)
+            error = (f"exited {result.exit_code} without finite values of {names}" if watch.value is None
+                     else f"an objective metric ({names}) is NaN or infinite")
         if failure is None:
-            assert watch.value is not None
-            return watch.value
+            return self._finish(trial, watch)
         return self._fail(trial, failure, error, read_tail(trial_dir / "stderr.log"))
 
-    def _fail(self, trial: Trial, reason: str, error: str | None, stderr_tail: str) -> float:
+    def _record_scores(self, trial: Trial, scored: Scored | None) -> None:
+        """Weighted-score parts as ``score/<term>`` user attrs; constraint violations (+inf when unknown)."""
+        if scored is not None:
+            for k, v in scored.parts.items():
+                trial.set_user_attr(k, v)
+        for name, v in self.space.objective.constraint_values(None if scored is None else scored.data).items():
+            trial.set_constraint(name, v)
+
+    def _finish(self, trial: Trial, watch: _Watch) -> float | list[float]:
+        assert watch.scored is not None
+        self._record_scores(trial, watch.scored)
+        values = watch.scored.values
+        return values if self.space.objective.multi else values[0]
+
+    def _fail(self, trial: Trial, reason: str, error: str | None, stderr_tail: str) -> float | list[float]:
         trial.set_user_attr("fail_reason", reason)
         if error:
             trial.set_user_attr("error", error)
         if stderr_tail:
             trial.set_user_attr("stderr_tail", stderr_tail[-4000:])
+        self._record_scores(trial, None)
         if self.space.trial.on_failure == "fail":
             raise TrialFailed(f"trial {trial.number}: {reason}")
         return self.space.objective.worst
@@ -392,7 +439,7 @@ class Driver:
         raise TrialInterrupted(f"trial {trial.number} interrupted")
 
     # -- the loop
-    def run(self, target: int) -> int:
+    def run(self, target: int, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = ()) -> int:
         """Run until the study has ``target`` finished trials. Returns the number of trials run."""
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         killed = sweep_orphans(self.study.study_name)
@@ -414,7 +461,7 @@ class Driver:
                 study.stop()
 
         self.study.optimize(self.objective, n_trials=remaining, n_jobs=self.space.trial.n_jobs,
-                            catch=(TrialFailed,), callbacks=[after_trial])
+                            catch=(TrialFailed,), callbacks=[after_trial, *callbacks])
         return remaining
 
     def summary(self, storage: str) -> str:
@@ -447,7 +494,7 @@ def _jsonable(raw: dict[str, Any]) -> dict[str, Any]:
 def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:
     """Create the study, or load it when it exists with the same space (else SpaceError)."""
     storage = open_storage(storage_url, space.study)
-    direction = space.objective.direction
+    directions = space.objective.directions
     n_existing = 0
     if study_exists(storage, study_name):
         old = optuna.load_study(study_name=study_name, storage=storage)
@@ -455,15 +502,18 @@ def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:
         if stored is not None and _essentials(stored) != _essentials(_jsonable(space.raw)):
             raise SpaceError(f"study {study_name!r} in {storage_url} was made from a different space "
                              f"({old.user_attrs.get(ATTR_SOURCE)}); choose another --study or use resume")
-        if old.direction.name.lower() != direction:
-            raise SpaceError(f"study {study_name!r} has direction {old.direction.name.lower()}, space says "
-                             f"{direction}")
+        old_dirs = [d.name.lower() for d in old.directions]
+        if old_dirs != directions:
+            raise SpaceError(f"study {study_name!r} has direction(s) {', '.join(old_dirs)}, space says "
+                             f"{', '.join(directions)}")
         n_existing = len(old.trials)
-    study = optuna.create_study(study_name=study_name, storage=storage, direction=space.objective.direction_literal,
+    study = optuna.create_study(study_name=study_name, storage=storage,
+                                directions=[optuna.study.StudyDirection[d.upper()] for d in directions],
                                 load_if_exists=True,
                                 sampler=make_sampler(space.study.sampler, n_existing),
                                 pruner=make_pruner(space.study.pruner))
     if ATTR_SPACE not in study.user_attrs:
+        study.set_metric_names(space.objective.names)
         study.set_user_attr(ATTR_SPACE, _jsonable(space.raw))
         study.set_user_attr(ATTR_SOURCE, space.source)
     study.set_user_attr(ATTR_TARGET, space.study.n_trials)

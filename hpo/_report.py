@@ -101,47 +101,102 @@ class Reporter:
         done = min(finished, self.target) if self.target else finished
         filled = int(BAR_WIDTH * done / self.target) if self.target else 0
         bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-        best = best_trial(study)
-        best_txt = f"best {fmt_value(best.value)} (trial {best.number})" if best is not None else "best -"
+        if len(study.directions) > 1:
+            best_txt = f"pareto front {len(pareto_front(study))} trial(s)"
+        else:
+            best = best_trial(study)
+            best_txt = f"best {fmt_value(best.value)} (trial {best.number})" if best is not None else "best -"
         ua = trial.user_attrs
         wall = ua.get("wall_time_s")
         extra = f" {wall:.1f}s" if isinstance(wall, (int, float)) else ""
         if isinstance(ua.get("peak_memory_gb"), (int, float)):
             extra += f" peak {ua['peak_memory_gb']:.2f} GB"
         self._write(f"[{bar}] {finished}/{self.target} | {best_txt} | trial {trial.number} "
-                    f"{trial.state.name} {fmt_value(trial.value)} {outcome(trial)}{extra}")
+                    f"{trial.state.name} {fmt_values(trial.values)} {outcome(trial)}{extra}")
+
+
+def fmt_values(values: list[float] | None) -> str:
+    if not values:
+        return "-"
+    return fmt_value(values[0]) if len(values) == 1 else "(" + ", ".join(fmt_value(v) for v in values) + ")"
+
+
+def feasible(t: FrozenTrial) -> bool:
+    """All constraints satisfied (<= 0); trials without constraints are feasible."""
+    return all(v <= 0 for v in t.constraints.values())
+
+
+def _finite_complete(study: optuna.Study) -> list[FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.values is not None and all(math.isfinite(v) for v in t.values) and feasible(t)]
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The best COMPLETE trial with a finite value (failed trials complete with +-inf)."""
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.value is not None and math.isfinite(t.value)]
+    """The best feasible COMPLETE trial with a finite value (failed trials complete with +-inf)."""
+    done = _finite_complete(study)
     if not done:
         return None
-    sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
-    return max(done, key=lambda t: sign * float(t.value))  # type: ignore[arg-type]
+    sign = 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
+    return max(done, key=lambda t: sign * float(t.values[0]))
+
+
+def pareto_front(study: optuna.Study) -> list[FrozenTrial]:
+    """Feasible, finite, non-dominated COMPLETE trials of a multi-objective study (by trial number)."""
+    done = _finite_complete(study)
+    signs = [1.0 if d == optuna.study.StudyDirection.MAXIMIZE else -1.0 for d in study.directions]
+
+    def dominates(a: FrozenTrial, b: FrozenTrial) -> bool:
+        pa = [s * v for s, v in zip(signs, a.values, strict=True)]
+        pb = [s * v for s, v in zip(signs, b.values, strict=True)]
+        return all(x >= y for x, y in zip(pa, pb, strict=True)) and pa != pb
+
+    return [t for t in done if not any(dominates(o, t) for o in done)]
+
+
+def objective_names(study: optuna.Study) -> list[str]:
+    names = study.metric_names
+    return list(names) if names else [f"value{i}" if len(study.directions) > 1 else "value"
+                                      for i in range(len(study.directions))]
+
+
+def front_table(study: optuna.Study) -> str:
+    """The Pareto front as a table: trial, each objective (with its direction), parameters."""
+    front = sorted(pareto_front(study), key=lambda t: t.number)
+    dirs = ["max" if d == optuna.study.StudyDirection.MAXIMIZE else "min" for d in study.directions]
+    names = sorted({k for t in front for k in t.params})
+    head = ["trial", *(f"{n} ({d})" for n, d in zip(objective_names(study), dirs, strict=True)), *names]
+    rows = [head] + [[str(t.number), *(fmt_value(v) for v in t.values),
+                      *(fmt_value(t.params[n]) if isinstance(t.params.get(n), float) else str(t.params.get(n, "-"))
+                        for n in names)] for t in front]
+    return _table(rows)
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
 def top_table(study: optuna.Study, limit: int = 10) -> str:
     """A text table of the top trials (best first; failures and pruned trials after)."""
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     trials = [t for t in study.get_trials(deepcopy=False)
               if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]
 
     def key(t: FrozenTrial) -> tuple[int, float]:
-        v = t.value
+        v = t.values[0] if t.values else None
         if t.state != TrialState.COMPLETE or v is None or not math.isfinite(v):
             return (1, 0.0)
-        return (0, -v if maximize else v)
+        return (0 if feasible(t) else 1, -v if maximize else v)
 
     trials.sort(key=key)
     names = sorted({k for t in trials for k in t.params})
-    head = ["trial", "value", "outcome", *names, "steps", "wall_s", "peak_gb"]
+    head = ["trial", *objective_names(study), "outcome", *names, "steps", "wall_s", "peak_gb"]
     rows = [head]
     for t in trials[:limit]:
         ua = t.user_attrs
+        values = t.values or [None] * len(study.directions)
         rows.append([
-            str(t.number), fmt_value(t.value), outcome(t),
+            str(t.number), *(fmt_value(v) for v in values), outcome(t) + ("" if feasible(t) else " infeasible"),
             *(fmt_value(t.params[n]) if isinstance(t.params.get(n), float) else str(t.params.get(n, "-"))
               for n in names),
             str(ua.get("last_step", "-")), fmt_value(ua.get("wall_time_s")), fmt_value(ua.get("peak_memory_gb")),

@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from hpo._objective import Objective, check_metrics, parse_objective
+
 SPACES_DIR = Path("search_spaces")
 DEFAULT_COMMAND = ("python", "-m", "verl_core", "train")
 DEFAULT_PREPARE_COMMAND = ("python", "-m", "verl_core", "prepare")
@@ -41,23 +43,6 @@ def _meta(help: str, choices: tuple[Any, ...] | None = None) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- sections
-@dataclass(frozen=True)
-class Objective:
-    """What a trial is scored by. Later modes (weighted, pareto) will extend this section."""
-
-    metric: str = field(default="eval/reward_mean", metadata=_meta("Metric name in metrics.jsonl."))
-    direction: str = field(default="maximize", metadata=_meta("maximize or minimize.", ("maximize", "minimize")))
-
-    @property
-    def direction_literal(self) -> typing.Literal["maximize", "minimize"]:
-        return "minimize" if self.direction == "minimize" else "maximize"
-
-    @property
-    def worst(self) -> float:
-        """The value a failed trial completes with."""
-        return float("-inf") if self.direction == "maximize" else float("inf")
-
-
 @dataclass(frozen=True)
 class EarlyStopping:
     """Stop a trial as converged when ``metric`` stays below ``threshold`` for ``patience`` evaluations."""
@@ -176,9 +161,9 @@ class Space:
 
 
 _SECTIONS: dict[str, type] = {
-    "objective": Objective, "early_stopping": EarlyStopping, "study": StudySpec, "trial": TrialSpec,
+    "early_stopping": EarlyStopping, "study": StudySpec, "trial": TrialSpec,
 }
-_TOP_FIELDS = ("config", "overrides", "params", *_SECTIONS)
+_TOP_FIELDS = ("config", "overrides", "params", "objective", *_SECTIONS)
 _PARAM_FIELDS = ("key", "type", "low", "high", "log", "step", "choices")
 
 
@@ -453,7 +438,11 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
         if p.key in fixed:
             raise ctx.error(f"params.{p.name}.key", f"{p.key!r} is also a fixed override ({fixed[p.key]!r})")
         seen[p.key] = p.name
+    objective = parse_objective(raw.get("objective"), ctx.error)
     sections = {s: _build(cls, raw.get(s), s, ctx) for s, cls in _SECTIONS.items()}
+    if objective.multi and sections["study"].pruner.type not in ("median", "none"):
+        raise ctx.error("study.pruner.type", f"{sections['study'].pruner.type!r} is not supported with objective "
+                        "mode pareto (Optuna cannot report multi-objective curves); use median or none")
     trial: TrialSpec = sections["trial"]
     for k in DRIVER_KEYS:
         if trial.is_default_command and (k in fixed or k in seen):
@@ -463,7 +452,7 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     if trial.devices is not None and not trial.devices:
         raise ctx.error("trial.devices", "expected a non-empty list or null")
     return Space(name=name, source=source, config=config, overrides=dict(fixed), params=params,
-                 objective=sections["objective"], early_stopping=sections["early_stopping"],
+                 objective=objective, early_stopping=sections["early_stopping"],
                  study=sections["study"], trial=trial, raw=raw)
 
 
@@ -485,10 +474,13 @@ def check_trainer(space: Space, origin: dict[str, str] | None = None) -> None:
             raise ctx.error(f"params.{p.name}.key", f"unknown trainer key {p.key!r}")
     fixed = space.trainer_overrides({})
     try:
-        load_config(space.config, fixed)
+        base = load_config(space.config, fixed)
     except ConfigError as err:
         bad = next((k for k in space.overrides if f"'{k}" in str(err) or f"{k}=" in str(err)), None)
         raise ctx.error(f"overrides.{bad}" if bad else "overrides", str(err)) from None
+    from verl_core.config import eval_metric_names, produces_metric
+
+    check_metrics(space.objective, lambda m: produces_metric(base, m), eval_metric_names(base), ctx.error)
     # Each parameter alone at its ends / choices, then all parameters jointly at their corners.
     for p in space.params:
         for v in p.corner_values():

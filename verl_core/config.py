@@ -614,3 +614,24 @@ def get(cfg: Config, key: str) -> Any:
 
 def dump_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def eval_metric_names(cfg: Config) -> list[str]:
+    """The ``eval/*`` metrics a run of ``cfg`` logs at every evaluation (custom dict metrics add
+    ``eval/<name>/<key>`` on top of ``eval/<name>``)."""
+    names = ["eval/reward_mean", "eval/reward_std", "eval/response_length_mean"]
+    if cfg.evaluation.toxicity.enable:
+        names += ["eval/toxicity_mean", "eval/toxicity_max"]
+    if cfg.evaluation.latency.enable:
+        names += ["eval/latency_p50", "eval/latency_p95"]
+    names += [f"eval/{spec.partition('=')[0].strip()}" for spec in cfg.evaluation.custom]
+    return names
+
+
+def produces_metric(cfg: Config, metric: str) -> bool:
+    """Whether an evaluation of ``cfg`` logs ``metric`` (also ``val-core/...`` and custom sub-keys)."""
+    names = eval_metric_names(cfg)
+    if metric in names or metric.startswith("val-core/"):
+        return True
+    custom = [f"eval/{spec.partition('=')[0].strip()}/" for spec in cfg.evaluation.custom]
+    return any(metric.startswith(prefix) for prefix in custom)

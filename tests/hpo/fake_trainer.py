@@ -17,6 +17,8 @@ Behaviour keys (all optional):
     fake.ignore_sigterm ignore SIGTERM (the driver must escalate to SIGKILL)
     fake.exit_code      exit with this code after the last step
     fake.bad            exit 2 with 'error: ...' (bad config)
+    fake.tox            eval/toxicity_mean at every evaluation (default 0.1)
+    fake.lat            eval/latency_p95 at every evaluation (default 0.5)
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ def main(argv: list[str]) -> int:
             if (step == 0 and val0) or (step and freq > 0 and step % freq == 0) or step == total:
                 data["eval/reward_mean"] = final * (step + 1) / (total + 1)
                 data["eval/reward_std"] = std
+                data["eval/toxicity_mean"] = float(opts.get("fake.tox", 0.1))
+                data["eval/latency_p95"] = float(opts.get("fake.lat", 0.5))
             fh.write(json.dumps({"step": step, "data": data}) + "\n")
             fh.flush()
     return int(opts.get("fake.exit_code", 0))

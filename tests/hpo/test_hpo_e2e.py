@@ -127,3 +127,25 @@ def test_sigkill_driver_then_resume(tmp_path: Path, studies: Path) -> None:
     retry = [t for t in trials if t.user_attrs.get("retry_of") == 1]
     assert len(retry) == 1 and retry[0].params == before[1].params and retry[0].state == TrialState.COMPLETE
     assert trials[1].state == TrialState.FAIL
+
+
+def test_pareto_study_with_the_real_trainer(tmp_path: Path, studies: Path) -> None:
+    """Reward, toxicity and latency measured by the trainer's evaluators; a non-empty Pareto front."""
+    objective = {"mode": "pareto", "objectives": [
+        {"name": "reward", "metric": "eval/reward_mean", "direction": "maximize"},
+        {"name": "toxicity", "metric": "eval/toxicity_mean", "direction": "minimize"},
+        {"name": "latency", "metric": "eval/latency_p95", "direction": "minimize"}]}
+    path = real_space(tmp_path, name="mo", objective=objective, study={"n_trials": 3})
+    res = run_cli(["search", "--space", str(path)], studies)
+    assert res.returncode == 0, res.stderr
+    study = load(studies, "mo")
+    assert study.metric_names == ["reward", "toxicity", "latency"]
+    front = [t for t in study.best_trials if all(math.isfinite(v) for v in t.values)]
+    assert front
+    for t in study.trials:
+        reward, toxicity, latency = t.values
+        assert 0.0 <= reward <= 1.0 and 0.0 <= toxicity <= 1.0 and 0.0 < latency < 60.0
+        assert sorted(int(k) for k in t.user_attrs["curve"]) == [0, 2, 4]
+    best = run_cli(["best", "--study", "mo"], studies)
+    assert best.returncode == 0, best.stderr
+    assert "latency (min)" in best.stdout and len(best.stdout.strip().splitlines()) == len(front) + 1
