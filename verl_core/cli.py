@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
             resolve_data_path(cfg.data.val_files, "data.val_files", "val")
             print("ready", flush=True)
             return 0
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the one-line errors on stderr
         from verl_core.trainer import PPOTrainer
 
         trainer = PPOTrainer(cfg, args.metrics_file)

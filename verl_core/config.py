@@ -148,7 +148,8 @@ class RolloutConfig:
     free_cache_engine: bool = _f(True, "vLLM: sleep (free KV cache) between rollouts so training gets the memory.")
     dtype: str = _f("auto", "vLLM weights dtype: auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16, "
                             "float32.", ("auto", "bfloat16", "float16", "float32"))
-    cpu_kvcache_space_gb: float = _f(1.0, "vLLM on CPU: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    cpu_kvcache_space_gb: float = _f(1.0, "vLLM on CPU: KV-cache size in GiB (kv_cache_memory_bytes; fractions "
+                                             "allowed).")
 
 
 @dataclass

