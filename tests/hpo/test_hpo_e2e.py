@@ -16,6 +16,10 @@ from optuna.trial import TrialState
 
 from tests.hpo.conftest import PY, ROOT, cli_env, load, run_cli
 
+# The model is built (once per machine) by the session fixture, in-process, before any driver runs under a
+# subprocess timeout; the driver's own `prepare` step then finds it cached.
+pytestmark = pytest.mark.usefixtures("tiny_model_dir")
+
 PARAMS = {
     "kl_coef": {"key": "algorithm.kl_ctrl.kl_coef", "type": "float", "low": 0.01, "high": 0.2},
     "actor_lr": {"key": "actor_rollout_ref.actor.optim.lr", "type": "float", "low": 1e-5, "high": 1e-3, "log": True},
