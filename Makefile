@@ -11,7 +11,8 @@ N_TRIALS ?=
 STORAGE ?=
 PYTEST_ARGS ?=
 
-.PHONY: install install-vllm test-vllm search resume best dashboard test test-fast lint typecheck
+.PHONY: install install-vllm test-vllm search resume best dashboard test test-fast lint typecheck \
+	bench bench-smoke bench-venvs
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,8 +60,28 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check verl_core hpo tests
+	$(VENV)/bin/ruff check verl_core hpo tests benchmarks
 	$(VENV)/bin/mypy
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+# Benchmarks (not part of `make test`; its smoke mode is). TRL lives only in these venvs: PPO is in
+# trl==1.12.0 (trl.experimental.ppo), GRPO is measured against trl==1.16.0, and they cannot share one env.
+BENCH_PIP := torch==2.13.0 transformers==5.19.0 pyarrow psutil py-spy
+.venv-bench-trl112/.installed:
+	test -x .venv-bench-trl112/bin/python || $(PYTHON) -m venv .venv-bench-trl112
+	.venv-bench-trl112/bin/pip install -q $(BENCH_PIP) trl==1.12.0
+	touch $@
+.venv-bench-trl116/.installed:
+	test -x .venv-bench-trl116/bin/python || $(PYTHON) -m venv .venv-bench-trl116
+	.venv-bench-trl116/bin/pip install -q $(BENCH_PIP) trl==1.16.0
+	touch $@
+bench-venvs: .venv-bench-trl112/.installed .venv-bench-trl116/.installed
+
+# ~60 min on 2 cores; writes benchmarks/RESULTS.md + benchmarks/results.json. Run it on an idle machine.
+bench: $(STAMP) bench-venvs
+	$(PY) -m benchmarks.run
+
+bench-smoke: $(STAMP)
+	$(PY) -m benchmarks.run --smoke --skip-trl --only trainer overhead

@@ -1,0 +1,182 @@
+"""``python -m benchmarks.run [--smoke] [--only NAME ...] [--skip-trl] [--out DIR]``: run the benchmarks and
+write ``RESULTS.md`` (a table with machine, date, versions, load and commands) and ``results.json`` (raw rows).
+
+Parts (``--only``): ``trainer`` (ours vs TRL), ``overhead``, ``pruning``, ``search`` (driver items 2-4),
+``rollout`` (HF vs vLLM). ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/``
+(or ``--out``), never over the real results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import REPO, Row, all_versions, load_average, log, machine
+
+PARTS = ("trainer", "overhead", "pruning", "search", "rollout")
+
+
+def _fmt(v: float | None, unit: str = "") -> str:
+    if v is None or v != v:
+        return "–"
+    if unit == "%":
+        return f"{v:.1f}"
+    a = abs(v)
+    return f"{v:.3g}" if a < 1000 else f"{v:,.0f}"
+
+
+def _spread(lo: float | None, hi: float | None) -> str:
+    if lo is None or hi is None:
+        return ""
+    return f" ({_fmt(lo)}–{_fmt(hi)})"
+
+
+def render(rows: list[Row], meta: dict[str, Any]) -> str:
+    m = meta["machine"]
+    out = ["# verl-hpo benchmarks", "",
+           f"Measured {m['date']} on `{m['host']}`: {m['cpu']}, {m['logical_cpus']} logical CPUs, "
+           f"{m['memory_gb']} GB RAM, {m['os']}, Python {m['python']}. No GPU unless stated.", "",
+           f"Load average (1/5/15 min) at start {meta['load_start']}, at end {meta['load_end']}: the machine was "
+           "shared with other jobs, so absolute times are noisy; ratios of interleaved repetitions are the figures "
+           "to quote.", "",
+           f"Mode: {'SMOKE (1 repetition, tiny sizes: not results)' if meta['smoke'] else 'full'}; "
+           f"total time {meta['elapsed_min']:.1f} min.", "",
+           "Each cell: median over interleaved repetitions (min–max). Ratio = ours / baseline, oriented so that "
+           "**> 1 means ours is better** (for seconds and GB it is baseline / ours); its min–max are over the "
+           "per-repetition ratios.", ""]
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(r.group or "other", []).append(r)
+    for g, rs in groups.items():
+        out += [f"## {g}", "", "| metric | unit | ours | baseline | ratio | reps | note |",
+                "|---|---|---|---|---|---|---|"]
+        for r in rs:
+            out.append(f"| {r.name} | {r.unit} | {_fmt(r.ours, r.unit)}{_spread(r.ours_min, r.ours_max)} | "
+                       f"{_fmt(r.baseline, r.unit)}{_spread(r.baseline_min, r.baseline_max)} | "
+                       f"{_fmt(r.ratio)}{_spread(r.ratio_min, r.ratio_max)} | {r.repetitions} | {r.note} |")
+        out.append("")
+    if meta.get("errors"):
+        out += ["## errors", ""] + [f"- `{k}`: {v}" for k, v in meta["errors"].items()] + [""]
+    out += ["## versions", ""]
+    for env, vs in meta["versions"].items():
+        out.append(f"- {env}: " + ", ".join(f"{k} {v}" for k, v in vs.items()))
+    out += ["", "## commands", "", "```", meta["command"], "```", "",
+            "Ours: `.venv/bin/python -m verl_core train --config tiny_arith <overrides>` (the overrides of each "
+            "row are in `benchmarks/trainer_vs_trl.py::our_overrides`); TRL PPO: `.venv-bench-trl112/bin/python "
+            "benchmarks/trl_ppo_script.py`; TRL GRPO: `.venv-bench-trl116/bin/python benchmarks/trl_grpo_script.py`; "
+            "driver: `.venv/bin/python -m hpo search --space kl_lr --override ...` (see `benchmarks/driver.py`). "
+            "Raw per-repetition numbers: `results.json`.", ""]
+    if meta.get("appendix"):
+        out += [meta["appendix"], ""]
+    return "\n".join(out)
+
+
+def _rows(doc: dict[str, Any]) -> list[Row]:
+    return [Row(**r) for r in doc["rows"]]
+
+
+def merge(dirs: list[Path], out_dir: Path) -> int:
+    """One RESULTS.md/results.json from several runs' results.json (rows concatenated in the given order)."""
+    docs = [json.loads((d / "results.json").read_text()) for d in dirs]
+    meta = dict(docs[0]["meta"])
+    meta["command"] = "\n".join(d["meta"]["command"] for d in docs) + "\npython -m benchmarks.run --merge " + \
+        " ".join(str(d) for d in dirs)
+    meta["load_start"] = " / ".join(str(d["meta"]["load_start"]) for d in docs)
+    meta["load_end"] = " / ".join(str(d["meta"]["load_end"]) for d in docs)
+    meta["elapsed_min"] = max(d["meta"]["elapsed_min"] for d in docs)
+    meta["errors"] = {k: v for d in docs for k, v in d["meta"].get("errors", {}).items()}
+    meta["parts"] = [p for d in docs for p in d["meta"]["parts"]]
+    appendix = REPO / "benchmarks" / "PROFILE.md"
+    if not meta["smoke"] and appendix.exists():
+        meta["appendix"] = appendix.read_text()
+    rows = [r for d in docs for r in _rows(d)]
+    details = {k: v for d in docs for k, v in d.get("details", {}).items()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(
+        {"meta": meta, "rows": [r.to_json() for r in rows], "details": details}, indent=1, default=str) + "\n")
+    (out_dir / "RESULTS.md").write_text(render(rows, meta))
+    log(f"merged {len(dirs)} runs into {out_dir / 'RESULTS.md'}")
+    return 1 if meta["errors"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="one repetition, tiny sizes, results under benchmarks/smoke/")
+    p.add_argument("--only", nargs="+", choices=PARTS, default=None, help="run only these parts")
+    p.add_argument("--skip-trl", action="store_true", help="trainer rows without the TRL side")
+    p.add_argument("--cases", nargs="+", default=None, help="trainer cases to run (ppo_1x1 ppo_4x4 grpo; default all)")
+    p.add_argument("--reps", type=int, default=None, help="trainer repetitions (default 3; smoke 1)")
+    p.add_argument("--steps", type=int, default=None, help="trainer steps per run incl. warm-up (default 5; smoke 2)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default benchmarks/ or benchmarks/smoke/)")
+    p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="DIR",
+                   help="combine the results.json of earlier runs (e.g. parts run separately) into --out")
+    args = p.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out or REPO / "benchmarks")
+    out_dir = args.out or (REPO / "benchmarks" / ("smoke" if args.smoke else ""))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parts = tuple(args.only or PARTS)
+    t0 = time.time()
+    meta: dict[str, Any] = {"machine": machine(), "load_start": load_average(), "smoke": args.smoke,
+                            "command": "python -m benchmarks.run " + shlex.join(argv if argv is not None
+                                                                                 else sys.argv[1:]),
+                            "parts": parts, "errors": {}}
+    rows: list[Row] = []
+    details: dict[str, Any] = {}
+
+    def attempt(name: str, fn: Any) -> None:
+        try:
+            res = fn()
+            if isinstance(res, tuple):
+                rows.extend(res[0])
+                details[name] = res[1]
+            else:
+                rows.extend(res)
+        except Exception as err:  # one failing part must not lose the others' results
+            log(f"{name} failed: {err}")
+            meta["errors"][name] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err) else ''}"
+            details[f"{name}_traceback"] = traceback.format_exc()
+
+    if "trainer" in parts:
+        from benchmarks import trainer_vs_trl
+
+        reps = args.reps or (1 if args.smoke else 3)
+        steps = args.steps or (2 if args.smoke else 5)
+        def partial(done: list[Row], det: dict[str, Any]) -> None:  # survives an interrupted long run
+            (out_dir / "results.partial.json").write_text(json.dumps(
+                {"meta": meta, "rows": [r.to_json() for r in done], "details": {"trainer": det}}, default=str))
+
+        attempt("trainer", lambda: trainer_vs_trl.bench(reps, steps, args.smoke, args.skip_trl,
+                                                        cases=tuple(args.cases) if args.cases else None,
+                                                        on_case=partial))
+    driver_parts = tuple(x for x in ("overhead", "pruning", "search") if x in parts)
+    if driver_parts:
+        from benchmarks import driver
+
+        attempt("driver", lambda: driver.bench(args.smoke, parts=driver_parts))
+    if "rollout" in parts:
+        from benchmarks import rollout
+
+        attempt("rollout", lambda: rollout.bench(args.smoke))
+    meta["versions"] = all_versions()
+    meta["load_end"] = load_average()
+    meta["elapsed_min"] = (time.time() - t0) / 60
+    appendix = REPO / "benchmarks" / "PROFILE.md"
+    if not args.smoke and appendix.exists():
+        meta["appendix"] = appendix.read_text()
+    (out_dir / "results.json").write_text(json.dumps(
+        {"meta": meta, "rows": [r.to_json() for r in rows], "details": details}, indent=1, default=str) + "\n")
+    (out_dir / "RESULTS.md").write_text(render(rows, meta))
+    (out_dir / "results.partial.json").unlink(missing_ok=True)
+    log(f"wrote {out_dir / 'RESULTS.md'} and {out_dir / 'results.json'} ({meta['elapsed_min']:.1f} min)")
+    return 1 if meta["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
