@@ -62,7 +62,7 @@ def test_early_stopping_converged(tmp_path: Path, studies: Path) -> None:
 
 def test_median_pruning(tmp_path: Path, studies: Path) -> None:
     space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 20, "trainer.test_freq": 2,
-                                            "fake.step_s": 0.02},
+                                            "fake.step_s": 0.15},
                        study={"n_trials": 6, "pruner": {"type": "median", "n_startup_trials": 1}})
     assert run_cli(["search", "--space", str(space)], studies).returncode == 0
     trials = load(studies, "fake").trials
