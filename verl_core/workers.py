@@ -74,8 +74,10 @@ class Policy:
     def forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         resp_len = mb["responses"].shape[1]
         with self.autocast():
+            # the LM head only over the R + 1 last positions: prompt logits are never used
             logits = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                                position_ids=mb["position_ids"], use_cache=False).logits
+                                position_ids=mb["position_ids"], use_cache=False,
+                                logits_to_keep=resp_len + 1).logits
         logits = _upcast(logits[:, -resp_len - 1 : -1]) / self.temperature  # (B, R, V), fp32 at least
         log_probs = algos.logprobs_from_logits(logits, mb["responses"])
         entropy = algos.entropy_from_logits(logits) if with_entropy else None
