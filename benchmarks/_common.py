@@ -22,6 +22,8 @@ from typing import Any
 
 import psutil
 
+from hpo._runner import tree, tree_rss_bytes
+
 REPO = Path(__file__).resolve().parents[1]
 MAIN_PY = REPO / ".venv" / "bin" / "python"
 TRL112_PY = REPO / ".venv-bench-trl112" / "bin" / "python"
@@ -132,18 +134,12 @@ class RssSampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def sample(self) -> int:
+        if self.children:
+            return tree_rss_bytes(tree(self.pid))  # the driver's own accounting of a trial's tree
         try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)] if self.children else [root]
+            return tree_rss_bytes([psutil.Process(self.pid)])
         except psutil.NoSuchProcess:
             return 0
-        total = 0
-        for p in procs:
-            try:
-                total += p.memory_info().rss
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                pass
-        return total
 
     def _loop(self) -> None:
         while not self._stop.is_set():

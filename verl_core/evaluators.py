@@ -19,8 +19,6 @@ examples, and returns ``{metric_name: value}`` logged under ``eval/``:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +28,7 @@ import numpy as np
 import torch
 
 from verl_core.config import ConfigError, EvaluationConfig, LatencyConfig, ToxicityConfig
+from verl_core.plugins import load_function
 
 
 class ToxicityEvaluator:
@@ -110,26 +109,7 @@ def load_callable(spec: str) -> tuple[str, Callable[..., Any]]:
     """``name=path/to/file.py:fn`` or ``name=package.module:fn`` -> (name, fn)."""
     name, _, target = spec.partition("=")
     where, _, fn_name = target.rpartition(":")
-    key = f"evaluation.custom: {spec!r}"
-    try:
-        if where.endswith(".py"):
-            path = Path(where).expanduser()
-            if not path.is_file():
-                raise ConfigError(f"{key}: no such file {where}")
-            mod_spec = importlib.util.spec_from_file_location(f"user_eval_{path.stem}", path)
-            assert mod_spec is not None and mod_spec.loader is not None
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-    except ConfigError:
-        raise
-    except Exception as err:
-        raise ConfigError(f"{key}: cannot import {where} ({type(err).__name__}: {err})") from None
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise ConfigError(f"{key}: {fn_name!r} is not a function in {where}")
-    return name.strip(), fn
+    return name.strip(), load_function(where, fn_name, f"evaluation.custom: {spec!r}")
 
 
 class CustomEvaluator:

@@ -9,7 +9,6 @@ divided by ``reward_model.temperature``.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from verl_core.config import Config, ConfigError
+from verl_core.plugins import load_function
 
 ScoreFn = Callable[..., Any]
 
@@ -58,21 +58,11 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth: Any
 
 
 def load_custom_function(path: str, name: str) -> ScoreFn:
-    p = Path(path).expanduser()
-    if not p.is_file():
+    """verl's ``custom_reward_function.path`` file and ``.name`` function."""
+    if not Path(path).expanduser().is_file():
         raise ConfigError(f"custom_reward_function.path={path!r}: no such file")
-    spec = importlib.util.spec_from_file_location(f"custom_reward_{p.stem}", p)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        raise ConfigError(f"custom_reward_function.path={path!r}: failed to import ({type(err).__name__}: {err})") \
-            from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ConfigError(f"custom_reward_function.name={name!r}: not a function in {path}")
-    return fn  # type: ignore[no-any-return]
+    return load_function(path, name, f"custom_reward_function.path={path!r} / custom_reward_function.name={name!r}",
+                         as_file=True)
 
 
 def _as_float(result: Any) -> float:

@@ -196,8 +196,7 @@ class PPOTrainer:
         return [self.tokenizer.decode(r[m.bool()].tolist(), skip_special_tokens=True)
                 for r, m in zip(responses.cpu(), mask.cpu())]
 
-    def _score(self, pb: PromptBatch, batch: Batch, n: int) -> torch.Tensor:
-        texts = self._decode(batch["responses"], batch["response_mask"])
+    def _score(self, pb: PromptBatch, texts: list[str], n: int) -> torch.Tensor:
         examples = [e for e in pb.examples for _ in range(n)]
         prompts = [e.prompt_text for e in examples]
         return torch.tensor(self.reward_fn(texts, examples, prompts), dtype=torch.float32, device=self.device)
@@ -217,14 +216,16 @@ class PPOTrainer:
         batch = self._sequence_batch(pb, responses, r.n)
         mask = batch["response_mask"]
         with timer("reward"):
-            raw_scores = self._score(pb, batch, r.n)
+            raw_scores = self._score(pb, self._decode(batch["responses"], mask), r.n)
             batch["token_level_scores"] = token_level_scores(raw_scores / cfg.reward_model.temperature, mask)
         with timer("old_log_prob"):
             batch["old_log_probs"], entropy = self.actor.compute_log_prob(batch, sizes.log_prob_micro_samples)
+        assert entropy is not None
         metrics: dict[str, Any] = {"actor/entropy": float(algos.masked_mean(entropy, mask))}
         if self.ref is not None:
             with timer("ref"):
-                batch["ref_log_probs"], _ = self.ref.compute_log_prob(batch, sizes.ref_micro_samples)
+                batch["ref_log_probs"], _ = self.ref.compute_log_prob(batch, sizes.ref_micro_samples,
+                                                                      with_entropy=False)
         if self.critic is not None:
             with timer("values"):
                 batch["values"] = self.critic.compute_values(batch, sizes.critic_micro_samples)
@@ -331,11 +332,12 @@ class PPOTrainer:
                 pb = self._prompt_batch(list(range(start, min(start + bs, len(self.val_data)))), self.val_data)
                 responses = self.rollout.generate(pb.input_ids, pb.attention_mask, params)
                 batch = self._sequence_batch(pb, responses, vk.n)
-                scores += self._score(pb, batch, vk.n).tolist()
+                batch_texts = self._decode(batch["responses"], batch["response_mask"])
+                scores += self._score(pb, batch_texts, vk.n).tolist()
                 lengths += batch["response_mask"].sum(-1).tolist()
                 sources += [e.data_source for e in pb.examples for _ in range(vk.n)]
                 examples += [e for e in pb.examples for _ in range(vk.n)]
-                texts += self._decode(batch["responses"], batch["response_mask"])
+                texts += batch_texts
             prompts = [e.prompt_text for e in examples]
             extra: dict[str, float] = {}
             for evaluator in self.text_evaluators:

@@ -84,14 +84,14 @@ class Policy:
         return log_probs, entropy
 
     @torch.no_grad()
-    def compute_log_prob(self, batch: Batch, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        lps, ents = [], []
-        for mb in micro_batches(batch, micro):
-            lp, ent = self.forward(mb, with_entropy=True)
-            assert ent is not None
-            lps.append(lp)
-            ents.append(ent)
-        return torch.cat(lps), torch.cat(ents)
+    def compute_log_prob(self, batch: Batch, micro: int, with_entropy: bool = True
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy, unless ``with_entropy=False``) of the batch's responses, (B, R) each."""
+        parts = [self.forward(mb, with_entropy) for mb in micro_batches(batch, micro)]
+        log_probs = torch.cat([lp for lp, _ in parts])
+        if not with_entropy:
+            return log_probs, None
+        return log_probs, torch.cat([ent for _, ent in parts if ent is not None])
 
 
 class Actor(Policy):
