@@ -77,14 +77,24 @@ class RuleReward:
     def __init__(self, fn: ScoreFn) -> None:
         self.fn = fn
 
-    def __call__(self, responses: list[str], examples: list[Any], prompts: list[str]) -> list[float]:
+    on_token_ids = False
+
+    def __call__(self, responses: list[str], examples: list[Any], prompts: list[str],
+                 batch: dict[str, torch.Tensor] | None = None) -> list[float]:
         return [_as_float(self.fn(e.data_source, r, e.ground_truth, e.extra_info)) for r, e in zip(responses, examples)]
 
 
 class ModelReward:
-    """An HF ``AutoModelForSequenceClassification`` reward model; the score is logit 0 of prompt+response."""
+    """An HF ``AutoModelForSequenceClassification`` reward model; the score is logit 0 of prompt+response.
 
-    def __init__(self, path: str, device: torch.device, micro_batch: int | None, max_length: int | None) -> None:
+    When the reward model's tokenizer is the policy's (same vocabulary and pad token) and there is no
+    ``max_length`` truncation, it scores the rollout's token ids directly, as verl does without an
+    ``input_tokenizer`` switch: no decode/re-encode round trip, and the EOS the policy emitted is
+    part of the scored sequence. Otherwise it scores ``prompt_text + response_text`` re-tokenized.
+    """
+
+    def __init__(self, path: str, device: torch.device, micro_batch: int | None, max_length: int | None,
+                 policy_tokenizer: Any = None) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if not Path(path).expanduser().is_dir():
@@ -96,9 +106,17 @@ class ModelReward:
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.device, self.micro_batch, self.max_length = device, micro_batch, max_length
+        self.on_token_ids = (policy_tokenizer is not None and max_length is None
+                             and self.model.config.pad_token_id == policy_tokenizer.pad_token_id
+                             and self.tokenizer.get_vocab() == policy_tokenizer.get_vocab())
 
     @torch.no_grad()
-    def __call__(self, responses: list[str], examples: list[Any], prompts: list[str]) -> list[float]:
+    def __call__(self, responses: list[str], examples: list[Any], prompts: list[str],
+                 batch: dict[str, torch.Tensor] | None = None) -> list[float]:
+        """Scores of the B responses; ``batch`` (the rollout's input_ids/attention_mask/position_ids) is used
+        when :attr:`on_token_ids`."""
+        if self.on_token_ids and batch is not None:
+            return self._score_ids(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
         texts = [p + r for p, r in zip(prompts, responses)]
         step = self.micro_batch or len(texts)
         out: list[float] = []
@@ -108,12 +126,28 @@ class ModelReward:
             out += self.model(**enc).logits[:, 0].float().tolist()
         return out
 
+    def _score_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+                   ) -> list[float]:
+        """(B, L) left-padded prompt + right-padded response -> B scores, pooled at the last attended token.
 
-def build_reward(cfg: Config, device: torch.device) -> RuleReward | ModelReward:
+        HF's sequence classifiers pool at the rightmost non-pad id, so masked positions are set to pad.
+        """
+        ids = input_ids.masked_fill(attention_mask == 0, int(self.model.config.pad_token_id))
+        step = self.micro_batch or ids.shape[0]
+        out: list[float] = []
+        for i in range(0, ids.shape[0], step):
+            sl = slice(i, i + step)
+            out += self.model(input_ids=ids[sl], attention_mask=attention_mask[sl],
+                              position_ids=position_ids[sl]).logits[:, 0].float().tolist()
+        return out
+
+
+def build_reward(cfg: Config, device: torch.device, policy_tokenizer: Any = None) -> RuleReward | ModelReward:
+    """The reward of ``cfg``; ``policy_tokenizer`` lets a reward model with the same tokenizer score token ids."""
     rm = cfg.reward_model
     if rm.enable:
         assert rm.model.path is not None
-        return ModelReward(rm.model.path, device, rm.micro_batch_size_per_gpu, rm.max_length)
+        return ModelReward(rm.model.path, device, rm.micro_batch_size_per_gpu, rm.max_length, policy_tokenizer)
     if cfg.custom_reward_function.path:
         return RuleReward(load_custom_function(cfg.custom_reward_function.path, cfg.custom_reward_function.name))
     return RuleReward(default_compute_score)

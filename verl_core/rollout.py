@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from verl_core.decode import FastDecoder, unsupported_reason
+
 if TYPE_CHECKING:
     from verl_core.config import RolloutConfig
 
@@ -42,18 +44,45 @@ def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
 
 
 class HFRollout:
-    """``transformers.generate`` on the actor module itself (weights are always current)."""
+    """Generation with the actor module itself (weights are always current).
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, autocast: Any) -> None:
+    Llama-family models (see :mod:`verl_core.decode`) go through :class:`~verl_core.decode.FastDecoder`,
+    others, or all with ``fast_decode=False``, through ``transformers.generate``. ``self.backend`` says
+    which one ran last: ``fast`` or ``generate``.
+    """
+
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, autocast: Any, fast_decode: bool = True
+                 ) -> None:
         self.model, self.pad_id, self.eos_id, self.autocast = model, pad_id, eos_id, autocast
+        self.fast_decode = fast_decode
+        self.backend = ""
+        self._decoder: FastDecoder | None = None
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        from transformers import GenerationConfig
-
         if params.n > 1:
             input_ids = input_ids.repeat_interleave(params.n, dim=0)
             attention_mask = attention_mask.repeat_interleave(params.n, dim=0)
+        total = input_ids.shape[1] + params.max_new_tokens
+        if self.fast_decode and unsupported_reason(self.model, total) is None:
+            self.backend = "fast"
+            self._decoder = self._decoder or FastDecoder(self.model)
+            with self.autocast():
+                responses = self._decoder.generate(
+                    input_ids, attention_mask, params.max_new_tokens, eos_id=self.eos_id, pad_id=self.pad_id,
+                    do_sample=params.do_sample, temperature=params.temperature, top_k=params.top_k,
+                    top_p=params.top_p)
+        else:
+            self.backend = "generate"
+            responses = self._hf_generate(input_ids, attention_mask, params)
+        if responses.shape[1] == 0:  # nothing generated (max_new_tokens reached at once): keep one pad column
+            responses = torch.full((input_ids.shape[0], 1), self.pad_id, dtype=torch.long, device=input_ids.device)
+        return responses
+
+    def _hf_generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
+                     ) -> torch.Tensor:
+        from transformers import GenerationConfig
+
         kwargs: dict[str, Any] = {"do_sample": params.do_sample, "max_new_tokens": params.max_new_tokens,
                                   "pad_token_id": self.pad_id, "eos_token_id": self.eos_id}
         if params.do_sample:
@@ -64,10 +93,7 @@ class HFRollout:
             out = self.model.generate(  # type: ignore[operator]
                 input_ids=input_ids, attention_mask=attention_mask, generation_config=gen_cfg,
             )
-        responses = out[:, input_ids.shape[1] :]
-        if responses.shape[1] == 0:  # nothing generated (max_new_tokens reached at once): keep one pad column
-            responses = torch.full((input_ids.shape[0], 1), self.pad_id, dtype=torch.long, device=out.device)
-        return responses
+        return out[:, input_ids.shape[1] :]
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         return None
@@ -78,7 +104,7 @@ def build_rollout(name: str, model: torch.nn.Module, pad_id: int, eos_id: int, a
                   max_prompt_length: int = 0, max_response_length: int = 0, seed: int = 0) -> RolloutEngine:
     """The engine named by ``actor_rollout_ref.rollout.name``; vllm also needs the model path and rollout config."""
     if name == "hf":
-        return HFRollout(model, pad_id, eos_id, autocast)
+        return HFRollout(model, pad_id, eos_id, autocast, rollout_cfg.fast_decode if rollout_cfg else True)
     if name == "vllm":
         from verl_core.vllm_rollout import VLLMRollout, require_vllm
 

@@ -2,7 +2,9 @@
 
     gen -> reward -> old_log_prob -> ref -> values -> adv -> update_critic -> update_actor -> update_weights
 
-(verl's ``RayPPOTrainer.fit`` in one process). Each stage's wall time is logged as
+(verl's ``RayPPOTrainer.fit`` in one process). ``old_log_prob`` is skipped when the update is on-policy
+(one epoch, one mini-batch) and neither KL-in-reward nor the KL-threshold filter reads the old
+log-probs first: the update's forward then supplies them. Each stage's wall time is logged as
 ``timing_s/<stage>``; all metric names follow verl (see README "Metrics").
 """
 
@@ -118,6 +120,11 @@ class PPOTrainer:
         self.actor = Actor(self._load_lm(model_path, train=True), arr.actor, temp, self.autocast)
         self.use_ref = cfg.algorithm.use_kl_in_reward or arr.actor.use_kl_loss or arr.actor.kl_threshold is not None
         self.ref = Policy(self._load_lm(model_path, train=False), temp, self.autocast) if self.use_ref else None
+        # On-policy (one epoch, one mini-batch) the update's own forward gives the old log-probs and the
+        # entropy, as in verl's actor; the separate pass is needed only when something reads them first.
+        on_policy = arr.actor.ppo_epochs == 1 and self.sizes.actor_num_mini == 1
+        self.recompute_old_log_prob = not (on_policy and not cfg.algorithm.use_kl_in_reward
+                                           and arr.actor.kl_threshold is None)
         self.use_critic = cfg.algorithm.adv_estimator == "gae"
         self.critic = None
         if self.use_critic:
@@ -129,7 +136,7 @@ class PPOTrainer:
                                      model_path=model_path, rollout_cfg=arr.rollout,
                                      max_prompt_length=d.max_prompt_length, max_response_length=d.max_response_length,
                                      seed=cfg.trainer.seed)
-        self.reward_fn = build_reward(cfg, self.device)
+        self.reward_fn = build_reward(cfg, self.device, self.tokenizer)
         self.text_evaluators = build_text_evaluators(cfg.evaluation, self.device)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = algos.get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
@@ -166,9 +173,11 @@ class PPOTrainer:
         return model  # type: ignore[no-any-return]
 
     def _load_critic(self, path: str) -> torch.nn.Module:
-        from transformers import AutoModelForTokenClassification
+        from transformers import AutoConfig, AutoModelForTokenClassification
 
-        model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+        config = AutoConfig.from_pretrained(path, num_labels=1)
+        config.classifier_dropout = 0.0  # no dropout before the value head (HF's default is 0.1), as verl's critic
+        model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
         if self.cfg.actor_rollout_ref.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
         return model.to(self.device).eval()  # type: ignore[no-any-return]
@@ -196,10 +205,14 @@ class PPOTrainer:
         return [self.tokenizer.decode(r[m.bool()].tolist(), skip_special_tokens=True)
                 for r, m in zip(responses.cpu(), mask.cpu())]
 
-    def _score(self, pb: PromptBatch, texts: list[str], n: int) -> torch.Tensor:
+    def _score(self, pb: PromptBatch, texts: list[str] | None, n: int, batch: Batch) -> torch.Tensor:
+        """Sequence scores (B,); ``texts=None`` decodes them here unless the reward reads token ids."""
         examples = [e for e in pb.examples for _ in range(n)]
         prompts = [e.prompt_text for e in examples]
-        return torch.tensor(self.reward_fn(texts, examples, prompts), dtype=torch.float32, device=self.device)
+        if texts is None:
+            texts = [] if self.reward_fn.on_token_ids else self._decode(batch["responses"], batch["response_mask"])
+        scores = self.reward_fn(texts, examples, prompts, batch=batch)
+        return torch.tensor(scores, dtype=torch.float32, device=self.device)
 
     # ------------------------------------------------------------------ one PPO step
     def train_step(self, step: int) -> dict[str, Any]:
@@ -216,19 +229,21 @@ class PPOTrainer:
         batch = self._sequence_batch(pb, responses, r.n)
         mask = batch["response_mask"]
         with timer("reward"):
-            raw_scores = self._score(pb, self._decode(batch["responses"], mask), r.n)
+            raw_scores = self._score(pb, None, r.n, batch)
             batch["token_level_scores"] = token_level_scores(raw_scores / cfg.reward_model.temperature, mask)
-        with timer("old_log_prob"):
-            batch["old_log_probs"], entropy = self.actor.compute_log_prob(batch, sizes.log_prob_micro_samples)
-        assert entropy is not None
-        metrics: dict[str, Any] = {"actor/entropy": float(algos.masked_mean(entropy, mask))}
+        metrics: dict[str, Any] = {}
+        if self.recompute_old_log_prob:
+            with timer("old_log_prob"):
+                batch["old_log_probs"], entropy = self.actor.compute_log_prob(batch, sizes.log_prob_micro_samples)
+            assert entropy is not None
+            metrics["actor/entropy"] = float(algos.masked_mean(entropy, mask))
         if self.ref is not None:
             with timer("ref"):
                 batch["ref_log_probs"], _ = self.ref.compute_log_prob(batch, sizes.ref_micro_samples,
                                                                       with_entropy=False)
         if self.critic is not None:
             with timer("values"):
-                batch["values"] = self.critic.compute_values(batch, sizes.critic_micro_samples)
+                batch["values"] = self.critic.compute_values(batch, sizes.critic_forward_micro_samples)
         with timer("adv"):
             metrics.update(self._advantages(batch, pb, raw_scores))
         if self.critic is not None:
@@ -333,7 +348,7 @@ class PPOTrainer:
                 responses = self.rollout.generate(pb.input_ids, pb.attention_mask, params)
                 batch = self._sequence_batch(pb, responses, vk.n)
                 batch_texts = self._decode(batch["responses"], batch["response_mask"])
-                scores += self._score(pb, batch_texts, vk.n).tolist()
+                scores += self._score(pb, batch_texts, vk.n, batch).tolist()
                 lengths += batch["response_mask"].sum(-1).tolist()
                 sources += [e.data_source for e in pb.examples for _ in range(vk.n)]
                 examples += [e for e in pb.examples for _ in range(vk.n)]

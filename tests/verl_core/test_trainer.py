@@ -107,6 +107,38 @@ def test_grpo_with_kl_loss_filter_and_dynamic_gamma(tiny_model_dir: Path, tmp_pa
     assert rows[-1]["data"]["algorithm/gamma"] == pytest.approx(0.5)
 
 
+def test_on_policy_grpo_skips_the_old_log_prob_pass(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """One epoch x one mini-batch, no KL in reward: the update's forward supplies old log-probs and entropy."""
+    on_policy = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", "algorithm.use_kl_in_reward=false",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=16"]
+    out = run_trainer(["train", "--metrics-file", "m.jsonl", "trainer.total_training_steps=2", *FAST, *on_policy],
+                      tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = read_metrics(tmp_path / "m.jsonl")
+    for r in rows:
+        assert "timing_s/old_log_prob" not in r["data"]
+        assert r["data"]["actor/entropy"] > 0
+        assert r["data"]["actor/ppo_kl"] == 0.0 and r["data"]["actor/pg_clipfrac"] == 0.0  # ratio exactly 1
+    # two mini-batches: the second is off-policy, so the pass runs again
+    out = run_trainer(["train", "--metrics-file", "m2.jsonl", "trainer.total_training_steps=1", *FAST,
+                       *on_policy[:-1]], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "timing_s/old_log_prob" in read_metrics(tmp_path / "m2.jsonl")[0]["data"]
+
+
+def test_critic_has_no_dropout(tiny_model_dir: Path) -> None:
+    """verl's critic sets classifier_dropout=0: in train mode two value passes agree exactly."""
+    from verl_core.config import load_config
+    from verl_core.trainer import PPOTrainer
+
+    trainer = PPOTrainer(load_config("tiny_arith", ["trainer.total_training_steps=1"]))
+    assert trainer.critic is not None
+    model = trainer.critic.model.train()
+    ids = torch.randint(5, 100, (4, 12))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
 def test_custom_reward_function_and_reward_temperature(tiny_model_dir: Path, tmp_path: Path) -> None:
     fn = tmp_path / "my_reward.py"
     fn.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"

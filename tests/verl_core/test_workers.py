@@ -49,7 +49,7 @@ def test_actor_micro_batches_equal_full_batch(tiny_model_dir: Path, mode: str) -
         model.zero_grad()
         total = 0.0
         for mb in micro_batches(batch, micro):
-            loss, _ = actor.micro_loss(mb, norm)
+            loss, _, _ = actor.micro_loss(mb, norm)
             loss.backward()
             total += float(loss)
         results.append((total, _grads(model)))
@@ -79,3 +79,28 @@ def test_critic_update_reduces_value_loss(tiny_model_dir: Path) -> None:
 def test_response_mask_stops_after_first_eos() -> None:
     r = torch.tensor([[5, 6, 1, 0], [1, 0, 0, 0], [5, 6, 7, 8]])
     assert response_mask(r, eos_id=1).tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]
+
+
+def test_on_policy_update_equals_update_with_recomputed_old_log_probs(tiny_model_dir: Path) -> None:
+    """One epoch, one mini-batch: omitting old_log_probs gives the same step, loss and entropy as passing them."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = load_config("tiny_arith", ["actor_rollout_ref.actor.use_kl_loss=true"]).actor_rollout_ref.actor
+    models = [AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64) for _ in range(2)]
+    actors = [Actor(m, cfg, 1.0, contextlib.nullcontext) for m in models]
+    batch = _batch(models[0].config.vocab_size, models[0].config.eos_token_id)
+    batch = {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
+    old, entropy = actors[0].compute_log_prob(batch, 4)
+    assert entropy is not None
+    with_old = actors[0].update({**batch, "old_log_probs": old}, 8, 4, 1, torch.Generator().manual_seed(0))
+    without = actors[1].update({k: v for k, v in batch.items() if k != "old_log_probs"}, 8, 4, 1,
+                               torch.Generator().manual_seed(0))
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/ppo_kl"):
+        assert without[key] == pytest.approx(with_old[key], rel=1e-9, abs=1e-12), key
+    assert without["actor/entropy"] == pytest.approx(float((entropy * batch["response_mask"]).sum()
+                                                           / batch["response_mask"].sum()), rel=1e-9)
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="on-policy"):
+        actors[1].update({k: v for k, v in batch.items() if k != "old_log_probs"}, 4, 4, 1,
+                         torch.Generator().manual_seed(0))
