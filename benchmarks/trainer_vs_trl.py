@@ -90,8 +90,10 @@ def our_overrides(case: Case, assets: dict[str, str], steps: int, threads: int, 
     if case.kind == "ppo":  # the same work as TRL PPO: critic, reward model, reference + KL in reward
         # TRL's rollout forwards (policy, reference, value, reward) run on local_rollout_forward_batch_size = the
         # whole batch; ours likewise (the reward model scores all samples in one forward by default)
+        # TRL's PPO takes the old log-probs from the generation logits: reuse_log_probs does the same
         o += [f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={case.samples}",
-              f"critic.forward_micro_batch_size_per_gpu={case.samples}"]
+              f"critic.forward_micro_batch_size_per_gpu={case.samples}",
+              "actor_rollout_ref.rollout.reuse_log_probs=true"]
         o += [f"critic.optim.lr={LR}", "critic.cliprange_value=0.2", "algorithm.adv_estimator=gae",
               "algorithm.gamma=1.0", "algorithm.lam=0.95", "algorithm.use_kl_in_reward=true",
               "algorithm.kl_penalty=kl", "algorithm.kl_ctrl.type=fixed", "algorithm.kl_ctrl.kl_coef=0.05",

@@ -134,6 +134,10 @@ class RolloutConfig:
     fast_decode: bool = _f(True, "hf engine: our KV-cached decode loop for Llama/Mistral/Qwen2/Qwen3 models "
                                  "(greedy tokens equal transformers generate, ~1.7x faster on small models); "
                                  "other architectures, or false, use transformers generate.")
+    reuse_log_probs: bool = _f(False, "hf engine with fast_decode: take the old log-probs and the entropy metric "
+                                      "from the decode steps' logits instead of a second actor forward, as TRL's "
+                                      "PPO does. In fp32 they equal the recomputed ones up to rounding (~1e-6); "
+                                      "under bf16 autocast decode and training kernels differ more: keep it off.")
     n: int = _f(1, "Responses sampled per prompt (GRPO groups).")
     temperature: float = _f(1.0, "Sampling temperature of training rollouts.")
     top_p: float = _f(1.0, "Nucleus sampling p.")
@@ -593,6 +597,9 @@ def validate(cfg: Config) -> DerivedSizes:
            f"algorithm.gamma={cfg.algorithm.gamma}")
     if cfg.algorithm.adv_estimator == "grpo":
         _check(r.n > 1, f"actor_rollout_ref.rollout.n={r.n} must be > 1 with algorithm.adv_estimator=grpo")
+    _check(not r.reuse_log_probs or (r.name == "hf" and r.fast_decode),
+           f"actor_rollout_ref.rollout.reuse_log_probs=true needs rollout.name=hf with fast_decode=true "
+           f"(got name={r.name}, fast_decode={r.fast_decode})")
     if cfg.reward_model.enable:
         _check(bool(cfg.reward_model.model.path),
                "reward_model.model.path=None: reward_model.enable=true needs a model path")

@@ -157,10 +157,13 @@ class FastDecoder:
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, *,
                  eos_id: int, pad_id: int, do_sample: bool = True, temperature: float = 1.0, top_k: int = -1,
-                 top_p: float = 1.0) -> torch.Tensor:
+                 top_p: float = 1.0, with_log_probs: bool = False) -> Any:
         """(B, P) left-padded prompts -> (B, T) new tokens, T <= max_new_tokens, ``pad_id`` after each row's EOS.
 
-        Stops early once every row has emitted EOS, as ``generate`` does.
+        Stops early once every row has emitted EOS, as ``generate`` does. ``with_log_probs=True`` returns
+        ``(tokens, log_probs, entropy)``, the last two (B, T) float32 and 0 after EOS: the log-probability of
+        each sampled token and the entropy under ``softmax(logits / temperature)`` *before* top-k/top-p,
+        the quantities the actor's ``compute_log_prob`` gives, from the decode step's own logits.
         """
         b, p = input_ids.shape
         dev = input_ids.device
@@ -176,16 +179,25 @@ class FastDecoder:
         last_pos = positions[:, -1:]
         finished = torch.zeros(b, dtype=torch.bool, device=dev)
         out = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=dev)
+        log_probs = torch.zeros(b, max_new_tokens, device=dev) if with_log_probs else None
+        entropy = torch.zeros(b, max_new_tokens, device=dev) if with_log_probs else None
         steps = 0
         for t in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, do_sample)
             nxt = nxt.masked_fill(finished, pad_id)
             out[:, t] = nxt
+            if log_probs is not None and entropy is not None:
+                logp = torch.log_softmax(logits / temperature, dim=-1)  # (B, V)
+                live = (~finished).float()
+                log_probs[:, t] = logp.gather(1, nxt[:, None]).squeeze(1) * live
+                entropy[:, t] = -(logp.exp() * logp).sum(-1) * live
             steps = t + 1
             finished |= nxt == eos_id
             if t == max_new_tokens - 1 or bool(finished.all()):
                 break
             last_pos = last_pos + 1
             logits = self._forward(nxt[:, None], last_pos, caches, total, p + t, key_ok[:, None, None, : p + t + 1])
+        if log_probs is not None:
+            return out[:, :steps], log_probs[:, :steps], entropy[:, :steps]  # type: ignore[index]
         return out[:, :steps]
 

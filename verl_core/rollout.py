@@ -26,6 +26,7 @@ class SamplingParams:
     top_k: int = -1
     do_sample: bool = True
     max_new_tokens: int = 16
+    log_probs: bool = False  # ask the engine for the sampled tokens' log-probs (see HFRollout.last_log_probs)
 
 
 class RolloutEngine(Protocol):
@@ -48,7 +49,9 @@ class HFRollout:
 
     Llama-family models (see :mod:`verl_core.decode`) go through :class:`~verl_core.decode.FastDecoder`,
     others, or all with ``fast_decode=False``, through ``transformers.generate``. ``self.backend`` says
-    which one ran last: ``fast`` or ``generate``.
+    which one ran last: ``fast`` or ``generate``. With ``SamplingParams.log_probs`` the fast path also
+    leaves ``last_log_probs`` and ``last_entropy`` (B * n, R), from the decode steps' logits at the
+    sampling temperature; otherwise they are None.
     """
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, autocast: Any, fast_decode: bool = True
@@ -57,6 +60,8 @@ class HFRollout:
         self.fast_decode = fast_decode
         self.backend = ""
         self._decoder: FastDecoder | None = None
+        self.last_log_probs: torch.Tensor | None = None
+        self.last_entropy: torch.Tensor | None = None
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -64,19 +69,26 @@ class HFRollout:
             input_ids = input_ids.repeat_interleave(params.n, dim=0)
             attention_mask = attention_mask.repeat_interleave(params.n, dim=0)
         total = input_ids.shape[1] + params.max_new_tokens
+        self.last_log_probs = self.last_entropy = None
         if self.fast_decode and unsupported_reason(self.model, total) is None:
             self.backend = "fast"
             self._decoder = self._decoder or FastDecoder(self.model)
             with self.autocast():
-                responses = self._decoder.generate(
+                out = self._decoder.generate(
                     input_ids, attention_mask, params.max_new_tokens, eos_id=self.eos_id, pad_id=self.pad_id,
                     do_sample=params.do_sample, temperature=params.temperature, top_k=params.top_k,
-                    top_p=params.top_p)
+                    top_p=params.top_p, with_log_probs=params.log_probs)
+            if params.log_probs:
+                responses, self.last_log_probs, self.last_entropy = out
+            else:
+                responses = out
         else:
             self.backend = "generate"
             responses = self._hf_generate(input_ids, attention_mask, params)
         if responses.shape[1] == 0:  # nothing generated (max_new_tokens reached at once): keep one pad column
             responses = torch.full((input_ids.shape[0], 1), self.pad_id, dtype=torch.long, device=input_ids.device)
+            if self.last_log_probs is not None:
+                self.last_log_probs = self.last_entropy = torch.zeros(responses.shape, device=responses.device)
         return responses
 
     def _hf_generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams

@@ -4,7 +4,8 @@
 
 (verl's ``RayPPOTrainer.fit`` in one process). ``old_log_prob`` is skipped when the update is on-policy
 (one epoch, one mini-batch) and neither KL-in-reward nor the KL-threshold filter reads the old
-log-probs first: the update's forward then supplies them. Each stage's wall time is logged as
+log-probs first: the update's forward then supplies them. With ``rollout.reuse_log_probs`` the HF
+engine's decode steps supply them instead (no stage). Each stage's wall time is logged as
 ``timing_s/<stage>``; all metric names follow verl (see README "Metrics").
 """
 
@@ -223,16 +224,21 @@ class PPOTrainer:
         torch.manual_seed(cfg.trainer.seed * 1_000_003 + step)  # rollout sampling: a pure function of (seed, step)
         gen = torch.Generator().manual_seed(cfg.trainer.seed * 7919 + step)  # mini-batch shuffling
         pb = self._prompt_batch(self.sampler.next_indices(), self.train_data)
-        params = SamplingParams(r.n, r.temperature, r.top_p, r.top_k, True, cfg.data.max_response_length)
+        reuse = r.reuse_log_probs and self.recompute_old_log_prob
+        params = SamplingParams(r.n, r.temperature, r.top_p, r.top_k, True, cfg.data.max_response_length, reuse)
         with timer("gen"):
             responses = self.rollout.generate(pb.input_ids, pb.attention_mask, params)
+        rollout_log_probs = getattr(self.rollout, "last_log_probs", None) if reuse else None
         batch = self._sequence_batch(pb, responses, r.n)
         mask = batch["response_mask"]
         with timer("reward"):
             raw_scores = self._score(pb, None, r.n, batch)
             batch["token_level_scores"] = token_level_scores(raw_scores / cfg.reward_model.temperature, mask)
         metrics: dict[str, Any] = {}
-        if self.recompute_old_log_prob:
+        if rollout_log_probs is not None:  # reuse_log_probs: the decode steps' own log-probs, no forward
+            batch["old_log_probs"] = rollout_log_probs * mask
+            metrics["actor/entropy"] = float(algos.masked_mean(self.rollout.last_entropy, mask))  # type: ignore
+        elif self.recompute_old_log_prob:
             with timer("old_log_prob"):
                 batch["old_log_probs"], entropy = self.actor.compute_log_prob(batch, sizes.log_prob_micro_samples)
             assert entropy is not None

@@ -94,6 +94,14 @@ def test_bad_overrides_are_one_line_errors(override: str, needle: str) -> None:
     assert "\n" not in msg
 
 
+@pytest.mark.parametrize("other", ["actor_rollout_ref.rollout.fast_decode=false",
+                                   "actor_rollout_ref.rollout.name=vllm"])
+def test_reuse_log_probs_needs_the_fast_hf_decoder(other: str) -> None:
+    with pytest.raises(ConfigError, match="reuse_log_probs=true needs rollout.name=hf with fast_decode=true"):
+        load_config("tiny_arith", ["actor_rollout_ref.rollout.reuse_log_probs=true", other])
+    load_config("tiny_arith", [other])
+
+
 def test_grpo_needs_groups() -> None:
     with pytest.raises(ConfigError, match="rollout.n=1 must be > 1"):
         load_config("tiny_arith", ["algorithm.adv_estimator=grpo"])

@@ -146,3 +146,37 @@ def test_warpers_keep_the_tokens_hf_keeps() -> None:
     assert torch.equal(sample_next(logits, 0.7, 5, 0.5, False), logits.argmax(-1))
     # a vanishing top_p (1 - p rounds to 1 in float32) still keeps the most likely token
     assert torch.equal(sample_next(logits, 1.0, 0, 1e-9, True), logits.argmax(-1))
+
+
+def test_decode_log_probs_equal_the_actor_forward(tiny_model_dir: Path) -> None:
+    """with_log_probs: the decode steps' log-probs / entropies are what compute_log_prob recomputes (fp32)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl_core import tasks
+    from verl_core.workers import Policy
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    texts = [tok.apply_chat_template([{"role": "user", "content": tasks.prompt_text(a, b)}], tokenize=False,
+                                     add_generation_prompt=True) for a, b in tasks.all_problems()[:24]]
+    enc = tok(texts, return_tensors="pt", padding=True, padding_side="left")
+    engine = HFRollout(model, tok.pad_token_id, tok.eos_token_id, contextlib.nullcontext)
+    torch.manual_seed(0)
+    params = SamplingParams(n=2, temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=10, log_probs=True)
+    responses = engine.generate(enc.input_ids, enc.attention_mask, params)
+    lp, ent = engine.last_log_probs, engine.last_entropy
+    assert lp is not None and ent is not None and lp.shape == responses.shape == ent.shape
+    from verl_core.rollout import response_mask
+
+    rmask = response_mask(responses, tok.eos_token_id)
+    assert (rmask == 0).any()  # some rows stop early: their tail must be 0 in both
+    attn = torch.cat([enc.attention_mask.repeat_interleave(2, 0), rmask], 1)
+    batch = {"input_ids": torch.cat([enc.input_ids.repeat_interleave(2, 0), responses], 1), "attention_mask": attn,
+             "position_ids": (attn.cumsum(-1) - 1).clamp(min=0), "responses": responses}
+    want_lp, want_ent = Policy(model, 0.7, contextlib.nullcontext).compute_log_prob(batch, 16)
+    assert want_ent is not None
+    torch.testing.assert_close(lp, want_lp * rmask, atol=1e-4, rtol=0)
+    torch.testing.assert_close(ent, want_ent * rmask, atol=1e-4, rtol=0)
+    assert float((lp - want_lp * rmask).abs().max()) < 1e-4 and float(lp.min()) < -0.1
+    engine.generate(enc.input_ids, enc.attention_mask, SamplingParams(max_new_tokens=4))
+    assert engine.last_log_probs is None  # only when asked

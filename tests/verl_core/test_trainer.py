@@ -126,6 +126,19 @@ def test_on_policy_grpo_skips_the_old_log_prob_pass(tiny_model_dir: Path, tmp_pa
     assert "timing_s/old_log_prob" in read_metrics(tmp_path / "m2.jsonl")[0]["data"]
 
 
+def test_reuse_log_probs_takes_old_log_probs_from_the_rollout(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """PPO with KL in reward needs old log-probs before the update; reuse_log_probs takes them from decoding."""
+    out = run_trainer(["train", "--metrics-file", "m.jsonl", "trainer.total_training_steps=2", *FAST,
+                       "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+                       "actor_rollout_ref.rollout.reuse_log_probs=true"],
+                      tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for r in read_metrics(tmp_path / "m.jsonl"):
+        assert "timing_s/old_log_prob" not in r["data"]
+        assert r["data"]["actor/entropy"] > 0 and "actor/reward_kl_penalty" in r["data"]
+        assert abs(r["data"]["actor/ppo_kl"]) < 1e-5  # on-policy: the reused log-probs are the actor's
+
+
 def test_critic_has_no_dropout(tiny_model_dir: Path) -> None:
     """verl's critic sets classifier_dropout=0: in train mode two value passes agree exactly."""
     from verl_core.config import load_config
