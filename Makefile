@@ -84,4 +84,4 @@ bench: $(STAMP) bench-venvs
 	$(PY) -m benchmarks.run
 
 bench-smoke: $(STAMP)
-	$(PY) -m benchmarks.run --smoke --skip-trl --only trainer overhead
+	$(PY) -m benchmarks.run --smoke --skip-trl --skip-vllm --only trainer overhead rollout

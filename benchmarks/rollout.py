@@ -1,4 +1,7 @@
-"""Item 5: rollout engines, HF vs vLLM response tokens/s.
+"""Item 5: rollout engines: our HF engine's decode loop vs ``transformers.generate``, and HF vs vLLM.
+
+The first row runs ``benchmarks/decode_vs_generate.py`` in the main venv (per-repetition values, so
+min/max are real).
 
 The measurement itself lives in ``benchmarks/rollout_vllm_vs_hf.py`` (owned by the vLLM work) and runs
 with ``.venv-vllm``'s python; it prints one JSON object with ``hf.tokens_per_s`` and ``vllm.tokens_per_s``
@@ -40,10 +43,37 @@ def _skipped(name: str, why: str) -> Row:
                group="rollout")
 
 
-def bench(smoke: bool) -> list[Row]:
-    rows: list[Row] = []
+def _decode_row(smoke: bool) -> Row:
+    import tempfile
+    from pathlib import Path
+
+    from benchmarks._common import main_python
+    from benchmarks.trainer_vs_trl import build_assets
+
+    name = "rollout on CPU: our decode loop vs HF generate"
+    log("rollout: our decode loop vs HF generate on CPU")
+    with tempfile.TemporaryDirectory(prefix="bench_decode_") as tmp:
+        build_assets(Path(tmp), 64)
+        size = ["--batch", "8", "--new-tokens", "4", "--reps", "1"] if smoke else []
+        m = run_measured([main_python(), "-m", "benchmarks.decode_vs_generate", tmp, *size],
+                         env={"PYTHONPATH": str(REPO)}, cwd=str(REPO), timeout_s=1800)
+    try:
+        res = json.loads(m.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError) as err:
+        return _skipped(name, f"no usable result ({err}; exit {m.returncode}): {tail(m.stderr, 3)}")
+    note = (f"ours = HFRollout with fast_decode (verl_core/decode.py), baseline = model.generate; benchmark "
+            f"policy (Qwen2 hidden 128, 2 layers), batch {res['batch']} x {res['new_tokens']} sampled tokens at "
+            f"temperature 1, {res['threads']} threads; greedy tokens identical: {res['greedy_tokens_equal']}")
+    return make_row(name, "tokens/s", res["ours_tokens_per_s"], res["generate_tokens_per_s"], group="rollout",
+                    note=note, raw=res)
+
+
+def bench(smoke: bool, skip_vllm: bool = False) -> list[Row]:
+    rows: list[Row] = [_decode_row(smoke)]
     cpu_name = "rollout on CPU: vLLM vs HF generate"
-    if not SCRIPT.exists():
+    if skip_vllm:
+        rows.append(_skipped(cpu_name, "--skip-vllm"))
+    elif not SCRIPT.exists():
         rows.append(_skipped(cpu_name, "benchmarks/rollout_vllm_vs_hf.py is not in this checkout yet"))
     elif not _vllm_importable():
         rows.append(_skipped(cpu_name, "vLLM is not importable in .venv-vllm"))

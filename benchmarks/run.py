@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", choices=PARTS, default=None, help="run only these parts")
     p.add_argument("--skip-trl", action="store_true", help="trainer rows without the TRL side")
     p.add_argument("--cases", nargs="+", default=None, help="trainer cases to run (ppo_1x1 ppo_4x4 grpo; default all)")
-    p.add_argument("--reps", type=int, default=None, help="trainer repetitions (default 3; smoke 1)")
-    p.add_argument("--steps", type=int, default=None, help="trainer steps per run incl. warm-up (default 5; smoke 2)")
+    p.add_argument("--skip-vllm", action="store_true", help="rollout rows without the vLLM engine")
+    p.add_argument("--reps", type=int, default=None, help="trainer repetitions (default 5; smoke 1)")
+    p.add_argument("--steps", type=int, default=None, help="trainer steps per run incl. warm-up (default 7; smoke 2)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default benchmarks/ or benchmarks/smoke/)")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="DIR",
                    help="combine the results.json of earlier runs (e.g. parts run separately) into --out")
@@ -146,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     if "trainer" in parts:
         from benchmarks import trainer_vs_trl
 
-        reps = args.reps or (1 if args.smoke else 3)
-        steps = args.steps or (2 if args.smoke else 5)
+        reps = args.reps or (1 if args.smoke else 5)
+        steps = args.steps or (2 if args.smoke else 7)
         def partial(done: list[Row], det: dict[str, Any]) -> None:  # survives an interrupted long run
             (out_dir / "results.partial.json").write_text(json.dumps(
                 {"meta": meta, "rows": [r.to_json() for r in done], "details": {"trainer": det}}, default=str))
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     if "rollout" in parts:
         from benchmarks import rollout
 
-        attempt("rollout", lambda: rollout.bench(args.smoke))
+        attempt("rollout", lambda: rollout.bench(args.smoke, skip_vllm=args.skip_vllm))
     meta["versions"] = all_versions()
     meta["load_end"] = load_average()
     meta["elapsed_min"] = (time.time() - t0) / 60
