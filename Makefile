@@ -79,7 +79,7 @@ BENCH_PIP := torch==2.13.0 transformers==5.19.0 pyarrow psutil py-spy
 	touch $@
 bench-venvs: .venv-bench-trl112/.installed .venv-bench-trl116/.installed
 
-# ~60 min on 2 cores; writes benchmarks/RESULTS.md + benchmarks/results.json. Run it on an idle machine.
+# ~25 min on 2 idle cores; writes benchmarks/RESULTS.md + benchmarks/results.json. Run it on an idle machine.
 bench: $(STAMP) bench-venvs
 	$(PY) -m benchmarks.run
 

@@ -196,7 +196,7 @@ def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("o
             rows += overhead(reps=1 if smoke else 3, steps=2 if smoke else 10, n_trials=1 if smoke else 2,
                              workdir=work)
         if "pruning" in parts:
-            r, d = pruning(seeds=[0], n_trials=4 if smoke else 10, steps=20 if smoke else 60,
+            r, d = pruning(seeds=[0] if smoke else [0, 1], n_trials=4 if smoke else 10, steps=20 if smoke else 60,
                            workdir=work)
             rows += r
             details["pruning"] = d

@@ -42,9 +42,9 @@ def render(rows: list[Row], meta: dict[str, Any]) -> str:
     out = ["# verl-hpo benchmarks", "",
            f"Measured {m['date']} on `{m['host']}`: {m['cpu']}, {m['logical_cpus']} logical CPUs, "
            f"{m['memory_gb']} GB RAM, {m['os']}, Python {m['python']}. No GPU unless stated.", "",
-           f"Load average (1/5/15 min) at start {meta['load_start']}, at end {meta['load_end']}: the machine was "
-           "shared with other jobs, so absolute times are noisy; ratios of interleaved repetitions are the figures "
-           "to quote.", "",
+           f"Load average (1/5/15 min) at start {meta['load_start']}, at end {meta['load_end']} (the benchmark's "
+           "own processes count: about 1 means nothing else ran). Absolute times drift on a shared VM; ratios of "
+           "interleaved repetitions are the figures to quote.", "",
            f"Mode: {'SMOKE (1 repetition, tiny sizes: not results)' if meta['smoke'] else 'full'}; "
            f"total time {meta['elapsed_min']:.1f} min.", "",
            "Each cell: median over interleaved repetitions (min–max). Ratio = ours / baseline, oriented so that "
