@@ -74,18 +74,23 @@ def test_greedy_tokens_equal_generate(kind: str) -> None:
     assert torch.equal(got, want)
 
 
-def test_tiny_arith_greedy_equals_generate_before_and_after_an_update(tiny_model_dir: Path) -> None:
-    """The decoder reads the live weights: after an optimizer step it still matches generate."""
+def _tiny_arith_engine(model_dir: Path, n_prompts: int) -> tuple[Any, Any, HFRollout, Any]:
+    """(tokenizer, model, HF engine, left-padded encoding of the first ``n_prompts`` arithmetic prompts)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from verl_core import tasks
 
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     texts = [tok.apply_chat_template([{"role": "user", "content": tasks.prompt_text(a, b)}], tokenize=False,
-                                     add_generation_prompt=True) for a, b in tasks.all_problems()[:40]]
+                                     add_generation_prompt=True) for a, b in tasks.all_problems()[:n_prompts]]
     enc = tok(texts, return_tensors="pt", padding=True, padding_side="left")
-    engine = HFRollout(model, tok.pad_token_id, tok.eos_token_id, contextlib.nullcontext)
+    return tok, model, HFRollout(model, tok.pad_token_id, tok.eos_token_id, contextlib.nullcontext), enc
+
+
+def test_tiny_arith_greedy_equals_generate_before_and_after_an_update(tiny_model_dir: Path) -> None:
+    """The decoder reads the live weights: after an optimizer step it still matches generate."""
+    tok, model, engine, enc = _tiny_arith_engine(tiny_model_dir, 40)
     greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=8)
     before = engine.generate(enc.input_ids, enc.attention_mask, greedy)
     assert engine.backend == "fast"
@@ -150,24 +155,15 @@ def test_warpers_keep_the_tokens_hf_keeps() -> None:
 
 def test_decode_log_probs_equal_the_actor_forward(tiny_model_dir: Path) -> None:
     """with_log_probs: the decode steps' log-probs / entropies are what compute_log_prob recomputes (fp32)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from verl_core import tasks
+    from verl_core.rollout import response_mask
     from verl_core.workers import Policy
 
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    texts = [tok.apply_chat_template([{"role": "user", "content": tasks.prompt_text(a, b)}], tokenize=False,
-                                     add_generation_prompt=True) for a, b in tasks.all_problems()[:24]]
-    enc = tok(texts, return_tensors="pt", padding=True, padding_side="left")
-    engine = HFRollout(model, tok.pad_token_id, tok.eos_token_id, contextlib.nullcontext)
+    tok, model, engine, enc = _tiny_arith_engine(tiny_model_dir, 24)
     torch.manual_seed(0)
     params = SamplingParams(n=2, temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=10, log_probs=True)
     responses = engine.generate(enc.input_ids, enc.attention_mask, params)
     lp, ent = engine.last_log_probs, engine.last_entropy
     assert lp is not None and ent is not None and lp.shape == responses.shape == ent.shape
-    from verl_core.rollout import response_mask
-
     rmask = response_mask(responses, tok.eos_token_id)
     assert (rmask == 0).any()  # some rows stop early: their tail must be 0 in both
     attn = torch.cat([enc.attention_mask.repeat_interleave(2, 0), rmask], 1)
