@@ -19,7 +19,7 @@ Shapes: ``B`` rows, ``P`` prompt length (left-padded), ``R`` max new tokens, ``L
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -100,6 +100,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
+class Decoded(NamedTuple):
+    """What :meth:`FastDecoder.generate` returns; ``log_probs``/``entropy`` only with ``with_log_probs``."""
+
+    tokens: torch.Tensor  # (B, T) long, pad after EOS
+    log_probs: torch.Tensor | None  # (B, T) float32, 0 after EOS
+    entropy: torch.Tensor | None  # (B, T) float32, 0 after EOS
+
+
 class FastDecoder:
     """Generation for one supported ``*ForCausalLM`` (see :func:`unsupported_reason`), on its live weights."""
 
@@ -157,13 +165,13 @@ class FastDecoder:
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, *,
                  eos_id: int, pad_id: int, do_sample: bool = True, temperature: float = 1.0, top_k: int = -1,
-                 top_p: float = 1.0, with_log_probs: bool = False) -> Any:
+                 top_p: float = 1.0, with_log_probs: bool = False) -> Decoded:
         """(B, P) left-padded prompts -> (B, T) new tokens, T <= max_new_tokens, ``pad_id`` after each row's EOS.
 
-        Stops early once every row has emitted EOS, as ``generate`` does. ``with_log_probs=True`` returns
-        ``(tokens, log_probs, entropy)``, the last two (B, T) float32 and 0 after EOS: the log-probability of
-        each sampled token and the entropy under ``softmax(logits / temperature)`` *before* top-k/top-p,
-        the quantities the actor's ``compute_log_prob`` gives, from the decode step's own logits.
+        Stops early once every row has emitted EOS, as ``generate`` does. ``with_log_probs=True`` also gives
+        the log-probability of each sampled token and the entropy under ``softmax(logits / temperature)``
+        *before* top-k/top-p, the quantities the actor's ``compute_log_prob`` gives, from the decode step's
+        own logits.
         """
         b, p = input_ids.shape
         dev = input_ids.device
@@ -183,11 +191,11 @@ class FastDecoder:
         entropy = torch.zeros(b, max_new_tokens, device=dev) if with_log_probs else None
         steps = 0
         for t in range(max_new_tokens):
-            nxt = sample_next(logits, temperature, top_k, top_p, do_sample)
-            nxt = nxt.masked_fill(finished, pad_id)
+            scaled = logits / temperature if temperature != 1.0 else logits
+            nxt = sample_next(scaled, 1.0, top_k, top_p, do_sample).masked_fill(finished, pad_id)
             out[:, t] = nxt
             if log_probs is not None and entropy is not None:
-                logp = torch.log_softmax(logits / temperature, dim=-1)  # (B, V)
+                logp = torch.log_softmax(scaled, dim=-1)  # (B, V)
                 live = (~finished).float()
                 log_probs[:, t] = logp.gather(1, nxt[:, None]).squeeze(1) * live
                 entropy[:, t] = -(logp.exp() * logp).sum(-1) * live
@@ -197,7 +205,6 @@ class FastDecoder:
                 break
             last_pos = last_pos + 1
             logits = self._forward(nxt[:, None], last_pos, caches, total, p + t, key_ok[:, None, None, : p + t + 1])
-        if log_probs is not None:
-            return out[:, :steps], log_probs[:, :steps], entropy[:, :steps]  # type: ignore[index]
-        return out[:, :steps]
+        return Decoded(out[:, :steps], None if log_probs is None else log_probs[:, :steps],
+                       None if entropy is None else entropy[:, :steps])
 

@@ -74,14 +74,10 @@ class HFRollout:
             self.backend = "fast"
             self._decoder = self._decoder or FastDecoder(self.model)
             with self.autocast():
-                out = self._decoder.generate(
+                responses, self.last_log_probs, self.last_entropy = self._decoder.generate(
                     input_ids, attention_mask, params.max_new_tokens, eos_id=self.eos_id, pad_id=self.pad_id,
                     do_sample=params.do_sample, temperature=params.temperature, top_k=params.top_k,
                     top_p=params.top_p, with_log_probs=params.log_probs)
-            if params.log_probs:
-                responses, self.last_log_probs, self.last_entropy = out
-            else:
-                responses = out
         else:
             self.backend = "generate"
             responses = self._hf_generate(input_ids, attention_mask, params)

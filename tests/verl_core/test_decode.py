@@ -63,13 +63,13 @@ def test_greedy_tokens_equal_generate(kind: str) -> None:
     ids, mask = _prompts()
     fast = FastDecoder(model)
     want = _hf_greedy(model, ids, mask, 12, eos=1)  # token 1 is rare: full length
-    got = fast.generate(ids, mask, 12, eos_id=1, pad_id=PAD, do_sample=False)
+    got = fast.generate(ids, mask, 12, eos_id=1, pad_id=PAD, do_sample=False).tokens
     assert torch.equal(got, want)
     assert len(set(want[:, 0].tolist())) > 3  # rows differ: padding and prompts matter
     # a frequent token as EOS: rows stop at different steps, pad after, early exit when all stopped
     eos = int(want[:, 3].mode().values)
     want = _hf_greedy(model, ids, mask, 12, eos=eos)
-    got = fast.generate(ids, mask, 12, eos_id=eos, pad_id=PAD, do_sample=False)
+    got = fast.generate(ids, mask, 12, eos_id=eos, pad_id=PAD, do_sample=False).tokens
     assert (want == eos).any()
     assert torch.equal(got, want)
 
