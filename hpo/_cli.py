@@ -1,7 +1,12 @@
 """``verl-hpo search | resume | best``.
 
 Exit codes: 0 done; 2 bad input (one ``error: ...`` line on stderr, no study created or touched);
-1 runtime error; 130 / 143 stopped by SIGINT / SIGTERM (running trials queued for ``resume``).
+1 runtime error; 130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP (running trials queued for ``resume``;
+a second signal forces the exit at once, and a signal that arrives once the study is done changes nothing).
+
+Untrusted input: study names are checked (:func:`hpo._storage.check_study_name`), files are written only
+under the studies directory, storage passwords are masked wherever a URL is shown, and a stored experiment
+that runs code is run only when it matches a local file or the user says so (:mod:`hpo._trust`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hpo._space import SPACES_DIR, Space, SpaceError, load_space
+from hpo._storage import mask_url
 
+EXIT_SIGNAL: dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
 ENV_STUDIES_DIR = "VERL_HPO_STUDIES_DIR"
 ENV_SPACES_DIR = "VERL_HPO_SPACES_DIR"
 
@@ -31,6 +38,14 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="verl-hpo", description="Hyperparameter search over verl_core trainer runs (Optuna).")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    def trust_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--space", default=None, metavar="FILE",
+                        help="local experiment file to check the stored one against (default: the file the study "
+                             "was made from, if it is here)")
+        sp.add_argument("--trust-stored-experiment", action="store_true",
+                        help="run the stored experiment's commands, environment and user code even when no local "
+                             "file matches (only for storages nobody else can write)")
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--storage", help="Optuna storage URL (default sqlite:///<studies-dir>/<study>.db); any "
@@ -50,11 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("resume", help="continue a study until it has n_trials finished trials")
     r.add_argument("--study", required=True)
     r.add_argument("--n-trials", type=int, help="raise (or lower) the study's target")
+    trust_args(r)
     common(r)
 
     d = sub.add_parser("dashboard", help="write <studies-dir>/<study>/dashboard.html (one self-contained page)")
     d.add_argument("--study", required=True)
-    d.add_argument("--out", type=Path, help="default <studies-dir>/<study>/dashboard.html")
+    d.add_argument("--out", type=Path, help="default <studies-dir>/<study>/dashboard.html; must be inside the "
+                                            "studies directory")
     common(d)
 
     b = sub.add_parser("best", help="print the best trial as trainer overrides (pareto studies: the front)")
@@ -74,20 +91,28 @@ def _fail(msg: str, code: int = 2) -> int:
     return code
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextmanager
 def _stop_on_signals(stop: threading.Event, got: list[int]) -> Iterator[None]:
-    """SIGINT/SIGTERM set ``stop`` (trials see it within ~0.1 s) instead of raising mid-storage-write."""
+    """SIGINT/SIGTERM/SIGHUP set ``stop`` (trials see it within ~0.1 s) instead of raising mid-storage-write.
+    A second signal exits at once: trial processes die with the driver (their wrapper's death signal) and
+    their trials stay RUNNING until the next ``resume`` or a heartbeat finds them."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, _frame: Any) -> None:
-        if not got:
-            got.append(signum)
-            print(f"\n{signal.Signals(signum).name}: stopping running trials ...", file=sys.stderr, flush=True)
+        if got:
+            print(f"\n{signal.Signals(signum).name} again: exiting now", file=sys.stderr, flush=True)
+            os._exit(EXIT_SIGNAL.get(got[0], 130))
+        got.append(signum)
+        print(f"\n{signal.Signals(signum).name}: stopping running trials (again to exit now) ...", file=sys.stderr,
+              flush=True)
         stop.set()
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -95,10 +120,11 @@ def _stop_on_signals(stop: threading.Event, got: list[int]) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _run(space: Space, study_name: str, storage_url: str, studies_dir: Path, resume: bool,
-         n_trials: int | None) -> int:
+def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Path, args: argparse.Namespace) -> int:
+    """search (``space`` given) or resume (the stored space, checked by :mod:`hpo._trust`)."""
     from hpo._driver import (
-        EXIT_INTERRUPTED,
+        ATTR_DIGEST,
+        ATTR_SOURCE,
         Driver,
         DriverError,
         TrialInterrupted,
@@ -108,12 +134,15 @@ def _run(space: Space, study_name: str, storage_url: str, studies_dir: Path, res
         quiet_optuna,
     )
     from hpo._report import Reporter
+    from hpo._trust import check_stored_experiment
 
     quiet_optuna()
     stop, got = threading.Event(), list[int]()
     with _stop_on_signals(stop, got):
-        if resume:
-            space, study = load_stored(study_name, storage_url, n_trials)
+        if space is None:
+            space, study = load_stored(study_name, storage_url, args.n_trials)
+            check_stored_experiment(space, study_name, args.space, study.user_attrs.get(ATTR_SOURCE),
+                                    args.trust_stored_experiment, study.user_attrs.get(ATTR_DIGEST))
         else:
             study = open_study(space, study_name, storage_url)
         target = space.study.n_trials
@@ -134,37 +163,52 @@ def _run(space: Space, study_name: str, storage_url: str, studies_dir: Path, res
             reporter.note(f"dashboard: {page}")
         except Exception as err:  # noqa: BLE001 - the page must never fail a search
             reporter.note(f"dashboard not written: {type(err).__name__}: {err}")
-        if got or ran < 0:
+        done = n_finished(study)
+        if (got or ran < 0) and done < target:
             signum = got[0] if got else signal.SIGINT
-            print(f"stopped by {signal.Signals(signum).name}: {n_finished(study)}/{target} trials finished; "
+            print(f"stopped by {signal.Signals(signum).name}: {done}/{target} trials finished; "
                   f"interrupted trials are queued: verl-hpo resume --study {study_name}"
-                  + (f" --storage {storage_url}" if "sqlite" not in storage_url else ""), file=sys.stderr)
-            return EXIT_INTERRUPTED.get(signum, 130)
+                  + (f" --storage {mask_url(storage_url)}" if "sqlite" not in storage_url else ""), file=sys.stderr)
+            return EXIT_SIGNAL.get(signum, 130)
         if ran == 0:
-            reporter.note(f"study {study_name} already has {n_finished(study)} finished trials (target {target})")
+            reporter.note(f"study {study_name} already has {done} finished trials (target {target})")
         print(driver.summary(storage_url))
     return 0
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path.resolve().is_relative_to(root.resolve())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     studies_dir = _studies_dir(args.studies_dir)
-    from hpo._storage import STORAGE_ERRORS, check_storage_url, default_storage_url, sqlite_path
+    from hpo._storage import (
+        STORAGE_ERRORS,
+        check_storage_url,
+        check_study_name,
+        default_storage_url,
+        scrub,
+        sqlite_path,
+    )
 
+    storage_url = args.storage or ""
     try:
+        if getattr(args, "n_trials", None) is not None and args.n_trials <= 0:
+            return _fail(f"--n-trials {args.n_trials}: must be positive")
         if args.cmd == "search":
-            if args.n_trials is not None and args.n_trials <= 0:
-                return _fail(f"--n-trials {args.n_trials}: must be positive")
             overrides = list(args.override)
             if args.n_trials is not None:
                 overrides.append(f"study.n_trials={args.n_trials}")
             spaces_dir = Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
             space = load_space(args.space, overrides, spaces_dir)
-            study_name = args.study or space.name
+            study_name = (check_study_name(args.study) if args.study is not None
+                          else check_study_name(space.name, "space name"))
             storage_url = args.storage or default_storage_url(studies_dir, study_name)
             check_storage_url(storage_url)
             studies_dir.mkdir(parents=True, exist_ok=True)
-            return _run(space, study_name, storage_url, studies_dir, False, None)
+            return _run(space, study_name, storage_url, studies_dir, args)
+        check_study_name(args.study)
         storage_url = args.storage or default_storage_url(studies_dir, args.study)
         check_storage_url(storage_url)
         db = sqlite_path(storage_url)
@@ -173,17 +217,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "dashboard":
             from hpo._dashboard import dashboard_command
 
+            if args.out is not None and not _inside(args.out, studies_dir):
+                return _fail(f"--out {args.out}: must be inside the studies directory {studies_dir}")
             return dashboard_command(args.study, storage_url, studies_dir, args.out)
         if args.cmd == "resume":
-            if args.n_trials is not None and args.n_trials <= 0:
-                return _fail(f"--n-trials {args.n_trials}: must be positive")
-            return _run(None, args.study, storage_url, studies_dir, True, args.n_trials)  # type: ignore[arg-type]
+            return _run(None, args.study, storage_url, studies_dir, args)
         return _best(args.study, storage_url, args.format, args.trial)
     except SpaceError as err:
-        return _fail(str(err))
+        return _fail(scrub(str(err), storage_url) if storage_url else str(err))
     except STORAGE_ERRORS as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        return _fail(f"storage {args.storage or 'default'}: {first}", 1)
+        shown = mask_url(args.storage) if args.storage else "default"
+        return _fail(scrub(f"storage {shown}: {first}", storage_url) if storage_url else f"storage {shown}: {first}",
+                     1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

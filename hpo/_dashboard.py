@@ -46,6 +46,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo._driver import ATTR_SOURCE, ATTR_SPACE, quiet_optuna
 from hpo._report import fmt_value, outcome
+from hpo._storage import mask_url
 
 SCORE_PREFIX = "score/"  # weighted-objective terms, one user attr per term
 PLOT_HEIGHT = 420
@@ -56,8 +57,9 @@ HOVER_CHARS = 160
 PLOT_CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True, "showSendToCloud": False}
 # outcome (hpo._report.outcome) -> color, in legend order
 OUTCOME_COLORS: dict[str, str] = {
-    "ok": "#2ca02c", "converged": "#17becf", "pruned": "#ff7f0e", "oom": "#d62728", "timeout": "#9467bd",
-    "crash": "#8c564b", "interrupted": "#7f7f7f", "running": "#1f77b4", "queued": "#bcbd22",
+    "ok": "#2ca02c", "converged": "#17becf", "collapsed": "#aec7e8", "pruned": "#ff7f0e", "oom": "#d62728",
+    "predicted_oom": "#ff9896", "killed": "#c49c94", "timeout": "#9467bd", "crash": "#8c564b",
+    "interrupted": "#7f7f7f", "running": "#1f77b4", "queued": "#bcbd22",
 }
 OTHER_COLOR = "#e377c2"
 
@@ -445,7 +447,7 @@ def header_html(study: optuna.Study, storage_url: str, names: list[str], params:
         if len(front) > 10:
             best += ", ..."
     rows = [
-        ("study", _e(study.study_name)), ("storage", _e(storage_url)),
+        ("study", _e(study.study_name)), ("storage", _e(mask_url(storage_url))),
         ("space file", _e(study.user_attrs.get(ATTR_SOURCE, "-"))), ("direction(s)", _e(directions)),
         ("trials", _e(f"{len(trials)}" + (f" ({by_state})" if trials else ""))),
         ("outcomes", _e(by_outcome or "-")), ("best", best),
@@ -521,7 +523,7 @@ def _page(study: optuna.Study, storage_url: str, out_dir: Path, studies_dir: Pat
     panels = build_panels(study)
     plots = "\n".join(panel_html(p, i) for i, p in enumerate(panels))
     figures = {f"plot-{i}": p.figure for i, p in enumerate(panels) if p.figure is not None}
-    db = storage_url if storage_url.startswith("sqlite:///") else "<storage URL>"
+    db = mask_url(storage_url) if storage_url.startswith("sqlite:///") else "<storage URL>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; \
@@ -608,7 +610,7 @@ def dashboard_command(study_name: str, storage_url: str, studies_dir: Path, out:
     quiet_optuna()
     storage = open_storage(storage_url, StudySpec())
     if not study_exists(storage, study_name):
-        print(f"error: no study {study_name!r} in {storage_url}", file=sys.stderr)
+        print(f"error: no study {study_name!r} in {mask_url(storage_url)}", file=sys.stderr)
         return 2
     study = optuna.load_study(study_name=study_name, storage=storage)
     path = write_dashboard(study, out or dashboard_path(studies_dir, study_name), storage_url=storage_url,

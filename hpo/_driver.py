@@ -5,7 +5,8 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
 ``first_metric_s``, ``last_step``, ``trial_dir``, ``worker``):
 
 * ran to the end            -> COMPLETE, value = last objective value
-* ``stop_reason=converged`` -> COMPLETE, value = last objective value, ``compute_saved_s``
+* ``stop_reason=converged|collapsed`` -> COMPLETE, value = last objective value, ``compute_saved_s``
+  (early stopping: the spread metric stayed small with the objective above / below ``min_value``)
 * ``stop_reason=pruned``    -> PRUNED (Optuna stores the last reported value), ``compute_saved_s``
 * ``fail_reason=oom|timeout|crash`` -> COMPLETE with the worst value (``-inf``/``+inf``), or FAIL with
   ``on_failure: fail``; ``stderr_tail`` (and ``error``) say why
@@ -24,7 +25,6 @@ import math
 import os
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -53,12 +53,14 @@ from hpo._runner import (
     sweep_orphans,
 )
 from hpo._space import EarlyStopping, PrunerSpec, SamplerSpec, Space, SpaceError, space_from_stored
-from hpo._storage import open_storage, study_exists
+from hpo._storage import check_study_name, mask_url, open_storage, study_exists
+from hpo._trust import experiment_digest
 
 ATTR_SPACE = "hpo:space"
 ATTR_SOURCE = "hpo:source"
 ATTR_TARGET = "hpo:n_trials"
-EXIT_INTERRUPTED: dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143}
+ATTR_DIGEST = "hpo:space_sha256"
+TRIAL_MARKER = ".verl-hpo-trial"  # written into each trial directory the driver creates; only those are ever removed
 
 
 class TrialInterrupted(Exception):
@@ -202,8 +204,14 @@ class _Watch:
         if decision is None and es.enabled and es.metric in data and is_finite(data[es.metric]):
             self.streak = self.streak + 1 if float(data[es.metric]) < es.threshold else 0
             if self.streak >= es.patience and self.value is not None and math.isfinite(self.value):
-                decision = "converged"
+                decision = "converged" if self._reached_floor(self.value, es.min_value) else "collapsed"
         return decision
+
+    def _reached_floor(self, value: float, floor: float) -> bool:
+        """A small spread at a good objective value is convergence; at a poor one, a collapsed policy."""
+        if self.space.objective.direction_literal == "maximize":
+            return value >= floor
+        return value <= floor
 
     def _report_and_prune(self, step: int, value: float) -> bool:
         """Record the intermediate value and ask the pruner. Single-objective: ``trial.report`` and
@@ -251,7 +259,7 @@ class Driver:
                  stop_event: threading.Event, cwd: str | None = None) -> None:
         self.space = space
         self.study = study
-        self.study_dir = studies_dir / study.study_name
+        self.study_dir = studies_dir / check_study_name(study.study_name)
         self.trials_dir = self.study_dir / "trials"
         self.reporter = reporter
         self.stop_event = stop_event
@@ -262,6 +270,20 @@ class Driver:
                                spec.gpus_per_trial)
 
     # -- argv / files
+    def fresh_trial_dir(self, number: int) -> Path:
+        """An empty ``trials/<number>`` holding the driver's marker. A leftover of an earlier attempt (marker
+        present) is removed; anything else at that path is not the driver's to delete: DriverError."""
+        trial_dir = self.trials_dir / str(number)
+        if trial_dir.is_symlink() or (trial_dir.exists() and not (trial_dir / TRIAL_MARKER).is_file()):
+            raise DriverError(f"{trial_dir} exists and was not created by verl-hpo; move it away to run trial "
+                              f"{number}")
+        if trial_dir.exists():
+            shutil.rmtree(trial_dir)
+        trial_dir.mkdir(parents=True)
+        (trial_dir / TRIAL_MARKER).write_text(json.dumps(
+            {"study": self.study.study_name, "trial": number, "driver": self.identity}) + "\n")
+        return trial_dir
+
     def command(self) -> list[str]:
         cmd = list(self.space.trial.command)
         if cmd and cmd[0] == "python":  # the driver's interpreter (the venv), not whatever is on PATH
@@ -339,10 +361,7 @@ class Driver:
         values = {p.name: _suggest(trial, p) for p in self.space.params}
         if self.stop_event.is_set():
             self._interrupt(trial)
-        trial_dir = self.trials_dir / str(trial.number)
-        if trial_dir.exists():
-            shutil.rmtree(trial_dir)
-        trial_dir.mkdir(parents=True)
+        trial_dir = self.fresh_trial_dir(trial.number)
         metrics = trial_dir / "metrics.jsonl"
         overrides = self.trainer_overrides(values, trial_dir)
         argv = [*self.command(), "--config", self.space.config, "--metrics-file", str(metrics), *overrides]
@@ -385,7 +404,7 @@ class Driver:
             trial.set_user_attr(k, v)
         if result.stop == "interrupted":
             self._interrupt(trial)
-        if result.stop in ("pruned", "converged"):
+        if result.stop in ("pruned", "converged", "collapsed"):
             trial.set_user_attr("stop_reason", result.stop)
             saved = watch.compute_saved_s(result.last_step, result.wall_time_s)
             if saved is not None:
@@ -500,7 +519,7 @@ def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:
         old = optuna.load_study(study_name=study_name, storage=storage)
         stored = old.user_attrs.get(ATTR_SPACE)
         if stored is not None and _essentials(stored) != _essentials(_jsonable(space.raw)):
-            raise SpaceError(f"study {study_name!r} in {storage_url} was made from a different space "
+            raise SpaceError(f"study {study_name!r} in {mask_url(storage_url)} was made from a different space "
                              f"({old.user_attrs.get(ATTR_SOURCE)}); choose another --study or use resume")
         old_dirs = [d.name.lower() for d in old.directions]
         if old_dirs != directions:
@@ -516,6 +535,7 @@ def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:
         study.set_metric_names(space.objective.names)
         study.set_user_attr(ATTR_SPACE, _jsonable(space.raw))
         study.set_user_attr(ATTR_SOURCE, space.source)
+        study.set_user_attr(ATTR_DIGEST, experiment_digest(_jsonable(space.raw)))
     study.set_user_attr(ATTR_TARGET, space.study.n_trials)
     return study
 
@@ -526,11 +546,11 @@ def load_stored(study_name: str, storage_url: str, n_trials: int | None) -> tupl
 
     storage = open_storage(storage_url, StudySpec())
     if not study_exists(storage, study_name):
-        raise SpaceError(f"no study {study_name!r} in {storage_url} (start one with verl-hpo search)")
+        raise SpaceError(f"no study {study_name!r} in {mask_url(storage_url)} (start one with verl-hpo search)")
     old = optuna.load_study(study_name=study_name, storage=storage)
     raw = old.user_attrs.get(ATTR_SPACE)
     if not isinstance(raw, dict):
-        raise SpaceError(f"study {study_name!r} in {storage_url} was not made by verl-hpo (no stored space)")
+        raise SpaceError(f"study {study_name!r} in {mask_url(storage_url)} was not made by verl-hpo (no stored space)")
     space = space_from_stored(raw, str(old.user_attrs.get(ATTR_SOURCE, "stored space")), study_name)
     target = n_trials or int(old.user_attrs.get(ATTR_TARGET, space.study.n_trials))
     space = dataclasses.replace(space, study=dataclasses.replace(space.study, n_trials=target))

@@ -15,6 +15,7 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo._space import Space, format_value
+from hpo._storage import mask_url
 
 BAR_WIDTH = 20
 
@@ -32,7 +33,8 @@ def fmt_params(params: dict[str, Any]) -> str:
 
 
 def outcome(t: FrozenTrial) -> str:
-    """One word for how a trial ended: ok, converged, pruned, oom, timeout, crash, interrupted, running."""
+    """One word for how a trial ended: ok, converged, collapsed, pruned, oom, predicted_oom, killed, timeout,
+    crash, interrupted, running, queued."""
     ua = t.user_attrs
     if t.state == TrialState.RUNNING:
         return "running"
@@ -73,7 +75,8 @@ class Reporter:
 
     def header(self, study: str, storage: str, trials_dir: str, finished: int, target: int) -> None:
         self.target = target
-        self._write(f"study {study}: {finished}/{target} finished trials; storage {storage}; logs {trials_dir}")
+        self._write(f"study {study}: {finished}/{target} finished trials; storage {mask_url(storage)}; "
+                    f"logs {trials_dir}")
 
     def note(self, text: str) -> None:
         self._write(text)
@@ -218,7 +221,7 @@ def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
     return (f"{top_table(study)}\n"
             f"trials: {parts}; early stopping and pruning saved ~{saved:.0f}s of trainer time; "
             f"driver peak RSS {driver_mb:.0f} MB\n"
-            f"study {study.study_name} in {storage}\n"
+            f"study {study.study_name} in {mask_url(storage)}\n"
             f"trial logs in {trials_dir}/<number>/ (command.json, config.yaml, stdout.log, stderr.log, "
             f"metrics.jsonl)")
 

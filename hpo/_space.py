@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 import types
 import typing
@@ -45,12 +46,21 @@ def _meta(help: str, choices: tuple[Any, ...] | None = None) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- sections
 @dataclass(frozen=True)
 class EarlyStopping:
-    """Stop a trial as converged when ``metric`` stays below ``threshold`` for ``patience`` evaluations."""
+    """Stop a trial whose ``metric`` (a spread) stays below ``threshold`` for ``patience`` evaluations.
+
+    A small spread means one of two things, told apart by the objective's value at that point:
+    ``converged`` (the objective reached ``min_value``: nothing more to learn) or ``collapsed`` (it did
+    not: every answer scores the same low value). Both stop the trial, which completes with its last
+    objective value; the ``stop_reason`` user attr says which.
+    """
 
     enabled: bool = field(default=True, metadata=_meta("Off with false."))
     metric: str = field(default="eval/reward_std", metadata=_meta("Spread metric watched at evaluations."))
-    threshold: float = field(default=0.05, metadata=_meta("Converged while metric < threshold."))
+    threshold: float = field(default=0.05, metadata=_meta("Small spread while metric < threshold."))
     patience: int = field(default=3, metadata=_meta("Consecutive evaluations below threshold."))
+    min_value: float = field(default=0.5, metadata=_meta(
+        "Objective floor: a small spread with the objective >= min_value (<= for minimize) is 'converged', "
+        "otherwise 'collapsed'."))
 
 
 @dataclass(frozen=True)
@@ -278,6 +288,8 @@ def _check_scalar(value: Any, tp: Any, where: str, ctx: _Ctx) -> Any:
     )
     if not ok:
         raise ctx.error(where, f"expected {_type_label(tp)}, got {value!r}")
+    if tp is float and not math.isfinite(value):
+        raise ctx.error(where, f"expected a finite number, got {value!r}")
     return float(value) if tp is float else value
 
 
@@ -304,10 +316,10 @@ def _build(cls: type, raw: Any, where: str, ctx: _Ctx) -> Any:
         if choices is not None and value not in choices:
             raise ctx.error(sub, f"{value!r} is not one of {', '.join(choices)}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and f.name not in (
-            "seed", "n_warmup_steps", "n_startup_trials", "max_retry", "gpus_per_trial", "threshold"
+            "seed", "n_warmup_steps", "n_startup_trials", "max_retry", "gpus_per_trial", "threshold", "min_value"
         ):
             raise ctx.error(sub, f"must be positive, got {value!r}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 and f.name != "min_value":
             raise ctx.error(sub, f"must be >= 0, got {value!r}")
         kwargs[f.name] = value
     return cls(**kwargs)
@@ -320,6 +332,8 @@ def _number(raw: dict[str, Any], name: str, where: str, ctx: _Ctx, integer: bool
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
         kind = "an integer" if integer else "a number"
         raise ctx.error(f"{where}.{name}", f"expected {kind}, got {v!r}")
+    if not math.isfinite(v):
+        raise ctx.error(f"{where}.{name}", f"expected a finite number, got {v!r}")
     return v
 
 

@@ -2,12 +2,72 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import optuna
 
 from hpo._space import SpaceError, StudySpec
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+MASK = "***"
+STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def check_study_name(name: str, what: str = "--study") -> str:
+    """A study name becomes a file (``<name>.db``) and a directory under the studies directory: letters,
+    digits and ``._-``, not starting with a dot or a dash, at most 100 characters (no path separators, so it
+    can never point outside the studies directory)."""
+    if not isinstance(name, str) or not STUDY_NAME_RE.match(name) or name in (".", ".."):
+        raise SpaceError(f"{what} {name!r}: a study name is 1-100 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
+    return name
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (SQLAlchemy URLs and ``redis://user:pw@host``); shown
+    wherever a storage URL is printed or rendered. Unparsable URLs are masked between ``:`` and ``@``."""
+    if url.startswith(_REDIS_SCHEMES):
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{host}"))
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+        if parsed.password is None:
+            return url
+        return str(parsed.render_as_string(hide_password=True))
+    except Exception:  # noqa: BLE001 - a malformed URL is still masked by pattern
+        return re.sub(r"(//[^:/@]*:)[^@]*@", rf"\1{MASK}@", url)
+
+
+def url_password(url: str) -> str | None:
+    """The password in a storage URL, to scrub from error texts (None when there is none)."""
+    try:
+        if url.startswith(_REDIS_SCHEMES):
+            return urlsplit(url).password
+        from sqlalchemy.engine import make_url
+
+        pw = make_url(url).password
+        return None if pw is None else str(pw)
+    except Exception:  # noqa: BLE001
+        m = re.search(r"//[^:/@]*:([^@]*)@", url)
+        return m.group(1) if m else None
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (an error message) with the URL masked and any copy of its password replaced."""
+    text = text.replace(url, mask_url(url))
+    pw = url_password(url)
+    if pw:
+        text = text.replace(pw, MASK)
+    return text
 
 
 def default_storage_url(studies_dir: Path, study: str) -> str:
@@ -24,11 +84,11 @@ def sqlite_path(url: str) -> Path | None:
 
 def check_storage_url(url: str) -> None:
     """Reject a malformed URL or a missing database driver before anything is created."""
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(_REDIS_SCHEMES):
         try:
             import redis  # noqa: F401
         except ImportError:
-            raise SpaceError(f"--storage {url}: the redis package is not installed "
+            raise SpaceError(f"--storage {mask_url(url)}: the redis package is not installed "
                              "(pip install 'verl-hpo[distributed]')") from None
         return
     from sqlalchemy.engine import make_url
@@ -37,14 +97,15 @@ def check_storage_url(url: str) -> None:
     try:
         make_url(url).get_dialect().import_dbapi()
     except (ArgumentError, NoSuchModuleError, ValueError) as err:
-        raise SpaceError(f"--storage {url}: not a usable database URL ({str(err).splitlines()[0]})") from None
+        raise SpaceError(scrub(f"--storage {url}: not a usable database URL ({str(err).splitlines()[0]})", url)) \
+            from None
     except ImportError as err:
-        raise SpaceError(f"--storage {url}: database driver missing ({err})") from None
+        raise SpaceError(scrub(f"--storage {url}: database driver missing ({err})", url)) from None
 
 
 def open_storage(url: str, spec: StudySpec) -> Any:
     """An Optuna storage with heartbeats (RDB) so that trials of a dead driver are retried."""
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(_REDIS_SCHEMES):
         from optuna.storages.journal import JournalRedisBackend, JournalStorage
 
         return JournalStorage(JournalRedisBackend(url))

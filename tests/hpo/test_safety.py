@@ -1,0 +1,254 @@
+"""Hostile and unlucky input to the driver: study names, storage passwords, stored experiments that run code,
+limits that would switch themselves off, signals at awkward moments."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from hpo._driver import ATTR_SPACE
+from hpo._storage import check_study_name, mask_url, scrub
+from hpo._space import SpaceError
+from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, load, run_cli
+
+
+def one_line_exit(res: subprocess.CompletedProcess[str], code: int = 2) -> str:
+    assert res.returncode == code, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- study names and paths
+@pytest.mark.parametrize("name", ["../../esc", "/abs/dir", ".hidden", "a/b", "-rf", "", "x" * 101, "..", "a b"])
+def test_unsafe_study_names_are_refused_before_anything_is_written(tmp_path: Path, name: str) -> None:
+    work = tmp_path / "deep" / "er"
+    work.mkdir(parents=True)
+    studies = work / "studies"
+    for cmd in (["search", "--space", str(fake_space(tmp_path)), f"--study={name}"], ["resume", f"--study={name}"],
+                ["best", f"--study={name}"], ["dashboard", f"--study={name}"]):
+        line = one_line_exit(run_cli(cmd, studies))
+        assert "study name" in line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(["deep", "er", "fake.yaml"])
+
+
+@pytest.mark.parametrize("name", ["kl_lr", "run-2.v1", "A", "9lives"])
+def test_safe_study_names_pass(name: str) -> None:
+    assert check_study_name(name) == name
+
+
+def test_a_directory_the_driver_did_not_create_is_never_deleted(tmp_path: Path, studies: Path) -> None:
+    user_dir = studies / "fake" / "trials" / "0"
+    user_dir.mkdir(parents=True)
+    (user_dir / "precious.txt").write_text("mine")
+    res = run_cli(["search", "--space", str(fake_space(tmp_path, study={"n_trials": 1}))], studies)
+    line = one_line_exit(res, 1)
+    assert "was not created by verl-hpo" in line
+    assert (user_dir / "precious.txt").read_text() == "mine"
+
+
+def test_a_leftover_trial_directory_of_the_driver_is_replaced(tmp_path: Path, studies: Path) -> None:
+    space = fake_space(tmp_path, study={"n_trials": 1})
+    assert run_cli(["search", "--space", str(space)], studies).returncode == 0
+    marker = studies / "fake" / "trials" / "0" / ".verl-hpo-trial"
+    assert json.loads(marker.read_text())["trial"] == 0
+    # the same study made again from scratch (its database removed): trial 0's directory is the driver's own
+    (studies / "fake.db").unlink()
+    (studies / "fake" / "trials" / "0" / "stale.txt").write_text("old attempt")
+    assert run_cli(["search", "--space", str(space)], studies).returncode == 0
+    assert not (studies / "fake" / "trials" / "0" / "stale.txt").exists()
+
+
+def test_dashboard_out_must_stay_inside_the_studies_directory(tmp_path: Path, studies: Path) -> None:
+    assert run_cli(["search", "--space", str(fake_space(tmp_path, study={"n_trials": 1}))], studies).returncode == 0
+    line = one_line_exit(run_cli(["dashboard", "--study", "fake", "--out", str(tmp_path / "x.html")], studies))
+    assert "--out" in line and not (tmp_path / "x.html").exists()
+    res = run_cli(["dashboard", "--study", "fake", "--out", str(studies / "pages" / "d.html")], studies)
+    assert res.returncode == 0, res.stderr and (studies / "pages" / "d.html").is_file()
+
+
+# ----------------------------------------------------------------------------- limits
+@pytest.mark.parametrize("override", ["trial.timeout_s=.nan", "trial.memory_limit_gb=.nan", "trial.timeout_s=.inf",
+                                      "trial.timeout_s=-5", "trial.memory_limit_gb=-1", "params.x.high=.nan"])
+def test_limits_that_would_switch_themselves_off_are_one_line_errors(tmp_path: Path, studies: Path,
+                                                                    override: str) -> None:
+    res = run_cli(["search", "--space", str(fake_space(tmp_path)), "--override", override], studies)
+    line = one_line_exit(res)
+    assert override.split("=")[0] in line
+    assert not studies.exists() or not list(studies.iterdir())
+
+
+# ----------------------------------------------------------------------------- passwords
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql+psycopg2://alice:S3cretPW@db.example:5432/hpo", "postgresql+psycopg2://alice:***@db.example:5432/hpo"),
+    ("redis://:S3cretPW@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
+    ("rediss://bob:S3cretPW@cache:6380/1", "rediss://bob:***@cache:6380/1"),
+    ("sqlite:////tmp/x.db", "sqlite:////tmp/x.db"),
+    ("postgresql://carol@h/db", "postgresql://carol@h/db"),
+])
+def test_mask_url(url: str, shown: str) -> None:
+    assert mask_url(url) == shown
+    if "S3cretPW" in url:
+        assert "S3cretPW" not in scrub(f"failed: {url} (password S3cretPW)", url)
+
+
+def _psql(sql: str, db: str = "test") -> None:
+    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", db, "-v", "ON_ERROR_STOP=1", "-qc", sql],
+                   check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def pg_role_with_password() -> tuple[str, str]:
+    """A real PostgreSQL role with a password, owning a database of its own (dropped afterwards)."""
+    if shutil.which("psql") is None:
+        pytest.skip("psql not installed")
+    try:
+        _psql("select 1")
+    except (subprocess.SubprocessError, OSError):
+        pytest.skip("PostgreSQL is not running on 127.0.0.1:5432")
+    role, password = f"hpo_pw_{uuid.uuid4().hex[:8]}", "S3cretPW_" + uuid.uuid4().hex[:6]
+    _psql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    _psql(f"CREATE DATABASE {role} OWNER {role}")
+    try:
+        yield f"postgresql+psycopg2://{role}:{password}@127.0.0.1:5432/{role}", password
+    finally:
+        _psql(f"DROP DATABASE IF EXISTS {role} WITH (FORCE)")
+        _psql(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_a_storage_password_is_never_shown(tmp_path: Path, studies: Path,
+                                           pg_role_with_password: tuple[str, str]) -> None:
+    url, password = pg_role_with_password
+    space = fake_space(tmp_path, study={"n_trials": 1})
+    shown: list[str] = []
+    res = run_cli(["search", "--space", str(space), "--storage", url], studies)
+    assert res.returncode == 0, res.stderr.replace(password, "***")
+    assert "***@127.0.0.1" in res.stdout
+    shown += [res.stdout, res.stderr]
+    for cmd in (["best", "--study", "fake"], ["dashboard", "--study", "fake"], ["resume", "--study", "fake"],
+                ["resume", "--study", "nosuch"], ["dashboard", "--study", "nosuch"]):
+        res = run_cli([*cmd, "--storage", url], studies)
+        shown += [res.stdout, res.stderr]
+    assert "no study 'nosuch'" in shown[-1]
+    # a wrong database name: the server's error, masked
+    res = run_cli(["best", "--study", "fake", "--storage", url.rsplit("/", 1)[0] + "/nosuchdb"], studies)
+    assert res.returncode == 1 and "***" in res.stderr
+    shown += [res.stdout, res.stderr]
+    shown += [p.read_text(errors="replace") for p in studies.rglob("*") if p.is_file()]
+    assert (studies / "fake" / "dashboard.html").is_file()
+    assert not [s for s in shown if password in s]
+
+
+# ----------------------------------------------------------------------------- stored experiments
+def _edit_stored(studies: Path, edit: dict[str, object]) -> None:
+    study = load(studies, "fake")
+    raw = dict(study.user_attrs[ATTR_SPACE])
+    for dotted, value in edit.items():
+        node = raw
+        *head, last = dotted.split(".")
+        for h in head:
+            node[h] = dict(node.get(h) or {})
+            node = node[h]
+        node[last] = value
+    study.set_user_attr(ATTR_SPACE, raw)
+
+
+def test_resume_refuses_a_stored_command_that_no_local_file_has(tmp_path: Path, studies: Path) -> None:
+    space = fake_space(tmp_path, study={"n_trials": 1})
+    assert run_cli(["search", "--space", str(space)], studies).returncode == 0
+    pwned = tmp_path / "pwned"
+    _edit_stored(studies, {"trial.command": [PY, "-c", f"open({str(pwned)!r}, 'w').write('x')"]})
+    line = one_line_exit(run_cli(["resume", "--study", "fake", "--n-trials", "2"], studies))
+    assert "trial.command" in line and "--trust-stored-experiment" in line
+    assert not pwned.exists() and len(load(studies, "fake").trials) == 1
+    # an explicit --space that differs is refused too; one that matches the stored experiment passes
+    line = one_line_exit(run_cli(["resume", "--study", "fake", "--space", str(space)], studies))
+    assert str(space) in line
+    res = run_cli(["resume", "--study", "fake", "--n-trials", "2", "--trust-stored-experiment"], studies)
+    assert pwned.exists(), res.stderr  # the user said so: it ran (and, not being a trainer, failed)
+
+
+def test_resume_runs_a_stored_experiment_that_matches_its_local_file(tmp_path: Path, studies: Path) -> None:
+    space = fake_space(tmp_path, study={"n_trials": 1})
+    assert run_cli(["search", "--space", str(space)], studies).returncode == 0
+    assert run_cli(["resume", "--study", "fake", "--n-trials", "2"], studies).returncode == 0
+    moved = tmp_path / "elsewhere.yaml"
+    space.rename(moved)
+    one_line_exit(run_cli(["resume", "--study", "fake", "--n-trials", "3"], studies))
+    res = run_cli(["resume", "--study", "fake", "--n-trials", "3", "--space", str(moved)], studies)
+    assert res.returncode == 0, res.stderr
+    assert len(load(studies, "fake").trials) == 3
+
+
+def test_stored_user_code_keys_need_trust_even_with_the_default_trainer(tmp_path: Path) -> None:
+    from hpo._space import load_space
+    from hpo._trust import check_stored_experiment
+
+    space = load_space("kl_lr", ["custom_reward_function.path=/tmp/evil.py"], check=False)
+    with pytest.raises(SpaceError, match="code keys"):
+        check_stored_experiment(space, "s", None, "search_spaces/kl_lr.yaml", trusted=False)
+    assert check_stored_experiment(load_space("kl_lr", check=False), "s", None, None, False) == "default trainer"
+
+
+# ----------------------------------------------------------------------------- signals
+def _start(space: Path, studies: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([PY, "-m", "hpo", "search", "--space", str(space), "--studies-dir", str(studies)],
+                            cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(pred: object, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_sighup_stops_like_sigterm(tmp_path: Path, studies: Path) -> None:
+    space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 20, "fake.step_s": 0.3},
+                       study={"n_trials": 1})
+    driver = _start(space, studies)
+    _wait_for(lambda: (studies / "fake" / "trials" / "0" / "metrics.jsonl").exists())
+    driver.send_signal(signal.SIGHUP)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 129 and "Traceback" not in err and "resume" in err
+    states = [t.state for t in load(studies, "fake").trials]
+    assert states == [TrialState.FAIL, TrialState.WAITING]
+
+
+def test_a_second_ctrl_c_exits_at_once(tmp_path: Path, studies: Path) -> None:
+    space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 20, "fake.step_s": 0.3,
+                                            "fake.ignore_sigterm": True}, study={"n_trials": 1})
+    driver = _start(space, studies)
+    _wait_for(lambda: (studies / "fake" / "trials" / "0" / "metrics.jsonl").exists())
+    driver.send_signal(signal.SIGINT)  # the trainer ignores SIGTERM: the graceful stop takes the 3 s grace
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    driver.send_signal(signal.SIGINT)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 130 and time.monotonic() - t0 < 2.0, err
+    assert "again" in err
+
+
+def test_a_signal_after_the_study_is_done_exits_0(tmp_path: Path, studies: Path) -> None:
+    space = fake_space(tmp_path, study={"n_trials": 1})
+    driver = _start(space, studies)
+    assert driver.stdout is not None
+    for line in driver.stdout:  # the progress line of the last trial: the study is done, the page is being written
+        if "1/1" in line:
+            driver.send_signal(signal.SIGTERM)
+            break
+    out, err = driver.communicate(timeout=60)
+    assert driver.returncode == 0, err
+    assert [t.state for t in optuna.load_study(study_name="fake", storage=f"sqlite:///{studies / 'fake.db'}").trials] \
+        == [TrialState.COMPLETE]
