@@ -1,4 +1,4 @@
-"""``verl-hpo search | resume | best``.
+"""``verl-hpo search | resume | worker | dashboard | best``.
 
 Exit codes: 0 done; 2 bad input (one ``error: ...`` line on stderr, no study created or touched);
 1 runtime error; 130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP (running trials queued for ``resume``;
@@ -12,6 +12,7 @@ that runs code is run only when it matches a local file or the user says so (:mo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -67,6 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--n-trials", type=int, help="raise (or lower) the study's target")
     trust_args(r)
     common(r)
+
+    w = sub.add_parser("worker", help="join an existing study (its stored experiment) and run trials until the "
+                                      "study's target is reached; run one per host or GPU box")
+    w.add_argument("--study", required=True)
+    w.add_argument("--n-jobs", type=int, default=None, help="trials this worker runs at once (default: the "
+                                                            "experiment's trial.n_jobs)")
+    w.add_argument("--devices", default=None, metavar="0,1,..",
+                   help="GPU ids this worker may use (default: the experiment's trial.devices, else detected)")
+    trust_args(w)
+    common(w)
 
     d = sub.add_parser("dashboard", help="write <studies-dir>/<study>/dashboard.html (one self-contained page)")
     d.add_argument("--study", required=True)
@@ -132,6 +143,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         n_finished,
         open_study,
         quiet_optuna,
+        resolve_devices,
     )
     from hpo._report import Reporter
     from hpo._trust import check_stored_experiment
@@ -140,14 +152,18 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
     stop, got = threading.Event(), list[int]()
     with _stop_on_signals(stop, got):
         if space is None:
-            space, study = load_stored(study_name, storage_url, args.n_trials)
+            space, study = load_stored(study_name, storage_url, getattr(args, "n_trials", None))
             check_stored_experiment(space, study_name, args.space, study.user_attrs.get(ATTR_SOURCE),
                                     args.trust_stored_experiment, study.user_attrs.get(ATTR_DIGEST))
+            if getattr(args, "n_jobs", None) is not None:
+                space = dataclasses.replace(space, trial=dataclasses.replace(space.trial, n_jobs=args.n_jobs))
+            devices = resolve_devices(space.trial, _device_list(getattr(args, "devices", None)))
         else:
+            devices = resolve_devices(space.trial)
             study = open_study(space, study_name, storage_url)
         target = space.study.n_trials
         reporter = Reporter(sys.stdout, target, space.objective.direction_literal)
-        driver = Driver(space, study, studies_dir, reporter, stop)
+        driver = Driver(space, study, studies_dir, reporter, stop, devices=devices)
         reporter.header(study_name, storage_url, str(driver.trials_dir), n_finished(study), target)
         from hpo._dashboard import DashboardCallback, dashboard_path, write_dashboard
 
@@ -174,6 +190,15 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             reporter.note(f"study {study_name} already has {done} finished trials (target {target})")
         print(driver.summary(storage_url))
     return 0
+
+
+def _device_list(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    devices = [d.strip() for d in text.split(",") if d.strip()]
+    if not devices:
+        raise SpaceError(f"--devices {text!r}: expected GPU ids like 0,1")
+    return devices
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -220,7 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.out is not None and not _inside(args.out, studies_dir):
                 return _fail(f"--out {args.out}: must be inside the studies directory {studies_dir}")
             return dashboard_command(args.study, storage_url, studies_dir, args.out)
-        if args.cmd == "resume":
+        if args.cmd in ("resume", "worker"):
+            if getattr(args, "n_jobs", None) is not None and args.n_jobs <= 0:
+                return _fail(f"--n-jobs {args.n_jobs}: must be positive")
             return _run(None, args.study, storage_url, studies_dir, args)
         return _best(args.study, storage_url, args.format, args.trial)
     except SpaceError as err:

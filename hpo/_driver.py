@@ -20,13 +20,13 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -37,22 +37,25 @@ from typing import Any
 
 import optuna
 import yaml
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from hpo._devices import DevicePool, detect_devices
+from hpo._identity import driver_identity
 from hpo._objective import Scored
-from hpo._report import Reporter, summary
-from hpo._runner import (
-    ENV_DRIVER,
-    ENV_STUDY,
-    ENV_TRIAL,
-    TrialProcess,
-    driver_identity,
-    identity_alive,
-    is_finite,
-    read_tail,
-    sweep_orphans,
+from hpo._recovery import (
+    ATTR_HEARTBEAT,
+    ATTR_RECOVERING,
+    ATTR_RESULT,
+    Heartbeat,
+    finish,
+    queue_retry,
+    record_result,
+    recover_stale_trials,
 )
-from hpo._space import EarlyStopping, PrunerSpec, SamplerSpec, Space, SpaceError, space_from_stored
+from hpo._report import Reporter, summary
+from hpo._runner import ENV_DRIVER, ENV_STUDY, ENV_TRIAL, TrialProcess, is_finite, read_tail, sweep_orphans
+from hpo._space import EarlyStopping, PrunerSpec, SamplerSpec, Space, SpaceError, TrialSpec, space_from_stored
 from hpo._storage import check_study_name, mask_url, open_storage, study_exists
 from hpo._trust import experiment_digest
 
@@ -60,6 +63,7 @@ ATTR_SPACE = "hpo:space"
 ATTR_SOURCE = "hpo:source"
 ATTR_TARGET = "hpo:n_trials"
 ATTR_DIGEST = "hpo:space_sha256"
+WAIT_S = 1.0  # poll period of a driver waiting for others' trials to finish or die
 TRIAL_MARKER = ".verl-hpo-trial"  # written into each trial directory the driver creates; only those are ever removed
 
 
@@ -75,13 +79,62 @@ class DriverError(Exception):
     """A runtime problem that is not bad input (exit 1)."""
 
 
+class TrialLost(Exception):
+    """Another driver finished this driver's running trial (it took us for dead); we drop it and go on."""
+
+
+class _TrialStop(threading.Event):
+    """Set when the driver stops or the trial is lost: what a trial process and a device wait watch."""
+
+    def __init__(self, stop: threading.Event, lost: threading.Event) -> None:
+        super().__init__()
+        self._events = (stop, lost)
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self._events)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._events[0].wait(0.05 if left is None else min(0.05, left))
+        return True
+
+
+# ----------------------------------------------------------------------------- devices
+def resolve_devices(spec: TrialSpec, override: Sequence[str] | None = None) -> list[str]:
+    """The devices trials may use (``--devices``, else ``trial.devices``, else detected); SpaceError when a
+    trial needs more than there are."""
+    devices = list(override) if override is not None else (
+        list(spec.devices) if spec.devices is not None else detect_devices())
+    if devices and spec.gpus_per_trial > len(devices):
+        raise SpaceError(f"trial.gpus_per_trial={spec.gpus_per_trial} but only {len(devices)} device(s) are "
+                         f"available ({','.join(devices)})")
+    return devices
+
+
 # ----------------------------------------------------------------------------- Optuna objects
-def make_sampler(spec: SamplerSpec, n_existing: int) -> optuna.samplers.BaseSampler:
-    """Seed = base seed + existing trials, so a resumed study does not replay the same suggestions."""
-    seed = None if spec.seed is None else spec.seed + n_existing
+def sampler_seed(base: int | None, n_existing: int, joining: bool) -> int | None:
+    """A new study: the base seed (reproducible). Resumed or joined: base + existing trials, and for a
+    joining driver a hash of its identity too, so that drivers starting together draw different values."""
+    if base is None:
+        return None
+    seed = base + n_existing
+    if joining:
+        ident = json.dumps(driver_identity(), sort_keys=True)
+        seed += int(hashlib.sha256(ident.encode()).hexdigest()[:8], 16)
+    return seed % 2**32
+
+
+def make_sampler(spec: SamplerSpec, n_existing: int, joining: bool = False) -> optuna.samplers.BaseSampler:
+    """Seeded by :func:`sampler_seed`. TPE imputes running trials' values (``constant_liar``; Optuna 5 makes
+    it multivariate always), so parallel workers spread out instead of sampling the same point."""
+    seed = sampler_seed(spec.seed, n_existing, joining)
     if spec.type == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
 
 
 def make_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
@@ -99,72 +152,59 @@ def make_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
 
 
 def is_finished(t: FrozenTrial) -> bool:
-    return t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (
-        t.state == TrialState.FAIL and "fail_reason" in t.user_attrs)
+    """COMPLETE, PRUNED, or FAIL with a result its driver recorded (``on_failure: fail``); an interrupted or
+    recovered trial (FAIL without a recorded result) is not finished: its retry is."""
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    if t.state != TrialState.FAIL:
+        return False
+    return ATTR_RESULT in t.system_attrs or ("fail_reason" in t.user_attrs and ATTR_HEARTBEAT not in t.system_attrs)
 
 
 def n_finished(study: optuna.Study) -> int:
     return sum(is_finished(t) for t in study.get_trials(deepcopy=False))
 
 
-def queue_retry(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) -> None:
-    """Queue a WAITING copy with the same parameters (Optuna's own retry callback, so the copy carries
-    ``failed_trial``/``retry_history`` system attrs)."""
-    optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)(study, trial)
+def position(t: FrozenTrial) -> int:
+    """The place in the study's target a trial claims: its own number, or for a retry its first original's."""
+    history = t.system_attrs.get("retry_history")
+    return int(history[0]) if isinstance(history, list) and history else t.number
 
 
-def recover_dead_trials(study: optuna.Study, max_retry: int | None) -> list[int]:
-    """RUNNING trials whose driver on this host is gone (SIGKILL, power loss): fail them and queue retries.
-    Trials of drivers on other hosts are left to the heartbeat."""
-    recovered = []
-    for t in study.get_trials(deepcopy=True, states=(TrialState.RUNNING,)):
-        ident = t.user_attrs.get("worker")
-        if not isinstance(ident, dict) or identity_alive(ident) is not False:
-            continue
-        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-        queue_retry(study, t, max_retry)
-        recovered.append(t.number)
-    return recovered
+@dataclasses.dataclass
+class Slots:
+    """How the study's target of finished trials is claimed.
 
+    Every trial that is finished, running, waiting, or failed with its retry pending (recovery marked it
+    ``hpo:recovering``) holds its :func:`position`. A new trial is admitted when fewer than ``target``
+    positions before its own number are held, so drivers that ask at the same moment agree on which of
+    them is surplus; a retry inherits its original's position and is never surplus."""
 
-# ----------------------------------------------------------------------------- devices
-def detect_devices() -> list[str]:
-    """GPU ids visible to the driver: its CUDA_VISIBLE_DEVICES, else nvidia-smi, else none (CPU)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+    finished: int
+    held: set[int]
+    running: int
+    waiting: int
 
+    @classmethod
+    def count(cls, trials: Sequence[FrozenTrial], max_retry: int | None) -> Slots:
+        retried = {t.system_attrs.get("failed_trial") for t in trials}
+        held: set[int] = set()
+        finished = running = waiting = 0
+        for t in trials:
+            if is_finished(t):
+                finished += 1
+            elif t.state == TrialState.RUNNING:
+                running += 1
+            elif t.state == TrialState.WAITING:
+                waiting += 1
+            elif not (t.state == TrialState.FAIL and ATTR_RECOVERING in t.system_attrs and t.number not in retried
+                      and (max_retry is None or len(t.system_attrs.get("retry_history", [])) < max_retry)):
+                continue
+            held.add(position(t))
+        return cls(finished, held, running, waiting)
 
-class DevicePool:
-    """Hands out ``per_trial`` device ids to each running trial (blocking while none are free)."""
-
-    def __init__(self, devices: list[str], per_trial: int) -> None:
-        self.free = list(devices)
-        self.per_trial = min(per_trial, len(devices))
-        self._cond = threading.Condition()
-
-    def acquire(self, stop: threading.Event | None = None) -> list[str]:
-        if self.per_trial == 0:
-            return []
-        with self._cond:
-            while not self._cond.wait_for(lambda: len(self.free) >= self.per_trial, timeout=0.5):
-                if stop is not None and stop.is_set():
-                    return []
-            taken, self.free = self.free[: self.per_trial], self.free[self.per_trial:]
-            return taken
-
-    def release(self, taken: list[str]) -> None:
-        with self._cond:
-            self.free.extend(taken)
-            self._cond.notify_all()
+    def admits(self, number: int, target: int) -> bool:
+        return sum(p < number for p in self.held) < target
 
 
 # ----------------------------------------------------------------------------- one trial's live state
@@ -253,10 +293,11 @@ class _Watch:
 
 # ----------------------------------------------------------------------------- the driver
 class Driver:
-    """Runs one study of one space to its target number of finished trials."""
+    """Runs trials of one study until it has its target number of finished trials, alone or beside other
+    drivers on the same storage (``n_jobs`` loops in threads; see :class:`Slots` and :mod:`hpo._recovery`)."""
 
     def __init__(self, space: Space, study: optuna.Study, studies_dir: Path, reporter: Reporter,
-                 stop_event: threading.Event, cwd: str | None = None) -> None:
+                 stop_event: threading.Event, cwd: str | None = None, devices: list[str] | None = None) -> None:
         self.space = space
         self.study = study
         self.study_dir = studies_dir / check_study_name(study.study_name)
@@ -265,9 +306,12 @@ class Driver:
         self.stop_event = stop_event
         self.cwd = cwd or os.getcwd()
         self.identity = driver_identity()
-        spec = space.trial
-        self.pool = DevicePool(list(spec.devices) if spec.devices is not None else detect_devices(),
-                               spec.gpus_per_trial)
+        self.pool = DevicePool(devices if devices is not None else resolve_devices(space.trial),
+                               space.trial.gpus_per_trial)
+        self.heartbeat: Heartbeat | None = None
+        self.ran = 0
+        self._errors: list[BaseException] = []
+        self._count_lock = threading.Lock()
 
     # -- argv / files
     def fresh_trial_dir(self, number: int) -> Path:
@@ -356,7 +400,9 @@ class Driver:
             raise DriverError(f"prepare failed (exit {result.exit_code}): {last}; see {log_dir}/stderr.log")
 
     # -- the objective
-    def objective(self, trial: Trial) -> float | list[float]:
+    def objective(self, trial: Trial, lost: threading.Event) -> float | list[float]:
+        """Run one trial's process to its outcome: values to tell, or TrialPruned / TrialFailed /
+        TrialInterrupted / TrialLost (``lost``: another driver finished this trial, taking us for dead)."""
         retry_of = self._frozen(trial.number).system_attrs.get("failed_trial")
         values = {p.name: _suggest(trial, p) for p in self.space.params}
         if self.stop_event.is_set():
@@ -365,14 +411,14 @@ class Driver:
         metrics = trial_dir / "metrics.jsonl"
         overrides = self.trainer_overrides(values, trial_dir)
         argv = [*self.command(), "--config", self.space.config, "--metrics-file", str(metrics), *overrides]
-        trial.set_user_attr("worker", self.identity)
         trial.set_user_attr("trial_dir", str(trial_dir))
         if retry_of is not None:
             trial.set_user_attr("retry_of", retry_of)
         total = self.total_steps(overrides)
         self.reporter.trial_started(trial.number, values, retry_of)
+        waited = time.monotonic()
+        devices = self.pool.acquire(_TrialStop(self.stop_event, lost))
         entered = time.monotonic()
-        devices = self.pool.acquire(self.stop_event)
         try:
             env = self.trial_env(trial, devices, metrics)
             self.write_trial_files(trial_dir, argv, env, overrides, values)
@@ -389,16 +435,19 @@ class Driver:
             spec = self.space.trial
             proc = TrialProcess(argv=argv, env=env, log_dir=trial_dir, metrics_path=metrics, cwd=self.cwd,
                                 timeout_s=spec.timeout_s, memory_limit_gb=spec.memory_limit_gb,
-                                on_metrics=watch, on_tick=on_tick, stop_event=self.stop_event)
+                                on_metrics=watch, on_tick=on_tick, stop_event=_TrialStop(self.stop_event, lost))
             result = proc.run()
         finally:
             self.pool.release(devices)
+        if lost.is_set():
+            raise TrialLost(f"trial {trial.number} was finished by another driver while it ran here")
         attrs: dict[str, Any] = {
             "peak_memory_gb": round(result.peak_memory_gb, 4), "wall_time_s": round(result.wall_time_s, 3),
             "exit_code": result.exit_code, "last_step": result.last_step,
             "first_metric_s": None if result.first_metric_s is None else round(result.first_metric_s, 3),
             # driver time between a device being free and the trainer being spawned (files, config)
             "launch_overhead_s": None if proc.spawned_at is None else round(proc.spawned_at - entered, 4),
+            "device_wait_s": round(entered - waited, 3),
         }
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
@@ -452,6 +501,7 @@ class Driver:
         return next(t for t in self.study.get_trials(deepcopy=True) if t.number == number)
 
     def _interrupt(self, trial: Trial) -> None:
+        """Stopped by the user: the same parameters are queued first (so the slot stays held), then FAIL."""
         queue_retry(self.study, self._frozen(trial.number), max_retry=None)
         trial.set_user_attr("interrupted", True)
         trial.set_user_attr("stop_reason", "interrupted")
@@ -459,29 +509,99 @@ class Driver:
 
     # -- the loop
     def run(self, target: int, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = ()) -> int:
-        """Run until the study has ``target`` finished trials. Returns the number of trials run."""
+        """Run trials until the study has ``target`` finished trials (counting every driver's). Returns the
+        number of trials this driver ran; raises TrialInterrupted when stopped, DriverError on a runtime
+        problem."""
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         killed = sweep_orphans(self.study.study_name)
         if killed:
             self.reporter.note(f"killed {killed} leftover trial process(es) of a dead driver")
-        recovered = recover_dead_trials(self.study, self.space.study.max_retry)
-        if recovered:
-            self.reporter.note(f"trial(s) {', '.join(map(str, recovered))} were interrupted by a driver crash; "
-                               "retrying with the same parameters")
-        remaining = target - n_finished(self.study)
-        if remaining <= 0:
+        self.recover()
+        if n_finished(self.study) >= target:
             return 0
         self.prepare()
+        n_jobs = self.space.trial.n_jobs
+        with Heartbeat(self.study, self.space.study.heartbeat_interval) as self.heartbeat:
+            if n_jobs == 1:
+                self._loop(target, callbacks)
+            else:
+                threads = [threading.Thread(target=self._loop, args=(target, callbacks), name=f"verl-hpo-job-{i}",
+                                            daemon=True) for i in range(n_jobs)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    while t.is_alive():
+                        t.join(timeout=0.2)
+        if self._errors:
+            interrupted = [e for e in self._errors if isinstance(e, TrialInterrupted)]
+            raise interrupted[0] if interrupted else self._errors[0]
+        return self.ran
 
-        def after_trial(study: optuna.Study, trial: FrozenTrial) -> None:
-            done = n_finished(study)
-            self.reporter.trial_finished(study, trial, done)
-            if done >= target:
-                study.stop()
+    def recover(self) -> None:
+        spec = self.space.study
+        for number, what in recover_stale_trials(self.study, spec.grace_period, spec.max_retry):
+            self.reporter.note(f"trial {number}: its driver is gone (dead pid or no heartbeat for "
+                               f"{spec.grace_period}s); {what}")
 
-        self.study.optimize(self.objective, n_trials=remaining, n_jobs=self.space.trial.n_jobs,
-                            catch=(TrialFailed,), callbacks=[after_trial, *callbacks])
-        return remaining
+    def _loop(self, target: int, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]]) -> None:
+        """One job: take a slot of the target, run a trial, tell it; until the target is reached."""
+        try:
+            while not self.stop_event.is_set() and not self._errors:
+                self.recover()
+                slots = Slots.count(self.study.get_trials(deepcopy=False), self.space.study.max_retry)
+                if slots.finished >= target:
+                    return
+                if not slots.waiting and len(slots.held) >= target:
+                    self.stop_event.wait(WAIT_S)  # running trials (ours or others') hold the rest; they may die
+                    continue
+                frozen = self._one_trial(target)
+                if frozen is not None:
+                    with self._count_lock:
+                        self.ran += 1
+                    done = n_finished(self.study)
+                    self.reporter.trial_finished(self.study, frozen, done)
+                    for cb in callbacks:
+                        cb(self.study, frozen)
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
+            self._errors.append(err)
+
+    def _one_trial(self, target: int) -> FrozenTrial | None:
+        """Ask, check the slot, run, record and tell one trial; None when it was surplus or lost."""
+        trial = self.study.ask()
+        frozen = self._frozen(trial.number)
+        if "failed_trial" not in frozen.system_attrs and not Slots.count(
+                self.study.get_trials(deepcopy=False), self.space.study.max_retry).admits(trial.number, target):
+            trial.set_user_attr("stop_reason", "surplus")
+            finish(self.study, trial._trial_id, TrialState.FAIL, None)
+            return None
+        trial.set_user_attr("worker", self.identity)
+        assert self.heartbeat is not None
+        lost = self.heartbeat.add(trial._trial_id)
+        try:
+            state, values = TrialState.COMPLETE, None
+            try:
+                out = self.objective(trial, lost)
+                values = list(out) if isinstance(out, list) else [out]
+            except optuna.TrialPruned:
+                state = TrialState.PRUNED
+            except TrialFailed:
+                state = TrialState.FAIL
+            except TrialInterrupted:
+                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                raise
+            record_result(self.study, trial._trial_id, state, values)
+            try:
+                self.study.tell(trial, values, state=state)
+            except (ValueError, UpdateFinishedTrialError):
+                raise TrialLost(f"trial {trial.number} was finished by another driver before its result was "
+                                "told") from None
+        except (TrialLost, UpdateFinishedTrialError) as err:
+            why = str(err) if isinstance(err, TrialLost) else f"trial {trial.number} was finished by another driver"
+            self.reporter.note(f"{why}; its result here is dropped (its retry runs instead)")
+            return None
+        finally:
+            self.heartbeat.remove(trial._trial_id)
+        return self._frozen(trial.number)
 
     def summary(self, storage: str) -> str:
         return summary(self.study, storage, str(self.trials_dir))
@@ -529,7 +649,7 @@ def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:
     study = optuna.create_study(study_name=study_name, storage=storage,
                                 directions=[optuna.study.StudyDirection[d.upper()] for d in directions],
                                 load_if_exists=True,
-                                sampler=make_sampler(space.study.sampler, n_existing),
+                                sampler=make_sampler(space.study.sampler, n_existing, joining=n_existing > 0),
                                 pruner=make_pruner(space.study.pruner))
     if ATTR_SPACE not in study.user_attrs:
         study.set_metric_names(space.objective.names)
@@ -556,7 +676,7 @@ def load_stored(study_name: str, storage_url: str, n_trials: int | None) -> tupl
     space = dataclasses.replace(space, study=dataclasses.replace(space.study, n_trials=target))
     storage = open_storage(storage_url, space.study)
     study = optuna.load_study(study_name=study_name, storage=storage,
-                              sampler=make_sampler(space.study.sampler, len(old.trials)),
+                              sampler=make_sampler(space.study.sampler, len(old.trials), joining=True),
                               pruner=make_pruner(space.study.pruner))
     if n_trials is not None:
         study.set_user_attr(ATTR_TARGET, target)

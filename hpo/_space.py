@@ -87,8 +87,10 @@ class StudySpec:
     n_trials: int = field(default=10, metadata=_meta("Finished trials the study runs to."))
     sampler: SamplerSpec = field(default_factory=SamplerSpec, metadata=_meta("Sampler."))
     pruner: PrunerSpec = field(default_factory=PrunerSpec, metadata=_meta("Pruner."))
-    heartbeat_interval: int = field(default=10, metadata=_meta("RDB heartbeat period (s)."))
-    grace_period: int = field(default=30, metadata=_meta("A RUNNING trial silent this long (s) is stale."))
+    heartbeat_interval: int = field(default=10, metadata=_meta("Heartbeat period (s) of running trials."))
+    grace_period: int = field(default=30, metadata=_meta(
+        "A RUNNING trial without heartbeat this long (s) is stale (its driver is dead): at least twice "
+        "heartbeat_interval."))
     max_retry: int | None = field(default=3, metadata=_meta("Retries of an interrupted trial; null = unlimited."))
 
 
@@ -454,6 +456,10 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
         seen[p.key] = p.name
     objective = parse_objective(raw.get("objective"), ctx.error)
     sections = {s: _build(cls, raw.get(s), s, ctx) for s, cls in _SECTIONS.items()}
+    study: StudySpec = sections["study"]
+    if study.grace_period < 2 * study.heartbeat_interval:
+        raise ctx.error("study.grace_period", f"{study.grace_period} is under twice study.heartbeat_interval="
+                        f"{study.heartbeat_interval}: a live driver's trial would be taken for dead between beats")
     if objective.multi and sections["study"].pruner.type not in ("median", "none"):
         raise ctx.error("study.pruner.type", f"{sections['study'].pruner.type!r} is not supported with objective "
                         "mode pareto (Optuna cannot report multi-objective curves); use median or none")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import re
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,11 @@ def check_storage_url(url: str) -> None:
         raise SpaceError(scrub(f"--storage {url}: database driver missing ({err})", url)) from None
 
 
-def open_storage(url: str, spec: StudySpec) -> Any:
-    """An Optuna storage with heartbeats (RDB) so that trials of a dead driver are retried."""
+def open_storage(url: str, spec: StudySpec | None = None) -> Any:
+    """An Optuna storage. Heartbeats and retries are the driver's own (:mod:`hpo._recovery`), the same on
+    every storage, so Optuna's RDB-only heartbeat is not switched on. A new SQLite file gets its schema
+    under an exclusive lock (``<db>.lock``): drivers that start together on a fresh file would otherwise
+    race to create the same tables."""
     if url.startswith(_REDIS_SCHEMES):
         from optuna.storages.journal import JournalRedisBackend, JournalStorage
 
@@ -114,11 +118,16 @@ def open_storage(url: str, spec: StudySpec) -> Any:
         engine_kwargs["connect_args"] = {"timeout": 60}
     else:
         engine_kwargs["pool_pre_ping"] = True
-    return optuna.storages.RDBStorage(
-        url, engine_kwargs=engine_kwargs, heartbeat_interval=spec.heartbeat_interval,
-        grace_period=spec.grace_period,
-        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry),
-    )
+    db = sqlite_path(url)
+    if db is None:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 STORAGE_ERRORS: tuple[type[BaseException], ...] = (OSError,)

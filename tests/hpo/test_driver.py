@@ -47,14 +47,20 @@ def test_study_completes_with_values_attrs_and_trial_files(tmp_path: Path, studi
     assert "trial logs in" in res.stdout and str(studies / "fake.db") in res.stdout
 
 
-def test_early_stopping_converged(tmp_path: Path, studies: Path) -> None:
+@pytest.mark.parametrize(("min_value", "reason"), [(0.05, "converged"), (0.5, "collapsed")])
+def test_early_stopping_converged_or_collapsed(tmp_path: Path, studies: Path, min_value: float, reason: str) -> None:
+    """A small spread at step 4 (objective ~0.1 there): converged above the floor, collapsed below it."""
     space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 40, "trainer.test_freq": 2,
                                             "fake.step_s": 0.02, "fake.std": 0.01},
-                       early_stopping={"enabled": True, "threshold": 0.05, "patience": 3}, study={"n_trials": 2})
-    assert run_cli(["search", "--space", str(space)], studies).returncode == 0
+                       early_stopping={"enabled": True, "threshold": 0.05, "patience": 3, "min_value": min_value},
+                       study={"n_trials": 2})
+    res = run_cli(["search", "--space", str(space)], studies)
+    assert res.returncode == 0
+    assert reason in res.stdout
     for t in load(studies, "fake").trials:
         assert t.state == TrialState.COMPLETE
-        assert t.user_attrs["stop_reason"] == "converged"
+        assert 0.05 < t.value < 0.5
+        assert t.user_attrs["stop_reason"] == reason
         assert t.user_attrs["last_step"] == 4  # evaluations at 0, 2, 4
         assert t.value == pytest.approx(t.intermediate_values[4])
         assert t.user_attrs["compute_saved_s"] == pytest.approx(36 * 0.02, rel=0.01)
@@ -76,7 +82,7 @@ def test_median_pruning(tmp_path: Path, studies: Path) -> None:
 FAILURES = [
     ("crash", {"fake.crash_at": 2}, {}, "RuntimeError"),
     ("oom", {"fake.oom_at": 2}, {}, "MemoryError"),
-    ("oom", {"fake.sigkill_at": 2}, {}, None),
+    ("killed", {"fake.sigkill_at": 2}, {}, None),  # a SIGKILL nobody confirms as OOM
     ("oom", {"fake.alloc_mb": 30, "fake.step_s": 0.05, "trainer.total_training_steps": 100},
      {"memory_limit_gb": 0.2}, None),
     ("timeout", {"fake.hang_at": 1}, {"timeout_s": 1}, None),
@@ -181,7 +187,7 @@ def test_signal_stops_trials_and_resume_retries_them(tmp_path: Path, studies: Pa
 
 
 def test_sigkilled_driver_leaves_no_trial_and_resume_retries_it(tmp_path: Path, studies: Path) -> None:
-    space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 10, "fake.step_s": 0.1,
+    space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 10, "fake.step_s": 0.3,
                                             "fake.child": "group"}, study={"n_trials": 3})
     tag = uuid.uuid4().hex
     driver = subprocess.Popen([PY, "-m", "hpo", "search", "--space", str(space), "--studies-dir", str(studies)],
@@ -205,7 +211,7 @@ def test_sigkilled_driver_leaves_no_trial_and_resume_retries_it(tmp_path: Path, 
     assert trials[1].state == TrialState.FAIL
     retries = [t for t in trials if t.user_attrs.get("retry_of") == 1]
     assert len(retries) == 1 and retries[0].params == before[1].params and retries[0].state == TrialState.COMPLETE
-    assert "interrupted by a driver crash" in res.stdout
+    assert "trial 1: its driver is gone" in res.stdout and "retry queued" in res.stdout
 
 
 def test_resume_reseeds_the_sampler(tmp_path: Path, studies: Path) -> None:
@@ -222,13 +228,13 @@ def test_stale_trial_of_another_host_is_retried_by_heartbeat(tmp_path: Path, stu
     from hpo._space import StudySpec
     from hpo._storage import open_storage
 
-    space = fake_space(tmp_path, study={"n_trials": 1, "heartbeat_interval": 1, "grace_period": 1})
+    space = fake_space(tmp_path, study={"n_trials": 1, "heartbeat_interval": 1, "grace_period": 2})
     assert run_cli(["search", "--space", str(space)], studies).returncode == 0
-    storage = open_storage(f"sqlite:///{studies / 'fake.db'}", StudySpec(heartbeat_interval=1, grace_period=1))
+    storage = open_storage(f"sqlite:///{studies / 'fake.db'}", StudySpec(heartbeat_interval=1, grace_period=2))
     study = optuna.load_study(study_name="fake", storage=storage)
     ghost = study.ask({"x": optuna.distributions.FloatDistribution(0.0, 1.0)})
     ghost.set_user_attr("worker", {"host": "elsewhere", "pid": 1, "started": 0.0})
-    storage.record_heartbeat(ghost._trial_id)
+    storage.set_trial_system_attr(ghost._trial_id, "hpo:heartbeat", time.time())
     time.sleep(2.5)
     res = run_cli(["resume", "--study", "fake", "--n-trials", "2"], studies)
     assert res.returncode == 0, res.stderr
