@@ -19,6 +19,7 @@ Behaviour keys (all optional):
     fake.bad            exit 2 with 'error: ...' (bad config)
     fake.tox            eval/toxicity_mean at every evaluation (default 0.1)
     fake.lat            eval/latency_p95 at every evaluation (default 0.5)
+    fake.log_file       append {"trial", "cuda", "x", "start", "end"} (JSON line) to this file when the run ends
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main(argv: list[str]) -> int:
     step_s = float(opts.get("fake.step_s", 0.02))
     final = 1.0 - (x - 0.3) ** 2
     hog: list[bytearray] = []
+    started = time.time()
     path = metrics or os.environ.get("VERL_FILE_LOGGER_PATH", "metrics.jsonl")
     with open(path, "a") as fh:
         for step in range(0 if val0 else 1, total + 1):
@@ -94,6 +96,10 @@ def main(argv: list[str]) -> int:
                 data["eval/latency_p95"] = float(opts.get("fake.lat", 0.5))
             fh.write(json.dumps({"step": step, "data": data}) + "\n")
             fh.flush()
+    if "fake.log_file" in opts:
+        with open(opts["fake.log_file"], "a") as log:
+            log.write(json.dumps({"trial": os.environ.get("VERL_HPO_TRIAL"), "cuda": os.environ.get(
+                "CUDA_VISIBLE_DEVICES"), "x": x, "start": started, "end": time.time()}) + "\n")
     return int(opts.get("fake.exit_code", 0))
 
 
