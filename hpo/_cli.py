@@ -168,12 +168,14 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         from hpo._dashboard import DashboardCallback, dashboard_path, write_dashboard
 
         page = dashboard_path(studies_dir, study_name)
+        pages = DashboardCallback(page, storage_url, studies_dir, every=5)
         try:
-            ran = driver.run(target, [DashboardCallback(page, storage_url, studies_dir, every=5)])
+            ran = driver.run(target, [pages])
         except TrialInterrupted:
             ran = -1
         except DriverError as err:
             return _fail(str(err), 1)
+        pages.wait(60)
         try:
             write_dashboard(study, page, storage_url=storage_url, studies_dir=studies_dir)
             reporter.note(f"dashboard: {page}")

@@ -579,19 +579,31 @@ def dashboard_path(studies_dir: Path, study_name: str) -> Path:
 
 
 class DashboardCallback:
-    """``study.optimize`` callback: rewrite the page every ``every`` finished trials. Never raises (a broken
-    page must not stop a search): the first problem is printed once to stderr."""
+    """After-trial callback: rewrite the page every ``every`` finished trials, in a background thread (a page
+    takes seconds: importances load scikit-learn; the trial loop must not wait for it; a write still
+    running is not started twice). Never raises (a broken page must not stop a search): the first problem
+    is printed once to stderr."""
 
     def __init__(self, out: Path, storage_url: str, studies_dir: Path | None = None, every: int = 5) -> None:
         self.out, self.storage_url, self.studies_dir, self.every = out, storage_url, studies_dir, max(1, every)
         self._lock = threading.Lock()
         self._count = 0
         self._warned = False
+        self._thread: threading.Thread | None = None
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self._count += 1
         if self._count % self.every or not self._lock.acquire(blocking=False):
             return
+        self._thread = threading.Thread(target=self._write, args=(study,), name="verl-hpo-dashboard", daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the write in flight (if any) is done."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _write(self, study: optuna.Study) -> None:
         try:
             write_dashboard(study, self.out, storage_url=self.storage_url, studies_dir=self.studies_dir)
         except Exception as err:  # noqa: BLE001 - the page is a convenience

@@ -8,13 +8,18 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
 * ``stop_reason=converged|collapsed`` -> COMPLETE, value = last objective value, ``compute_saved_s``
   (early stopping: the spread metric stayed small with the objective above / below ``min_value``)
 * ``stop_reason=pruned``    -> PRUNED (Optuna stores the last reported value), ``compute_saved_s``
-* ``fail_reason=oom|timeout|crash`` -> COMPLETE with the worst value (``-inf``/``+inf``), or FAIL with
-  ``on_failure: fail``; ``stderr_tail`` (and ``error``) say why
-* interrupted (Ctrl-C, SIGTERM, driver death) -> FAIL without ``fail_reason``; a WAITING copy with the same
-  parameters is queued, so ``resume`` runs it first. Trials of a SIGKILLed driver are found on resume
-  (same host: the recorded driver pid is gone) or by Optuna's heartbeat (other hosts).
+* ``fail_reason=oom|timeout|killed|crash`` -> COMPLETE with the worst value (``-inf``/``+inf``), or FAIL
+  with ``on_failure: fail``; ``stderr_tail`` (and ``error``) say why. ``oom`` only when it is one (the
+  driver's cap, a final MemoryError / CUDA OOM, or a kernel OOM kill confirmed); another signal death is
+  ``killed`` (see :func:`hpo._runner.classify_exit`)
+* interrupted (Ctrl-C, SIGTERM, SIGHUP, driver death) -> FAIL without a recorded result; a WAITING copy with
+  the same parameters is queued, so ``resume`` (or any worker) runs it first. Trials of a dead driver are
+  found by every other driver of the study (:mod:`hpo._recovery`: a dead pid where pids are comparable,
+  else a stale heartbeat).
+* ``stop_reason=surplus`` -> FAIL, never run: several drivers asked at once and the target was taken.
 
-"Finished" trials, which count towards ``study.n_trials``: COMPLETE, PRUNED, and FAIL with ``fail_reason``.
+"Finished" trials, which count towards ``study.n_trials``: COMPLETE, PRUNED, and FAIL with a recorded result
+(``on_failure: fail``). Several drivers (``search``, ``resume``, ``worker`` on any host) may run one study.
 """
 
 from __future__ import annotations
@@ -448,6 +453,10 @@ class Driver:
             # driver time between a device being free and the trainer being spawned (files, config)
             "launch_overhead_s": None if proc.spawned_at is None else round(proc.spawned_at - entered, 4),
             "device_wait_s": round(entered - waited, 3),
+            # how the memory cap and peak were taken: cgroup-v2 | cgroup-v1 (kernel-enforced) | poll (VmHWM)
+            "memory_mechanism": result.memory_mechanism,
+            "cgroup_peak_gb": None if result.cgroup_peak_gb is None else round(result.cgroup_peak_gb, 4),
+            "leftovers_killed": result.leftovers_killed,
         }
         for k, v in attrs.items():
             trial.set_user_attr(k, v)

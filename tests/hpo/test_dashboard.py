@@ -178,12 +178,15 @@ def test_callback_rewrites_every_n_trials_and_never_raises(tmp_path: Path, capsy
     cb = DashboardCallback(out, "sqlite:///x.db", every=2)
     cb(study, study.trials[0])
     assert not out.exists()
-    cb(study, study.trials[1])
+    cb(study, study.trials[1])  # written in the background: the trial loop goes on meanwhile
+    cb.wait(120)
     assert out.exists() and not list(out.parent.glob(".*.tmp"))
     bad = DashboardCallback(tmp_path / "a-file" / "dashboard.html", "sqlite:///x.db", every=1)
     (tmp_path / "a-file").write_text("")
     bad(study, study.trials[0])
+    bad.wait(120)
     bad(study, study.trials[1])
+    bad.wait(120)
     assert capsys.readouterr().err.count("dashboard not written") == 1
 
 

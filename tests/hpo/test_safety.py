@@ -16,8 +16,8 @@ import pytest
 from optuna.trial import TrialState
 
 from hpo._driver import ATTR_SPACE
-from hpo._storage import check_study_name, mask_url, scrub
 from hpo._space import SpaceError
+from hpo._storage import check_study_name, mask_url, scrub
 from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, load, run_cli
 
 
