@@ -372,3 +372,16 @@ def test_chaos_three_workers_killed_at_random(url: str, tmp_path: Path, studies:
     print(f"chaos {url.split(':')[0]}: {killed} kills, {len(trials)} trials, {len(done)} finished, "
           f"{len(interrupted)} interrupted and retried, "
           f"{sum(t.user_attrs.get('stop_reason') == 'surplus' for t in trials)} surplus")
+
+
+# ----------------------------------------------------------------------------- identities
+def test_a_pid_is_judged_only_where_it_is_comparable() -> None:
+    from hpo._identity import driver_identity, identity_alive
+
+    me = driver_identity()
+    assert identity_alive(me) is True
+    gone = subprocess.Popen([PY, "-c", "pass"])
+    gone.wait()
+    assert identity_alive({**me, "pid": gone.pid, "started": time.time()}) is False
+    for key, other in (("host", "elsewhere"), ("boot_id", "another-boot"), ("pidns", 1), ("boot_id", None)):
+        assert identity_alive({**me, key: other, "pid": gone.pid}) is None, key  # only a heartbeat can tell
