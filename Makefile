@@ -12,7 +12,7 @@ STORAGE ?=
 PYTEST_ARGS ?=
 
 .PHONY: install install-vllm test-vllm search resume best dashboard test test-fast lint typecheck \
-	bench bench-smoke bench-venvs
+	bench bench-smoke bench-venvs gpu-check gpu-check-dry
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -85,3 +85,34 @@ bench: $(STAMP) bench-venvs
 
 bench-smoke: $(STAMP)
 	$(PY) -m benchmarks.run --smoke --skip-trl --skip-vllm --only trainer overhead rollout
+
+# GPU readiness (one table, within 8 minutes on one GPU): SmolLM2 task in bf16 with gradient checkpointing,
+# memory estimate vs max_memory_allocated, HF vs vLLM rollout, checkpoint resume on CUDA, a 4-bit reward model.
+# Its own venv: vLLM brings its CUDA build of torch. `make gpu-check-dry` runs the same plan on CPU (tiny model).
+GPU_VENV ?= .venv-gpu
+$(GPU_VENV)/.installed: pyproject.toml
+	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install -q vllm
+	$(GPU_VENV)/bin/pip install -q -e '.[gpu]'
+	touch $@
+
+gpu-check: $(GPU_VENV)/.installed
+	$(GPU_VENV)/bin/python benchmarks/gpu_check.py
+
+gpu-check-dry: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --dry-run
+
+# Real verl (issue 15: `trial.backend: verl`) in a venv of its own: verl pins its own transformers range and
+# pulls Ray. torch first (the CPU wheel; a bare `torch` pulls CUDA), then verl 0.9.1 (do not use its `[cpu]`
+# extra: it pins an older torch) and the pieces of its `verl-core` extra that the default trainer path imports.
+# `tests/hpo/test_verl.py` composes and validates real verl configs with it (skipped without it).
+VERL_VENV ?= .venv-verl
+$(VERL_VENV)/.installed:
+	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install -q torch==2.13.0
+	$(VERL_VENV)/bin/pip install -q verl==0.9.1 'TransferQueue>=0.1.10' pyzmq msgspec fastapi uvicorn cachetools
+	$(VERL_VENV)/bin/python -c "import torch, verl, hydra; print('verl', verl.__version__, 'torch', torch.__version__)"
+	touch $@
+
+.PHONY: install-verl
+install-verl: $(VERL_VENV)/.installed

@@ -2,7 +2,8 @@
 write ``RESULTS.md`` (a table with machine, date, versions, load and commands) and ``results.json`` (raw rows).
 
 Parts (``--only``): ``trainer`` (ours vs TRL), ``overhead``, ``pruning``, ``search`` (driver items 2-4),
-``rollout`` (HF vs vLLM). ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/``
+``rollout`` (HF vs vLLM), ``memory`` (memory estimate vs measured peak; ``benchmarks/memory_estimate.py``, also
+runnable alone). ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/``
 (or ``--out``), never over the real results.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 from benchmarks._common import REPO, Row, all_versions, load_average, log, machine
 
-PARTS = ("trainer", "overhead", "pruning", "search", "rollout")
+PARTS = ("trainer", "overhead", "pruning", "search", "rollout", "memory")
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
@@ -165,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import rollout
 
         attempt("rollout", lambda: rollout.bench(args.smoke, skip_vllm=args.skip_vllm))
+    if "memory" in parts:
+        from benchmarks import memory_estimate
+
+        attempt("memory", lambda: memory_estimate.bench(args.smoke))
     meta["versions"] = all_versions()
     meta["load_end"] = load_average()
     meta["elapsed_min"] = (time.time() - t0) / 60

@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     trust_args(w)
     common(w)
 
+    v = sub.add_parser("validate", help="check an experiment file without running it: the space, every corner "
+                                        "against the trainer config, and each corner's memory estimate")
+    v.add_argument("--space", required=True, help="search_spaces/<NAME>.yaml or a path")
+    v.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="as for search")
+
     d = sub.add_parser("dashboard", help="write <studies-dir>/<study>/dashboard.html (one self-contained page)")
     d.add_argument("--study", required=True)
     d.add_argument("--out", type=Path, help="default <studies-dir>/<study>/dashboard.html; must be inside the "
@@ -145,6 +150,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         quiet_optuna,
         resolve_devices,
     )
+    from hpo._preflight import check_space_fits
     from hpo._report import Reporter
     from hpo._trust import check_stored_experiment
 
@@ -160,6 +166,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             devices = resolve_devices(space.trial, _device_list(getattr(args, "devices", None)))
         else:
             devices = resolve_devices(space.trial)
+            check_space_fits(space, devices)
             study = open_study(space, study_name, storage_url)
         target = space.study.n_trials
         reporter = Reporter(sys.stdout, target, space.objective.direction_literal)
@@ -209,7 +216,7 @@ def _inside(path: Path, root: Path) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    studies_dir = _studies_dir(args.studies_dir)
+    studies_dir = _studies_dir(getattr(args, "studies_dir", None))
     from hpo._storage import (
         STORAGE_ERRORS,
         check_storage_url,
@@ -219,10 +226,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sqlite_path,
     )
 
-    storage_url = args.storage or ""
+    storage_url = getattr(args, "storage", None) or ""
     try:
         if getattr(args, "n_trials", None) is not None and args.n_trials <= 0:
             return _fail(f"--n-trials {args.n_trials}: must be positive")
+        if args.cmd == "validate":
+            from hpo._driver import resolve_devices
+            from hpo._preflight import validate_space
+
+            spaces_dir = Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
+            space = load_space(args.space, list(args.override), spaces_dir)
+            return validate_space(space, resolve_devices(space.trial), sys.stdout)
         if args.cmd == "search":
             overrides = list(args.override)
             if args.n_trials is not None:
@@ -256,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(scrub(str(err), storage_url) if storage_url else str(err))
     except STORAGE_ERRORS as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        shown = mask_url(args.storage) if args.storage else "default"
+        shown = mask_url(storage_url) if storage_url else "default"
         return _fail(scrub(f"storage {shown}: {first}", storage_url) if storage_url else f"storage {shown}: {first}",
                      1)
     except KeyboardInterrupt:

@@ -16,6 +16,8 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
   the same parameters is queued, so ``resume`` (or any worker) runs it first. Trials of a dead driver are
   found by every other driver of the study (:mod:`hpo._recovery`: a dead pid where pids are comparable,
   else a stale heartbeat).
+* ``fail_reason=predicted_oom`` -> not launched: the memory estimate does not fit the trial's budget
+  (:mod:`hpo._preflight`); recorded like a failure, with ``predicted_memory_gb`` and ``memory_budget_gb``
 * ``stop_reason=surplus`` -> FAIL, never run: several drivers asked at once and the target was taken.
 
 "Finished" trials, which count towards ``study.n_trials``: COMPLETE, PRUNED, and FAIL with a recorded result
@@ -48,6 +50,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from hpo._devices import DevicePool, detect_devices
 from hpo._identity import driver_identity
 from hpo._objective import Scored
+from hpo._preflight import predict
 from hpo._recovery import (
     ATTR_HEARTBEAT,
     ATTR_RECOVERING,
@@ -424,6 +427,15 @@ class Driver:
         waited = time.monotonic()
         devices = self.pool.acquire(_TrialStop(self.stop_event, lost))
         entered = time.monotonic()
+        if self.space.trial.preflight and self.space.trial.is_default_command:
+            pred = predict(self.space, overrides, devices)
+            if not pred.fits:
+                self.pool.release(devices)
+                (trial_dir / "memory_estimate.txt").write_text(pred.table + "\n")
+                trial.set_user_attr("predicted_memory_gb", round(pred.total / 2**30, 4))
+                trial.set_user_attr("memory_budget_gb", round(pred.budget / 2**30, 4))
+                trial.set_user_attr("wall_time_s", round(time.monotonic() - entered, 3))
+                return self._fail(trial, "predicted_oom", f"predicted {pred.problem} ({pred.budget_source})", "")
         try:
             env = self.trial_env(trial, devices, metrics)
             self.write_trial_files(trial_dir, argv, env, overrides, values)

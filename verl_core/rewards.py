@@ -22,6 +22,7 @@ from verl_core.plugins import load_function
 ScoreFn = Callable[..., Any]
 
 _INT_RE = re.compile(r"-?\d+")
+_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 _GSM8K_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 
@@ -41,8 +42,21 @@ def gsm8k_score(data_source: str, solution_str: str, ground_truth: Any, extra_in
     return score if answer == str(ground_truth) else format_score
 
 
+def addition_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None,
+                   format_score: float = 0.5) -> float:
+    """The ``builtin:addition`` chat task ("... Reply with only the number."): 1.0 when the response is the
+    number alone (surrounding spaces and one final period allowed), ``format_score`` when the last number in
+    it is right but other words surround it ("The answer is 12."), else 0.0."""
+    text = solution_str.strip()
+    if text.removesuffix(".").strip() == str(ground_truth).strip():
+        return 1.0
+    numbers = _NUMBER_RE.findall(text)
+    return format_score if numbers and numbers[-1] == str(ground_truth).strip() else 0.0
+
+
 SCORERS: dict[str, ScoreFn] = {
     "synthetic/arith": arith_score,
+    "synthetic/addition": addition_score,
     "openai/gsm8k": gsm8k_score,
     "gsm8k": gsm8k_score,
 }

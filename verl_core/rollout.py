@@ -96,6 +96,9 @@ class HFRollout:
         if params.do_sample:
             kwargs.update(temperature=params.temperature, top_p=params.top_p,
                           top_k=params.top_k if params.top_k > 0 else 0)
+        else:  # greedy ignores the temperature (verl's 0 included). transformers' neutral values keep the
+            # model's generation_config sampling defaults (e.g. temperature 0.7) from being merged in and warned about.
+            kwargs.update(temperature=1.0, top_p=1.0, top_k=50)
         gen_cfg = GenerationConfig(**kwargs)
         with self.autocast():
             out = self.model.generate(  # type: ignore[operator]

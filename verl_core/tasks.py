@@ -1,4 +1,6 @@
-"""The built-in synthetic task: two-operand addition, written as verl-format parquet.
+"""The built-in synthetic tasks, written as verl-format parquet (``data.train_files: builtin:<name>``).
+
+``arith`` (for the tiny model): two-operand addition as bare ``a+b=`` prompts.
 
 A row is what verl's data preprocessing scripts write::
 
@@ -11,13 +13,23 @@ A row is what verl's data preprocessing scripts write::
 The answer is scored by :func:`verl_core.rewards.arith_score` (exact match of the
 response's leading integer). Problems are split deterministically: every
 ``VAL_EVERY``-th problem is held out for validation.
+
+``addition`` (for a pretrained chat model, ``builtin:smollm2``): the same sums as a chat instruction
+that also asks for a format, ``"What is 7 + 5? Reply with only the number."``, operands
+0..``ADDITION_MAX_OPERAND``, scored by :func:`verl_core.rewards.addition_score` (1 for the bare number,
+0.5 for the right number inside other words). SmolLM2-135M-Instruct answers most of them right when
+greedy, but in sentences ("The answer is 12."), and sampled at temperature 1 it rambles: the sampled
+reward starts near 0.1, with room to learn both the sum and the format.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from verl_core.config import ConfigError
 
 DATA_SOURCE = "synthetic/arith"
 MAX_OPERAND = 19  # operands 0..MAX_OPERAND: 400 problems
@@ -65,10 +77,65 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
 
 def ensure_arith_data(cache_dir: Path) -> tuple[Path, Path]:
     """Write (once) and return the train/val parquet paths of the synthetic task."""
-    out = cache_dir / "data" / "arith_v1"
+    return ensure_builtin_data("arith", cache_dir)
+
+
+# ----------------------------------------------------------------------------- addition (chat, pretrained model)
+ADDITION_SOURCE = "synthetic/addition"
+ADDITION_MAX_OPERAND = 15  # 256 problems
+ADDITION_VAL_EVERY = 4  # 64 held-out validation problems
+
+
+def addition_prompt(a: int, b: int) -> str:
+    return f"What is {a} + {b}? Reply with only the number."
+
+
+def addition_split() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    probs = [(a, b) for a in range(ADDITION_MAX_OPERAND + 1) for b in range(ADDITION_MAX_OPERAND + 1)]
+    random.Random(4321).shuffle(probs)
+    val = [p for i, p in enumerate(probs) if i % ADDITION_VAL_EVERY == 0]
+    train = [p for i, p in enumerate(probs) if i % ADDITION_VAL_EVERY != 0]
+    return train, val
+
+
+def addition_rows(problems: list[tuple[int, int]], split: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "data_source": ADDITION_SOURCE,
+            "prompt": [{"role": "user", "content": addition_prompt(a, b)}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"split": split, "index": i},
+        }
+        for i, (a, b) in enumerate(problems)
+    ]
+
+
+# ----------------------------------------------------------------------------- registry
+Split = Callable[[], tuple[list[tuple[int, int]], list[tuple[int, int]]]]
+Rows = Callable[[list[tuple[int, int]], str], list[dict[str, Any]]]
+# name -> (cache directory name, problem split, row writer); bump the directory's version when rows change
+BUILTIN: dict[str, tuple[str, Split, Rows]] = {
+    "arith": ("arith_v1", split_problems, make_rows),
+    "addition": ("addition_v1", addition_split, addition_rows),
+}
+
+
+def builtin_val_size(name: str) -> int | None:
+    """Validation prompts of ``builtin:<name>`` (None for an unknown name)."""
+    return len(BUILTIN[name][1]()[1]) if name in BUILTIN else None
+
+
+def ensure_builtin_data(name: str, cache_dir: Path, key: str = "data.train_files") -> tuple[Path, Path]:
+    """Write (once) and return the train/val parquet paths of ``builtin:<name>``."""
+    if name not in BUILTIN:
+        known = ", ".join(f"builtin:{n}" for n in BUILTIN)
+        raise ConfigError(f"{key}='builtin:{name}': unknown built-in dataset (known: {known})")
+    dirname, split, rows = BUILTIN[name]
+    out = cache_dir / "data" / dirname
     train_p, val_p = out / "train.parquet", out / "val.parquet"
     if not (train_p.is_file() and val_p.is_file()):
-        train, val = split_problems()
-        write_parquet(make_rows(train, "train"), train_p)
-        write_parquet(make_rows(val, "val"), val_p)
+        train, val = split()
+        write_parquet(rows(train, "train"), train_p)
+        write_parquet(rows(val, "val"), val_p)
     return train_p, val_p

@@ -17,11 +17,14 @@ built under a file lock, so parallel trials wait for one build.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from verl_core import tasks
 
@@ -37,6 +40,10 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 SPECIAL_TOKENS = ["<|pad|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>"]
+# The model's shape (step 2 of the recipe) and the vocabulary the tokenizer training yields.
+TINY_SHAPE: dict[str, Any] = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                                  num_key_value_heads=1, head_dim=64, max_position_embeddings=256)
+TINY_VOCAB = 304
 
 
 def cache_root() -> Path:
@@ -49,7 +56,13 @@ def builtin_model_dir() -> Path:
 
 def ensure_tiny_arith(log: bool = True) -> Path:
     """Return the cached model directory, building it first if needed (process-safe)."""
-    target = builtin_model_dir()
+    return build_once(builtin_model_dir(), build_tiny_arith, "the tiny_arith model", log)
+
+
+def build_once(target: Path, build: Callable[[Path], None], what: str, log: bool = True) -> Path:
+    """``target`` once ``build(tmp_dir)`` has filled it: built under a file lock into a temporary directory that
+    is renamed into place with a ``DONE`` marker, so parallel trials wait for one build and an interrupted build
+    leaves nothing behind. Returns at once when ``target/DONE`` exists."""
     if (target / "DONE").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -61,14 +74,29 @@ def ensure_tiny_arith(log: bool = True) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.time()
         if log:
-            print(f"building the tiny_arith model (once) into {target} ...", flush=True)
-        build_tiny_arith(tmp)
+            print(f"building {what} (once) into {target} ...", flush=True)
+        try:
+            build(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         (tmp / "DONE").write_text(f"built in {time.time() - t0:.1f}s\n")
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
         if log:
-            print(f"built tiny_arith in {time.time() - t0:.1f}s", flush=True)
+            print(f"built {what} in {time.time() - t0:.1f}s", flush=True)
     return target
+
+
+def tiny_config() -> dict[str, Any]:
+    """The ``config.json`` of the builtin tiny model as a dict, without building it or importing torch
+    (for memory estimates): the cached one when built, else the recipe's (``TINY_VOCAB`` is what the
+    deterministic tokenizer training yields; a test checks both agree)."""
+    built = builtin_model_dir() / "config.json"
+    if built.is_file():
+        return dict(json.loads(built.read_text()))
+    return {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": TINY_VOCAB, **TINY_SHAPE,
+            "tie_word_embeddings": True, "dtype": "float32"}
 
 
 def train_tokenizer() -> object:
@@ -121,8 +149,7 @@ def build_tiny_arith(out_dir: Path) -> None:
     torch.manual_seed(0)
     tokenizer = train_tokenizer()
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,  # type: ignore
-        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
+        vocab_size=len(tokenizer), **TINY_SHAPE,  # type: ignore[arg-type]
         tie_word_embeddings=True, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,  # type: ignore
         pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0,  # type: ignore[attr-defined]
     )

@@ -30,6 +30,7 @@ from verl_core.checkpoint import find_latest, load_checkpoint, save_checkpoint, 
 from verl_core.config import Config, ConfigError, derive_sizes
 from verl_core.data import Example, PromptBatch, PromptSampler, collate, load_examples
 from verl_core.evaluators import build_text_evaluators, measure_latency
+from verl_core.gpu_metrics import UtilizationSampler, gpu_utilization
 from verl_core.rewards import build_reward, token_level_scores
 from verl_core.rollout import SamplingParams, build_rollout, response_mask
 from verl_core.tracking import Tracking, default_metrics_path
@@ -48,23 +49,29 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_model_path(path: str, key: str) -> str:
+    """A local HF directory for ``path``; ``builtin:tiny_arith`` and ``builtin:smollm2`` are built (once, cached)."""
     if path == "builtin:tiny_arith":
         from verl_core.tiny_model import ensure_tiny_arith
 
         return str(ensure_tiny_arith())
+    if path == "builtin:smollm2":
+        from verl_core.pretrained import ensure_smollm2
+
+        return str(ensure_smollm2())
+    if path.startswith("builtin:"):
+        raise ConfigError(f"{key}={path!r}: unknown built-in model (known: builtin:tiny_arith, builtin:smollm2)")
     if not (Path(path).expanduser() / "config.json").is_file():
         raise ConfigError(f"{key}={path!r}: not a local Hugging Face model directory (no config.json)")
     return str(Path(path).expanduser())
 
 
 def resolve_data_path(path: str, key: str, split: str) -> str:
-    if path == "builtin:arith":
-        from verl_core.tasks import ensure_arith_data
+    """A parquet path for ``path``; ``builtin:<task>`` (see ``verl_core.tasks.BUILTIN``) is written once."""
+    if path.startswith("builtin:"):
+        from verl_core.tasks import ensure_builtin_data
         from verl_core.tiny_model import cache_root
 
-        return str(ensure_arith_data(cache_root())[0 if split == "train" else 1])
-    if path.startswith("builtin:"):
-        raise ConfigError(f"{key}={path!r}: unknown built-in dataset (known: builtin:arith)")
+        return str(ensure_builtin_data(path.removeprefix("builtin:"), cache_root(), key)[0 if split == "train" else 1])
     return path
 
 
@@ -90,6 +97,27 @@ def _stats(prefix: str, x: torch.Tensor, mask: torch.Tensor | None = None) -> di
     if v.numel() == 0:
         return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
     return {f"{prefix}/mean": float(v.float().mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
+
+
+def validation_metrics(scores: np.ndarray, sources: list[str]) -> dict[str, float]:
+    """verl's per-source validation metrics (``process_validation_metrics`` in ``verl/trainer/ppo/metric_utils.py``)
+    for ``scores`` (prompts, n), the n samples of each prompt, and each prompt's data source:
+
+        val-core/<source>/reward/mean@n   mean over the source's prompts of the prompt's mean score
+        val-aux/<source>/reward/std@n     mean over its prompts of the std (ddof 0) across the prompt's n samples
+                                          (only when n > 1)
+
+    Unlike ``eval/reward_std`` (the spread over all samples of all prompts), ``std@n`` is 0 when each prompt's
+    samples agree, however much the prompts differ.
+    """
+    n = scores.shape[1]
+    m: dict[str, float] = {}
+    for src in sorted(set(sources)):
+        rows = scores[[i for i, s in enumerate(sources) if s == src]]  # (prompts of src, n)
+        m[f"val-core/{src}/reward/mean@{n}"] = float(rows.mean(axis=1).mean())
+        if n > 1:
+            m[f"val-aux/{src}/reward/std@{n}"] = float(rows.std(axis=1).mean())
+    return m
 
 
 class PPOTrainer:
@@ -168,7 +196,7 @@ class PPOTrainer:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device)
         if train and self.cfg.actor_rollout_ref.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        model.eval()  # dropout off throughout, as in verl
+        model.eval()  # dropout off throughout, as in verl (the actor's updates too: workers.disable_dropout)
         if not train:
             model.requires_grad_(False)
         return model  # type: ignore[no-any-return]
@@ -235,14 +263,15 @@ class PPOTrainer:
             raw_scores = self._score(pb, None, r.n, batch)
             batch["token_level_scores"] = token_level_scores(raw_scores / cfg.reward_model.temperature, mask)
         metrics: dict[str, Any] = {}
+        agg = arr.actor.loss_agg_mode  # actor/entropy is aggregated like the loss, as verl
         if rollout_log_probs is not None:  # reuse_log_probs: the decode steps' own log-probs, no forward
             batch["old_log_probs"] = rollout_log_probs * mask
-            metrics["actor/entropy"] = float(algos.masked_mean(self.rollout.last_entropy, mask))  # type: ignore
+            metrics["actor/entropy"] = float(algos.agg_loss(self.rollout.last_entropy, mask, agg))  # type: ignore
         elif self.recompute_old_log_prob:
             with timer("old_log_prob"):
                 batch["old_log_probs"], entropy = self.actor.compute_log_prob(batch, sizes.log_prob_micro_samples)
             assert entropy is not None
-            metrics["actor/entropy"] = float(algos.masked_mean(entropy, mask))
+            metrics["actor/entropy"] = float(algos.agg_loss(entropy, mask, agg))
         if self.ref is not None:
             with timer("ref"):
                 batch["ref_log_probs"], _ = self.ref.compute_log_prob(batch, sizes.ref_micro_samples,
@@ -256,9 +285,11 @@ class PPOTrainer:
             with timer("update_critic"):
                 metrics.update(self.critic.update(batch, sizes.critic_mini_samples, sizes.critic_micro_samples,
                                                   sizes.critic_epochs, gen))
-        with timer("update_actor"):
+        with timer("update_actor"), UtilizationSampler(enabled=self.cuda) as util:
             metrics.update(self.actor.update(batch, sizes.actor_mini_samples, sizes.actor_micro_samples,
                                              arr.actor.ppo_epochs, gen))
+        if util.mean() is not None:  # NVML: mean GPU utilization over the actor update (the guide's actor_gpu_util)
+            metrics["perf/actor_gpu_util"] = util.mean()
         with timer("update_weights"):
             self.rollout.sync_weights(self.actor.model)
         sync_diff = getattr(self.rollout, "last_sync_logprob_diff", None)
@@ -331,6 +362,7 @@ class PPOTrainer:
         m["perf/cpu_memory_used_gb"] = psutil.Process().memory_info().rss / 1024**3
         if self.cuda:
             m["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 1024**3
+            m.update(gpu_utilization(0))  # perf/gpu_util, perf/gpu_mem_util, perf/gpu_memory_used_gb ({} w/o NVML)
         return m
 
     # ------------------------------------------------------------------ validation
@@ -340,9 +372,9 @@ class PPOTrainer:
         params = SamplingParams(vk.n, vk.temperature, vk.top_p, vk.top_k, vk.do_sample,
                                 self.cfg.data.max_response_length)
         bs = self.cfg.data.val_batch_size or len(self.val_data)
-        scores: list[float] = []
+        scores: list[float] = []  # prompt i's vk.n samples at i*n .. i*n+n-1
         lengths: list[float] = []
-        sources: list[str] = []
+        sources: list[str] = []  # one per prompt
         prompts: list[str] = []
         texts: list[str] = []
         examples: list[Example] = []
@@ -356,7 +388,7 @@ class PPOTrainer:
                 batch_texts = self._decode(batch["responses"], batch["response_mask"])
                 scores += self._score(pb, batch_texts, vk.n, batch).tolist()
                 lengths += batch["response_mask"].sum(-1).tolist()
-                sources += [e.data_source for e in pb.examples for _ in range(vk.n)]
+                sources += [e.data_source for e in pb.examples]
                 examples += [e for e in pb.examples for _ in range(vk.n)]
                 texts += batch_texts
             prompts = [e.prompt_text for e in examples]
@@ -368,9 +400,7 @@ class PPOTrainer:
         arr = np.asarray(scores, dtype=np.float64)
         m: dict[str, Any] = {"eval/reward_mean": float(arr.mean()), "eval/reward_std": float(arr.std()),
                              "eval/response_length_mean": float(np.mean(lengths))}
-        for src in sorted(set(sources)):
-            sel = [s for s, ds in zip(scores, sources) if ds == src]
-            m[f"val-core/{src}/reward/mean@{vk.n}"] = float(np.mean(sel))
+        m.update(validation_metrics(arr.reshape(len(sources), vk.n), sources))
         m.update({f"eval/{k}": v for k, v in extra.items()})
         m["timing_s/testing"] = time.perf_counter() - t0
         return m

@@ -84,7 +84,7 @@ def test_early_stopping_with_the_real_trainer(tmp_path: Path, studies: Path) -> 
 
 
 FAILURES = {
-    "oom": ({"memory_limit_gb": 0.15}, {}, None),
+    "oom": ({"memory_limit_gb": 0.15, "preflight": False}, {}, None),  # the cap itself (pre-flight: below)
     "timeout": ({"timeout_s": 3}, {"trainer.total_training_steps": 500}, None),
     "crash": ({}, {}, "no such file"),
 }
@@ -155,3 +155,49 @@ def test_pareto_study_with_the_real_trainer(tmp_path: Path, studies: Path) -> No
     best = run_cli(["best", "--study", "mo"], studies)
     assert best.returncode == 0, best.stderr
     assert "latency (min)" in best.stdout and len(best.stdout.strip().splitlines()) == len(front) + 1
+
+
+# ----------------------------------------------------------------------------- pre-flight memory check
+def test_preflight_skips_a_trial_predicted_not_to_fit(tmp_path: Path, studies: Path) -> None:
+    """Estimates (tiny_arith, 0.6 GB cap, 10% margin): response length 4 -> 0.51 GB fits, 512 -> 0.70 GB does not."""
+    params = {"response_length": {"key": "data.max_response_length", "type": "categorical", "choices": [4, 512]}}
+    space = real_space(tmp_path, steps=2, params=params, trial={"memory_limit_gb": 0.6, "n_jobs": 1},
+                       study={"n_trials": 4, "sampler": {"type": "random", "seed": 3}})
+    res = run_cli(["search", "--space", str(space)], studies)
+    assert res.returncode == 0, res.stderr
+    trials = load(studies, "real").trials
+    doomed = [t for t in trials if t.params["response_length"] == 512]
+    assert doomed and len(doomed) < len(trials), [t.params for t in trials]
+    for t in doomed:
+        assert t.user_attrs["fail_reason"] == "predicted_oom" and t.value == float("-inf")
+        assert t.user_attrs["predicted_memory_gb"] > 0.6 >= t.user_attrs["memory_budget_gb"]
+        assert "exit_code" not in t.user_attrs  # never launched
+        assert (t.datetime_complete - t.datetime_start).total_seconds() < 1.0
+        assert "update_actor" in (studies / "real" / "trials" / str(t.number) / "memory_estimate.txt").read_text()
+    for t in trials:
+        if t.params["response_length"] == 4:
+            assert t.state == TrialState.COMPLETE and "fail_reason" not in t.user_attrs
+
+
+def test_a_space_where_nothing_fits_is_refused_before_the_study(tmp_path: Path, studies: Path) -> None:
+    space = real_space(tmp_path, trial={"memory_limit_gb": 0.3})
+    res = run_cli(["search", "--space", str(space)], studies)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "every corner of the space is predicted not to fit" in res.stderr and "framework baseline" in res.stderr
+    assert not (studies / "real.db").exists()
+
+
+def validate(space: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "hpo", "validate", "--space", str(space)], cwd=ROOT, env=cli_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_validate_space(tmp_path: Path, studies: Path) -> None:
+    ok = validate(real_space(tmp_path))
+    assert ok.returncode == 0 and ok.stdout.strip().endswith("All checks passed"), ok.stderr
+    assert ok.stdout.count("corner ") >= 4 and "TOTAL (peak)" in ok.stdout
+    bad = validate(real_space(tmp_path, trial={"memory_limit_gb": 0.3}))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "predicted not to fit" in bad.stderr
+    broken = validate(real_space(tmp_path, overrides={"data.train_batch_size": 7}))
+    assert broken.returncode == 2 and broken.stderr.count("\n") == 1 and "train_batch_size" in broken.stderr
+    assert not studies.exists()

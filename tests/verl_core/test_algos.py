@@ -30,6 +30,7 @@ from verl_core.algos import (
     kl_penalty,
     kl_threshold_mask,
     logprobs_from_logits,
+    loss_normalizer,
     masked_mean,
     masked_sum,
     masked_var,
@@ -347,7 +348,8 @@ def test_micro_batches_with_normalizer_add_up_to_full_batch(gen: torch.Generator
     full = agg_loss(loss_mat(slice(None)), mask, mode)
     (full_grad,) = torch.autograd.grad(full, w)
 
-    normalizer = float(mask.sum()) if mode == "token-mean" else float(bs)
+    normalizer = loss_normalizer(mask, mode)
+    assert normalizer == (float(mask.sum()) if mode == "token-mean" else float(bs))
     chunks = [slice(0, 3), slice(3, 5), slice(5, 8)]
     micro = sum(agg_loss(loss_mat(c), mask[c], mode, normalizer=normalizer) for c in chunks)
     assert isinstance(micro, torch.Tensor)
@@ -358,6 +360,47 @@ def test_micro_batches_with_normalizer_add_up_to_full_batch(gen: torch.Generator
     # the plain average of micro-batch means is a different (length-biased) number
     naive = sum(agg_loss(loss_mat(c), mask[c], mode) for c in chunks) / len(chunks)
     assert not torch.isclose(torch.as_tensor(naive), full)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_fully_masked_rows_do_not_count(gen: torch.Generator, mode: str) -> None:
+    """A row with no token in the mask changes neither the loss nor the normalizer (verl's seq-mean modes)."""
+    loss = torch.randn(3, 4, generator=gen, dtype=D)
+    mask = _padded_mask([4, 2, 3], 4)
+    with_empty = torch.cat([loss, torch.full((1, 4), 7.0, dtype=D)])
+    empty_mask = torch.cat([mask, torch.zeros(1, 4, dtype=D)])
+    _close(agg_loss(with_empty, empty_mask, mode), agg_loss(loss, mask, mode))
+    assert loss_normalizer(empty_mask, mode) == loss_normalizer(mask, mode)
+    assert loss_normalizer(mask, mode) == (9.0 if mode == "token-mean" else 3.0)
+    _close(agg_loss(with_empty, empty_mask, mode, loss_normalizer(empty_mask, mode)), agg_loss(loss, mask, mode))
+    # nothing at all: 0 (not NaN), normalizer 1
+    _close(agg_loss(loss, torch.zeros_like(mask), mode), 0.0)
+    assert loss_normalizer(torch.zeros_like(mask), mode) == 1.0
+    with pytest.raises(ValueError, match="seq-sum"):
+        loss_normalizer(mask, "seq-sum")
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_policy_loss_token_mask_drops_tokens_without_reweighting(gen: torch.Generator, mode: str) -> None:
+    """``token_mask`` (the KL-threshold filter): filtered tokens add 0 and still count in the denominator, so a
+    filter over tokens with zero advantage changes nothing; metrics are over the kept tokens."""
+    old = torch.randn(3, 5, generator=gen, dtype=D)
+    logp = old + 0.5 * torch.randn(3, 5, generator=gen, dtype=D)
+    adv = torch.randn(3, 5, generator=gen, dtype=D)
+    mask = _padded_mask([5, 3, 4], 5)
+    keep = mask.clone()
+    keep[0, 1] = keep[2, 3] = keep[1, 0] = 0.0
+    loss, clipfrac, ppo_kl, _ = compute_policy_loss(old, logp, adv, mask, loss_agg_mode=mode, token_mask=keep)
+    full, *_ = compute_policy_loss(old, logp, adv * keep, mask, loss_agg_mode=mode)
+    _close(loss, full)
+    ratio = (logp - old).exp()
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    _close(loss, agg_loss(per_token * keep, mask, mode))
+    _close(clipfrac, masked_mean((-adv * ratio.clamp(0.8, 1.2) > -adv * ratio).to(D), keep))
+    _close(ppo_kl, masked_mean(old - logp, keep))
+    # no token_mask: the response mask
+    _close(compute_policy_loss(old, logp, adv, mask, loss_agg_mode=mode, token_mask=mask)[0],
+           compute_policy_loss(old, logp, adv, mask, loss_agg_mode=mode)[0])
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -84,6 +84,11 @@ def test_overrides_are_typed() -> None:
     ("actor_rollout_ref.actor.ppo_mini_batch_size=128",
      "actor_rollout_ref.actor.ppo_mini_batch_size=128 is larger than data.train_batch_size=64"),
     ("algorithm.gamma=1.5", "algorithm.gamma=1.5 must be in [0, 1]"),
+    ("actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.temperature=0.0 must be > 0"),
+    ("actor_rollout_ref.rollout.val_kwargs.temperature=0",
+     "actor_rollout_ref.rollout.val_kwargs.temperature=0.0 must be > 0 with val_kwargs.do_sample=true"),
+    ("actor_rollout_ref.rollout.val_kwargs.temperature=-1",
+     "actor_rollout_ref.rollout.val_kwargs.temperature=-1.0 must be > 0 with val_kwargs.do_sample=true"),
     ("noequals", "expected key=value"),
 ])
 def test_bad_overrides_are_one_line_errors(override: str, needle: str) -> None:
@@ -105,6 +110,42 @@ def test_reuse_log_probs_needs_the_fast_hf_decoder(other: str) -> None:
 def test_grpo_needs_groups() -> None:
     with pytest.raises(ConfigError, match="rollout.n=1 must be > 1"):
         load_config("tiny_arith", ["algorithm.adv_estimator=grpo"])
+
+
+def test_dynamic_gamma_with_grpo_is_an_error() -> None:
+    """GRPO does not discount: a gamma schedule there would silently do nothing."""
+    grpo = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4"]
+    with pytest.raises(ConfigError) as info:
+        load_config("tiny_arith", [*grpo, "algorithm.dynamic_gamma.enable=true"])
+    assert str(info.value) == ("algorithm.dynamic_gamma.enable=true has no effect with "
+                               "algorithm.adv_estimator=grpo (only gae discounts)")
+    load_config("tiny_arith", grpo)
+    load_config("tiny_arith", ["algorithm.dynamic_gamma.enable=true"])
+
+
+def test_greedy_validation_ignores_its_temperature() -> None:
+    """verl's validation default (greedy, temperature 0) is valid; sampling at temperature 0 is not."""
+    cfg = load_config(None)
+    vk = cfg.actor_rollout_ref.rollout.val_kwargs
+    assert (vk.do_sample, vk.temperature, vk.n) == (False, 0.0, 1)
+    load_config("tiny_arith", ["actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+                               "actor_rollout_ref.rollout.val_kwargs.temperature=0"])
+
+
+def test_defaults_follow_verl() -> None:
+    cfg = load_config(None)
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)
+    assert cfg.critic.optim.lr == pytest.approx(1e-5)
+    assert cfg.actor_rollout_ref.actor.shuffle is False
+    assert load_config("tiny_arith").actor_rollout_ref.actor.shuffle is True  # documented in the YAML
+
+
+def test_val_aux_metrics_need_several_validation_samples() -> None:
+    from verl_core.config import produces_metric
+
+    metric = "val-aux/synthetic/arith/reward/std@4"
+    assert not produces_metric(load_config("tiny_arith"), metric)
+    assert produces_metric(load_config("tiny_arith", ["actor_rollout_ref.rollout.val_kwargs.n=4"]), metric)
 
 
 def test_bad_yaml_file_names_file_and_key(tmp_path: Path) -> None:

@@ -104,6 +104,60 @@ def test_tiny_arith_greedy_equals_generate_before_and_after_an_update(tiny_model
     assert torch.equal(after, _hf_greedy(model, enc.input_ids, enc.attention_mask, 8, tok.eos_token_id))
 
 
+@pytest.mark.parametrize("fast_decode", [True, False])
+def test_greedy_at_temperature_zero_equals_generate(tiny_model_dir: Path, fast_decode: bool) -> None:
+    """verl's validation default (do_sample=false, temperature=0): greedy never divides by the temperature,
+    on the fast decoder and on the transformers-generate fallback alike (which must not warn about it)."""
+    import warnings
+
+    tok, model, engine, enc = _tiny_arith_engine(tiny_model_dir, 40)
+    engine.fast_decode = fast_decode
+    want = _hf_greedy(model, enc.input_ids, enc.attention_mask, 8, tok.eos_token_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = engine.generate(enc.input_ids, enc.attention_mask,
+                              SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=8))
+    assert engine.backend == ("fast" if fast_decode else "generate")
+    assert torch.equal(got, want)
+    assert len(set(want[:, 0].tolist())) > 1  # real, prompt-dependent answers (not argmax 0 everywhere)
+
+
+def test_generate_fallback_greedy_ignores_the_models_sampling_defaults() -> None:
+    """A checkpoint whose generation_config samples (as Qwen's do): greedy through transformers generate stays
+    greedy, and transformers does not log that temperature/top_p/top_k "may be ignored"."""
+    import logging
+
+    from transformers import GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    model = _model("qwen2")
+    ids, mask = _prompts(4, 5)
+    want = _hf_greedy(model, ids, mask, 6, eos=1)
+    model.generation_config = GenerationConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, pad_token_id=PAD)
+    engine = HFRollout(model, PAD, 1, contextlib.nullcontext, fast_decode=False)
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    hf_logger = hf_logging.get_logger()
+    hf_logger.addHandler(handler)
+    try:
+        got = engine.generate(ids, mask, SamplingParams(do_sample=False, temperature=0.0, max_new_tokens=6))
+    finally:
+        hf_logger.removeHandler(handler)
+    assert engine.backend == "generate" and torch.equal(got, want)
+    assert not [m for m in messages if "may be ignored" in m or "do_sample" in m], messages
+
+
+def test_sampling_at_temperature_zero_is_refused() -> None:
+    logits = torch.randn(4, 10)
+    assert torch.equal(sample_next(logits, 0.0, -1, 1.0, False), logits.argmax(-1))
+    with pytest.raises(ValueError, match="temperature=0.0"):
+        sample_next(logits, 0.0, -1, 1.0, True)
+    ids, mask = _prompts(2, 3)
+    with pytest.raises(ValueError, match="temperature=0.0"):
+        FastDecoder(_model("qwen2")).generate(ids, mask, 2, eos_id=1, pad_id=PAD, do_sample=True, temperature=0.0)
+
+
 def test_unsupported_models_fall_back_to_generate() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -89,12 +91,11 @@ def test_resume_after_kill_matches_uninterrupted_run(tiny_model_dir: Path, tmp_p
     assert (tmp_path / "ck_int" / "global_step_6" / "actor" / "huggingface" / "config.json").is_file()
 
 
-def test_grpo_with_kl_loss_filter_and_dynamic_gamma(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_grpo_with_kl_loss_and_filter(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = run_trainer(["train", "--metrics-file", "m.jsonl", "trainer.total_training_steps=3", *FAST,
                        "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
                        "algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=true",
-                       "actor_rollout_ref.actor.kl_threshold=1e-6", "algorithm.dynamic_gamma.enable=true",
-                       "algorithm.dynamic_gamma.var_threshold=0.001", "algorithm.dynamic_gamma.min_gamma=0.5"],
+                       "actor_rollout_ref.actor.kl_threshold=1e-6"],
                       tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = read_metrics(tmp_path / "m.jsonl")
@@ -103,8 +104,19 @@ def test_grpo_with_kl_loss_filter_and_dynamic_gamma(tiny_model_dir: Path, tmp_pa
     # step 1: actor == reference, nothing filtered; afterwards the tiny threshold filters tokens out
     assert rows[0]["data"]["actor/kl_filtered_frac"] == 0.0
     assert rows[-1]["data"]["actor/kl_filtered_frac"] > 0.0
+    assert rows[-1]["data"]["actor/kl_loss"] > 0.0  # the filtered tokens keep their KL loss
+
+
+def test_dynamic_gamma(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = run_trainer(["train", "--metrics-file", "m.jsonl", "trainer.total_training_steps=2", *FAST,
+                       "algorithm.dynamic_gamma.enable=true", "algorithm.dynamic_gamma.var_threshold=0.001",
+                       "algorithm.dynamic_gamma.min_gamma=0.5"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = read_metrics(tmp_path / "m.jsonl")
     # binary rewards near p~0.3 have variance >> 2 * 0.001, so gamma sits at its floor
     assert rows[-1]["data"]["algorithm/gamma"] == pytest.approx(0.5)
+    assert rows[-1]["data"]["actor/grad_norm_nonfinite_steps"] == 0.0
+    assert rows[-1]["data"]["critic/grad_norm_nonfinite_steps"] == 0.0
 
 
 def test_on_policy_grpo_skips_the_old_log_prob_pass(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -202,3 +214,74 @@ def test_vllm_rollout_without_vllm_is_a_one_line_install_hint(tmp_path: Path) ->
                        "trainer.total_training_steps=1"], tmp_path)
     assert out.returncode == 2
     assert "make install-vllm" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def _trainer(*overrides: str) -> Any:
+    """An in-process trainer on tiny_arith, without the toxicity and latency evaluators."""
+    from verl_core.config import load_config
+    from verl_core.trainer import PPOTrainer
+
+    return PPOTrainer(load_config("tiny_arith", ["evaluation.toxicity.enable=false", "evaluation.latency.enable=false",
+                                                 "trainer.total_training_steps=1", *overrides]))
+
+
+def _no_timing(m: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in m.items() if not k.startswith("timing_s/")}
+
+
+def test_greedy_validation_at_temperature_zero_equals_generate(tiny_model_dir: Path) -> None:
+    """verl's validation default (do_sample=false, temperature=0): the fast decoder's greedy answers are scored
+    exactly as transformers generate(do_sample=False)'s (the decode loop divided the logits by 0 before)."""
+    trainer = _trainer("actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+                       "actor_rollout_ref.rollout.val_kwargs.temperature=0")
+    fast = trainer.validate(0)
+    assert trainer.rollout.backend == "fast"
+    trainer.rollout.fast_decode = False
+    generate = trainer.validate(0)
+    assert trainer.rollout.backend == "generate"
+    assert _no_timing(fast) == _no_timing(generate)
+    assert fast["eval/reward_mean"] > 0.3  # the warm-started model is mostly right greedily
+    assert fast["val-core/synthetic/arith/reward/mean@1"] == fast["eval/reward_mean"]
+    assert not [k for k in fast if k.startswith("val-aux/")]  # one sample per prompt: no spread
+
+
+def test_validation_metrics_as_verl() -> None:
+    """verl's process_validation_metrics: per-prompt mean and std (ddof 0) over its n samples, averaged over
+    the prompts of each data source; std only when n > 1."""
+    from verl_core.trainer import validation_metrics
+
+    scores = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
+    m = validation_metrics(scores, ["a", "a", "b"])
+    assert m == {"val-core/a/reward/mean@4": 0.75, "val-aux/a/reward/std@4": 0.25,
+                 "val-core/b/reward/mean@4": 0.25, "val-aux/b/reward/std@4": pytest.approx(0.4330127, abs=1e-7)}
+    assert validation_metrics(np.array([[1.0], [0.0]]), ["a", "a"]) == {"val-core/a/reward/mean@1": 0.5}
+
+
+def test_sampled_validation_logs_the_per_prompt_spread(tiny_model_dir: Path) -> None:
+    trainer = _trainer("actor_rollout_ref.rollout.val_kwargs.n=4", "data.val_max_samples=24")
+    m = trainer.validate(0)
+    mean, std = m["val-core/synthetic/arith/reward/mean@4"], m["val-aux/synthetic/arith/reward/std@4"]
+    assert mean == pytest.approx(m["eval/reward_mean"], abs=1e-12)
+    assert 0 < std <= m["eval/reward_std"]  # within-prompt spread <= spread over all samples
+
+
+def test_checkpoint_loads_onto_any_device(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The checkpoint is read onto the CPU (RNG states must stay CPU byte tensors) whatever the trainer's device:
+    a trainer claiming the 'meta' device stands in for CUDA here (loading with map_location=<device> failed)."""
+    from verl_core.checkpoint import load_checkpoint, save_checkpoint
+
+    trainer = _trainer()
+    trainer.global_step = 3
+    torch.manual_seed(123)
+    saved_rng = torch.get_rng_state()
+    weights = {k: v.clone() for k, v in trainer.actor.model.state_dict().items()}
+    path = save_checkpoint(trainer, tmp_path / "ck", 3)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for p in trainer.actor.model.parameters():
+            p.add_(1.0)
+    trainer.device = torch.device("meta")
+    assert load_checkpoint(trainer, path) == 3
+    assert torch.equal(torch.get_rng_state(), saved_rng)
+    for k, v in trainer.actor.model.state_dict().items():
+        assert v.device.type == "cpu" and torch.equal(v, weights[k]), k
