@@ -11,7 +11,7 @@ N_TRIALS ?=
 STORAGE ?=
 PYTEST_ARGS ?=
 
-.PHONY: install install-vllm test-vllm search resume best dashboard test test-fast lint typecheck \
+.PHONY: install install-vllm test-vllm search resume best dashboard test test-slow test-fast lint typecheck \
 	bench bench-smoke bench-venvs gpu-check gpu-check-dry
 
 $(STAMP): pyproject.toml
@@ -53,11 +53,15 @@ best: $(STAMP)
 dashboard: $(STAMP)
 	$(VENV)/bin/verl-hpo dashboard --study $(or $(STUDY),$(SPACE)) $(if $(STORAGE),--storage $(STORAGE))
 
+# `make test`: everything but the `slow` suites (chaos with killed workers, the pretrained model, real verl
+# configs), ~15 min on 2 cores; `make test-slow` runs those (CI runs both, see .ci/run).
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" --durations=15 $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow --durations=15 $(PYTEST_ARGS)
+
+test-fast: test
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check verl_core hpo tests benchmarks

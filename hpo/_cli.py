@@ -236,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             spaces_dir = Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
             space = load_space(args.space, list(args.override), spaces_dir)
-            return validate_space(space, resolve_devices(space.trial), sys.stdout)
+            return validate_space(space, resolve_devices(space.trial, launching=False), sys.stdout)
         if args.cmd == "search":
             overrides = list(args.override)
             if args.n_trials is not None:

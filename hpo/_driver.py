@@ -66,6 +66,15 @@ from hpo._runner import ENV_DRIVER, ENV_STUDY, ENV_TRIAL, TrialProcess, is_finit
 from hpo._space import EarlyStopping, PrunerSpec, SamplerSpec, Space, SpaceError, TrialSpec, space_from_stored
 from hpo._storage import check_study_name, mask_url, open_storage, study_exists
 from hpo._trust import experiment_digest
+from hpo._verl import (
+    default_python,
+    resume_checkpoints,
+    verl_argv,
+    verl_cleanup,
+    verl_env,
+    verl_metrics_path,
+    verl_overrides,
+)
 
 ATTR_SPACE = "hpo:space"
 ATTR_SOURCE = "hpo:source"
@@ -112,11 +121,14 @@ class _TrialStop(threading.Event):
 
 
 # ----------------------------------------------------------------------------- devices
-def resolve_devices(spec: TrialSpec, override: Sequence[str] | None = None) -> list[str]:
+def resolve_devices(spec: TrialSpec, override: Sequence[str] | None = None, launching: bool = True) -> list[str]:
     """The devices trials may use (``--devices``, else ``trial.devices``, else detected); SpaceError when a
     trial needs more than there are."""
     devices = list(override) if override is not None else (
         list(spec.devices) if spec.devices is not None else detect_devices())
+    if spec.is_verl and not devices and launching:
+        raise SpaceError("trial.backend=verl needs a CUDA GPU per trial (verl 0.9.1 has no CPU platform; a trial "
+                         "would hang until trial.timeout_s) and none is visible; check it here with verl-hpo validate")
     if devices and spec.gpus_per_trial > len(devices):
         raise SpaceError(f"trial.gpus_per_trial={spec.gpus_per_trial} but only {len(devices)} device(s) are "
                          f"available ({','.join(devices)})")
@@ -343,6 +355,9 @@ class Driver:
         return cmd
 
     def trainer_overrides(self, values: dict[str, Any], trial_dir: Path) -> list[str]:
+        if self.space.trial.is_verl:  # hydra syntax; the driver's own keys are added by verl_argv
+            return verl_overrides(self.space.overrides, {p.key: values[p.name] for p in self.space.params
+                                                          if p.name in values})
         overrides = self.space.trainer_overrides(values)
         if self.space.trial.is_default_command:
             overrides.append(f"trainer.default_local_dir={trial_dir / 'checkpoints'}")
@@ -411,12 +426,16 @@ class Driver:
     def objective(self, trial: Trial, lost: threading.Event) -> float | list[float]:
         """Run one trial's process to its outcome: values to tell, or TrialPruned / TrialFailed /
         TrialInterrupted / TrialLost (``lost``: another driver finished this trial, taking us for dead)."""
-        retry_of = self._frozen(trial.number).system_attrs.get("failed_trial")
+        system = self._frozen(trial.number).system_attrs
+        retry_of = system.get("failed_trial")
         values = {p.name: _suggest(trial, p) for p in self.space.params}
         if self.stop_event.is_set():
             self._interrupt(trial)
         trial_dir = self.fresh_trial_dir(trial.number)
-        metrics = trial_dir / "metrics.jsonl"
+        spec = self.space.trial
+        history = list(system.get("retry_history", []))
+        attempt = len(history)  # verl: each attempt its own metrics file (its FileLogger truncates)
+        metrics = verl_metrics_path(trial_dir, attempt) if spec.is_verl else trial_dir / "metrics.jsonl"
         overrides = self.trainer_overrides(values, trial_dir)
         argv = [*self.command(), "--config", self.space.config, "--metrics-file", str(metrics), *overrides]
         trial.set_user_attr("trial_dir", str(trial_dir))
@@ -438,6 +457,11 @@ class Driver:
                 return self._fail(trial, "predicted_oom", f"predicted {pred.problem} ({pred.budget_source})", "")
         try:
             env = self.trial_env(trial, devices, metrics)
+            if spec.is_verl:  # a retry continues from the first attempt's last checkpoint (resume_mode=auto)
+                resume = resume_checkpoints(self.trials_dir, history)
+                argv = verl_argv(spec.python or default_python(self.cwd), self.space.config, overrides,
+                                 self.study.study_name, trial.number, trial_dir, len(devices), resume)
+                env = verl_env(env, trial_dir, attempt)
             self.write_trial_files(trial_dir, argv, env, overrides, values)
             mem = [0.0]
 
@@ -449,13 +473,14 @@ class Driver:
                 self.reporter.trial_tick(trial.number, step, total, gb)
 
             watch = _Watch(trial, self.space, total, on_eval)
-            spec = self.space.trial
             proc = TrialProcess(argv=argv, env=env, log_dir=trial_dir, metrics_path=metrics, cwd=self.cwd,
                                 timeout_s=spec.timeout_s, memory_limit_gb=spec.memory_limit_gb,
                                 on_metrics=watch, on_tick=on_tick, stop_event=_TrialStop(self.stop_event, lost))
             result = proc.run()
         finally:
             self.pool.release(devices)
+            if spec.is_verl:  # Ray's scratch dir (sockets, spilled objects) goes; its logs are copied to the trial
+                verl_cleanup(trial_dir, attempt, keep_logs=True)
         if lost.is_set():
             raise TrialLost(f"trial {trial.number} was finished by another driver while it ran here")
         attrs: dict[str, Any] = {

@@ -109,6 +109,11 @@ def validate_space(space: Space, devices: Sequence[str], out: Any) -> int:
     from verl_core.config import ConfigError, load_config
     from verl_core.validate import best_practice_warnings
 
+    if space.trial.is_verl:
+        print(f"{space.source}: every corner composed and checked with verl's own config code "
+              f"({space.trial.python or 'the verl venv'}); no memory estimate for verl configs yet", file=out)
+        print("All checks passed", file=out)
+        return 0
     if not space.trial.is_default_command:
         print(f"{space.source}: trial.command is not the default trainer: only the space itself was checked",
               file=out)

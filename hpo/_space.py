@@ -96,6 +96,11 @@ class StudySpec:
 
 @dataclass(frozen=True)
 class TrialSpec:
+    backend: str = field(default="verl_core", metadata=_meta(
+        "Trainer: verl_core (python -m verl_core train) or verl (python -m verl.trainer.main_ppo in trial.python, "
+        "hydra overrides; see hpo/_verl.py).", ("verl_core", "verl")))
+    python: str | None = field(default=None, metadata=_meta(
+        "backend verl: verl's interpreter; null = .venv-verl/bin/python (make install-verl) when it exists."))
     command: tuple[str, ...] = field(default=DEFAULT_COMMAND, metadata=_meta("Trainer argv prefix."))
     prepare_command: tuple[str, ...] | None = field(default=None, metadata=_meta("Run once before trials."))
     n_jobs: int = field(default=1, metadata=_meta("Trials run in parallel."))
@@ -113,7 +118,12 @@ class TrialSpec:
 
     @property
     def is_default_command(self) -> bool:
-        return tuple(self.command) == DEFAULT_COMMAND
+        """The verl_core trainer: its config is checked, estimated and prepared by the driver."""
+        return self.backend == "verl_core" and tuple(self.command) == DEFAULT_COMMAND
+
+    @property
+    def is_verl(self) -> bool:
+        return self.backend == "verl"
 
 
 @dataclass(frozen=True)
@@ -470,6 +480,13 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
         raise ctx.error("study.pruner.type", f"{sections['study'].pruner.type!r} is not supported with objective "
                         "mode pareto (Optuna cannot report multi-objective curves); use median or none")
     trial: TrialSpec = sections["trial"]
+    early: EarlyStopping = sections["early_stopping"]
+    if trial.is_verl:
+        if tuple(trial.command) != DEFAULT_COMMAND:
+            raise ctx.error("trial.command", "not used with trial.backend: verl (the command is python -m "
+                            "verl.trainer.main_ppo in trial.python)")
+        if "early_stopping" not in raw:  # verl logs a spread only with val_kwargs.n > 1: off unless asked for
+            early = EarlyStopping(enabled=False)
     for k in DRIVER_KEYS:
         if trial.is_default_command and (k in fixed or k in seen):
             raise ctx.error(f"overrides.{k}" if k in fixed else f"params.{seen[k]}.key", f"{k} is set by the driver")
@@ -478,7 +495,7 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     if trial.devices is not None and not trial.devices:
         raise ctx.error("trial.devices", "expected a non-empty list or null")
     return Space(name=name, source=source, config=config, overrides=dict(fixed), params=params,
-                 objective=objective, early_stopping=sections["early_stopping"],
+                 objective=objective, early_stopping=early,
                  study=sections["study"], trial=trial, raw=raw)
 
 
@@ -534,6 +551,13 @@ def load_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_d
     space = parse_space(raw, str(path), path.stem, origin)
     if check and space.trial.is_default_command:
         check_trainer(space, origin)
+    if check and space.trial.is_verl:
+        from hpo._verl import VerlConfigError, check_verl_space, default_python
+
+        try:
+            check_verl_space(space, space.trial.python or default_python())
+        except VerlConfigError as err:
+            raise _Ctx(space.source, origin).error(err.where, str(err)) from None
     return space
 
 

@@ -2,9 +2,10 @@
 
 A study stores its experiment in the shared storage, so that ``resume`` (and every worker joining the
 study) can run it without the file. Anyone who can write that storage can edit it, so the parts that
-decide *which programs run here* are not taken from it on trust. Those parts are the trial and prepare
-commands, the trials' extra environment, a trainer config given as a path (a YAML file can name code),
-and trainer keys that load user code (``custom_reward_function.*``, ``evaluation.custom``).
+decide *which programs run here* are not taken from it on trust. Those parts are the backend and its
+interpreter, the trial and prepare commands, the trials' extra environment, a trainer config given as a
+path (a YAML file can name code), and trainer keys that load user code (``custom_reward_function.*``,
+``evaluation.custom``; for a verl study every key, since hydra's ``_target_`` instantiates code).
 
 * A stored experiment whose executable part is the default (``python -m verl_core train`` on a shipped
   config, no extra environment, no user code) runs: its fixed overrides and parameters are trainer
@@ -42,9 +43,12 @@ def _is_shipped_config(config: str) -> bool:
 
 def executable_part(space: Space) -> dict[str, Any]:
     """What decides which programs a trial runs (see the module docstring)."""
-    code = {k: v for k, v in space.overrides.items() if k.startswith(CODE_KEY_PREFIXES)}
-    code.update({f"params.{p.name}": p.key for p in space.params if p.key.startswith(CODE_KEY_PREFIXES)})
+    verl = space.trial.is_verl  # hydra's _target_ and verl's custom reward paths load code: every key counts
+    code = {k: v for k, v in space.overrides.items() if verl or k.startswith(CODE_KEY_PREFIXES)}
+    code.update({f"params.{p.name}": p.key for p in space.params if verl or p.key.startswith(CODE_KEY_PREFIXES)})
     return {
+        "trial.backend": space.trial.backend,
+        "trial.python": space.trial.python,
         "trial.command": list(space.trial.command),
         "trial.prepare_command": None if space.trial.prepare_command is None else list(space.trial.prepare_command),
         "trial.env": dict(space.trial.env),
@@ -54,7 +58,8 @@ def executable_part(space: Space) -> dict[str, Any]:
 
 
 def is_default(part: dict[str, Any]) -> bool:
-    return (part["trial.command"] == list(DEFAULT_COMMAND)
+    return (part["trial.backend"] == "verl_core" and part["trial.python"] is None
+            and part["trial.command"] == list(DEFAULT_COMMAND)
             and part["trial.prepare_command"] in (None, list(DEFAULT_PREPARE_COMMAND))
             and not part["trial.env"] and part["config"] is None and not part["code keys"])
 
@@ -87,6 +92,7 @@ def check_stored_experiment(stored: Space, study_name: str, local_path: str | No
         if local is not None and executable_part(local) == part:
             return str(path)
     differs = [k for k in part if part[k] not in (None, {}, [])
+               and (k != "trial.backend" or part[k] != "verl_core")
                and (k != "trial.command" or part[k] != list(DEFAULT_COMMAND))
                and (k != "trial.prepare_command" or part[k] != list(DEFAULT_PREPARE_COMMAND))]
     where = f"{candidates[0]} differs" if candidates else "no local experiment file to compare with"

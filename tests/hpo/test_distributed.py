@@ -322,6 +322,7 @@ def test_grace_period_under_two_heartbeats_is_one_line(tmp_path: Path, studies: 
 
 
 # ----------------------------------------------------------------------------- chaos
+@pytest.mark.slow
 @pytest.mark.parametrize("url", [PG_URL, REDIS_URL], ids=["postgresql", "redis"])
 def test_chaos_three_workers_killed_at_random(url: str, tmp_path: Path, studies: Path, study_name: str) -> None:
     """3 workers on one study; a random worker is SIGKILLed at a random moment 5 times and restarted. At the

@@ -1,0 +1,467 @@
+"""The verl backend (hpo/_verl.py): hydra override syntax, the trial's argv and environment, metric names, resume
+from checkpoints after a kill, and the pre-flight check of a space with verl's own config code.
+
+Two kinds of verl here:
+* real verl 0.9.1 in ``.venv-verl`` (``make install-verl``) composes and validates configs (CPU only: verl 0.9.1
+  cannot train without a GPU); those tests are skipped without it;
+* ``tests/hpo/fake_verl_main_ppo.py``, a STAND-IN for ``python -m verl.trainer.main_ppo`` that behaves like it
+  toward the driver (argv, env, ``"wb"`` file logger, checkpoints, ``resume_mode=auto``), installed for these
+  tests as a package ``verl.trainer.main_ppo`` on ``PYTHONPATH`` so that the exact argv of :func:`verl_argv` runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpo import _verl
+from hpo._objective import parse_objective
+from hpo._runner import MetricsTail, TrialProcess
+from hpo._space import Space, SpaceError, TrialSpec, parse_space, read_yaml
+from hpo._verl import (
+    DRIVER_KEYS,
+    ComposedConfig,
+    VerlConfigError,
+    attempt_files,
+    check_space,
+    check_verl_metrics,
+    check_verl_space,
+    compose_corners,
+    format_override,
+    replay_records,
+    resume_checkpoints,
+    scratch_dir,
+    verl_argv,
+    verl_cleanup,
+    verl_env,
+    verl_metric_ok,
+    verl_metrics_path,
+)
+from tests.hpo.conftest import PY, ROOT
+
+VERL_PY = ROOT / ".venv-verl" / "bin" / "python"
+needs_verl = pytest.mark.skipif(not VERL_PY.exists(),
+                                reason="real verl is not installed: run `make install-verl` (creates .venv-verl)")
+STAND_IN = Path(__file__).with_name("fake_verl_main_ppo.py")
+SPACE_FILE = ROOT / "search_spaces" / "verl_grpo_gsm8k.yaml"
+VAL = "val-core/openai/gsm8k/reward/mean@1"
+
+
+def load_verl_space(path: Path = SPACE_FILE, **changes: Any) -> Space:
+    """The shipped verl space as a Space; the fields the driver adds for verl (trial.backend, trial.python) are
+    dropped while TrialSpec does not know them yet. ``changes``: raw sections replaced."""
+    raw = read_yaml(path)
+    raw.update(changes)
+    known = {f.name for f in dataclasses.fields(TrialSpec)}
+    raw["trial"] = {k: v for k, v in (raw.get("trial") or {}).items() if k in known}
+    return parse_space(raw, str(path), path.stem)
+
+
+# ----------------------------------------------------------------------------- hydra override syntax
+@pytest.mark.parametrize(("key", "value", "text"), [
+    ("actor_rollout_ref.actor.optim.lr", 1e-6, "actor_rollout_ref.actor.optim.lr=1e-06"),
+    ("data.train_batch_size", 32, "data.train_batch_size=32"),
+    ("trainer.val_before_train", False, "trainer.val_before_train=false"),
+    ("actor_rollout_ref.rollout.val_kwargs.top_k", None, "actor_rollout_ref.rollout.val_kwargs.top_k=null"),
+    ("trainer.logger", ["console", "file"], "trainer.logger=[console,file]"),
+    ("+ray_kwargs.ray_init.num_cpus", 4, "+ray_kwargs.ray_init.num_cpus=4"),
+    ("++a.b", "x", "++a.b=x"),
+    ("model.path", "Qwen/Qwen2.5-0.5B-Instruct", "model.path=Qwen/Qwen2.5-0.5B-Instruct"),
+    ("a.b", "true", "a.b='true'"),  # a string that hydra would read as a bool stays a string
+    ("a.b", "1", "a.b='1'"),
+    ("a.b", "null", "a.b='null'"),
+    ("a.b", "hello world", "a.b='hello world'"),
+    ("a.b", "it's", "a.b='it\\'s'"),
+    ("a.b", "", "a.b=''"),
+    ("a.b", "${oc.env:HOME}/x.parquet", "a.b='${oc.env:HOME}/x.parquet'"),
+    ("a.b", float("inf"), "a.b=inf"),
+    ("a.b", [1, "a,b", None], "a.b=[1,'a,b',null]"),
+])
+def test_format_override(key: str, value: Any, text: str) -> None:
+    assert format_override(key, value) == text
+
+
+@needs_verl
+def test_format_override_round_trips_through_hydras_own_parser() -> None:
+    values = [1e-6, 0.1, 3, -2, True, None, "true", "1", "1e5", "nan", "", "a b", "it's", "back\\slash", "end\\",
+              "quote\\'", "a,b", "a=b", "[x]", "{x}", "a:b", "/tmp/x-y.parquet", "${oc.env:HOME}/d", "~/x", "#x",
+              ["console", "file"], [1, [2, "a b"]], {"k": 1, "v": "x y"}, float("inf"), float("-inf")]
+    lines = [format_override("a.b", v) for v in values]
+    code = textwrap.dedent("""
+        import json, sys
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        p = OverridesParser.create()
+        print(json.dumps([repr(p.parse_override(line).value()) for line in json.load(sys.stdin)]))
+    """)
+    res = subprocess.run([str(VERL_PY), "-c", code], input=json.dumps(lines), capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == [repr(v) for v in values]
+
+
+# ----------------------------------------------------------------------------- argv and environment
+def test_verl_argv_default_config(tmp_path: Path) -> None:
+    trial_dir = tmp_path / "trials" / "3"
+    argv = verl_argv("/venv/bin/python", "ppo_trainer", ["data.train_batch_size=32", "+fake.x=0.1"], "study-a", 3,
+                     trial_dir, n_gpus=2)
+    assert argv[:3] == ["/venv/bin/python", "-m", "verl.trainer.main_ppo"]
+    assert argv[3:5] == ["data.train_batch_size=32", "+fake.x=0.1"]  # the space's, untouched, before the driver's
+    assert argv[5:] == [
+        "trainer.logger=[console,file]", "trainer.project_name=study-a", "trainer.experiment_name=trial-3",
+        f"trainer.default_local_dir={trial_dir / 'checkpoints'}", "trainer.n_gpus_per_node=2", "trainer.nnodes=1",
+        "trainer.resume_mode=auto", f"hydra.run.dir={trial_dir / 'hydra'}",
+        "++ray_kwargs.ray_init.include_dashboard=false"]
+    assert {_verl.override_key(a) for a in argv[5:]} >= set(DRIVER_KEYS)
+
+
+def test_verl_argv_user_yaml_resume_cpu_and_loggers(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    yaml_path = tmp_path / "conf" / "my_grpo.yaml"
+    yaml_path.write_text("defaults: [ppo_trainer, _self_]\n")
+    resume = tmp_path / "trials" / "0" / "checkpoints"
+    argv = verl_argv("py", str(yaml_path), ["trainer.logger=[console,wandb]",
+                                            "+ray_kwargs.ray_init.include_dashboard=true"],
+                     "s", 7, tmp_path / "trials" / "7", n_gpus=0, resume_dir=resume)
+    assert argv[3:7] == ["--config-path", str(tmp_path / "conf"), "--config-name", "my_grpo"]
+    assert "trainer.logger=[console,file,wandb]" in argv  # the space's loggers kept, file added once
+    assert sum(a.startswith("trainer.logger=") for a in argv) == 1
+    assert f"trainer.default_local_dir={resume}" in argv  # a retry continues in the first attempt's checkpoints
+    assert "trainer.n_gpus_per_node=1" in argv  # a CPU-only host: the least verl accepts
+    assert "++ray_kwargs.ray_init.include_dashboard=false" not in argv  # the space's own choice wins
+    assert verl_argv("py", "ppo_megatron_trainer", [], "s", 1, tmp_path, 1)[3:5] == ["--config-name",
+                                                                                   "ppo_megatron_trainer"]
+
+
+def test_verl_env_isolates_each_attempt(tmp_path: Path) -> None:
+    base = {"PATH": "/bin", "RAY_ADDRESS": "10.0.0.1:6379", "CUDA_VISIBLE_DEVICES": "1", "KEEP": "x"}
+    long_dir = tmp_path / ("d" * 60) / "trials" / "5"
+    first, retry = verl_env(base, long_dir, 0), verl_env(base, long_dir, 1)
+    other = verl_env(base, tmp_path / ("d" * 60) / "trials" / "6", 0)
+    assert first["VERL_FILE_LOGGER_PATH"] == str(long_dir / "metrics.jsonl")
+    assert retry["VERL_FILE_LOGGER_PATH"] == str(long_dir / "metrics.attempt1.jsonl")
+    assert len({first["RAY_TMPDIR"], retry["RAY_TMPDIR"], other["RAY_TMPDIR"]}) == 3
+    for env in (first, retry, other):
+        assert "RAY_ADDRESS" not in env  # never join a cluster someone else started
+        assert env["TMPDIR"] == env["RAY_TMPDIR"] and Path(env["RAY_TMPDIR"]).is_dir()
+        # Ray's sockets: <RAY_TMPDIR>/ray/session_<26-char date>_<7-digit pid>/sockets/plasma_store <= 107 bytes
+        assert len(env["RAY_TMPDIR"] + "/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store") <= 107
+        assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["KEEP"] == "x" and env["HYDRA_FULL_ERROR"] == "1"
+        assert env["RAY_AUTH_MODE"] == "token" and len(env["RAY_AUTH_TOKEN"]) == 64  # no ~/.ray/auth_token
+    assert base["RAY_ADDRESS"] == "10.0.0.1:6379"  # the caller's mapping is not changed
+    assert first["RAY_AUTH_TOKEN"] != other["RAY_AUTH_TOKEN"]
+    assert verl_env({"RAY_AUTH_MODE": "disabled"}, long_dir, 0).get("RAY_AUTH_TOKEN") is None  # trial.env wins
+    short = Path("/tmp/t1")
+    assert scratch_dir(short, 0) == short / "tmp" and scratch_dir(short, 2) == short / "tmp2"
+    for env, d, k in ((first, long_dir, 0), (retry, long_dir, 1), (other, tmp_path / ("d" * 60) / "trials" / "6", 0)):
+        verl_cleanup(d, k)
+        assert not Path(env["RAY_TMPDIR"]).exists()
+
+
+# ----------------------------------------------------------------------------- metric names
+@pytest.mark.parametrize(("metric", "val_n", "sources", "ok"), [
+    (VAL, None, None, True),
+    (VAL, 1, ("openai/gsm8k",), True),
+    ("val-core/openai/gsm8k/reward/mean@4", 1, None, False),  # verl logs mean@<val_kwargs.n>
+    ("val-core/openai/gsm8k/reward/mean@4", 4, None, True),
+    ("val-aux/openai/gsm8k/reward/std@4", 4, None, True),
+    ("val-aux/openai/gsm8k/reward/std@1", 1, None, False),  # no spread of one sample
+    ("val-core/openai/gsm8k/reward/std@4", 4, None, False),  # std is aux, not core
+    ("val-core/openai/gsm8k/reward/best@4/mean", 4, None, True),
+    ("val-aux/openai/gsm8k/reward/worst@2/std", 4, None, True),
+    ("val-core/openai/gsm8k/reward/best@8/mean", 4, None, False),
+    ("val-core/lighteval/MATH/reward/mean@1", 1, ("openai/gsm8k",), False),  # not a source of the data
+    ("val-aux/num_turns/mean", 1, None, True),
+    ("critic/score/mean", 1, None, True),
+    ("actor/entropy", 1, None, True),
+    ("timing_s/gen", 1, None, True),
+    ("eval/reward_mean", 1, None, False),  # verl_core's name: verl never logs it
+    ("eval/reward_std", None, None, False),
+    ("val-core/openai/gsm8k/reward/mean1", None, None, False),
+    ("val/test_score/openai/gsm8k", None, None, False),  # verl's pre-0.3 name
+    ("critic/", None, None, False),
+])
+def test_verl_metric_ok(metric: str, val_n: int | None, sources: tuple[str, ...] | None, ok: bool) -> None:
+    assert verl_metric_ok(metric, val_n, sources) is ok
+
+
+def composed(val_n: int = 1, sources: tuple[str, ...] | None = ("openai/gsm8k",)) -> ComposedConfig:
+    return ComposedConfig(val_n=val_n, data_sources=sources, total_training_steps=10, test_freq=2, save_freq=2,
+                          val_before_train=True, n_gpus=1, use_critic=False, use_reference_policy=True,
+                          adv_estimator="grpo", train_files=(), val_files=())
+
+
+def test_a_space_naming_a_metric_verl_does_not_log_is_a_one_line_error() -> None:
+    space = load_verl_space()
+    check_verl_metrics(space, composed())  # the shipped objective is verl's own validation score
+    objective = parse_objective({"metric": "eval/reward_mean"}, lambda where, msg: SpaceError(f"{where}: {msg}"))
+    bad = dataclasses.replace(space, objective=objective)
+    with pytest.raises(VerlConfigError) as err:
+        check_verl_metrics(bad, composed())
+    assert err.value.where == "objective.metric" and "'eval/reward_mean'" in str(err.value)
+    assert VAL in str(err.value) and "\n" not in str(err.value)
+    es = dataclasses.replace(space, early_stopping=dataclasses.replace(space.early_stopping, enabled=True))
+    with pytest.raises(VerlConfigError, match="val_kwargs.n=1") as err:
+        check_verl_metrics(es, composed())  # verl_core's eval/reward_std: verl logs no such spread
+    assert err.value.where == "early_stopping.metric"
+    spread = dataclasses.replace(es.early_stopping, metric="val-aux/openai/gsm8k/reward/std@4")
+    four = parse_objective({"metric": "val-core/openai/gsm8k/reward/mean@4"}, lambda w, m: SpaceError(m))
+    check_verl_metrics(dataclasses.replace(es, early_stopping=spread, objective=four), composed(val_n=4))
+    with pytest.raises(VerlConfigError, match="mean@1"):  # the objective must follow val_kwargs.n
+        check_verl_metrics(dataclasses.replace(es, early_stopping=spread), composed(val_n=4))
+
+
+# ----------------------------------------------------------------------------- real verl: compose + validate
+@pytest.mark.slow  # ~25 s on 2 cores: 24 compositions
+@needs_verl
+def test_shipped_space_composes_and_validates_with_real_verl() -> None:
+    space = load_verl_space()
+    report = check_verl_space(space, str(VERL_PY))
+    assert len(report.corners) == 2 * 2 * 2 * 3  # every joint corner of actor_lr, kl_coef, temperature, mini_batch
+    info = report.corners[0]
+    assert (info.val_n, info.adv_estimator, info.total_training_steps, info.n_gpus) == (1, "grpo", 40, 1)
+    assert info.use_reference_policy and not info.use_critic  # GRPO with a KL loss: a reference, no critic
+    assert info.val_files[0].endswith(".cache/verl_hpo/gsm8k_small/test.parquet")
+    print(f"\ncomposed {len(report.corners)} corners in {report.seconds:.1f} s (first {report.corner_seconds[0]:.1f} "
+          f"s with verl's imports, then {sum(report.corner_seconds[1:]) / (len(report.corners) - 1):.2f} s each)")
+
+
+@pytest.mark.slow  # ~16 s on 2 cores: 16 compositions
+@needs_verl
+def test_bad_corners_are_one_line_errors_naming_key_and_value() -> None:
+    base = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.use_kl_loss=true"]
+    one = ["trainer.n_gpus_per_node=1", "trainer.nnodes=1"]
+    a = "actor_rollout_ref.actor"
+    cases: list[tuple[list[str], str | None, str | None]] = [  # extra overrides, key named, text in the message
+        ([], None, None),
+        (["+ray_kwargs.ray_init.include_dashboard=false"], None, None),  # '+' adds a key verl's config lacks
+        (["ray_kwargs.ray_init.include_dashboard=false"], "ray_kwargs.ray_init.include_dashboard", "+ray_kwargs"),
+        ([f"{a}.no_such_key=1"], f"{a}.no_such_key", "is not a key of verl's config"),
+        ([f"{a}.optim.lr=[1,"], f"{a}.optim.lr", "not hydra override syntax"),
+        ([f"{a}.ppo_mini_batch_size=7"], f"{a}.ppo_mini_batch_size", "=7 does not divide data.train_batch_size=8"),
+        ([f"{a}.ppo_mini_batch_size=16"], f"{a}.ppo_mini_batch_size", "=16 is larger than data.train_batch_size=8"),
+        ([f"{a}.ppo_micro_batch_size_per_gpu=null"], f"{a}.ppo_micro_batch_size_per_gpu", "=null: set a micro"),
+        ([f"{a}.ppo_micro_batch_size_per_gpu=3"], f"{a}.ppo_micro_batch_size_per_gpu", "=3 does not divide the 8"),
+        (["trainer.n_gpus_per_node=3"], "data.train_batch_size", "16 samples is not divisible by the trial's 3 GPU"),
+        (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+         "actor_rollout_ref.rollout.tensor_model_parallel_size", "=2 does not divide the trial's 1 GPU"),
+        (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "n=1 with algorithm.adv_estimator=grpo"),
+        (["actor_rollout_ref.rollout.name=???"], "actor_rollout_ref.rollout.name", "has no value"),
+        ([f"{a}.use_dynamic_bsz=true", f"{a}.ppo_max_token_len_per_gpu=100"], f"{a}.ppo_max_token_len_per_gpu",
+         "=100 is below one full sequence"),
+        ([f"{a}.ppo_micro_batch_size=2"], None, "verl's validate_config: "),  # caught by verl's own check
+        (["actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.temperature=0"], None,
+         "validation gen temperature should be greater than 0"),
+    ]
+    report = compose_corners(str(VERL_PY), "ppo_trainer", [base + one + extra for extra, _, _ in cases], n_gpus=None)
+    for (extra, key, text), result in zip(cases, report.results, strict=True):
+        if text is None:
+            assert isinstance(result, ComposedConfig), (extra, result)
+            continue
+        assert isinstance(result, VerlConfigError), extra
+        message = str(result)
+        assert "\n" not in message and text in message, (extra, message)
+        assert result.key == key, (extra, result.key, message)
+        if key is not None:
+            assert f"{key}=" in message or f"{key} " in message, message
+    print(f"\n{len(cases)} corners in {report.seconds:.1f} s")
+
+
+@needs_verl
+def test_check_verl_space_names_the_parameter_and_the_value() -> None:
+    actor_lr = read_yaml(SPACE_FILE)["params"]["actor_lr"]
+    bad = load_verl_space(params={"actor_lr": actor_lr, "mini_batch": {
+        "key": "actor_rollout_ref.actor.ppo_mini_batch_size", "type": "categorical", "choices": [8, 12]}})
+    with pytest.raises(VerlConfigError) as err:
+        check_verl_space(bad, str(VERL_PY))
+    assert err.value.where == "params.mini_batch"
+    assert "value 12 (with actor_lr=1e-07) is rejected by verl: " in str(err.value)
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=12 does not divide data.train_batch_size=32" in str(err.value)
+    driver_key = load_verl_space(overrides={**read_yaml(SPACE_FILE)["overrides"], "trainer.nnodes": 2})
+    with pytest.raises(VerlConfigError, match="set by the driver") as err:
+        check_verl_space(driver_key, str(VERL_PY))
+    assert err.value.where == "overrides.trainer.nnodes"
+
+
+def test_no_verl_in_the_interpreter_says_make_install_verl(tmp_path: Path) -> None:
+    for python in (PY, str(tmp_path / "no-such-python")):  # the driver's venv has no verl
+        with pytest.raises(VerlConfigError, match="make install-verl") as err:
+            check_space(python, "ppo_trainer", [[]])
+        assert err.value.where == "trial.python" and "\n" not in str(err.value)
+    with pytest.raises(VerlConfigError, match="no such file"):
+        check_space(PY, str(tmp_path / "missing.yaml"), [[]])
+
+
+# ----------------------------------------------------------------------------- the data
+def test_gsm8k_format_data_is_written_where_the_config_points(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow.parquet as pq
+
+    from hpo._verl_data import main
+
+    env_dir = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(env_dir))
+    monkeypatch.setenv("VERL_HPO_TEST_DATA", str(env_dir / "d"))
+    assert main(["--config", "ppo_trainer", "data.train_files=${oc.env:VERL_HPO_TEST_DATA}/train.parquet",
+                 "data.val_files=~/d/test.parquet", "data.train_batch_size=8"]) == 0
+    assert main(["data.train_files=${oc.env:NO_SUCH_VARIABLE_HPO}/x.parquet"]) == 2
+    rows = pq.read_table(env_dir / "d" / "train.parquet").to_pylist()
+    val = pq.read_table(env_dir / "d" / "test.parquet").to_pylist()
+    assert (len(rows), len(val)) == (512, 128)
+    row = rows[0]
+    assert set(row) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+    assert row["data_source"] == "openai/gsm8k" and row["ability"] == "math"
+    assert row["prompt"][0]["role"] == "user" and row["prompt"][0]["content"].endswith('after "####".')
+    assert row["reward_model"]["style"] == "rule"
+    assert row["extra_info"]["answer"].endswith("#### " + row["reward_model"]["ground_truth"])
+    assert {r["extra_info"]["question"] for r in rows}.isdisjoint({r["extra_info"]["question"] for r in val})
+
+
+@needs_verl
+def test_verls_gsm8k_reward_scores_the_worked_answers(tmp_path: Path) -> None:
+    from hpo._verl_data import write_parquet
+
+    path = write_parquet(tmp_path / "test.parquet", "test", n=20)
+    code = textwrap.dedent("""
+        import sys, pyarrow.parquet as pq
+        from verl.utils.reward_score import default_compute_score
+        rows = pq.read_table(sys.argv[1]).to_pylist()
+        truth = [r["reward_model"]["ground_truth"] for r in rows]
+        print([default_compute_score(r["data_source"], r["extra_info"]["answer"], t) for r, t in zip(rows, truth)]
+              + [default_compute_score("openai/gsm8k", "#### 999999", truth[0])])
+    """)
+    res = subprocess.run([str(VERL_PY), "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == str([1.0] * 20 + [0.0])
+
+
+# ----------------------------------------------------------------------------- the stand-in main_ppo
+@pytest.fixture
+def fake_verl(tmp_path: Path) -> dict[str, str]:
+    """A package ``verl.trainer.main_ppo`` that runs the stand-in; the environment to find it."""
+    pkg = tmp_path / "fake-verl" / "verl" / "trainer"
+    pkg.mkdir(parents=True)
+    for d in (pkg.parent, pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "main_ppo.py").write_text(
+        f"import runpy\nrunpy.run_path({str(STAND_IN)!r}, run_name='__main__')\n")
+    return {**os.environ, "PYTHONPATH": str(tmp_path / "fake-verl")}
+
+
+def launch(fake_env: dict[str, str], trials: Path, number: int, extra: list[str],
+           history: tuple[int, ...] = ()) -> tuple[list[str], dict[str, str], Path]:
+    """What the driver does for trial ``number`` (a retry of ``history``): argv, env, its metrics file."""
+    trial_dir = trials / str(number)
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    overrides = _verl.verl_overrides({"trainer.total_training_steps": 10, "trainer.test_freq": 2,
+                                      "trainer.save_freq": 3, "+fake.step_s": 0.02}, {"+fake.x": 0.5})
+    argv = verl_argv(PY, "ppo_trainer", [*overrides, *extra], "study", number, trial_dir, n_gpus=1,
+                     resume_dir=resume_checkpoints(trials, history))
+    env = verl_env(fake_env, trial_dir, attempt=len(history))
+    return argv, env, verl_metrics_path(trial_dir, len(history))
+
+
+def steps(path: Path) -> list[int]:
+    return [s for s, _ in MetricsTail(path).read()]
+
+
+def test_stand_in_speaks_the_contract(fake_verl: dict[str, str], tmp_path: Path) -> None:
+    trials, cwd = tmp_path / "trials", tmp_path / "cwd"
+    cwd.mkdir()
+    argv, env, metrics = launch(fake_verl, trials, 0, [f"+fake.env_file={tmp_path / 'seen.json'}"])
+    res = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    records = MetricsTail(metrics).read()
+    assert [s for s, _ in records] == list(range(11))
+    assert [s for s, d in records if VAL in d] == [0, 2, 4, 6, 8, 10]
+    assert records[-1][1][VAL] == pytest.approx(1 - 0.2 ** 2)
+    assert (trials / "0" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "10"
+    assert sorted(p.name for p in (trials / "0" / "checkpoints").glob("global_step_*")) == [
+        "global_step_10", "global_step_3", "global_step_6", "global_step_9"]
+    assert (trials / "0" / "hydra" / ".hydra" / "overrides.yaml").is_file()
+    assert list(cwd.iterdir()) == []  # nothing in the driver's working directory (hydra's outputs/ included)
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["cfg"]["trainer.logger"] == ["console", "file"] and seen["cfg"]["fake.x"] == 0.5
+    assert seen["env"]["RAY_TMPDIR"] == env["RAY_TMPDIR"] and "RAY_ADDRESS" not in seen["env"]
+    assert "step:10 - " in res.stdout  # the console logger
+    # a key verl's config lacks needs '+': hydra's own error, exit 1
+    bad, env2, _ = launch(fake_verl, trials, 1, ["fake.y=1"])
+    res = subprocess.run(bad, env=env2, cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "use +fake.y=1" in res.stderr
+
+
+def test_kill_then_retry_resumes_from_the_last_checkpoint(fake_verl: dict[str, str], tmp_path: Path) -> None:
+    trials = tmp_path / "trials"
+    argv, env, first = launch(fake_verl, trials, 0, ["++fake.step_s=0.15"])
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    tracker = trials / "0" / "checkpoints" / "latest_checkpointed_iteration.txt"
+    deadline = time.monotonic() + 60
+    while not (tracker.is_file() and tracker.read_text() == "6") and time.monotonic() < deadline:
+        assert proc.poll() is None, "the stand-in exited before its second checkpoint"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)  # the host dies: no clean exit, no last checkpoint
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    killed_at = steps(first)
+    assert killed_at[0] == 0 and 6 <= killed_at[-1] < 10 and killed_at == list(range(killed_at[-1] + 1))
+
+    assert resume_checkpoints(trials, (0,)) == trials / "0" / "checkpoints"
+    argv, env, second = launch(fake_verl, trials, 1, [], history=(0,))  # the retry: trial 1, attempt 1
+    assert second != first and f"trainer.default_local_dir={trials / '0' / 'checkpoints'}" in argv
+    res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "Resuming from" in res.stdout
+    assert steps(second) == list(range(6, 11))  # validation at the checkpoint's step, then 7..10
+    assert steps(first) == killed_at  # the first attempt's file is intact ("wb" went to a file of its own)
+
+    replayed = replay_records(attempt_files(trials, (0,)), upto_step=6)
+    assert [s for s, _ in replayed] == list(range(7))
+    curve = {s: d[VAL] for s, d in [*replayed, *MetricsTail(second).read()] if VAL in d}
+    argv, env, whole = launch(fake_verl, tmp_path / "uninterrupted", 0, [])
+    assert subprocess.run(argv, env=env, capture_output=True, timeout=120).returncode == 0
+    assert curve == {s: d[VAL] for s, d in MetricsTail(whole).read() if VAL in d}  # as if never interrupted
+
+
+def test_replay_prefers_the_later_attempt(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps({"step": s, "data": {"x": s}}) + "\n" for s in range(6)))
+    b.write_text("".join(json.dumps({"step": s, "data": {"x": 10 * s}}) + "\n" for s in range(3, 8)))
+    assert replay_records([a, b], upto_step=5) == [(0, {"x": 0}), (1, {"x": 1}), (2, {"x": 2}), (3, {"x": 30}),
+                                                   (4, {"x": 40}), (5, {"x": 50})]
+    assert replay_records([a, tmp_path / "missing.jsonl"], upto_step=1) == [(0, {"x": 0}), (1, {"x": 1})]
+    # nothing saved (or not a first attempt): the retry starts afresh in its own directory
+    assert resume_checkpoints(tmp_path, ()) is None and resume_checkpoints(tmp_path, (4,)) is None
+
+
+def test_the_driver_runner_runs_a_verl_trial_and_cleans_up(fake_verl: dict[str, str], tmp_path: Path) -> None:
+    """Through hpo._runner.TrialProcess as the driver runs trials: metrics reach the callback, the stand-in's
+    "raylet" (own session, like Ray's processes) is killed with the trial, the scratch directory goes."""
+    trials = tmp_path / "trials"
+    argv, env, metrics = launch(fake_verl, trials, 0, ["+fake.ray_child=true", "+fake.crash_at=5"])
+    seen: list[int] = []
+
+    def on_metrics(step: int, data: dict[str, Any]) -> str | None:
+        seen.append(step)
+        return None
+
+    result = TrialProcess(argv=argv, env=env, log_dir=trials / "0", metrics_path=metrics, on_metrics=on_metrics,
+                          memory_mechanism="poll").run()
+    assert result.failure == "crash" and result.final_exception == "RuntimeError: stand-in crash at step 5"
+    assert seen == [0, 1, 2, 3, 4] and result.leftovers_killed >= 1
+    scratch = Path(env["RAY_TMPDIR"])
+    assert (scratch / "ray" / "session_latest" / "logs" / "raylet.out").is_file()
+    verl_cleanup(trials / "0", 0, keep_logs=True)  # a failed trial keeps Ray's logs in its directory
+    assert not scratch.exists()
+    assert (trials / "0" / "ray_logs" / "raylet.out").read_text().startswith("stand-in raylet")
