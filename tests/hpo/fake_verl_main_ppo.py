@@ -5,7 +5,8 @@ be tested on a CPU where real verl cannot train:
 
 * argv: ``[--config-path DIR --config-name NAME] key=value ...`` in hydra's override syntax: ``+key=`` adds a key
   (an error when it exists), ``++key=`` adds or sets, a plain ``key=`` must exist (hydra's "Could not override"
-  error otherwise, exit 1); values ``null``, ``true``, numbers, ``[a,b]`` lists and quoted strings.
+  error otherwise, exit 1; with ``FAKE_VERL_ALL_KEYS=1`` every plain key is taken as one of verl's, for spaces
+  that real verl composed first); values ``null``, ``true``, numbers, ``[a,b]`` lists and quoted strings.
 * metrics: verl's ``FileLogger``: ``$VERL_FILE_LOGGER_PATH`` (else ``$VERL_FILE_LOGGER_ROOT/<project>/
   <experiment>.jsonl``) opened with ``"wb"`` when ``file`` is in ``trainer.logger``, one ``{"step": N, "data":
   {...}}`` line per step; validation ``val-core/openai/gsm8k/reward/mean@<val_kwargs.n>`` at step 0 of a run
@@ -114,7 +115,7 @@ def parse_argv(argv: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
                 sys.exit(f"hydra.errors.ConfigCompositionException: Could not append to config. An item is already "
                          f"at '{bare}'.")
             cfg[bare] = parse_value(value)
-        elif bare not in cfg:
+        elif bare not in cfg and not os.environ.get("FAKE_VERL_ALL_KEYS"):  # 1: verl's full key set assumed
             sys.exit(f"hydra.errors.ConfigCompositionException: Could not override '{bare}'. To append to your "
                      f"config use +{arg}")
         else:

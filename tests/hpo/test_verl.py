@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
+import yaml
 
 from hpo import _verl
 from hpo._objective import parse_objective
@@ -46,7 +48,7 @@ from hpo._verl import (
     verl_metric_ok,
     verl_metrics_path,
 )
-from tests.hpo.conftest import PY, ROOT
+from tests.hpo.conftest import PY, ROOT, cli_env
 
 VERL_PY = ROOT / ".venv-verl" / "bin" / "python"
 needs_verl = pytest.mark.skipif(not VERL_PY.exists(),
@@ -465,3 +467,47 @@ def test_the_driver_runner_runs_a_verl_trial_and_cleans_up(fake_verl: dict[str, 
     verl_cleanup(trials / "0", 0, keep_logs=True)  # a failed trial keeps Ray's logs in its directory
     assert not scratch.exists()
     assert (trials / "0" / "ray_logs" / "raylet.out").read_text().startswith("stand-in raylet")
+
+
+# ----------------------------------------------------------------------------- through the driver
+@pytest.mark.slow
+@needs_verl
+def test_a_verl_study_through_the_driver_with_the_stand_in(fake_verl: dict[str, str], tmp_path: Path) -> None:
+    """`verl-hpo search` on a verl space: corners composed by real verl (.venv-verl), trials run by the stand-in
+    (found first on the trials' PYTHONPATH), driver keys appended, values told, checkpoints in the trial dirs;
+    then a SIGTERMed search's retry resumes from the interrupted trial's last checkpoint."""
+    raw = read_yaml(SPACE_FILE)
+    raw["overrides"].update({"trainer.total_training_steps": 8, "trainer.test_freq": 2, "trainer.save_freq": 2,
+                             "+fake.step_s": 0.15, "actor_rollout_ref.actor.ppo_mini_batch_size": 16})
+    raw["params"] = {"actor_lr": raw["params"]["actor_lr"], "fake_x": {"key": "+fake.x", "type": "float",
+                                                                        "low": 0.0, "high": 1.0}}
+    raw["study"] = {"n_trials": 2, "pruner": {"type": "none"}, "heartbeat_interval": 1, "grace_period": 5}
+    raw["trial"] = {"backend": "verl", "python": str(VERL_PY), "devices": ["0"], "timeout_s": 120,
+                    "env": {"PYTHONPATH": fake_verl["PYTHONPATH"], "FAKE_VERL_ALL_KEYS": "1"}}
+    space = tmp_path / "verl_fake.yaml"
+    space.write_text(yaml.safe_dump(raw, sort_keys=False))
+    studies = tmp_path / "studies"
+    driver = subprocess.Popen([PY, "-m", "hpo", "search", "--space", str(space), "--studies-dir", str(studies)],
+                              cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = studies / "verl_fake" / "trials" / "0"
+    deadline = time.monotonic() + 180
+    while not (first / "checkpoints" / "global_step_4").exists() and time.monotonic() < deadline:
+        if driver.poll() is not None:
+            break
+        time.sleep(0.1)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 143, err
+    res = subprocess.run([PY, "-m", "hpo", "resume", "--study", "verl_fake", "--studies-dir", str(studies)],
+                         cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    trials = optuna.load_study(study_name="verl_fake", storage=f"sqlite:///{studies / 'verl_fake.db'}").trials
+    assert trials[0].state == optuna.trial.TrialState.FAIL
+    retry = next(t for t in trials if t.system_attrs.get("failed_trial") == 0)
+    assert retry.state == optuna.trial.TrialState.COMPLETE and retry.params == trials[0].params
+    argv = json.loads((studies / "verl_fake" / "trials" / str(retry.number) / "command.json").read_text())["argv"]
+    assert argv[1:3] == ["-m", "verl.trainer.main_ppo"] and f"trainer.experiment_name=trial-{retry.number}" in argv
+    assert f"trainer.default_local_dir={first / 'checkpoints'}" in argv  # the first attempt's checkpoints
+    resumed = steps(studies / "verl_fake" / "trials" / str(retry.number) / "metrics.attempt1.jsonl")
+    assert resumed[0] >= 4 and resumed[-1] == 8  # continued after the checkpoint, not from step 0
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 2
