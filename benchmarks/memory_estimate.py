@@ -130,8 +130,10 @@ def bench(smoke: bool = False, only: tuple[str, ...] = ("tiny", "smollm2")) -> t
     return rows, details
 
 
-def merge_into(out_dir: Path, rows: list[Row], details: dict[str, Any], command: str, smoke: bool) -> None:
-    """Replace the ``memory estimate:`` rows of ``out_dir/results.json`` (kept otherwise) and re-render RESULTS.md."""
+def merge_into(out_dir: Path, rows: list[Row], details: dict[str, Any], command: str, smoke: bool,
+               prefix: str = "memory estimate:", part: str = "memory") -> None:
+    """Replace the rows named ``prefix...`` of ``out_dir/results.json`` (kept otherwise) with ``rows``, file
+    ``details`` under ``part``, and re-render RESULTS.md (also used by ``benchmarks/workers.py``)."""
     from benchmarks.run import render
 
     path = out_dir / "results.json"
@@ -142,10 +144,10 @@ def merge_into(out_dir: Path, rows: list[Row], details: dict[str, Any], command:
                         "parts": [], "errors": {}, "elapsed_min": 0.0, "versions": all_versions()},
                "rows": [], "details": {}}
     meta = doc["meta"]
-    kept = [Row(**r) for r in doc["rows"] if not r["name"].startswith("memory estimate:")]
+    kept = [Row(**r) for r in doc["rows"] if not r["name"].startswith(prefix)]
     meta["command"] = "\n".join(x for x in (meta.get("command", ""), command) if x)
-    meta["parts"] = [p for p in meta.get("parts", []) if p != "memory"] + ["memory"]
-    doc["details"] = {**doc.get("details", {}), "memory": {**details, "load_average_end": load_average()}}
+    meta["parts"] = [p for p in meta.get("parts", []) if p != part] + [part]
+    doc["details"] = {**doc.get("details", {}), part: {**details, "load_average_end": load_average()}}
     all_rows = kept + rows
     doc["rows"] = [r.to_json() for r in all_rows]
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,9 @@ write ``RESULTS.md`` (a table with machine, date, versions, load and commands) a
 
 Parts (``--only``): ``trainer`` (ours vs TRL), ``overhead``, ``pruning``, ``search`` (driver items 2-4),
 ``rollout`` (HF vs vLLM), ``memory`` (memory estimate vs measured peak; ``benchmarks/memory_estimate.py``, also
-runnable alone). ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/``
-(or ``--out``), never over the real results.
+runnable alone), ``workers`` (3 vs 1 ``verl-hpo worker`` on one PostgreSQL study; ``benchmarks/workers.py``).
+``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/`` (or ``--out``), never over the real
+results.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from benchmarks._common import REPO, Row, all_versions, load_average, log, machine
 
-PARTS = ("trainer", "overhead", "pruning", "search", "rollout", "memory")
+PARTS = ("trainer", "overhead", "pruning", "search", "rollout", "memory", "workers")
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
@@ -166,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import rollout
 
         attempt("rollout", lambda: rollout.bench(args.smoke, skip_vllm=args.skip_vllm))
+    if "workers" in parts:
+        from benchmarks import workers
+
+        attempt("workers", lambda: workers.bench(args.smoke))
     if "memory" in parts:
         from benchmarks import memory_estimate
 

@@ -81,11 +81,16 @@ def bench(smoke: bool = False) -> list[Row]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.workers", description=__doc__.splitlines()[0])
-    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, results under benchmarks/smoke/")
     args = p.parse_args(argv)
-    for row in bench(args.smoke):
+    rows = bench(args.smoke)
+    for row in rows:
         print(f"{row.name}: 3 workers {row.ours:.1f} s, 1 worker {row.baseline:.1f} s, speed-up {row.ratio:.2f}x "
               f"({row.ratio_min:.2f}-{row.ratio_max:.2f})")
+    from benchmarks.memory_estimate import merge_into
+
+    merge_into(REPO / "benchmarks" / ("smoke" if args.smoke else ""), rows, {}, "python -m benchmarks.workers",
+               args.smoke, prefix="3 workers vs 1", part="workers")
     return 0
 
 
