@@ -34,7 +34,7 @@ from pathlib import Path
 from hpo._trial_wrapper import cgroup_kill, cgroup_procs, signal_cgroup, start_time
 
 PREFIX = "verl-hpo."
-_NAME = re.compile(r"^verl-hpo\.(\d+)\.(\d+)\.(\d+)$")
+_NAME = re.compile(r"^verl-hpo\.(\d+)\.(\d+)\.(\d+)(?:\.ns(\d+))?$")  # pid, start, seq, pid namespace
 _seq = itertools.count()
 _lock = threading.Lock()
 _detected: dict[str, Backend | None] = {}
@@ -55,7 +55,7 @@ class Backend:
         """A new, empty cgroup for one trial with ``limit_bytes`` as its hard memory cap (None: no cap)."""
         me = os.getpid()
         with _lock:
-            path = self.parent / f"{PREFIX}{me}.{start_time(me)}.{next(_seq)}"
+            path = self.parent / f"{PREFIX}{me}.{start_time(me)}.{next(_seq)}.ns{_pidns()}"
         path.mkdir()
         cg = TrialCgroup(self, path, limit_bytes)
         try:
@@ -254,7 +254,23 @@ def remove_stale(backend: Backend) -> int:
         if m is None or not path.is_dir():
             continue
         pid, started = int(m.group(1)), int(m.group(2))
+        if m.group(4) is not None and int(m.group(4)) != _pidns():
+            # a driver in another pid namespace (a container sharing this cgroup): its pid means nothing here,
+            # so its trials are never killed; an empty leftover directory is removed (rmdir fails otherwise)
+            try:
+                path.rmdir()
+                removed += 1
+            except OSError:
+                pass
+            continue
         if start_time(pid) == started:  # that driver still runs (maybe this one)
             continue
         removed += TrialCgroup(backend, path, None).remove()
     return removed
+
+
+def _pidns() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
