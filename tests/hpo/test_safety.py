@@ -34,8 +34,10 @@ def test_unsafe_study_names_are_refused_before_anything_is_written(tmp_path: Pat
     work = tmp_path / "deep" / "er"
     work.mkdir(parents=True)
     studies = work / "studies"
-    for cmd in (["search", "--space", str(fake_space(tmp_path)), f"--study={name}"], ["resume", f"--study={name}"],
-                ["best", f"--study={name}"], ["dashboard", f"--study={name}"]):
+    cmds = [["search", "--space", str(fake_space(tmp_path)), f"--study={name}"], ["resume", f"--study={name}"]]
+    if name in ("../../esc", "/abs/dir"):  # every command checks the name the same way (one function)
+        cmds += [["best", f"--study={name}"], ["dashboard", f"--study={name}"], ["worker", f"--study={name}"]]
+    for cmd in cmds:
         line = one_line_exit(run_cli(cmd, studies))
         assert "study name" in line
     assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(["deep", "er", "fake.yaml"])
