@@ -202,26 +202,25 @@ class Slots:
 
     finished: int
     held: set[int]
-    running: int
     waiting: int
 
     @classmethod
     def count(cls, trials: Sequence[FrozenTrial], max_retry: int | None) -> Slots:
         retried = {t.system_attrs.get("failed_trial") for t in trials}
         held: set[int] = set()
-        finished = running = waiting = 0
+        finished = waiting = 0
         for t in trials:
             if is_finished(t):
                 finished += 1
             elif t.state == TrialState.RUNNING:
-                running += 1
+                pass  # holds its position, like the rest
             elif t.state == TrialState.WAITING:
                 waiting += 1
             elif not (t.state == TrialState.FAIL and ATTR_RECOVERING in t.system_attrs and t.number not in retried
                       and (max_retry is None or len(t.system_attrs.get("retry_history", [])) < max_retry)):
                 continue
             held.add(position(t))
-        return cls(finished, held, running, waiting)
+        return cls(finished, held, waiting)
 
     def admits(self, number: int, target: int) -> bool:
         return sum(p < number for p in self.held) < target

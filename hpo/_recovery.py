@@ -22,7 +22,6 @@ SQLite, PostgreSQL/MySQL and Redis (JournalStorage) alike:
 
 from __future__ import annotations
 
-import logging
 import math
 import sys
 import threading
@@ -39,7 +38,6 @@ from hpo._identity import identity_alive
 ATTR_HEARTBEAT = "hpo:heartbeat"
 ATTR_RESULT = "hpo:result"
 ATTR_RECOVERING = "hpo:recovering"  # set on a dead driver's trial just before it is failed: its retry is due
-log = logging.getLogger("verl-hpo")
 
 
 # ----------------------------------------------------------------------------- results
