@@ -90,8 +90,9 @@ bench: $(STAMP) bench-venvs
 bench-smoke: $(STAMP)
 	$(PY) -m benchmarks.run --smoke --skip-trl --skip-vllm --only trainer overhead rollout
 
-# GPU readiness (one table, within 8 minutes on one GPU): SmolLM2 task in bf16 with gradient checkpointing,
-# memory estimate vs max_memory_allocated, HF vs vLLM rollout, checkpoint resume on CUDA, a 4-bit reward model.
+# GPU readiness (one table, ~10 minutes on one GPU): SmolLM2 task in bf16 with gradient checkpointing,
+# memory estimate vs max_memory_allocated, HF vs vLLM rollout, checkpoint resume on CUDA, a 4-bit reward model,
+# a real verl GRPO study through the driver (verl memory estimate vs the measured peak).
 # Its own venv: vLLM brings its CUDA build of torch. `make gpu-check-dry` runs the same plan on CPU (tiny model).
 GPU_VENV ?= .venv-gpu
 $(GPU_VENV)/.installed: pyproject.toml
@@ -100,8 +101,19 @@ $(GPU_VENV)/.installed: pyproject.toml
 	$(GPU_VENV)/bin/pip install -q -e '.[gpu]'
 	touch $@
 
+# Real verl for the check's `verl study` row: verl's own `vllm` extra pins a matching set (torch 2.11 CUDA, vllm 0.24.0,
+# transformers 5.9.0), so it gets a venv of its own beside $(GPU_VENV); the driver runs in $(GPU_VENV).
+GPU_VERL_VENV ?= .venv-gpu-verl
+$(GPU_VERL_VENV)/.installed:
+	test -x $(GPU_VERL_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VERL_VENV)
+	$(GPU_VERL_VENV)/bin/pip install -q 'verl[vllm]==0.9.1' 'TransferQueue>=0.1.10' pyzmq msgspec fastapi uvicorn cachetools
+	$(GPU_VERL_VENV)/bin/python -c "import torch, verl, vllm; print('verl', verl.__version__, 'vllm', vllm.__version__)"
+	touch $@
+
 gpu-check: $(GPU_VENV)/.installed
-	$(GPU_VENV)/bin/python benchmarks/gpu_check.py
+	$(MAKE) $(GPU_VERL_VENV)/.installed || echo "gpu-check: verl venv not installed: the verl rows are skipped"
+	$(GPU_VENV)/bin/python benchmarks/gpu_check.py $(if $(wildcard $(GPU_VERL_VENV)/.installed),--verl-python \
+		$(GPU_VERL_VENV)/bin/python,--skip-verl)
 
 gpu-check-dry: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --dry-run

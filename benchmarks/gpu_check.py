@@ -1,4 +1,5 @@
-"""GPU readiness check, one script and one table (``make gpu-check``; within 8 minutes on one GPU).
+"""GPU readiness check, one script and one table (``make gpu-check``; about 10 minutes on one GPU, 2-3 of them the
+real verl study; ``--skip-verl`` leaves it out).
 
     python benchmarks/gpu_check.py             # CUDA: SmolLM2-135M-Instruct, bf16 autocast, gradient checkpointing
     python benchmarks/gpu_check.py --dry-run   # CPU: the same plan on the builtin tiny model (what CPU can run)
@@ -18,7 +19,18 @@ The plan, each check one row (``ok`` / ``FAIL`` / ``skipped``, with why in the d
    from the one before and must reproduce the last step's metrics (|diff| of score and policy loss);
 6. ``4-bit reward model``: the policy checkpoint loaded as ``AutoModelForSequenceClassification`` in 4 bits
    (bitsandbytes, ``device_map="auto"``), scoring a batch; its memory footprint vs the estimator's 4-bit
-   formula; skipped without CUDA or bitsandbytes.
+   formula; skipped without CUDA or bitsandbytes;
+7. ``verl study``: REAL verl 0.9.1 through the driver: ``python -m hpo search --space verl_grpo_gsm8k`` with
+   SmolLM2-135M-Instruct (its local directory), the small GSM8K-format parquet (written by the space's prepare
+   step into the work directory), ``--verl-trials`` trials of 2 steps each, validation at step 2, vLLM eager;
+   verl runs in ``--verl-python`` (``make gpu-check`` builds ``.venv-gpu-verl`` with ``verl[vllm]==0.9.1``).
+   Checked: every trial COMPLETE, its metrics file has lines, the objective ``val-core/openai/gsm8k/reward/mean@1``
+   is recorded, no Ray process (raylet, gcs_server, ``ray::``) is left; then ``verl memory estimate``: the
+   device's peak used memory during the study (NVML, every 0.2 s, above what was used before) vs
+   ``verl_core.memory.estimate_verl`` of the trial's composed config (ratio), and verl's
+   ``perf/max_memory_allocated_gb`` of the actor worker vs the estimate's actor allocator peak.
+   Dry run: the same command is printed, and ``python -m hpo validate`` of the same space and overrides composes
+   every corner with real verl (``.venv-verl``, CPU) and prints its estimate; skipped without ``.venv-verl``.
 
 Exit code 0 when no check failed (skipped ones do not fail). ``--json PATH`` also writes the rows.
 """
@@ -28,9 +40,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -265,6 +280,194 @@ def check_reward_4bit(plan: Plan) -> Check:
                 f"estimate {est / 2**20:.0f} MiB (ratio {est / footprint:.2f}); scores finite: {ok}")
     return c
 
+# ----------------------------------------------------------------------------- real verl through the driver
+VERL_SPACE = "verl_grpo_gsm8k"
+VERL_STUDY = "gpu-check-verl"
+VERL_METRIC = "val-core/openai/gsm8k/reward/mean@1"
+GPU_VERL_VENV = REPO / ".venv-gpu-verl"  # make gpu-check: verl[vllm]==0.9.1 (CUDA torch, vLLM) in a venv of its own
+DRY_VERL_VENV = REPO / ".venv-verl"  # make install-verl: CPU verl 0.9.1, enough to compose and validate
+
+
+def verl_space_overrides(work: Path, model_dir: Path, verl_python: str, n_trials: int) -> list[str]:
+    """``--override`` texts shrinking the shipped verl space to a few minutes on one GPU: 2 steps per trial,
+    validation at step 2 (the objective), no checkpoint, short responses, vLLM eager (no CUDA-graph capture), one
+    mini-batch choice, the local model and the data in the work directory."""
+    return [f"trial.python={verl_python}", "trial.timeout_s=480", f"study.n_trials={n_trials}",
+            "params.mini_batch.choices=[16]",
+            f"actor_rollout_ref.model.path={model_dir}",
+            f"data.train_files={work / 'gsm8k' / 'train.parquet'}", f"data.val_files={work / 'gsm8k' / 'test.parquet'}",
+            "data.max_response_length=128", "trainer.total_training_steps=2", "trainer.test_freq=2",
+            "trainer.val_before_train=false", "trainer.save_freq=-1",
+            "actor_rollout_ref.rollout.enforce_eager=true", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]
+
+
+def verl_search_argv(work: Path, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "hpo", "search", "--space", VERL_SPACE, "--study", VERL_STUDY,
+            "--studies-dir", str(work / "studies"), *(a for o in overrides for a in ("--override", o))]
+
+
+def _model_dir(plan: Plan, work: Path) -> Path:
+    """SmolLM2-135M-Instruct as a directory verl can load (CUDA); dry: a directory with only its config.json, which
+    is all that composing and estimating read."""
+    if plan.device == "cuda":
+        from verl_core.pretrained import ensure_smollm2
+
+        return Path(ensure_smollm2(log=False))
+    from verl_core.pretrained import smollm2_config
+
+    d = work / "smollm2-config"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(smollm2_config()))
+    return d
+
+
+class _PeakGpuMemory:
+    """Peak used memory of GPU 0 (NVML, all processes) every ``period`` s, above what was used at start."""
+
+    def __init__(self, period: float = 0.2) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._nvml = pynvml
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.start = self.peak = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+        self.total = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).total)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
+        self._thread.start()
+
+    def _run(self, period: float) -> None:
+        while not self._stop.wait(period):
+            self.peak = max(self.peak, int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak - self.start
+
+
+def ray_processes(since: float) -> list[str]:
+    """Ray's processes (raylet, gcs_server, ``ray::`` workers) started after ``since`` and still alive."""
+    import psutil
+
+    left = []
+    for proc in psutil.process_iter(["name", "cmdline", "create_time"]):
+        try:
+            name, cmd = proc.info["name"] or "", " ".join(proc.info["cmdline"] or [])
+            if proc.info["create_time"] >= since and (name in ("raylet", "gcs_server") or cmd.startswith("ray::")
+                                                      or "ray/_private/workers" in cmd):
+                left.append(f"{proc.pid} {name or cmd[:40]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return left
+
+
+def verl_estimate(work: Path, overrides: list[str], values: dict[str, Any], verl_python: str,
+                  gpu_total: int) -> Any:
+    """``estimate_verl`` of the config a trial with ``values`` ran (composed by verl in ``verl_python``)."""
+    from hpo._preflight import verl_memory_inputs
+    from hpo._space import load_space
+    from verl_core.memory import estimate_verl
+
+    space = load_space(VERL_SPACE, overrides, check=False)
+    [(info, keys)] = verl_memory_inputs(space, [space.trainer_overrides(values)], 1, verl_python)
+    return estimate_verl(keys, use_critic=bool(info["use_critic"]), use_ref=bool(info["use_reference_policy"]),
+                         gpu_total_bytes=gpu_total)
+
+
+def check_verl_dry(work: Path, argv: list[str], overrides: list[str], verl_python: str) -> Check:
+    """The plumbing of the verl stage without a GPU: the search command, and ``validate`` of the same space and
+    overrides (every corner composed by real verl on the CPU, with its memory estimate)."""
+    c = Check("verl study")
+    shown = " ".join(argv[1:])
+    print(f"[gpu-check] verl study would run: {shown}", file=sys.stderr, flush=True)
+    if not Path(verl_python).exists():
+        c.status, c.detail = "skipped", f"no {verl_python} (make install-verl); would run: {shown}"
+        return c
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "hpo", "validate", "--space", VERL_SPACE,
+                           *(a for o in overrides for a in ("--override", o))], cwd=REPO, capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
+    c.seconds = time.time() - t0
+    out = proc.stdout
+    print(out, file=sys.stderr, flush=True)
+    corners = out.count("\ncorner ") + out.startswith("corner ")
+    total = re.search(r"^TOTAL \(peak\)\s+cuda\s+([\d.]+)\s+persistent \+ phase (\w+)", out, re.M)
+    if proc.returncode != 0 or "All checks passed" not in out or total is None:
+        c.status, c.detail = "FAIL", f"validate exit {proc.returncode}: {_last(proc.stderr or out)}"
+        return c
+    c.detail = (f"validate: {corners} corner(s) composed by verl 0.9.1, largest estimate {total[1]} GiB (peak phase "
+                f"{total[2]}) on the assumed GPU; would run: {shown}")
+    c.data = {"argv": argv, "validate": out}
+    return c
+
+
+def check_verl(plan: Plan, work: Path, verl_python: str, n_trials: int) -> list[Check]:
+    """Real verl on the GPU through the driver (module docstring, item 7); two rows: the study and its memory."""
+    c, m = Check("verl study"), Check("verl memory estimate")
+    model = _model_dir(plan, work)
+    overrides = verl_space_overrides(work, model, verl_python, n_trials)
+    argv = verl_search_argv(work, overrides)
+    if plan.device != "cuda":
+        c = check_verl_dry(work, argv, overrides, verl_python)
+        m.status, m.detail = "skipped", "needs the GPU run (dry run: the estimate is printed by validate above)"
+        return [c, m]
+    if not Path(verl_python).exists():
+        c.status = m.status = "skipped"
+        c.detail = m.detail = f"no {verl_python}: make gpu-check builds it (verl[vllm]==0.9.1)"
+        return [c, m]
+    started = time.time()
+    peak = _PeakGpuMemory()
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    device_peak = peak.stop()
+    c.seconds = time.time() - started
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=VERL_STUDY, storage=f"sqlite:///{work / 'studies' / VERL_STUDY}.db") \
+        if (work / "studies" / f"{VERL_STUDY}.db").exists() else None
+    trials = study.trials if study is not None else []
+    problems = [] if proc.returncode == 0 else [f"search exit {proc.returncode}: {_last(proc.stderr)}"]
+    lines, objective, allocated = 0, [], []
+    for t in trials:
+        tdir = work / "studies" / VERL_STUDY / "trials" / str(t.number)
+        metrics = tdir / "metrics.jsonl"
+        recs = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+        lines += len(recs)
+        objective += [r["data"][VERL_METRIC] for r in recs if VERL_METRIC in r.get("data", {})]
+        allocated += [float(r["data"]["perf/max_memory_allocated_gb"]) for r in recs
+                      if "perf/max_memory_allocated_gb" in r.get("data", {})]
+        if t.state != optuna.trial.TrialState.COMPLETE or not recs:
+            problems.append(f"trial {t.number} {t.state.name} ({t.user_attrs.get('fail_reason', '')}), "
+                            f"{len(recs)} metric lines")
+    if len(trials) < n_trials:
+        problems.append(f"{len(trials)} of {n_trials} trials")
+    if not objective:
+        problems.append(f"no {VERL_METRIC} recorded")
+    left = ray_processes(started)
+    if left:
+        problems.append(f"Ray processes left: {', '.join(left[:5])}")
+    c.status = "FAIL" if problems else "ok"
+    c.detail = (f"{len(trials)} trial(s), {lines} metric lines, {VERL_METRIC} {objective}, "
+                f"Ray processes left: {len(left)}" + (f"; {'; '.join(problems)}" if problems else ""))
+    if not trials:
+        m.status, m.detail = "FAIL", "no trial ran"
+        return [c, m]
+    est = verl_estimate(work, overrides, {k: v for k, v in trials[0].params.items()}, verl_python, peak.total)
+    ratio = est.total / device_peak if device_peak > 0 else float("nan")
+    ours_alloc = est.allocated_peak("actor") / 2**30
+    alloc = max(allocated, default=float("nan"))
+    m.detail = (f"estimate {est.total / 2**30:.2f} GiB vs device peak {device_peak / 2**30:.2f} GiB (NVML, all "
+                f"processes): ratio {ratio:.2f} (peak phase {est.peak_phase}); actor allocator {ours_alloc:.2f} GiB "
+                f"vs perf/max_memory_allocated_gb {alloc:.2f}: ratio {ours_alloc / alloc:.2f}")
+    # a pre-flight estimate may be pessimistic (full-length sequences) but must not be far below what was used
+    m.status = "ok" if 0.9 <= ratio <= 2.0 else "FAIL"
+    m.data = {"estimate_gib": est.total / 2**30, "device_peak_gib": device_peak / 2**30, "ratio": ratio,
+              "actor_allocated_estimate_gib": ours_alloc, "actor_allocated_gib": alloc, "table": est.render()}
+    print(est.render(peak.total, "GPU 0 total"), file=sys.stderr, flush=True)
+    return [c, m]
+
 
 def render(checks: list[Check], plan: Plan, dry: bool) -> str:
     head = ("check", "status", "s", "detail")
@@ -283,6 +486,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="run the plan on CPU with the tiny model")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: 4 on CUDA, 3 dry)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    p.add_argument("--verl-python", default=None,
+                   help=f"verl's interpreter (default {GPU_VERL_VENV.name}/bin/python; dry: {DRY_VERL_VENV.name})")
+    p.add_argument("--verl-trials", type=int, default=1, help="trials of the verl study (default 1)")
+    p.add_argument("--skip-verl", action="store_true", help="leave out the real verl stage")
     args = p.parse_args(argv)
     plan = DRY if args.dry_run else REAL
     if args.steps is not None:
@@ -318,6 +525,18 @@ def main(argv: list[str] | None = None) -> int:
                 guarded("rollout vLLM vs HF", lambda: check_rollout(plan, work, run))
                 guarded("checkpoint resume", lambda: check_resume(plan, work, run))
         guarded("4-bit reward model", lambda: check_reward_4bit(plan))
+        if not args.skip_verl:
+            verl_python = args.verl_python or str((DRY_VERL_VENV if args.dry_run else GPU_VERL_VENV) / "bin" / "python")
+            rows: list[Check] = []
+
+            def do_verl() -> Check:
+                rows.extend(check_verl(plan, work, verl_python, args.verl_trials))
+                return rows[0]
+
+            guarded("verl study", do_verl)
+            if len(rows) > 1:
+                checks.append(rows[1])
+                print(f"[gpu-check] {rows[1].name}: {rows[1].status} {rows[1].detail}", file=sys.stderr, flush=True)
     print(render(checks, plan, args.dry_run))
     if args.json is not None:
         args.json.write_text(json.dumps([{"name": c.name, "status": c.status, "detail": c.detail,

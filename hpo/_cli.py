@@ -1,4 +1,4 @@
-"""``verl-hpo search | resume | worker | dashboard | best``.
+"""``verl-hpo search | resume | worker | confirm | validate | dashboard | best``.
 
 Exit codes: 0 done; 2 bad input (one ``error: ...`` line on stderr, no study created or touched);
 1 runtime error; 130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP (running trials queued for ``resume``;
@@ -79,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     trust_args(w)
     common(w)
 
+    c = sub.add_parser("confirm", help="re-run the top trials with fresh seeds (as tagged trials of the study); "
+                                       "best then ranks by the confirmed mean")
+    c.add_argument("--study", required=True)
+    c.add_argument("--top", type=int, default=None, metavar="K",
+                   help="configurations to confirm, best first (default: the experiment's study.confirm.top_k)")
+    c.add_argument("--seeds", type=int, default=None, metavar="S",
+                   help="fresh seeds per configuration (default: study.confirm.seeds); never a tuning seed")
+    trust_args(c)
+    common(c)
+
     v = sub.add_parser("validate", help="check an experiment file without running it: the space, every corner "
                                         "against the trainer config, and each corner's memory estimate")
     v.add_argument("--space", required=True, help="search_spaces/<NAME>.yaml or a path")
@@ -90,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "studies directory")
     common(d)
 
-    b = sub.add_parser("best", help="print the best trial as trainer overrides (pareto studies: the front)")
+    b = sub.add_parser("best", help="print the best trial as trainer overrides (pareto studies: the front); after "
+                                    "confirm, the best confirmed mean")
     b.add_argument("--study", required=True)
     b.add_argument("--format", choices=("overrides", "yaml", "command"), default="overrides")
     b.add_argument("--trial", type=int, default=None, help="print this trial's overrides instead of the best")
@@ -171,13 +182,28 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         target = space.study.n_trials
         reporter = Reporter(sys.stdout, target, space.objective.direction_literal)
         driver = Driver(space, study, studies_dir, reporter, stop, devices=devices)
-        reporter.header(study_name, storage_url, str(driver.trials_dir), n_finished(study), target)
+        confirming = args.cmd == "confirm"
+        if confirming:
+            from hpo._confirm import pending, queue_confirmations
+
+            if space.objective.multi:
+                raise SpaceError(f"study {study_name!r} is multi-objective (pareto): confirm ranks by one objective")
+            top_k = args.top or space.study.confirm.top_k
+            n_seeds = args.seeds or space.study.confirm.seeds
+            try:
+                queued = queue_confirmations(study, space, top_k, n_seeds)
+            except ValueError as err:
+                raise SpaceError(str(err)) from None
+            reporter.note(f"study {study_name}: confirming the top {top_k} configuration(s) with {n_seeds} fresh "
+                          f"seed(s) each: {len(queued)} run(s) queued, {pending(study)} pending")
+        else:
+            reporter.header(study_name, storage_url, str(driver.trials_dir), n_finished(study), target)
         from hpo._dashboard import DashboardCallback, dashboard_path, write_dashboard
 
         page = dashboard_path(studies_dir, study_name)
         pages = DashboardCallback(page, storage_url, studies_dir, every=5)
         try:
-            ran = driver.run(target, [pages])
+            ran = driver.run_confirm([pages]) if confirming else driver.run(target, [pages])
         except TrialInterrupted:
             ran = -1
         except DriverError as err:
@@ -189,6 +215,17 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         except Exception as err:  # noqa: BLE001 - the page must never fail a search
             reporter.note(f"dashboard not written: {type(err).__name__}: {err}")
         done = n_finished(study)
+        if confirming:
+            from hpo._confirm import confirmed_table, pending
+
+            left = pending(study)
+            if got or ran < 0:
+                signum = got[0] if got else signal.SIGINT
+                print(f"stopped by {signal.Signals(signum).name}: {left} confirmation run(s) left; run verl-hpo "
+                      f"confirm --study {study_name} again to finish them", file=sys.stderr)
+                return EXIT_SIGNAL.get(signum, 130)
+            print(confirmed_table(study))
+            return 0
         if (got or ran < 0) and done < target:
             signum = got[0] if got else signal.SIGINT
             print(f"stopped by {signal.Signals(signum).name}: {done}/{target} trials finished; "
@@ -261,6 +298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.out is not None and not _inside(args.out, studies_dir):
                 return _fail(f"--out {args.out}: must be inside the studies directory {studies_dir}")
             return dashboard_command(args.study, storage_url, studies_dir, args.out)
+        if args.cmd == "confirm":
+            for flag, n in (("--top", args.top), ("--seeds", args.seeds)):
+                if n is not None and n <= 0:
+                    return _fail(f"{flag} {n}: must be positive")
+            return _run(None, args.study, storage_url, studies_dir, args)
         if args.cmd in ("resume", "worker"):
             if getattr(args, "n_jobs", None) is not None and args.n_jobs <= 0:
                 return _fail(f"--n-jobs {args.n_jobs}: must be positive")
@@ -297,6 +339,20 @@ def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None 
         if trial is None or trial.state.name != "COMPLETE":
             return _fail(f"--trial {trial_number}: no completed trial with that number in study {study_name!r}")
     else:
+        from hpo._confirm import confirmed
+
+        ranked = confirmed(study)
+        if ranked:  # seed-confirmed: the best confirmed mean, not the luckiest tuning run
+            top = ranked[0]
+            print(f"# trial {top.trial.number} of study {study_name} ({space.objective.label}): confirmed mean "
+                  f"{top.mean:.4g} +- {top.std:.3g} over {top.n} fresh seed(s) (min {min(top.values):.4g}, max "
+                  f"{max(top.values):.4g}; tuning run {top.trial.values[0]:.4g}); ranking by confirmed mean:",
+                  file=sys.stderr)
+            from hpo._confirm import confirmed_table
+
+            print("\n".join(f"#   {line}" for line in confirmed_table(study).splitlines()), file=sys.stderr)
+            print(render_best(space, top.trial, fmt))
+            return 0
         trial = best_trial(study)
     if trial is None:
         return _fail(f"study {study_name!r} has no feasible completed trial with a finite value yet", 1)

@@ -44,6 +44,7 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo._confirm import confirmed, is_confirm
 from hpo._driver import ATTR_SOURCE, ATTR_SPACE, quiet_optuna
 from hpo._report import fmt_value, outcome
 from hpo._storage import mask_url
@@ -57,7 +58,7 @@ HOVER_CHARS = 160
 PLOT_CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True, "showSendToCloud": False}
 # outcome (hpo._report.outcome) -> color, in legend order
 OUTCOME_COLORS: dict[str, str] = {
-    "ok": "#2ca02c", "converged": "#17becf", "collapsed": "#aec7e8", "pruned": "#ff7f0e", "oom": "#d62728",
+    "ok": "#2ca02c", "converged": "#17becf", "plateau": "#9edae5", "collapsed": "#aec7e8", "pruned": "#ff7f0e", "oom": "#d62728",
     "predicted_oom": "#ff9896", "killed": "#c49c94", "timeout": "#9467bd", "crash": "#8c564b",
     "interrupted": "#7f7f7f", "running": "#1f77b4", "queued": "#bcbd22",
 }
@@ -154,6 +155,8 @@ def _trial_hover(t: FrozenTrial, names: list[str]) -> str:
 
 
 def _color(o: str) -> str:
+    if o.startswith("collapsed:"):  # stopped by the diagnosis (collapsed:nan, collapsed:kl_blowup, ...)
+        return OUTCOME_COLORS["collapsed"]
     return OUTCOME_COLORS.get(o, OTHER_COLOR)
 
 
@@ -432,7 +435,7 @@ def header_html(study: optuna.Study, storage_url: str, names: list[str], params:
     total = sum(d for d in (duration_s(t) for t in trials) if d is not None)
     saved = sum(float(v) for t in trials if isinstance(v := t.user_attrs.get("compute_saved_s"), (int, float))
                 and math.isfinite(v))
-    done = [t for t in trials if is_finite_complete(t)]
+    done = [t for t in trials if is_finite_complete(t) and not is_confirm(t)]
     if not done:
         best = "none yet (no completed trial with a finite value)"
     elif len(study.directions) == 1:
@@ -458,11 +461,27 @@ def header_html(study: optuna.Study, storage_url: str, names: list[str], params:
     return f'<h1>Study {_e(study.study_name)}</h1>\n<dl class="head" id="header">\n{body}\n</dl>'
 
 
+def confirmed_html(study: optuna.Study) -> str:
+    """The seed-confirmed ranking (``verl-hpo confirm``); nothing when no confirmation run has finished."""
+    ranked = confirmed(study)
+    if not ranked:
+        return ""
+    rows = "\n".join(
+        f'<tr data-confirmed="{c.trial.number}"><td>{c.trial.number}</td>'
+        f"<td>{_num(c.trial.values[0] if c.trial.values else None)}</td>"
+        f"<td>{_num(c.mean)}</td><td>{_num(c.std)}</td><td>{c.n}</td><td>{_num(min(c.values))}</td>"
+        f"<td>{_num(max(c.values))}</td><td>{_e(', '.join(map(str, c.seeds)))}</td></tr>" for c in ranked)
+    head = "".join(f"<th>{h}</th>" for h in ("trial", "tuning value", "confirmed mean", "std", "n", "min", "max",
+                                             "seeds"))
+    return ('<h2 id="confirmed-title">Seed-confirmed ranking</h2>\n<table class="trials" id="confirmed">'
+            f"<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}\n</tbody></table>")
+
+
 def table_html(study: optuna.Study, names: list[str], params: list[str], out_dir: Path,
                studies_dir: Path | None) -> str:
     trials = study.get_trials(deepcopy=False)
     scores = sorted({k for t in trials for k in t.user_attrs if k.startswith(SCORE_PREFIX)})
-    head = ["#", "state", "outcome", *names, *scores, *params, "duration", "peak memory", "saved",
+    head = ["#", "state", "outcome", "diagnosis", *names, *scores, *params, "duration", "peak memory", "saved",
             "logs", "error"]
     th = "".join(f"<th>{_e(h)}</th>" for h in head)
     rows = []
@@ -480,7 +499,11 @@ def table_html(study: optuna.Study, names: list[str], params: list[str], out_dir
         peak = ua.get("peak_memory_gb")
         cells = [
             str(t.number), _e(t.state.name),
-            f'<span class="outcome" style="color: {_color(outcome(t))}">{_e(outcome(t))}</span>',
+            f'<span class="outcome" style="color: {_color(outcome(t))}">{_e(outcome(t))}</span>'
+            + (f' <span class="confirm">confirms #{_e(ua.get("confirm_of"))}, seed {_e(ua.get("confirm_seed"))}'
+               "</span>" if is_confirm(t) else ""),
+            f'<span class="diagnosis" title="{_e(json.dumps(ua.get("diagnosis_evidence", {}), default=str))}">'
+            f'{_e(ua.get("diagnosis", "-"))}</span>',
             *(_num(v) for v in values), *(_num(ua.get(k)) for k in scores),
             *(_param_text(t.params[p]) if p in t.params else "-" for p in params),
             "-" if d is None else _e(_seconds(d)),
@@ -489,7 +512,7 @@ def table_html(study: optuna.Study, names: list[str], params: list[str], out_dir
         ]
         last = len(cells) - 1
         tds = "".join(f'<td class="error">{c}</td>' if i == last else
-                      f'<td class="text">{c}</td>' if i in (2, last - 1) else f"<td>{c}</td>"
+                      f'<td class="text">{c}</td>' if i in (2, 3, last - 1) else f"<td>{c}</td>"
                       for i, c in enumerate(cells))
         rows.append(f'<tr data-trial="{t.number}">{tds}</tr>')
     body = "\n".join(rows) if rows else f'<tr><td colspan="{len(head)}">no trials yet</td></tr>'
@@ -536,6 +559,7 @@ style-src 'unsafe-inline'; img-src data: blob:; font-src data:">
 <div class="plots">
 {plots}
 </div>
+{confirmed_html(study)}
 {table_html(study, names, params, out_dir, studies_dir)}
 <footer>Written by <code>verl-hpo dashboard</code>; a snapshot: run it again (or let search/resume rewrite it)
 to refresh. Live alternative: <code>pip install optuna-dashboard; optuna-dashboard {_e(db)}</code>. On SQLite,

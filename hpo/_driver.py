@@ -4,9 +4,14 @@ interrupt handling and resume.
 Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, ``exit_code``,
 ``first_metric_s``, ``last_step``, ``trial_dir``, ``worker``):
 
-* ran to the end            -> COMPLETE, value = last objective value
-* ``stop_reason=converged|collapsed`` -> COMPLETE, value = last objective value, ``compute_saved_s``
+* ran to the end            -> COMPLETE, value = the objective's aggregate of its evaluations (``objective.aggregate``:
+  the last one by default)
+* ``stop_reason=converged|collapsed`` -> COMPLETE, value = the aggregate so far, ``compute_saved_s``
   (early stopping: the spread metric stayed small with the objective above / below ``min_value``)
+* ``stop_reason=plateau`` -> the same: the objective stopped improving (``early_stopping.plateau_evals``)
+* ``stop_reason=collapsed:<label>`` -> the same, stopped by the diagnosis (:mod:`hpo._diagnosis`: ``nan``,
+  ``entropy_collapse``, ``kl_blowup``); with no finite evaluation yet, the worst value. Every trial also gets
+  ``diagnosis`` (one label), ``diagnosis_labels`` and ``diagnosis_evidence``.
 * ``stop_reason=pruned``    -> PRUNED (Optuna stores the last reported value), ``compute_saved_s``
 * ``fail_reason=oom|timeout|killed|crash`` -> COMPLETE with the worst value (``-inf``/``+inf``), or FAIL
   with ``on_failure: fail``; ``stderr_tail`` (and ``error``) say why. ``oom`` only when it is one (the
@@ -22,6 +27,11 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
 
 "Finished" trials, which count towards ``study.n_trials``: COMPLETE, PRUNED, and FAIL with a recorded result
 (``on_failure: fail``). Several drivers (``search``, ``resume``, ``worker`` on any host) may run one study.
+
+Confirmation trials (``verl-hpo confirm``, :mod:`hpo._confirm`) are queued copies of a top trial's parameters
+with a fresh seed (system attrs ``hpo:confirm_of`` / ``hpo:confirm_seed``, shown as user attrs ``confirm_of`` /
+``confirm_seed``). Any driver of the study that picks one up runs it to the end (never pruned), and they never
+count towards ``study.n_trials``.
 """
 
 from __future__ import annotations
@@ -47,7 +57,9 @@ import yaml
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from hpo._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, seed_key
 from hpo._devices import DevicePool, detect_devices
+from hpo._diagnosis import Diagnoser
 from hpo._identity import driver_identity
 from hpo._objective import Scored
 from hpo._preflight import predict
@@ -63,7 +75,16 @@ from hpo._recovery import (
 )
 from hpo._report import Reporter, summary
 from hpo._runner import ENV_DRIVER, ENV_STUDY, ENV_TRIAL, TrialProcess, is_finite, read_tail, sweep_orphans
-from hpo._space import EarlyStopping, PrunerSpec, SamplerSpec, Space, SpaceError, TrialSpec, space_from_stored
+from hpo._space import (
+    EarlyStopping,
+    PrunerSpec,
+    SamplerSpec,
+    Space,
+    SpaceError,
+    TrialSpec,
+    format_value,
+    space_from_stored,
+)
 from hpo._storage import check_study_name, mask_url, open_storage, study_exists
 from hpo._trust import experiment_digest
 from hpo._verl import (
@@ -154,10 +175,23 @@ def make_sampler(spec: SamplerSpec, n_existing: int, joining: bool = False) -> o
     seed = sampler_seed(spec.seed, n_existing, joining)
     if spec.type == "random":
         return optuna.samplers.RandomSampler(seed=seed)
+    if spec.type == "gp":  # imports torch (CPU) into the driver: only when asked for
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=spec.n_startup_trials)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
 
 
 def make_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
+    """The pruner of ``spec.type``, inside Optuna's PatientPruner when ``spec.patience`` is set. (The warm-up in
+    evaluations, ``n_warmup_evals``, is applied by the driver before it asks any pruner.)"""
+    inner = _base_pruner(spec)
+    if spec.patience is not None and spec.type != "none":
+        with warnings.catch_warnings():  # "experimental" since Optuna 2.8; stable in use
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.pruners.PatientPruner(inner, patience=spec.patience, min_delta=spec.min_delta)
+    return inner
+
+
+def _base_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
     if spec.type == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=spec.n_startup_trials,
                                            n_warmup_steps=spec.n_warmup_steps, interval_steps=spec.interval_steps)
@@ -174,6 +208,8 @@ def make_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
 def is_finished(t: FrozenTrial) -> bool:
     """COMPLETE, PRUNED, or FAIL with a result its driver recorded (``on_failure: fail``); an interrupted or
     recovered trial (FAIL without a recorded result) is not finished: its retry is."""
+    if is_confirm(t):
+        return False  # confirmation runs never count towards the search's target
     if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
         return True
     if t.state != TrialState.FAIL:
@@ -210,6 +246,8 @@ class Slots:
         held: set[int] = set()
         finished = waiting = 0
         for t in trials:
+            if is_confirm(t):
+                continue  # outside the search's target (see the module docstring)
             if is_finished(t):
                 finished += 1
             elif t.state == TrialState.RUNNING:
@@ -235,12 +273,15 @@ class _Watch:
     space: Space
     total_steps: int | None
     on_eval: Callable[[int, float], None]
+    diagnoser: Diagnoser | None = None
+    prune: bool = True  # False for confirmation runs
     value: float | None = None
     streak: int = 0
     step_times: list[float] = dataclasses.field(default_factory=list)
     reported: set[int] = dataclasses.field(default_factory=set)
     scored: Scored | None = None
     curve: dict[int, float] = dataclasses.field(default_factory=dict)
+    history: list[list[float]] = dataclasses.field(default_factory=list)
 
     def __call__(self, step: int, data: dict[str, Any]) -> str | None:
         t = data.get("timing_s/step")
@@ -250,21 +291,45 @@ class _Watch:
         objective = self.space.objective
         evaluated = objective.evaluate(data)
         if evaluated is not None:
-            values, parts = evaluated
-            finite = all(is_finite(v) for v in values)
-            self.value = values[0] if finite else math.nan
-            self.scored = Scored(values, parts, dict(data)) if finite else None
-            if finite and step not in self.reported:
+            raw, parts = evaluated
+            finite = all(is_finite(v) for v in raw)
+            if finite and step not in self.reported:  # a resumed trainer re-logs steps: count each once
                 self.reported.add(step)
-                self.on_eval(step, values[0])
-                if self._report_and_prune(step, values[0]):
-                    decision = "pruned"
+                self.history.append([float(v) for v in raw])
+            if finite:
+                values = objective.aggregated(self.history)
+                self.value = values[0]
+                self.scored = Scored(values, parts, dict(data))
+            else:
+                self.value, self.scored = math.nan, None
+            if finite and self.history and step == max(self.reported):
+                if step not in self.curve:
+                    self.on_eval(step, values[0])
+                    if self._report_and_prune(step, values[0]):
+                        decision = "pruned"
         es: EarlyStopping = self.space.early_stopping
+        if decision is None and es.enabled and evaluated is not None and self._plateaued(es):
+            decision = "plateau"
         if decision is None and es.enabled and es.metric in data and is_finite(data[es.metric]):
             self.streak = self.streak + 1 if float(data[es.metric]) < es.threshold else 0
             if self.streak >= es.patience and self.value is not None and math.isfinite(self.value):
                 decision = "converged" if self._reached_floor(self.value, es.min_value) else "collapsed"
+        if self.diagnoser is not None:
+            label = self.diagnoser.update(step, data)
+            if decision is None and label is not None:
+                decision = f"collapsed:{label}"
         return decision
+
+    def _plateaued(self, es: EarlyStopping) -> bool:
+        """The last ``plateau_evals`` evaluations (first objective) did not beat the best before them by more
+        than ``plateau_min_delta``."""
+        n = es.plateau_evals
+        if n is None or len(self.history) <= n:
+            return False
+        sign = 1.0 if self.space.objective.direction_literal == "maximize" else -1.0
+        before = max(sign * h[0] for h in self.history[:-n])
+        recent = max(sign * h[0] for h in self.history[-n:])
+        return recent <= before + es.plateau_min_delta
 
     def _reached_floor(self, value: float, floor: float) -> bool:
         """A small spread at a good objective value is convergence; at a poor one, a collapsed policy."""
@@ -278,12 +343,13 @@ class _Watch:
         objective's curve (user attr ``curve``) and prunes by the median rule: the trial's best value so
         far against the median of finished trials' values at the same step."""
         spec = self.space.study.pruner
+        self.curve[step] = value
+        warm = self.prune and len(self.history) > spec.n_warmup_evals
         if not self.space.objective.multi:
             self.trial.report(value, step)
-            return spec.type != "none" and self.trial.should_prune()
-        self.curve[step] = value
+            return warm and spec.type != "none" and self.trial.should_prune()
         self.trial.set_user_attr("curve", {str(k): v for k, v in sorted(self.curve.items())})
-        if step < spec.n_warmup_steps or spec.type != "median":
+        if not warm or step < spec.n_warmup_steps or spec.type != "median":
             return False
         finished = self.trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
         complete = [t for t in finished if t.state == TrialState.COMPLETE]
@@ -329,6 +395,7 @@ class Driver:
                                space.trial.gpus_per_trial)
         self.heartbeat: Heartbeat | None = None
         self.ran = 0
+        self.confirming = False  # run_confirm: only the queued confirmation trials
         self._errors: list[BaseException] = []
         self._count_lock = threading.Lock()
 
@@ -353,11 +420,16 @@ class Driver:
             cmd[0] = sys.executable
         return cmd
 
-    def trainer_overrides(self, values: dict[str, Any], trial_dir: Path) -> list[str]:
-        if self.space.trial.is_verl:  # hydra syntax; the driver's own keys are added by verl_argv
-            return verl_overrides(self.space.overrides, {p.key: values[p.name] for p in self.space.params
-                                                          if p.name in values})
-        overrides = self.space.trainer_overrides(values)
+    def trainer_overrides(self, values: dict[str, Any], trial_dir: Path,
+                          extra: dict[str, Any] | None = None) -> list[str]:
+        """The trial's trainer overrides: fixed ones, tuned values, then ``extra`` (which replaces a fixed
+        override of the same key, e.g. a confirmation run's seed)."""
+        extra = extra or {}
+        if self.space.trial.is_verl:  # hydra syntax (one value per key); the driver's own keys come from verl_argv
+            fixed = {k: v for k, v in self.space.overrides.items() if k not in extra}
+            return verl_overrides(fixed, {**{p.key: values[p.name] for p in self.space.params if p.name in values},
+                                          **extra})
+        overrides = self.space.trainer_overrides(values) + [f"{k}={format_value(v)}" for k, v in extra.items()]
         if self.space.trial.is_default_command:
             overrides.append(f"trainer.default_local_dir={trial_dir / 'checkpoints'}")
         return overrides
@@ -435,7 +507,12 @@ class Driver:
         history = list(system.get("retry_history", []))
         attempt = len(history)  # verl: each attempt its own metrics file (its FileLogger truncates)
         metrics = verl_metrics_path(trial_dir, attempt) if spec.is_verl else trial_dir / "metrics.jsonl"
-        overrides = self.trainer_overrides(values, trial_dir)
+        confirm_seed = system.get(ATTR_CONFIRM_SEED)
+        if confirm_seed is not None:  # a confirmation run: the top trial's values with a fresh seed
+            trial.set_user_attr("confirm_of", system.get(ATTR_CONFIRM_OF))
+            trial.set_user_attr("confirm_seed", confirm_seed)
+        overrides = self.trainer_overrides(values, trial_dir, None if confirm_seed is None else
+                                           {seed_key(self.space): int(confirm_seed)})
         argv = [*self.command(), "--config", self.space.config, "--metrics-file", str(metrics), *overrides]
         trial.set_user_attr("trial_dir", str(trial_dir))
         if retry_of is not None:
@@ -471,7 +548,10 @@ class Driver:
                 mem[0] = gb
                 self.reporter.trial_tick(trial.number, step, total, gb)
 
-            watch = _Watch(trial, self.space, total, on_eval)
+            diag = self.space.diagnosis
+            diagnoser = Diagnoser(diag, self.space.objective.primary_metric,
+                                  self.space.objective.direction_literal == "maximize") if diag.enabled else None
+            watch = _Watch(trial, self.space, total, on_eval, diagnoser, prune=confirm_seed is None)
             proc = TrialProcess(argv=argv, env=env, log_dir=trial_dir, metrics_path=metrics, cwd=self.cwd,
                                 timeout_s=spec.timeout_s, memory_limit_gb=spec.memory_limit_gb,
                                 on_metrics=watch, on_tick=on_tick, stop_event=_TrialStop(self.stop_event, lost))
@@ -494,11 +574,15 @@ class Driver:
             "cgroup_peak_gb": None if result.cgroup_peak_gb is None else round(result.cgroup_peak_gb, 4),
             "leftovers_killed": result.leftovers_killed,
         }
+        if watch.diagnoser is not None:
+            attrs.update(diagnosis=watch.diagnoser.label, diagnosis_labels=list(watch.diagnoser.labels),
+                         diagnosis_evidence=watch.diagnoser.evidence())
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
         if result.stop == "interrupted":
             self._interrupt(trial)
-        if result.stop in ("pruned", "converged", "collapsed"):
+        if result.stop is not None and (result.stop in ("pruned", "converged", "collapsed", "plateau")
+                                        or result.stop.startswith("collapsed:")):
             trial.set_user_attr("stop_reason", result.stop)
             saved = watch.compute_saved_s(result.last_step, result.wall_time_s)
             if saved is not None:
@@ -506,6 +590,11 @@ class Driver:
             if result.stop == "pruned":
                 self._record_scores(trial, watch.scored)
                 raise optuna.TrialPruned(f"pruned at step {result.last_step}")
+            if watch.scored is None:  # collapsed before any finite evaluation: nothing to score but the worst
+                self._record_scores(trial, None)
+                if spec.on_failure == "fail":
+                    raise TrialFailed(f"trial {trial.number}: {result.stop}")
+                return self.space.objective.worst
             return self._finish(trial, watch)
         failure, error = result.failure, None
         if failure is None and watch.scored is None:
@@ -562,7 +651,7 @@ class Driver:
         if killed:
             self.reporter.note(f"killed {killed} leftover trial process(es) of a dead driver")
         self.recover()
-        if n_finished(self.study) >= target:
+        if not self.confirming and n_finished(self.study) >= target:
             return 0
         self.prepare()
         n_jobs = self.space.trial.n_jobs
@@ -582,6 +671,15 @@ class Driver:
             raise interrupted[0] if interrupted else self._errors[0]
         return self.ran
 
+    def run_confirm(self, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = ()) -> int:
+        """Run the study's queued confirmation trials (``verl-hpo confirm``) until none is waiting; other
+        drivers of the study may take some of them. Returns the number this driver ran."""
+        self.confirming = True
+        try:
+            return self.run(0, callbacks)
+        finally:
+            self.confirming = False
+
     def recover(self) -> None:
         spec = self.space.study
         for number, what in recover_stale_trials(self.study, spec.grace_period, spec.max_retry):
@@ -593,10 +691,16 @@ class Driver:
         try:
             while not self.stop_event.is_set() and not self._errors:
                 self.recover()
-                slots = Slots.count(self.study.get_trials(deepcopy=False), self.space.study.max_retry)
-                if slots.finished >= target:
+                trials = self.study.get_trials(deepcopy=False)
+                if self.confirming:
+                    if not any(is_confirm(t) and t.state == TrialState.WAITING for t in trials):
+                        return
+                    slots = None
+                else:
+                    slots = Slots.count(trials, self.space.study.max_retry)
+                if slots is not None and slots.finished >= target:
                     return
-                if not slots.waiting and len(slots.held) >= target:
+                if slots is not None and not slots.waiting and len(slots.held) >= target:
                     self.stop_event.wait(WAIT_S)  # running trials (ours or others') hold the rest; they may die
                     continue
                 frozen = self._one_trial(target)
@@ -614,8 +718,9 @@ class Driver:
         """Ask, check the slot, run, record and tell one trial; None when it was surplus or lost."""
         trial = self.study.ask()
         frozen = self._frozen(trial.number)
-        if "failed_trial" not in frozen.system_attrs and not Slots.count(
-                self.study.get_trials(deepcopy=False), self.space.study.max_retry).admits(trial.number, target):
+        queued = "failed_trial" in frozen.system_attrs or is_confirm(frozen)  # requested work: never surplus
+        if not queued and (self.confirming or not Slots.count(
+                self.study.get_trials(deepcopy=False), self.space.study.max_retry).admits(trial.number, target)):
             trial.set_user_attr("stop_reason", "surplus")
             finish(self.study, trial._trial_id, TrialState.FAIL, None)
             return None

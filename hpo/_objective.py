@@ -15,6 +15,12 @@ Three modes (``objective.mode``), all data in YAML, never code:
   Each weighted term is stored on the trial as user attribute ``score/<name>`` (and ``score/total``).
 * ``pareto``: ``objectives``, a list of ``{metric, direction}``: a true multi-objective Optuna study.
 
+``aggregate`` (any mode): how a trial's evaluations become its value: ``last`` (the final evaluation, the
+default), ``best`` (the best evaluation so far: a run that peaks and then degrades keeps its peak) or
+``mean_last_k`` (the mean of the last ``k`` evaluations: averages evaluation noise, at no extra cost). The
+value reported to the pruner at each evaluation is the same aggregate of the evaluations so far, so pruning and
+the final value rank trials alike. Applied to each objective (or to the weighted score), never to constraints.
+
 ``constraints`` (any mode): ``{metric, op: "<=" | ">=", value}``; stored with ``trial.set_constraint`` as
 ``metric - value`` (``<=``) or ``value - metric`` (``>=``), feasible when <= 0, so infeasible trials never
 count as best. A failed trial gets the worst value in every objective and +inf in every constraint.
@@ -31,6 +37,7 @@ MODES = ("single", "weighted", "pareto")
 DIRECTIONS = ("maximize", "minimize")
 TRANSFORMS = ("identity", "excess", "deficit")
 OPS = ("<=", ">=")
+AGGREGATES = ("last", "best", "mean_last_k")
 ErrorFn = Callable[[str, str], Exception]
 
 
@@ -83,6 +90,19 @@ class Objective:
     terms: tuple[Term, ...] = ()
     objectives: tuple[Target, ...] = ()
     constraints: tuple[Constraint, ...] = ()
+    aggregate: str = "last"
+    k: int = 3
+
+    def aggregated(self, history: list[list[float]]) -> list[float]:
+        """The trial's value(s) from its evaluations so far (oldest first; each a list of objective values)."""
+        if not history:
+            return []
+        if self.aggregate == "last":
+            return list(history[-1])
+        columns = list(zip(*history, strict=True))
+        if self.aggregate == "mean_last_k":
+            return [sum(c[-self.k:]) / len(c[-self.k:]) for c in columns]
+        return [max(c) if d == "maximize" else min(c) for c, d in zip(columns, self.directions, strict=True)]
 
     @property
     def multi(self) -> bool:
@@ -108,11 +128,25 @@ class Objective:
     def label(self) -> str:
         """A short description for headers."""
         if self.mode == "single":
-            return f"{self.direction} {self.metric}"
+            return f"{self.direction} {self.metric}{self._agg_text}"
         if self.mode == "weighted":
             parts = " ".join(f"{t.weight:+g}*{_term_text(t)}" for t in self.terms)
-            return f"{self.direction} {parts}"
-        return "pareto: " + ", ".join(f"{t.direction} {t.metric}" for t in self.objectives)
+            return f"{self.direction} {parts}{self._agg_text}"
+        return "pareto: " + ", ".join(f"{t.direction} {t.metric}" for t in self.objectives) + self._agg_text
+
+    @property
+    def _agg_text(self) -> str:
+        if self.aggregate == "last":
+            return ""
+        return " (best evaluation)" if self.aggregate == "best" else f" (mean of last {self.k} evaluations)"
+
+    @property
+    def primary_metric(self) -> str:
+        """The metric that stands for "validation reward" (the diagnosis watches it): the single metric, the
+        first pareto objective, or the weighted term with the largest weight."""
+        if self.mode == "weighted":
+            return max(self.terms, key=lambda t: t.weight).metric
+        return self.objectives[0].metric if self.multi else self.metric
 
     @property
     def metrics(self) -> list[str]:
@@ -221,7 +255,7 @@ def _unique(names: list[str], where: str, error: ErrorFn) -> None:
         seen.add(n)
 
 
-_FIELDS = ("mode", "metric", "direction", "terms", "objectives", "constraints")
+_FIELDS = ("mode", "metric", "direction", "terms", "objectives", "constraints", "aggregate", "k")
 
 
 def parse_objective(raw: Any, error: ErrorFn) -> Objective:
@@ -237,10 +271,16 @@ def parse_objective(raw: Any, error: ErrorFn) -> Objective:
     if "constraints" in raw and not isinstance(raw["constraints"], list):
         raise error("objective.constraints", f"expected a list, got {raw['constraints']!r}")
     _unique([c.name for c in constraints], "objective.constraints", error)
+    aggregate = _str(raw, "aggregate", "objective", error, AGGREGATES, default="last")
+    k = raw.get("k", 3)
+    if aggregate != "mean_last_k" and "k" in raw:
+        raise error("objective.k", f"only with aggregate mean_last_k (value {k!r})")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise error("objective.k", f"expected a positive integer, got {k!r}")
     if mode == "single":
         return Objective(mode, _str(raw, "metric", "objective", error, default="eval/reward_mean"),
                          _str(raw, "direction", "objective", error, DIRECTIONS, default="maximize"),
-                         constraints=constraints)
+                         constraints=constraints, aggregate=aggregate, k=k)
     if mode == "weighted":
         terms = []
         for i, t in enumerate(_list(raw.get("terms"), "objective.terms", error)):
@@ -255,7 +295,7 @@ def parse_objective(raw: Any, error: ErrorFn) -> Objective:
                               _float(t, "weight", where, error), transform, threshold))
         _unique([t.name for t in terms], "objective.terms", error)
         return Objective(mode, direction=_str(raw, "direction", "objective", error, DIRECTIONS, default="maximize"),
-                         terms=tuple(terms), constraints=constraints)
+                         terms=tuple(terms), constraints=constraints, aggregate=aggregate, k=k)
     targets = []
     for i, t in enumerate(_list(raw.get("objectives"), "objective.objectives", error)):
         where = f"objective.objectives[{i}]"
@@ -266,7 +306,7 @@ def parse_objective(raw: Any, error: ErrorFn) -> Objective:
     if len(targets) < 2:
         raise error("objective.objectives", f"pareto needs at least 2 objectives, got {len(targets)}")
     _unique([t.name for t in targets], "objective.objectives", error)
-    return Objective(mode, objectives=tuple(targets), constraints=constraints)
+    return Objective(mode, objectives=tuple(targets), constraints=constraints, aggregate=aggregate, k=k)
 
 
 def _parse_constraint(raw: Any, i: int, error: ErrorFn) -> Constraint:

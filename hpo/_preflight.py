@@ -11,6 +11,12 @@ model's ``config.json``: no torch, no weights) against the trial's budget, befor
 The budget of a trial: on its GPUs the free memory (nvidia-smi) of the tightest one, lowered to
 ``trial.memory_limit_gb`` when set; on the CPU the available RAM, lowered to the cgroup limit and to
 ``trial.memory_limit_gb``.
+
+Real verl spaces (``trial.backend: verl``) are estimated by :func:`predict_verl`: each corner is composed by
+hydra in verl's interpreter (``hpo/_verl_compose.py``, the keys of ``verl_core.memory.VERL_MEMORY_KEYS`` selected)
+and ``verl_core.memory.estimate_verl`` does the arithmetic here (its docstring has the mapping and its limits).
+verl always trains on GPUs: with none visible (``validate`` on a laptop) the budget is ``trial.memory_limit_gb``,
+else a GPU of :data:`ASSUMED_GPU_GB` GiB, whose size also sets vLLM's ``gpu_memory_utilization`` share.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from hpo._space import Space, SpaceError
 
 MAX_CORNERS = 64
 GiB = 2**30
+ASSUMED_GPU_GB = 80  # an A100/H100 80 GB: the GPU a verl estimate assumes when none is visible
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,98 @@ def predict(space: Space, overrides: Sequence[str], devices: Sequence[str] = ())
                       est.render(budget, source))
 
 
+# ----------------------------------------------------------------------------- real verl
+def _verl_budget(space: Space, devices: Sequence[str], gpu_total_bytes: int | None) -> tuple[int, str, int]:
+    """(budget, where it comes from, the GPU's total memory) of a verl trial on ``devices``."""
+    from verl_core import memory
+
+    cap = space.trial.memory_limit_gb
+    gpus = memory.gpu_memory()
+    total = gpu_total_bytes or (gpus[0][1] if gpus else ASSUMED_GPU_GB * GiB)
+    gpu = _gpu_budget(devices) if devices else None
+    if gpu is not None and (cap is None or gpu[0] <= cap * GiB):
+        return gpu[0], gpu[1], total
+    if cap is not None:
+        return int(cap * GiB), f"trial.memory_limit_gb={cap}", total
+    if gpu_total_bytes is not None:
+        return gpu_total_bytes, f"a GPU of {gpu_total_bytes / GiB:.0f} GiB", total
+    return total, (f"no GPU visible: an {ASSUMED_GPU_GB} GiB GPU assumed" if not gpus else
+                   "total memory of GPU 0 (nvidia-smi; no device of the trial visible)"), total
+
+
+def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], n_gpus: int,
+                       python: str | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Compose each corner in verl's interpreter (as ``hpo._verl.compose_corners`` does, with
+    ``trainer.n_gpus_per_node=<n_gpus> trainer.nnodes=1`` last) and return per corner verl's ``info`` (use of a
+    critic / reference) and the values of ``VERL_MEMORY_KEYS``. SpaceError for a corner verl rejects."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from hpo._verl import COMPOSE_SCRIPT, INSTALL_HINT, default_python, format_override, is_config_path
+    from verl_core.memory import VERL_MEMORY_KEYS
+
+    python = python or space.trial.python or default_python()
+    config_dir, name = None, space.config
+    if is_config_path(space.config):
+        path = Path(space.config).expanduser().resolve()
+        config_dir, name = str(path.parent), path.stem
+    gpus = [format_override("trainer.n_gpus_per_node", max(1, n_gpus)), format_override("trainer.nnodes", 1)]
+    request = {"config_dir": config_dir, "config_name": name, "corners": [[*c, *gpus] for c in corner_overrides],
+               "select": list(VERL_MEMORY_KEYS)}
+    try:
+        res = subprocess.run([python, str(COMPOSE_SCRIPT)], input=json.dumps(request), capture_output=True,
+                             text=True, timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+        reply = json.loads(res.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError) as err:
+        raise SpaceError(f"{space.source}: memory estimate: composing the verl config with {python} failed "
+                         f"({type(err).__name__}); {INSTALL_HINT}") from None
+    if reply["status"] != "ok":
+        raise SpaceError(f"{space.source}: memory estimate: {reply['message']}")
+    out = []
+    for overrides, r in zip(corner_overrides, reply["results"], strict=True):
+        if not r["ok"]:
+            raise SpaceError(f"{space.source}: memory estimate: {' '.join(overrides)}: {r['message']}")
+        out.append((r["info"], r["selected"]))
+    return out
+
+
+def _verl_prediction(space: Space, info: dict[str, Any], values: dict[str, Any], devices: Sequence[str],
+                     gpu_total_bytes: int | None) -> Prediction:
+    from verl_core import memory
+    from verl_core.config import ConfigError
+
+    budget, source, total = _verl_budget(space, devices, gpu_total_bytes)
+    try:
+        est = memory.estimate_verl(values, use_critic=bool(info["use_critic"]),
+                                   use_ref=bool(info["use_reference_policy"]), gpu_total_bytes=total)
+    except memory.ModelConfigUnavailable:
+        raise
+    except ConfigError as err:
+        raise SpaceError(f"{space.source}: memory estimate: {err}") from None
+    return Prediction(est.total, budget, source, "cuda", est.not_fitting(budget, space.trial.preflight_margin),
+                      est.render(budget, source))
+
+
+def predict_verl_corners(space: Space, corner_overrides: Sequence[Sequence[str]], devices: Sequence[str] = (),
+                         gpu_total_bytes: int | None = None, python: str | None = None) -> list[Prediction]:
+    """:func:`predict_verl` of several corners with one verl subprocess."""
+    n_gpus = len(devices) or space.trial.gpus_per_trial
+    inputs = verl_memory_inputs(space, corner_overrides, n_gpus, python)
+    return [_verl_prediction(space, info, values, devices, gpu_total_bytes) for info, values in inputs]
+
+
+def predict_verl(space: Space, overrides: Sequence[str], devices: Sequence[str] = (),
+                 gpu_total_bytes: int | None = None, python: str | None = None) -> Prediction:
+    """The estimate of a real verl trial (``space.config`` composed with ``overrides``, FSDP over the trial's
+    ``devices``, else ``trial.gpus_per_trial`` GPUs) against its budget (see the module docstring).
+
+    ``gpu_total_bytes``: the GPU's size when no GPU is visible (default :data:`ASSUMED_GPU_GB`). Raises
+    ``verl_core.memory.ModelConfigUnavailable`` when the model's ``config.json`` cannot be found without a download
+    (a hub id not in the cache), SpaceError when verl rejects the config."""
+    return predict_verl_corners(space, [overrides], devices, gpu_total_bytes, python)[0]
+
+
 def corners(space: Space) -> list[dict[str, Any]]:
     """Every parameter at its ends (or each choice), jointly; at most MAX_CORNERS."""
     combos = itertools.islice(itertools.product(*(p.corner_values() for p in space.params)), MAX_CORNERS)
@@ -93,10 +192,20 @@ def _shown(values: dict[str, Any]) -> str:
 
 def check_space_fits(space: Space, devices: Sequence[str]) -> None:
     """SpaceError when no corner of the space is predicted to fit (a study that could only record failures)."""
-    if not (space.trial.preflight and space.trial.is_default_command):
+    if not (space.trial.preflight and (space.trial.is_default_command or space.trial.is_verl)):
         return
     per_trial = list(devices[: space.trial.gpus_per_trial])
-    predictions = [(c, predict(space, space.trainer_overrides(c), per_trial)) for c in corners(space)]
+    cs = corners(space)
+    if space.trial.is_verl:
+        from verl_core.memory import ModelConfigUnavailable
+
+        try:
+            verl = predict_verl_corners(space, [space.trainer_overrides(c) for c in cs], per_trial)
+        except ModelConfigUnavailable:
+            return  # the trial downloads the model; nothing to estimate it from here
+        predictions = list(zip(cs, verl, strict=True))
+    else:
+        predictions = [(c, predict(space, space.trainer_overrides(c), per_trial)) for c in cs]
     if predictions and not any(p.fits for _, p in predictions):
         values, smallest = min(predictions, key=lambda cp: cp[1].total)
         raise SpaceError(f"{space.source}: every corner of the space is predicted not to fit in memory (smallest: "
@@ -110,18 +219,14 @@ def validate_space(space: Space, devices: Sequence[str], out: Any) -> int:
     from verl_core.validate import best_practice_warnings
 
     if space.trial.is_verl:
-        print(f"{space.source}: every corner composed and checked with verl's own config code "
-              f"({space.trial.python or 'the verl venv'}); no memory estimate for verl configs yet", file=out)
-        print("All checks passed", file=out)
-        return 0
+        return _validate_verl(space, devices, out)
     if not space.trial.is_default_command:
         print(f"{space.source}: trial.command is not the default trainer: only the space itself was checked",
               file=out)
         print("All checks passed", file=out)
         return 0
     per_trial = list(devices[: space.trial.gpus_per_trial])
-    worst: tuple[dict[str, Any], Prediction] | None = None
-    bad: list[tuple[dict[str, Any], Prediction]] = []
+    results = []
     warnings: set[str] = set()
     for values in corners(space):
         overrides = space.trainer_overrides(values)
@@ -129,7 +234,33 @@ def validate_space(space: Space, devices: Sequence[str], out: Any) -> int:
             warnings.update(best_practice_warnings(load_config(space.config, overrides)))
         except ConfigError as err:
             raise SpaceError(f"{space.source}: {_shown(values)}: {err}") from None
-        pred = predict(space, overrides, per_trial)
+        results.append((values, predict(space, overrides, per_trial)))
+    return _report(space, results, sorted(warnings), out)
+
+
+def _validate_verl(space: Space, devices: Sequence[str], out: Any) -> int:
+    """The verl branch of :func:`validate_space`: the corners were composed and checked by verl when the space was
+    loaded; here each is estimated (one more verl subprocess)."""
+    from verl_core.memory import ModelConfigUnavailable
+
+    print(f"{space.source}: every corner composed and checked with verl's own config code "
+          f"({space.trial.python or 'the verl venv'})", file=out)
+    per_trial = list(devices[: space.trial.gpus_per_trial])
+    values = corners(space)
+    try:
+        preds = predict_verl_corners(space, [space.trainer_overrides(c) for c in values], per_trial)
+    except ModelConfigUnavailable as err:
+        print(f"memory estimate skipped: {err}", file=out)
+        print("All checks passed", file=out)
+        return 0
+    return _report(space, list(zip(values, preds, strict=True)), [], out)
+
+
+def _report(space: Space, results: list[tuple[dict[str, Any], Prediction]], warnings: list[str], out: Any) -> int:
+    """Every corner's verdict, the warnings, the largest corner's table; 0 when all fit, else 2 with one line."""
+    worst: tuple[dict[str, Any], Prediction] | None = None
+    bad: list[tuple[dict[str, Any], Prediction]] = []
+    for values, pred in results:
         verdict = "fits" if pred.fits else "DOES NOT FIT"
         print(f"corner {_shown(values)}: {pred.total / GiB:.3f} GiB of {pred.budget / GiB:.3f} GiB "
               f"({pred.budget_source}) on {pred.device}: {verdict}", file=out)
@@ -137,7 +268,7 @@ def validate_space(space: Space, devices: Sequence[str], out: Any) -> int:
             worst = (values, pred)
         if not pred.fits:
             bad.append((values, pred))
-    for w in sorted(warnings):
+    for w in warnings:
         print(f"warning: {w}", file=out)
     if worst is not None:
         print(f"\nlargest corner ({_shown(worst[0])}):\n{worst[1].table}\n", file=out)

@@ -14,6 +14,7 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo._confirm import is_confirm
 from hpo._space import Space, format_value
 from hpo._storage import mask_url
 
@@ -130,8 +131,9 @@ def feasible(t: FrozenTrial) -> bool:
 
 
 def _finite_complete(study: optuna.Study) -> list[FrozenTrial]:
+    """Search trials (not confirmation runs) that can be best."""
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.values is not None and all(math.isfinite(v) for v in t.values) and feasible(t)]
+            if not is_confirm(t) and t.values is not None and all(math.isfinite(v) for v in t.values) and feasible(t)]
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
@@ -193,13 +195,16 @@ def top_table(study: optuna.Study, limit: int = 10) -> str:
 
     trials.sort(key=key)
     names = sorted({k for t in trials for k in t.params})
-    head = ["trial", *objective_names(study), "outcome", *names, "steps", "wall_s", "peak_gb"]
+    head = ["trial", *objective_names(study), "outcome", "diagnosis", *names, "steps", "wall_s", "peak_gb"]
     rows = [head]
     for t in trials[:limit]:
         ua = t.user_attrs
         values = t.values or [None] * len(study.directions)
         rows.append([
-            str(t.number), *(fmt_value(v) for v in values), outcome(t) + ("" if feasible(t) else " infeasible"),
+            str(t.number), *(fmt_value(v) for v in values),
+            outcome(t) + ("" if feasible(t) else " infeasible")
+            + (f" (confirms {ua.get('confirm_of')}, seed {ua.get('confirm_seed')})" if is_confirm(t) else ""),
+            str(ua.get("diagnosis", "-")),
             *(fmt_value(t.params[n]) if isinstance(t.params.get(n), float) else str(t.params.get(n, "-"))
               for n in names),
             str(ua.get("last_step", "-")), fmt_value(ua.get("wall_time_s")), fmt_value(ua.get("peak_memory_gb")),

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from hpo._diagnosis import DiagnosisSpec
 from hpo._objective import Objective, check_metrics, parse_objective
 
 SPACES_DIR = Path("search_spaces")
@@ -52,6 +53,11 @@ class EarlyStopping:
     ``converged`` (the objective reached ``min_value``: nothing more to learn) or ``collapsed`` (it did
     not: every answer scores the same low value). Both stop the trial, which completes with its last
     objective value; the ``stop_reason`` user attr says which.
+
+    ``plateau_evals`` (off by default) adds a second rule that needs no spread metric: a trial whose objective
+    has not beaten its earlier best by more than ``plateau_min_delta`` for ``plateau_evals`` consecutive
+    evaluations stops with ``stop_reason=plateau`` (RL runs that learned what they will learn early spend the
+    rest of their budget re-measuring it). Its value is the objective's aggregate so far.
     """
 
     enabled: bool = field(default=True, metadata=_meta("Off with false."))
@@ -61,13 +67,26 @@ class EarlyStopping:
     min_value: float = field(default=0.5, metadata=_meta(
         "Objective floor: a small spread with the objective >= min_value (<= for minimize) is 'converged', "
         "otherwise 'collapsed'."))
+    plateau_evals: int | None = field(default=None, metadata=_meta(
+        "Stop a trial (stop_reason=plateau) whose objective has not beaten its earlier best by more than "
+        "plateau_min_delta for this many consecutive evaluations; null = off."))
+    plateau_min_delta: float = field(default=0.0, metadata=_meta("plateau: the improvement that counts."))
 
 
 @dataclass(frozen=True)
 class SamplerSpec:
-    type: str = field(default="tpe", metadata=_meta("Sampler.", ("tpe", "random")))
+    """Which Optuna sampler suggests parameters.
+
+    ``tpe`` (default): Optuna 5's TPE, which is multivariate always and imputes running trials' values
+    (``constant_liar``) by default, so parallel jobs and workers spread out: no flags needed. ``gp``: Optuna's
+    Gaussian-process sampler (constraints, several objectives and running trials handled); usually needs fewer
+    trials on small continuous spaces, but it imports torch into the driver (CPU, one GP fit per suggestion),
+    the one exception to the driver being torch-free. ``random``: the baseline.
+    """
+
+    type: str = field(default="tpe", metadata=_meta("Sampler.", ("tpe", "gp", "random")))
     seed: int | None = field(default=0, metadata=_meta("Base seed; + number of existing trials on resume."))
-    n_startup_trials: int = field(default=4, metadata=_meta("TPE: random trials before modelling."))
+    n_startup_trials: int = field(default=4, metadata=_meta("TPE / GP: random trials before modelling."))
 
 
 @dataclass(frozen=True)
@@ -80,6 +99,29 @@ class PrunerSpec:
     min_resource: int = field(default=1, metadata=_meta("hyperband/successive_halving: min steps."))
     max_resource: int | None = field(default=None, metadata=_meta("hyperband: max steps; null = auto."))
     reduction_factor: int = field(default=3, metadata=_meta("hyperband/successive_halving: eta."))
+    n_warmup_evals: int = field(default=0, metadata=_meta(
+        "Any pruner: a trial is not pruned before it has reported this many evaluations (RL curves are noisy "
+        "and late bloomers look like failures early on); counted in evaluations, not trainer steps."))
+    patience: int | None = field(default=None, metadata=_meta(
+        "Wrap the pruner in Optuna's PatientPruner: the pruner is asked only once the trial's best over its last "
+        "patience + 1 evaluations is below its earlier best (by more than min_delta); a trial still improving or "
+        "on a plateau is never pruned; null = off."))
+    min_delta: float = field(default=0.0, metadata=_meta("patience: the drop below the earlier best that counts."))
+
+
+@dataclass(frozen=True)
+class ConfirmSpec:
+    """``verl-hpo confirm``: re-run the top trials with fresh seeds (as tagged trials of the same study).
+
+    Confirmation seeds are ``seed_base, seed_base + 1, ...``, skipping every seed the tuning trials used (the
+    fixed ``seed_key`` override, the trainer's default, or a tuned seed's whole range), so tuning and
+    confirmation seeds never overlap."""
+
+    top_k: int = field(default=3, metadata=_meta("Trials to confirm (best first)."))
+    seeds: int = field(default=3, metadata=_meta("Fresh seeds per confirmed trial."))
+    seed_key: str | None = field(default=None, metadata=_meta(
+        "Trainer key of the run's seed; null = trainer.seed (verl_core) or data.seed (verl)."))
+    seed_base: int = field(default=1000, metadata=_meta("First confirmation seed."))
 
 
 @dataclass(frozen=True)
@@ -92,6 +134,7 @@ class StudySpec:
         "A RUNNING trial without heartbeat this long (s) is stale (its driver is dead): at least twice "
         "heartbeat_interval."))
     max_retry: int | None = field(default=3, metadata=_meta("Retries of an interrupted trial; null = unlimited."))
+    confirm: ConfirmSpec = field(default_factory=ConfirmSpec, metadata=_meta("verl-hpo confirm defaults."))
 
 
 @dataclass(frozen=True)
@@ -108,7 +151,8 @@ class TrialSpec:
     memory_limit_gb: float | None = field(default=None, metadata=_meta(
         "Hard memory cap of a trial (a cgroup where possible, else a 0.1 s watchdog over peak RSS)."))
     preflight: bool = field(default=True, metadata=_meta(
-        "Default trainer: skip a trial whose memory estimate does not fit its budget (fail_reason=predicted_oom)."))
+        "Default trainer: skip a trial whose memory estimate does not fit its budget (fail_reason=predicted_oom); "
+        "verl backend: the space is refused at search when no corner fits (estimated with verl's composed config)."))
     preflight_margin: float = field(default=0.1, metadata=_meta(
         "Pre-flight safety margin: the estimate times (1 + margin) must fit."))
     on_failure: str = field(default="worst", metadata=_meta("worst value or FAIL state.", ("worst", "fail")))
@@ -173,6 +217,7 @@ class Space:
     params: tuple[Param, ...]
     objective: Objective = field(default_factory=Objective)
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
+    diagnosis: DiagnosisSpec = field(default_factory=DiagnosisSpec)
     study: StudySpec = field(default_factory=StudySpec)
     trial: TrialSpec = field(default_factory=TrialSpec)
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -188,7 +233,7 @@ class Space:
 
 
 _SECTIONS: dict[str, type] = {
-    "early_stopping": EarlyStopping, "study": StudySpec, "trial": TrialSpec,
+    "early_stopping": EarlyStopping, "diagnosis": DiagnosisSpec, "study": StudySpec, "trial": TrialSpec,
 }
 _TOP_FIELDS = ("config", "overrides", "params", "objective", *_SECTIONS)
 _PARAM_FIELDS = ("key", "type", "low", "high", "log", "step", "choices")
@@ -334,7 +379,7 @@ def _build(cls: type, raw: Any, where: str, ctx: _Ctx) -> Any:
             raise ctx.error(sub, f"{value!r} is not one of {', '.join(choices)}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and f.name not in (
             "seed", "n_warmup_steps", "n_startup_trials", "max_retry", "gpus_per_trial", "threshold", "min_value",
-            "preflight_margin"
+            "preflight_margin", "n_warmup_evals", "min_delta", "seed_base", "hacking_min_drop", "plateau_min_delta"
         ):
             raise ctx.error(sub, f"must be positive, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 and f.name != "min_value":
@@ -476,6 +521,15 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     if study.grace_period < 2 * study.heartbeat_interval:
         raise ctx.error("study.grace_period", f"{study.grace_period} is under twice study.heartbeat_interval="
                         f"{study.heartbeat_interval}: a live driver's trial would be taken for dead between beats")
+    if study.sampler.type == "gp":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise ctx.error("study.sampler.type", "gp needs torch in the driver's environment (Optuna's GPSampler "
+                            "uses it); install torch or use tpe")
+    if objective.multi and study.pruner.patience is not None:
+        raise ctx.error("study.pruner.patience", "not supported with objective mode pareto (its median rule is the "
+                        "driver's own); use n_warmup_evals")
     if objective.multi and sections["study"].pruner.type not in ("median", "none"):
         raise ctx.error("study.pruner.type", f"{sections['study'].pruner.type!r} is not supported with objective "
                         "mode pareto (Optuna cannot report multi-objective curves); use median or none")
@@ -494,8 +548,10 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
         trial = dataclasses.replace(trial, prepare_command=DEFAULT_PREPARE_COMMAND)
     if trial.devices is not None and not trial.devices:
         raise ctx.error("trial.devices", "expected a non-empty list or null")
+    for where, msg in sections["diagnosis"].validate():
+        raise ctx.error(f"diagnosis.{where}", msg)
     return Space(name=name, source=source, config=config, overrides=dict(fixed), params=params,
-                 objective=objective, early_stopping=early,
+                 objective=objective, early_stopping=early, diagnosis=sections["diagnosis"],
                  study=sections["study"], trial=trial, raw=raw)
 
 

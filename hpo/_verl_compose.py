@@ -3,10 +3,13 @@
     <verl's python> hpo/_verl_compose.py < request.json
 
 Request: ``{"config_dir": DIR or null, "config_name": NAME, "corners": [[override, ...], ...]}`` (null: the
-installed package's ``verl/trainer/config``, as ``python -m verl.trainer.main_ppo`` uses). The reply is the one
-line on stdout (everything verl prints goes to stderr):
+installed package's ``verl/trainer/config``, as ``python -m verl.trainer.main_ppo`` uses), optionally
+``"select": [dotted key, ...]``: the values of those keys in each composed corner (interpolations resolved; a
+key the config lacks is null), what the memory estimate reads (``verl_core.memory.VERL_MEMORY_KEYS``). The reply
+is the one line on stdout (everything verl prints goes to stderr):
 
-* ``{"status": "ok", "results": [one per corner]}``, each ``{"ok": true, "info": {...}, "seconds": s}`` or
+* ``{"status": "ok", "results": [one per corner]}``, each ``{"ok": true, "info": {...}, "seconds": s}`` (with
+  ``"selected": {key: value}`` when the request selects keys) or
   ``{"ok": false, "key": KEY or null, "value": VALUE or null, "message": ONE LINE, "seconds": s}`` for a corner
   that hydra cannot compose, that :func:`extra_checks` rejects, or that verl's own
   ``verl.utils.config.validate_config`` rejects (in this order: ours name the key and value in verl's terms)
@@ -226,8 +229,25 @@ def _compose_error(err: Exception, overrides: list[str]) -> dict[str, Any]:
     return {"ok": False, "key": key, "value": value, "message": f"override '{key}={value}': {text}"}
 
 
-def check_corner(compose: Any, validate: Any, name: str, overrides: list[str]) -> dict[str, Any]:
-    """One corner: ``{"ok": true, "info": ...}`` or ``{"ok": false, "key", "value", "message"}``."""
+def select(cfg: Any, keys: list[str]) -> dict[str, Any]:
+    """``{key: value}`` of the composed config, as plain JSON values (a missing or unresolvable key is None)."""
+    from omegaconf import OmegaConf
+
+    out: dict[str, Any] = {}
+    for key in keys:
+        try:
+            value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+            if OmegaConf.is_config(value):
+                value = OmegaConf.to_container(value, resolve=True)
+        except Exception:  # noqa: BLE001 - an interpolation that does not resolve: unknown to the estimate
+            value = None
+        out[key] = value if value != "???" else None
+    return out
+
+
+def check_corner(compose: Any, validate: Any, name: str, overrides: list[str],
+                 keys: list[str] | None = None) -> dict[str, Any]:
+    """One corner: ``{"ok": true, "info": ...[, "selected": ...]}`` or ``{"ok": false, "key", "value", "message"}``."""
     try:
         cfg = compose(config_name=name, overrides=overrides)
     except Exception as err:  # noqa: BLE001 - hydra's errors: unknown key, bad syntax, bad value type
@@ -247,7 +267,10 @@ def check_corner(compose: Any, validate: Any, name: str, overrides: list[str]) -
     if problem is not None:
         key, value, message = problem
         return {"ok": False, "key": key, "value": json.dumps(value), "message": message}
-    return {"ok": True, "info": describe(cfg, use_critic, use_ref)}
+    result = {"ok": True, "info": describe(cfg, use_critic, use_ref)}
+    if keys:
+        result["selected"] = select(cfg, keys)
+    return result
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
@@ -275,7 +298,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         for overrides in request["corners"]:
             started = time.monotonic()
-            result = check_corner(compose, validate, name, list(overrides))
+            result = check_corner(compose, validate, name, list(overrides), request.get("select"))
             result["seconds"] = round(time.monotonic() - started, 3)
             results.append(result)
     return {"status": "ok", "results": results}

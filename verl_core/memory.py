@@ -43,6 +43,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,12 +247,21 @@ def read_model_config(path: str | None, key: str = "model path") -> dict[str, An
 # ----------------------------------------------------------------------------- the estimate
 @dataclass(frozen=True)
 class Component:
-    """One line of the estimate: ``phase`` is ``persistent`` or the transient phase it belongs to."""
+    """One line of the estimate: ``phase`` is ``persistent`` or the transient phase it belongs to.
+
+    ``key``: the config key that sets (or removes) this line, named when the estimate does not fit.
+    ``process``: which process holds it (verl: ``actor``, ``critic``, ``vllm``; empty for verl_core's single
+    trainer process); ``allocated``: whether torch's caching allocator of that process counts it (False for CUDA
+    contexts and for the vLLM server's reservation, which ``max_memory_allocated`` of a training worker never
+    sees)."""
 
     name: str
     bytes: int
     phase: str
     formula: str
+    key: str | None = None
+    process: str = ""
+    allocated: bool = True
 
 
 PHASES = ("rollout", "log_prob", "update_critic", "update_actor")
@@ -295,6 +305,13 @@ class MemoryEstimate:
         peak = self.peak_phase
         return [c for c in self.components if c.phase in ("persistent", peak)]
 
+    def allocated_peak(self, process: str) -> int:
+        """The peak of one process's torch allocator (``max_memory_allocated`` of, e.g., verl's actor worker): its
+        allocated components, persistent plus the largest of its phases."""
+        mine = [c for c in self.components if c.process == process and c.allocated]
+        base = sum(c.bytes for c in mine if c.phase == "persistent")
+        return base + max((sum(c.bytes for c in mine if c.phase == p) for p in PHASES), default=0)
+
     def fits(self, available: int, margin: float = 0.0) -> bool:
         """Whether ``total * (1 + margin) <= available``."""
         return self.total * (1.0 + margin) <= available
@@ -313,13 +330,20 @@ class MemoryEstimate:
         largest = max(self.peak_components(), key=lambda c: c.bytes)
         assert crossing is not None
         m = f" with a {margin:.0%} margin" if margin else ""
+        via = f" [{largest.key}]" if largest.key else ""
         return (f"does not fit: '{crossing.name}' ({fmt_gib(crossing.bytes)}) takes the estimated peak past the "
                 f"{fmt_gib(available)} available{m}: total {fmt_gib(self.total)} in phase {self.peak_phase}; "
-                f"largest component '{largest.name}' {fmt_gib(largest.bytes)} ({largest.formula})")
+                f"largest component '{largest.name}'{via} {fmt_gib(largest.bytes)} ({largest.formula})")
+
+    def dominant_key(self) -> str | None:
+        """The config key of the largest component of the peak that has one (what to change first)."""
+        keyed = [c for c in self.peak_components() if c.key]
+        return max(keyed, key=lambda c: c.bytes).key if keyed else None
 
     def render(self, available: int | None = None, available_what: str = "") -> str:
         """A table: component, phase, GiB, formula; then the total (and what is available)."""
-        rows = [(c.name, c.phase, fmt_gib(c.bytes), c.formula) for c in self.components if c.bytes > 0]
+        rows = [(c.name, c.phase, fmt_gib(c.bytes), c.formula + (f"  [{c.key}]" if c.key else ""))
+                for c in self.components if c.bytes > 0]
         phases = self.phase_bytes()
         rows.append(("persistent", "", fmt_gib(self.persistent), "sum of the persistent rows"))
         for p in PHASES:
@@ -342,8 +366,8 @@ class MemoryEstimate:
         """JSON-friendly form (bytes), e.g. for a trial's ``fail_reason`` details."""
         return {"device": self.device, "total": self.total, "persistent": self.persistent,
                 "peak_phase": self.peak_phase, "phases": self.phase_bytes(),
-                "components": [{"name": c.name, "bytes": c.bytes, "phase": c.phase, "formula": c.formula}
-                               for c in self.components]}
+                "components": [{"name": c.name, "bytes": c.bytes, "phase": c.phase, "formula": c.formula,
+                                "key": c.key, "process": c.process} for c in self.components]}
 
 
 def fmt_gib(n: int | float) -> str:
@@ -609,3 +633,268 @@ def _mem_available() -> int:
     except OSError:
         pass
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+# ----------------------------------------------------------------------------- real verl (trial.backend: verl)
+# What verl 0.9.1 (engine workers, ``verl/workers/engine/fsdp/transformer_impl.py``) keeps on each GPU, from the
+# keys of a composed ``ppo_trainer`` config. ``hpo/_verl_compose.py`` selects these keys in verl's interpreter
+# (hydra interpolations resolved) and :func:`estimate_verl` does the arithmetic here, without verl or torch.
+AR = "actor_rollout_ref"
+VERL_MEMORY_KEYS = (
+    "trainer.n_gpus_per_node", "trainer.nnodes", "data.max_prompt_length", "data.max_response_length",
+    f"{AR}.model.path", f"{AR}.model.enable_gradient_checkpointing", f"{AR}.model.use_fused_kernels",
+    f"{AR}.actor.strategy", f"{AR}.actor.fsdp_config.param_offload", f"{AR}.actor.fsdp_config.optimizer_offload",
+    f"{AR}.actor.fsdp_config.offload_policy", f"{AR}.actor.fsdp_config.fsdp_size",
+    f"{AR}.actor.fsdp_config.model_dtype", f"{AR}.actor.fsdp_config.mixed_precision.param_dtype",
+    f"{AR}.actor.ppo_micro_batch_size_per_gpu", f"{AR}.actor.use_dynamic_bsz", f"{AR}.actor.ppo_max_token_len_per_gpu",
+    f"{AR}.actor.ulysses_sequence_parallel_size", f"{AR}.actor.calculate_entropy", f"{AR}.actor.entropy_coeff",
+    f"{AR}.rollout.name", f"{AR}.rollout.gpu_memory_utilization", f"{AR}.rollout.free_cache_engine",
+    f"{AR}.rollout.enforce_eager", f"{AR}.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+    f"{AR}.rollout.log_prob_micro_batch_size_per_gpu", f"{AR}.rollout.log_prob_use_dynamic_bsz",
+    f"{AR}.rollout.log_prob_max_token_len_per_gpu",
+    f"{AR}.ref.log_prob_micro_batch_size_per_gpu", f"{AR}.ref.log_prob_use_dynamic_bsz",
+    f"{AR}.ref.log_prob_max_token_len_per_gpu",
+    "critic.model.path", "critic.model.enable_gradient_checkpointing", "critic.fsdp.param_offload",
+    "critic.fsdp.optimizer_offload", "critic.fsdp.offload_policy", "critic.fsdp.fsdp_size", "critic.fsdp.model_dtype",
+    "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu", "critic.use_dynamic_bsz",
+    "critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu", "critic.ulysses_sequence_parallel_size",
+)
+# Bytes per (token, vocabulary entry) of the logits of one micro-batch (verl computes them for every token of the
+# packed micro-batch, ``FSDPEngineWithLMHead``). Training: the bf16 LM-head output (transformers 5 does not upcast
+# it) and its copy divided by the temperature, 2 B each, then in backward the bf16 gradients of both (2 + 2 B); the
+# log-prob gather itself is flash-attn's Triton cross-entropy or verl's row-by-row log-softmax, both without a full
+# fp32 copy. +4 B when the entropy is computed with grad (``calculate_entropy`` / ``entropy_coeff``): its softmax and
+# product. A no-grad log-prob pass: the logits, the scaled copy and the entropy verl logs (+2 B). Counted from the
+# code path, not fitted: ``make gpu-check`` compares the estimate with the measured peak.
+VERL_LOGITS_BYTES_TRAIN = 8
+VERL_LOGITS_BYTES_ENTROPY = 4
+VERL_LOGITS_BYTES_INFER = 6
+# What a sleeping vLLM server keeps on its GPU (free_cache_engine: sleep level 2 frees weights and KV cache): its
+# CUDA context, NCCL and, without enforce_eager, the CUDA-graph pool. Not measured yet: a rough figure.
+VLLM_SLEEPING_BYTES = int(1.0 * GiB)
+VLLM_SLEEPING_EAGER_BYTES = int(0.6 * GiB)
+# config.json numbers of hub models verl's examples use, so that a space naming one is estimated without a download
+# (from the hub's config.json; a local directory or the Hugging Face cache is read first).
+KNOWN_HUB_CONFIGS: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen2.5-0.5B-Instruct": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896,
+        "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16"},
+}
+
+
+class ModelConfigUnavailable(ConfigError):
+    """No ``config.json`` for a model path (a hub id neither cached nor known): no estimate, not a bad config."""
+
+
+def read_hub_or_local_config(path: str | None, key: str) -> dict[str, Any]:
+    """``config.json`` of a verl model path: a local directory, else the Hugging Face cache
+    (``$HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``) for a hub id, else
+    :data:`KNOWN_HUB_CONFIGS`; :class:`ModelConfigUnavailable` when none has it."""
+    if path is None:
+        raise ConfigError(f"{key}=None: no model path")
+    local = Path(path).expanduser()
+    if local.is_dir() or path.startswith("builtin:"):
+        return read_model_config(str(local) if local.is_dir() else path, key)
+    hub = os.environ.get("HF_HUB_CACHE") or str(Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+    snapshots = Path(hub).expanduser() / f"models--{path.replace('/', '--')}" / "snapshots"
+    for found in sorted(snapshots.glob("*/config.json")) if snapshots.is_dir() else []:
+        return read_model_config(str(found.parent), key)
+    if path in KNOWN_HUB_CONFIGS:
+        return dict(KNOWN_HUB_CONFIGS[path])
+    raise ModelConfigUnavailable(f"{key}={path!r}: no local directory, not in the Hugging Face cache and not one of "
+                                 f"the known hub models ({', '.join(KNOWN_HUB_CONFIGS)}): no memory estimate")
+
+
+def _tokens(values: Mapping[str, Any], dyn_key: str, budget_key: str, micro_key: str, length: int,
+            sp: int) -> tuple[int, str, str]:
+    """Tokens of one micro-batch on one GPU and the key that sets it: with dynamic batching verl packs sequences up
+    to the token budget per GPU; else ``micro x (prompt + response)`` (the worst case: every sequence at full
+    length), divided over the Ulysses sequence-parallel group."""
+    if values.get(dyn_key):
+        budget = int(values.get(budget_key) or length)
+        return budget, f"{budget} tokens ({budget_key.rsplit('.', 1)[1]}, use_dynamic_bsz)", budget_key
+    micro = values.get(micro_key)
+    if micro is None:
+        raise ConfigError(f"{micro_key}=null without dynamic batching: no micro-batch to estimate")
+    return (-(-int(micro) * length // sp), f"micro {micro} x {length} tokens" + (f" / sp {sp}" if sp > 1 else ""),
+            micro_key)
+
+
+def estimate_verl(values: Mapping[str, Any], *, use_critic: bool, use_ref: bool,
+                  model_config: dict[str, Any] | None = None, critic_config: dict[str, Any] | None = None,
+                  gpu_total_bytes: int | None = None) -> MemoryEstimate:
+    """Per-GPU peak of ``python -m verl.trainer.main_ppo`` (verl 0.9.1, FSDP engine, hybrid actor + vLLM rollout on
+    the same GPUs) from the values of :data:`VERL_MEMORY_KEYS` in its composed config.
+
+    ``use_critic`` / ``use_ref``: verl's ``need_critic`` / ``need_reference_policy`` of the config.
+    ``model_config`` / ``critic_config``: ``config.json`` dicts (default: :func:`read_hub_or_local_config` of the
+    model paths). ``gpu_total_bytes``: the GPU's total memory, for vLLM's fraction (default nvidia-smi, else 80 GiB).
+
+    The mapping (what each phase holds on one GPU, ``W = trainer.n_gpus_per_node x trainer.nnodes`` FSDP ranks,
+    or ``fsdp_size`` when smaller):
+
+    * actor: fp32 master parameters (``fsdp_config.model_dtype``), fp32 gradients and AdamW's two fp32 moments,
+      each divided by W (FSDP full sharding). ``param_offload`` keeps the parameters on the CPU outside the passes
+      that load them (log-probs, update); ``optimizer_offload`` the AdamW moments outside the update; gradients
+      exist only inside the update (verl zeroes them when it leaves train mode); ``offload_policy`` with
+      ``strategy: fsdp2`` keeps all three on the CPU. Compute runs in bf16 (``mixed_precision.param_dtype``):
+      an FSDP forward unsharding the root unit (embedding, LM head) and two decoder layers at a time;
+    * reference (``use_ref``): a forward-only engine, which verl always builds with FSDP's CPU offload: only the
+      unsharded units of its forward are on the GPU, as for the actor;
+    * update_actor: activations of one micro-batch (``ppo_micro_batch_size_per_gpu x (prompt + response)`` tokens,
+      or ``ppo_max_token_len_per_gpu`` with ``use_dynamic_bsz``; bf16, per token as :class:`ModelShape` counts them,
+      with gradient checkpointing when enabled) and its logits (:data:`VERL_LOGITS_BYTES_TRAIN` per token and
+      vocabulary entry; none with ``use_fused_kernels``). Every sequence is counted at full length
+      (``max_prompt_length + max_response_length``): verl packs the real tokens (``use_remove_padding``), so
+      short prompts and responses use less and the estimate is a worst case;
+    * log_prob: old log-probs (``rollout.log_prob_*``) and reference log-probs (``ref.log_prob_*``), one at a time:
+      one layer's activations and the logits of the larger micro-batch; the critic's value pass;
+    * rollout: vLLM reserves ``gpu_memory_utilization`` of the GPU's *total* memory (weights, KV cache, CUDA
+      graphs) while it generates; with ``free_cache_engine`` it sleeps otherwise (level 2: weights and KV cache
+      freed, :data:`VLLM_SLEEPING_BYTES` left), without it the reservation is there in every phase. The training
+      state that is not offloaded stays beside it, plus one weight-sync bucket
+      (``checkpoint_engine.update_weights_bucket_megabytes``, at most the bf16 model);
+    * critic (``use_critic``, GAE): its own worker with the same rules (``critic.fsdp.*``, a value head, no logits);
+    * each worker process holds a CUDA context (:data:`CUDA_BASELINE_BYTES`).
+
+    Not estimated: Ray's and NCCL's own buffers (NCCL adds a few hundred MiB per process with W > 1), allocator
+    fragmentation beyond the baselines, tensor-parallel vLLM's split of weights (its share is a fraction anyway),
+    the reward-model and distillation workers, LoRA, Megatron, multimodal inputs, sequences longer than
+    ``max_prompt_length + max_response_length`` (multi-turn). The check is "training peak + rollout reservation
+    fits": with vLLM's fraction a fixed slice of the device, its KV cache grows into whatever is reserved.
+    """
+    v = dict(values)
+    shape = ModelShape.from_config(model_config or read_hub_or_local_config(v.get(f"{AR}.model.path"),
+                                                                           f"{AR}.model.path"), f"{AR}.model.path")
+    world = int(v.get("trainer.n_gpus_per_node") or 1) * int(v.get("trainer.nnodes") or 1)
+    P, R = int(v["data.max_prompt_length"]), int(v["data.max_response_length"])
+    L = P + R
+    V, H, I_ = shape.vocab_size, shape.hidden_size, shape.intermediate_size
+    comps: list[Component] = []
+
+    def add(name: str, n_bytes: float, phase: str, formula: str, key: str | None = None, process: str = "actor",
+            allocated: bool = True) -> None:
+        comps.append(Component(name, int(n_bytes), phase, formula, key, process, allocated))
+
+    def shards(fsdp_size: Any) -> int:
+        size = int(fsdp_size) if fsdp_size not in (None, -1) else world
+        return max(1, min(size, world))
+
+    # -- actor (and reference) worker
+    fc = f"{AR}.actor.fsdp_config"
+    W = shards(v.get(f"{fc}.fsdp_size"))
+    master_b = _dtype_bytes(v.get(f"{fc}.model_dtype") or "fp32")
+    compute_b = _dtype_bytes(v.get(f"{fc}.mixed_precision.param_dtype") or "bf16", 2)
+    fsdp2_offload = bool(v.get(f"{fc}.offload_policy")) and v.get(f"{AR}.actor.strategy") == "fsdp2"
+    off_p, off_o = bool(v.get(f"{fc}.param_offload")), bool(v.get(f"{fc}.optimizer_offload"))
+    pa = shape.causal_lm_params()
+    add("CUDA context (actor/ref worker)", CUDA_BASELINE_BYTES, "persistent",
+        "CUDA context + allocator slack of the worker process", process="actor", allocated=False)
+    shard = f"{_m(pa)} params x {{}} B / {W} GPU(s)"
+    if fsdp2_offload:
+        add("actor state on CPU (fsdp2 offload_policy)", 0, "persistent", "params, grads, AdamW on the CPU",
+            f"{fc}.offload_policy")
+    else:
+        params = pa * master_b / W
+        if off_p:
+            for phase in ("log_prob", "update_actor"):
+                add("actor params (loaded from CPU)", params, phase, shard.format(master_b), f"{fc}.param_offload")
+        else:
+            add("actor params", params, "persistent", shard.format(master_b), f"{fc}.param_offload")
+        add("actor gradients", params, "update_actor", shard.format(master_b) + " (only inside the update)")
+        optim = pa * 2 * master_b / W
+        if off_o:
+            add("actor AdamW states (loaded from CPU)", optim, "update_actor", shard.format(f"2 x {master_b}"),
+                f"{fc}.optimizer_offload")
+        else:
+            add("actor AdamW states", optim, "persistent", shard.format(f"2 x {master_b}"), f"{fc}.optimizer_offload")
+    unit = (V * H * (1 if shape.tie_word_embeddings else 2) + 2 * shape.layer_params()) * compute_b
+    for phase in ("log_prob", "update_actor"):
+        add("unsharded compute copy", unit, phase,
+            f"root unit (embedding{'' if shape.tie_word_embeddings else ' + LM head'}) + 2 layers x {compute_b} B")
+
+    sp = int(v.get(f"{AR}.actor.ulysses_sequence_parallel_size") or 1)
+    fused = bool(v.get(f"{AR}.model.use_fused_kernels"))
+    ckpt = bool(v.get(f"{AR}.model.enable_gradient_checkpointing"))
+    tok, tok_what, tok_key = _tokens(v, f"{AR}.actor.use_dynamic_bsz", f"{AR}.actor.ppo_max_token_len_per_gpu",
+                                     f"{AR}.actor.ppo_micro_batch_size_per_gpu", L, sp)
+    per_tok = 2 * shape.activation_elems_per_token(ckpt)
+    add("actor activations", tok * per_tok, "update_actor",
+        f"{tok_what} x {per_tok / 1e6:.3g} MB/token ({'checkpointed' if ckpt else 'all layers'}, bf16)", tok_key)
+    entropy = bool(v.get(f"{AR}.actor.calculate_entropy")) or float(v.get(f"{AR}.actor.entropy_coeff") or 0) != 0
+    per_logit = VERL_LOGITS_BYTES_TRAIN + (VERL_LOGITS_BYTES_ENTROPY if entropy else 0)
+    add("actor logits", 0 if fused else tok * V * per_logit, "update_actor",
+        "use_fused_kernels: not materialized" if fused else
+        f"{tok_what} x {V} vocab x {per_logit} B{' (with entropy)' if entropy else ''}", tok_key)
+
+    passes = [_tokens(v, f"{AR}.rollout.log_prob_use_dynamic_bsz", f"{AR}.rollout.log_prob_max_token_len_per_gpu",
+                      f"{AR}.rollout.log_prob_micro_batch_size_per_gpu", L, sp)]
+    if use_ref:
+        passes.append(_tokens(v, f"{AR}.ref.log_prob_use_dynamic_bsz", f"{AR}.ref.log_prob_max_token_len_per_gpu",
+                              f"{AR}.ref.log_prob_micro_batch_size_per_gpu", L, sp))
+    lp_tok, lp_what, lp_key = max(passes, key=lambda t: t[0])
+    add("log-prob layer activations", lp_tok * (4 * H + 4 * I_) * 2, "log_prob",
+        f"{lp_what} x (4H + 4I) x 2 B (one layer at a time)", lp_key)
+    add("log-prob logits", 0 if fused else lp_tok * V * VERL_LOGITS_BYTES_INFER, "log_prob",
+        "use_fused_kernels: not materialized" if fused else f"{lp_what} x {V} vocab x {VERL_LOGITS_BYTES_INFER} B",
+        lp_key)
+
+    # -- rollout engine on the same GPU
+    r = f"{AR}.rollout"
+    if v.get(f"{r}.name") in ("vllm", "sglang"):
+        total_gpu = gpu_total_bytes or _gpu_total() or 80 * GiB
+        util = float(v.get(f"{r}.gpu_memory_utilization") or 0.5)
+        reserve = int(util * total_gpu)
+        what = f"gpu_memory_utilization {util} x {fmt_gib(total_gpu)} GiB"
+        if v.get(f"{r}.free_cache_engine", True):
+            asleep = min(reserve, VLLM_SLEEPING_EAGER_BYTES if v.get(f"{r}.enforce_eager") else VLLM_SLEEPING_BYTES)
+            add(f"{v[f'{r}.name']} server asleep", asleep, "persistent",
+                "CUDA context" + ("" if v.get(f"{r}.enforce_eager") else " + CUDA graphs") + " (rough)",
+                f"{r}.enforce_eager", "vllm", False)
+            add(f"{v[f'{r}.name']} reservation (weights + KV cache)", reserve - asleep, "rollout",
+                what + " while generating (free_cache_engine: asleep otherwise)", f"{r}.gpu_memory_utilization",
+                "vllm", False)
+        else:
+            add(f"{v[f'{r}.name']} reservation (weights + KV cache)", reserve, "persistent",
+                what + " (free_cache_engine=false: held in every phase)", f"{r}.gpu_memory_utilization", "vllm", False)
+        bucket = int(v.get(f"{r}.checkpoint_engine.update_weights_bucket_megabytes") or 512) * MiB
+        add("weight-sync bucket", min(bucket, pa * 2), "rollout", f"min(bucket {fmt_gib(bucket)} GiB, bf16 model)",
+            f"{r}.checkpoint_engine.update_weights_bucket_megabytes")
+
+    # -- critic worker (GAE)
+    if use_critic:
+        cpath = v.get("critic.model.path")
+        if critic_config is None and cpath and cpath != v.get(f"{AR}.model.path"):
+            critic_config = read_hub_or_local_config(cpath, "critic.model.path")
+        cshape = ModelShape.from_config(critic_config, "critic.model.path") if critic_config else shape
+        Wc = shards(v.get("critic.fsdp.fsdp_size"))
+        cb = _dtype_bytes(v.get("critic.fsdp.model_dtype") or "fp32")
+        pc = cshape.value_model_params()
+        cshard = f"{_m(pc)} params x {{}} B / {Wc} GPU(s)"
+        add("CUDA context (critic worker)", CUDA_BASELINE_BYTES, "persistent", "CUDA context of the worker process",
+            process="critic", allocated=False)
+        c_off = v.get("critic.strategy") == "fsdp2" and bool(v.get("critic.fsdp.offload_policy"))
+        if not c_off:
+            if v.get("critic.fsdp.param_offload"):
+                for phase in ("log_prob", "update_critic"):
+                    add("critic params (loaded from CPU)", pc * cb / Wc, phase, cshard.format(cb),
+                        "critic.fsdp.param_offload", "critic")
+            else:
+                add("critic params", pc * cb / Wc, "persistent", cshard.format(cb), "critic.fsdp.param_offload",
+                    "critic")
+            add("critic gradients", pc * cb / Wc, "update_critic", cshard.format(cb), None, "critic")
+            add("critic AdamW states", pc * 2 * cb / Wc, "persistent" if not v.get("critic.fsdp.optimizer_offload")
+                else "update_critic", cshard.format(f"2 x {cb}"), "critic.fsdp.optimizer_offload", "critic")
+        csp = int(v.get("critic.ulysses_sequence_parallel_size") or 1)
+        ctok, cwhat, ckey = _tokens(v, "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu",
+                                    "critic.ppo_micro_batch_size_per_gpu", L, csp)
+        cckpt = bool(v.get("critic.model.enable_gradient_checkpointing"))
+        cper = 2 * cshape.activation_elems_per_token(cckpt)
+        add("critic activations", ctok * cper, "update_critic",
+            f"{cwhat} x {cper / 1e6:.3g} MB/token ({'checkpointed' if cckpt else 'all layers'}, bf16)", ckey, "critic")
+        ftok, fwhat, fkey = _tokens(v, "critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu",
+                                    "critic.forward_micro_batch_size_per_gpu", L, csp)
+        add("critic value pass activations", ftok * (4 * cshape.hidden_size + 4 * cshape.intermediate_size) * 2,
+            "log_prob", f"{fwhat} x (4H + 4I) x 2 B (one layer at a time)", fkey, "critic")
+    return MemoryEstimate(tuple(comps), "cuda")

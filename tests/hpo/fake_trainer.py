@@ -3,7 +3,8 @@
     python tests/hpo/fake_trainer.py train --config NAME [--metrics-file PATH] [key=value ...]
     python tests/hpo/fake_trainer.py prepare --config NAME [key=value ...]
 
-Trainer keys read: trainer.total_training_steps (10), trainer.test_freq (2), trainer.val_before_train (true).
+Trainer keys read: trainer.total_training_steps (10), trainer.test_freq (2), trainer.val_before_train (true),
+trainer.seed (1).
 Behaviour keys (all optional):
     fake.x              final eval/reward_mean = 1 - (x - 0.3)^2, reached linearly over the run (default 0.3)
     fake.std            eval/reward_std at every evaluation (default 0.2)
@@ -19,13 +20,17 @@ Behaviour keys (all optional):
     fake.bad            exit 2 with 'error: ...' (bad config)
     fake.tox            eval/toxicity_mean at every evaluation (default 0.1)
     fake.lat            eval/latency_p95 at every evaluation (default 0.5)
-    fake.log_file       append {"trial", "cuda", "x", "start", "end"} (JSON line) to this file when the run ends
+    fake.log_file       append {"trial", "cuda", "x", "seed", "start", "end"} (JSON line) to this file when the run ends
+    fake.seed_noise     add seed_noise * u to the final value, u in [-1, 1] drawn from trainer.seed (default 0)
+    fake.nan_at         actor/pg_loss is NaN from this step on (finite, 0.1, before)
+    fake.peak_at        eval/reward_mean rises until this step and stays at that value after it
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -68,7 +73,9 @@ def main(argv: list[str]) -> int:
     x = float(opts.get("fake.x", 0.3))
     std = float(opts.get("fake.std", 0.2))
     step_s = float(opts.get("fake.step_s", 0.02))
-    final = 1.0 - (x - 0.3) ** 2
+    seed = int(opts.get("trainer.seed", 1))
+    final = 1.0 - (x - 0.3) ** 2 + float(opts.get("fake.seed_noise", 0.0)) * random.Random(seed).uniform(-1, 1)
+    nan_at = int(opts["fake.nan_at"]) if "fake.nan_at" in opts else None
     hog: list[bytearray] = []
     started = time.time()
     path = metrics or os.environ.get("VERL_FILE_LOGGER_PATH", "metrics.jsonl")
@@ -88,9 +95,10 @@ def main(argv: list[str]) -> int:
                 block = bytearray(int(float(opts["fake.alloc_mb"]) * 2**20))
                 block[:: 4096] = b"x" * len(block[:: 4096])
                 hog.append(block)
-            data: dict[str, float] = {"critic/score/mean": final * step / total, "timing_s/step": step_s}
+            data: dict[str, float] = {"critic/score/mean": final * step / total, "timing_s/step": step_s,
+                                      "actor/pg_loss": float("nan") if nan_at is not None and step >= nan_at else 0.1}
             if (step == 0 and val0) or (step and freq > 0 and step % freq == 0) or step == total:
-                data["eval/reward_mean"] = final * (step + 1) / (total + 1)
+                data["eval/reward_mean"] = final * (min(step, int(opts.get("fake.peak_at", total))) + 1) / (total + 1)
                 data["eval/reward_std"] = std
                 data["eval/toxicity_mean"] = float(opts.get("fake.tox", 0.1))
                 data["eval/latency_p95"] = float(opts.get("fake.lat", 0.5))
@@ -99,7 +107,7 @@ def main(argv: list[str]) -> int:
     if "fake.log_file" in opts:
         with open(opts["fake.log_file"], "a") as log:
             log.write(json.dumps({"trial": os.environ.get("VERL_HPO_TRIAL"), "cuda": os.environ.get(
-                "CUDA_VISIBLE_DEVICES"), "x": x, "start": started, "end": time.time()}) + "\n")
+                "CUDA_VISIBLE_DEVICES"), "x": x, "seed": seed, "start": started, "end": time.time()}) + "\n")
     return int(opts.get("fake.exit_code", 0))
 
 

@@ -1,0 +1,181 @@
+"""Seed confirmation: re-run a study's top configurations with fresh seeds, and rank by the confirmed mean.
+
+An RL run's final reward depends on its seed about as much as on many hyperparameters, and the best setting
+found with one tuning seed is partly that seed's luck (Eimer et al., ICML 2023). ``verl-hpo confirm`` takes
+the ``top_k`` best distinct configurations of the search (COMPLETE, finite, feasible) and queues ``seeds`` runs
+of each with seeds the tuning trials never used, as WAITING trials of the same study tagged with the system
+attrs ``hpo:confirm_of`` (the trial confirmed) and ``hpo:confirm_seed``. Any driver of the study runs them
+(never pruned; they never count towards ``study.n_trials``); ``best`` then ranks by the confirmed mean, with
+its spread, instead of by the single tuning run.
+
+Seeds: ``study.confirm.seed_base, seed_base + 1, ...`` skipping every tuning seed: the fixed override of the
+seed key, the trainer's default when it is not set (verl_core's ``trainer.seed`` default), and every value a
+tuned seed parameter could take. Re-running ``confirm`` queues only what is missing (a trial already has a
+queued, running or finished run with that seed), so an interrupted confirmation resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from hpo._space import Space
+
+ATTR_CONFIRM_OF = "hpo:confirm_of"
+ATTR_CONFIRM_SEED = "hpo:confirm_seed"
+MAX_TUNED_SEEDS = 100_000  # a tuned integer seed range larger than this is treated as "any seed" (refused)
+
+
+def is_confirm(t: FrozenTrial) -> bool:
+    """A confirmation run (queued by ``verl-hpo confirm``)."""
+    return ATTR_CONFIRM_OF in t.system_attrs
+
+
+def seed_key(space: Space) -> str:
+    """The trainer key of a run's seed: ``study.confirm.seed_key``, else ``trainer.seed`` (verl_core) or
+    ``data.seed`` (verl: the seed of its data loader and sampling)."""
+    return space.study.confirm.seed_key or ("data.seed" if space.trial.is_verl else "trainer.seed")
+
+
+def tuning_seeds(space: Space) -> set[int]:
+    """Every seed a tuning trial of ``space`` ran (or could have run) with."""
+    key = seed_key(space)
+    seeds: set[int] = set()
+    if key in space.overrides:
+        seeds.add(int(space.overrides[key]))
+    elif space.trial.is_default_command and key == "trainer.seed":
+        from verl_core.config import load_config
+
+        seeds.add(int(load_config(space.config, space.trainer_overrides({})).trainer.seed))
+    for p in space.params:
+        if p.key != key:
+            continue
+        if p.type == "categorical":
+            seeds.update(int(c) for c in p.choices or () if isinstance(c, (int, float)))
+        elif p.low is not None and p.high is not None:
+            if p.high - p.low > MAX_TUNED_SEEDS:
+                raise ValueError(f"params.{p.name}: the seed {key} is tuned over {p.low}..{p.high}; no fresh seed "
+                                 "is left for confirmation")
+            seeds.update(range(int(p.low), int(p.high) + 1))
+    return seeds
+
+
+def confirm_seeds(space: Space, n: int) -> list[int]:
+    """The first ``n`` confirmation seeds: ``seed_base`` upwards, skipping tuning seeds."""
+    used, s = tuning_seeds(space), space.study.confirm.seed_base
+    out: list[int] = []
+    while len(out) < n:
+        if s not in used:
+            out.append(s)
+        s += 1
+    return out
+
+
+def _sign(study: optuna.Study) -> float:
+    return 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
+
+
+def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
+    """The ``k`` best search trials with distinct parameters (COMPLETE, finite, feasible), best first."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if not is_confirm(t) and t.values is not None and all(math.isfinite(v) for v in t.values)
+            and all(v <= 0 for v in t.constraints.values())]
+    done.sort(key=lambda t: (-_sign(study) * float(t.values[0]), t.number))
+    out: list[FrozenTrial] = []
+    seen: list[dict[str, Any]] = []
+    for t in done:
+        if t.params not in seen:
+            seen.append(t.params)
+            out.append(t)
+        if len(out) == k:
+            break
+    return out
+
+
+def queue_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -> list[tuple[int, int]]:
+    """Queue the missing (trial, seed) runs of the top ``top_k`` trials; returns what was queued."""
+    seeds = confirm_seeds(space, n_seeds)
+    present = {(t.system_attrs[ATTR_CONFIRM_OF], t.system_attrs.get(ATTR_CONFIRM_SEED))
+               for t in study.get_trials(deepcopy=False) if is_confirm(t)
+               and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)}
+    queued = []
+    for t in top_trials(study, top_k):
+        for seed in seeds:
+            if (t.number, seed) in present:
+                continue
+            study.add_trial(optuna.create_trial(
+                state=TrialState.WAITING, params=t.params, distributions=t.distributions,
+                system_attrs={ATTR_CONFIRM_OF: t.number, ATTR_CONFIRM_SEED: seed}))
+            queued.append((t.number, seed))
+    return queued
+
+
+def pending(study: optuna.Study) -> int:
+    """Confirmation runs queued or running."""
+    return sum(1 for t in study.get_trials(deepcopy=False)
+               if is_confirm(t) and t.state in (TrialState.WAITING, TrialState.RUNNING))
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A search trial and its confirmation runs' values (COMPLETE, finite, first objective)."""
+
+    trial: FrozenTrial
+    values: tuple[float, ...]
+    seeds: tuple[int, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values) if self.values else math.nan
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+
+
+def confirmed(study: optuna.Study) -> list[Confirmed]:
+    """The confirmed search trials, best confirmed mean first (ties: the tuning value, then the number). A
+    confirmation run that failed completed with the worst value and drags its mean there: a setting that
+    crashes under another seed is not confirmed."""
+    by_trial: dict[int, list[tuple[int, float]]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if is_confirm(t) and t.values is not None:  # a failed run completes with the worst value: it counts
+            by_trial.setdefault(int(t.system_attrs[ATTR_CONFIRM_OF]), []).append(
+                (int(t.system_attrs.get(ATTR_CONFIRM_SEED, -1)), float(t.values[0])))
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    out = [Confirmed(trials[n], tuple(v for _, v in sorted(runs)), tuple(s for s, _ in sorted(runs)))
+           for n, runs in by_trial.items() if n in trials]
+    sign = _sign(study)
+    tuned = [(-sign * float(c.trial.values[0]) if c.trial.values else 0.0) for c in out]
+    order = sorted(range(len(out)), key=lambda i: (-sign * out[i].mean, tuned[i], out[i].trial.number))
+    return [out[i] for i in order]
+
+
+def confirmed_table(study: optuna.Study) -> str:
+    """Confirmed trials, best first: tuning value, confirmed mean +- std (n), min..max, parameters."""
+    rows_c = confirmed(study)
+    if not rows_c:
+        return "no confirmation runs have finished yet"
+    names = sorted({k for c in rows_c for k in c.trial.params})
+
+    def f(v: float) -> str:
+        return f"{v:.4g}"
+
+    head = ["trial", "tuning value", "confirmed mean", "std", "n", "min", "max", *names]
+    rows = [head]
+    for c in rows_c:
+        tv = c.trial.values[0] if c.trial.values else math.nan
+        rows.append([str(c.trial.number), f(tv), f(c.mean), f(c.std), str(c.n), f(min(c.values)), f(max(c.values)),
+                     *(f(c.trial.params[n]) if isinstance(c.trial.params.get(n), float) else str(c.trial.params.get(n))
+                       for n in names)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
