@@ -3,9 +3,10 @@
 2. Driver overhead: spawn -> first metrics line of a trial (``first_metric_s``) against the same
    trainer command launched by hand (what a user would do without the driver), its share of the
    trial's wall time, the driver's own launch time, and the driver process's peak RSS.
-3. Pruning + early stopping: ``search_spaces/kl_lr.yaml`` with the same sampler seed, once as
-   shipped (median pruner + reward-aware early stopping) and once with both off.
-4. Search efficiency: TPE vs random sampling, best ``eval/reward_mean`` after N trials, several seeds.
+3. Pruning + early stopping + collapse stopping: the 3-parameter ``search_spaces/kl_lr_clip.yaml`` with TPE,
+   once as shipped and once with all three off, over 3 sampler seeds: trial-seconds saved, best value kept.
+4. Search efficiency: trials TPE (and GP) need to reach random search's median best-of-16, 3 sampler seeds.
+5. Objective noise (``benchmarks/noise.py``): the default study's final objective over 5 trainer seeds.
 
 Studies live in a temporary directory; results are read back from the SQLite storage.
 """
@@ -26,7 +27,7 @@ from benchmarks._common import REPO, Row, interleave, log, main_python, make_row
 def search(studies: Path, study: str, overrides: list[str], space: str = "kl_lr") -> dict[str, Any]:
     """Run one study to completion; return the driver's wall time, its own peak RSS, and its trials."""
     argv = [main_python(), "-m", "hpo", "search", "--space", space, "--study", study, "--studies-dir", str(studies)]
-    for o in overrides:
+    for o in [*overrides, *_EXTRA]:
         argv += ["--override", o]
     m = run_measured(argv, env={"PYTHONPATH": str(REPO)}, cwd=str(REPO), rss_children=False)
     if m.returncode != 0:
@@ -122,71 +123,93 @@ def overhead(reps: int, steps: int, n_trials: int, workdir: Path) -> list[Row]:
     ]
 
 
-def pruning(seeds: list[int], n_trials: int, steps: int, workdir: Path) -> tuple[list[Row], dict[str, Any]]:
-    """Item 3: same space and sampler seed, with vs without pruning + early stopping."""
-    base = [f"study.n_trials={n_trials}", f"trainer.total_training_steps={steps}"]
-    off = ["study.pruner.type=none", "early_stopping.enabled=false"]
-    with_s, without_s, best_with, best_without, wall_with, wall_without = [], [], [], [], [], []
+SEARCH_SPACE = "kl_lr_clip"  # the 3-parameter space of the search-efficiency and pruning rows
+OFF = ["study.pruner.type=none", "early_stopping.enabled=false", "diagnosis.enabled=false"]
+
+
+def _studies(kind: str, seeds: list[int], n_trials: int, extra: list[str], workdir: Path, space: str,
+             details: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """One study per sampler seed (``kind`` names it); returns each study's trials."""
+    out = []
+    for seed in seeds:
+        name = f"{kind}_{seed}"
+        log(f"{kind}: sampler seed {seed} ({n_trials} trials of {space})")
+        res = search(workdir / name, name, [f"study.n_trials={n_trials}", f"study.sampler.seed={seed}", *extra], space)
+        details[name] = res
+        out.append(res["trials"])
+    return out
+
+
+def trials_to_reach(trials: list[dict[str, Any]], target: float, n_trials: int) -> int:
+    """The first k such that the best COMPLETE value among trials 0..k-1 reaches ``target``; n_trials + 1 when
+    the study never does."""
+    for k in range(1, n_trials + 1):
+        b = best_value(trials, k)
+        if b is not None and b >= target - 1e-12:
+            return k
+    return n_trials + 1
+
+
+def search_and_pruning(seeds: list[int], n_trials: int, workdir: Path, space: str = SEARCH_SPACE,
+                       samplers: tuple[str, ...] = ("tpe",), pruning_rows: bool = True
+                       ) -> tuple[list[Row], dict[str, Any]]:
+    """Items 3-4 of issue 16, over ``seeds`` sampler seeds, all with the space's shipped settings (pruning, early
+    stopping and collapse stopping on) unless said otherwise:
+
+    * search efficiency: random search's median best-of-``n_trials`` is the target; how many trials TPE (and GP)
+      need to reach it, per seed (``n_trials + 1`` = not reached), against random's own count;
+    * pruning + early stopping + collapse stopping: the TPE studies above against the same studies with all
+      three off: trial-seconds saved, and the best value each reached.
+    """
     details: dict[str, Any] = {}
-    order = [(i, side) for i, seed in enumerate(seeds) for side in (["on", "off"] if i % 2 == 0 else ["off", "on"])]
-    for i, side in order:
-        seed = seeds[i]
-        log(f"pruning: seed {seed} {side}")
-        ov = [*base, f"study.sampler.seed={seed}", *(off if side == "off" else [])]
-        res = search(workdir / f"prune_{side}_{seed}", f"prune_{side}_{seed}", ov)
-        details[f"{side}_seed{seed}"] = res
-        secs, best = trial_seconds(res["trials"]), best_value(res["trials"])
-        if side == "on":
-            with_s.append(secs)
-            best_with.append(best if best is not None else float("nan"))
-            wall_with.append(res["wall_s"])
-        else:
-            without_s.append(secs)
-            best_without.append(best if best is not None else float("nan"))
-            wall_without.append(res["wall_s"])
-    savings = [100 * (1 - w / wo) for w, wo in zip(with_s, without_s)]
-    g = "pruning + early stopping"
-    note = (f"kl_lr space, {n_trials} trials x {steps} steps, 2 trials in parallel, sampler seeds {seeds}; "
-            "ours = median pruner + early stopping on, baseline = both off")
-    rows = [
-        make_row("total trial-seconds (on vs off)", "trial-s", with_s, without_s, higher_is_better=False, group=g,
-                 note=note),
-        make_row("compute saved by pruning + early stopping", "%", savings, group=g,
-                 note="1 - trial-seconds(on) / trial-seconds(off), per seed"),
-        make_row("study wall time (on vs off)", "s", wall_with, wall_without, higher_is_better=False, group=g),
-        make_row("best eval/reward_mean reached (on vs off)", "reward", best_with, best_without, group=g,
-                 note="best COMPLETE trial; ratio < 1 means pruning lost the best setting"),
+    random_runs = _studies("random", seeds, n_trials, ["study.sampler.type=random"], workdir, space, details)
+    runs = {sampler: _studies(sampler, seeds, n_trials, [f"study.sampler.type={sampler}"], workdir, space, details)
+            for sampler in samplers}
+    bests = [best_value(t, n_trials) for t in random_runs]
+    target = statistics.median(b for b in bests if b is not None)
+    g = "search efficiency"
+    note = (f"{space} space (3 parameters; pruning, early stopping and collapse stopping as shipped), {n_trials} "
+            f"trials per study, sampler seeds {seeds}; target = random search's median best-of-{n_trials} "
+            f"= {target:.4g}; {n_trials + 1} = not reached")
+    rows = []
+    base = [trials_to_reach(t, target, n_trials) for t in random_runs]
+    for sampler, studies in runs.items():
+        counts = [trials_to_reach(t, target, n_trials) for t in studies]
+        rows.append(make_row(f"trials to reach random's median best-of-{n_trials} ({sampler.upper()} vs random)",
+                             "trials", counts, base, higher_is_better=False, group=g, note=note,
+                             raw={"target": target, "random_best": bests,
+                                  "curves": {s: [[best_value(t, k) for k in range(1, n_trials + 1)] for t in st]
+                                             for s, st in (("random", random_runs), (sampler, studies))}}))
+        rows.append(make_row(f"best value after {n_trials} trials ({sampler.upper()} vs random)", "reward",
+                             [b or float("nan") for b in (best_value(t, n_trials) for t in studies)],
+                             [b or float("nan") for b in bests], group=g, note=note))
+    if not pruning_rows:
+        return rows, details
+    off = _studies("tpe_off", seeds, n_trials, ["study.sampler.type=tpe", *OFF], workdir, space, details)
+    on = runs["tpe"]
+    g = "pruning + early stopping + collapse stopping"
+    note = (f"{space} space, TPE, {n_trials} trials per study, 2 in parallel, sampler seeds {seeds}; ours = median "
+            "pruner (+ patience / warm-up as shipped), early stopping and collapse stopping on; baseline = all off")
+    on_s, off_s = [trial_seconds(t) for t in on], [trial_seconds(t) for t in off]
+    best_on = [best_value(t) or float("nan") for t in on]
+    best_off = [best_value(t) or float("nan") for t in off]
+    rows += [
+        make_row("total trial-seconds (on vs off)", "trial-s", on_s, off_s, higher_is_better=False, group=g, note=note),
+        make_row("compute saved by pruning + early stopping + collapse stopping", "%",
+                 [100 * (1 - a / b) for a, b in zip(on_s, off_s)], group=g,
+                 note="1 - trial-seconds(on) / trial-seconds(off), per seed; goal >= 40%"),
+        make_row("best value reached (on vs off)", "reward", best_on, best_off, group=g,
+                 note="best COMPLETE trial per seed; goal: within 0.02 of off"),
+        make_row("best value gap (off - on)", "reward", [b - a for a, b in zip(best_on, best_off)], group=g,
+                 note="per seed; > 0 means the pruned study found less"),
     ]
-    for side in ("on", "off"):
-        stops = [t.get("stop_reason") for k, r in details.items() if k.startswith(side) for t in r["trials"]]
-        rows[-1].raw[f"stop_reasons_{side}"] = {s or "ran to end": stops.count(s) for s in set(stops)}
+    for side, studies in (("on", on), ("off", off)):
+        stops = [t.get("stop_reason") for st in studies for t in st]
+        rows[-1].raw[f"stop_reasons_{side}"] = {str(s or "ran to end"): stops.count(s) for s in set(stops)}
     return rows, details
 
 
-def search_efficiency(seeds: list[int], n_trials: int, steps: int, workdir: Path) -> tuple[list[Row], dict[str, Any]]:
-    """Item 4: TPE vs random, best value after N trials, per seed (shipped kl_lr settings otherwise)."""
-    base = [f"study.n_trials={n_trials}", f"trainer.total_training_steps={steps}"]
-    best: dict[str, list[float]] = {"tpe": [], "random": []}
-    curves: dict[str, list[list[float | None]]] = {"tpe": [], "random": []}
-    details: dict[str, Any] = {}
-    for i, seed in enumerate(seeds):
-        for sampler in (["tpe", "random"] if i % 2 == 0 else ["random", "tpe"]):
-            log(f"search efficiency: seed {seed} {sampler}")
-            ov = [*base, f"study.sampler.seed={seed}", f"study.sampler.type={sampler}"]
-            res = search(workdir / f"se_{sampler}_{seed}", f"se_{sampler}_{seed}", ov)
-            details[f"{sampler}_seed{seed}"] = res
-            b = best_value(res["trials"])
-            best[sampler].append(b if b is not None else float("nan"))
-            curves[sampler].append([best_value(res["trials"], k) for k in range(1, n_trials + 1)])
-    g = "search efficiency"
-    note = (f"kl_lr space (median pruner + early stopping as shipped), {n_trials} trials x {steps} steps, "
-            f"sampler seeds {seeds}; TPE with 4 random start-up trials")
-    row = make_row(f"best eval/reward_mean after {n_trials} trials (TPE vs random)", "reward", best["tpe"],
-                   best["random"], group=g, note=note, raw={"best_so_far_curves": curves})
-    return [row], details
-
-
-def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("overhead", "pruning", "search")
+def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("overhead", "pruning", "search", "noise")
           ) -> tuple[list[Row], dict[str, Any]]:
     rows: list[Row] = []
     details: dict[str, Any] = {}
@@ -195,14 +218,30 @@ def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("o
         if "overhead" in parts:
             rows += overhead(reps=1 if smoke else 3, steps=2 if smoke else 10, n_trials=1 if smoke else 2,
                              workdir=work)
-        if "pruning" in parts:
-            r, d = pruning(seeds=[0] if smoke else [0, 1], n_trials=4 if smoke else 10, steps=20 if smoke else 60,
-                           workdir=work)
-            rows += r
-            details["pruning"] = d
-        if "search" in parts:
-            r, d = search_efficiency(seeds=[0] if smoke else [0, 1, 2], n_trials=4 if smoke else 8,
-                                     steps=10 if smoke else 30, workdir=work)
+        if "search" in parts or "pruning" in parts:
+            seeds = [0] if smoke else [0, 1, 2]
+            n = 3 if smoke else 16
+            space_over = ["trainer.total_training_steps=10"] if smoke else []
+            r, d = _with_overrides(space_over, lambda: search_and_pruning(
+                seeds, n, work, samplers=("tpe",) if smoke else ("tpe", "gp"), pruning_rows="pruning" in parts))
             rows += r
             details["search"] = d
+        if "noise" in parts:
+            from benchmarks import noise
+
+            r, d = noise.bench(smoke, work / "noise")
+            rows += r
+            details["noise"] = d
     return rows, details
+
+
+_EXTRA: list[str] = []
+
+
+def _with_overrides(extra: list[str], fn: Any) -> Any:
+    """Run ``fn`` with ``extra`` added to every study's overrides (smoke sizes)."""
+    _EXTRA[:] = extra
+    try:
+        return fn()
+    finally:
+        _EXTRA[:] = []

@@ -1,7 +1,7 @@
 """``python -m benchmarks.run [--smoke] [--only NAME ...] [--skip-trl] [--out DIR]``: run the benchmarks and
 write ``RESULTS.md`` (a table with machine, date, versions, load and commands) and ``results.json`` (raw rows).
 
-Parts (``--only``): ``trainer`` (ours vs TRL), ``overhead``, ``pruning``, ``search`` (driver items 2-4),
+Parts (``--only``): ``trainer`` (ours vs TRL), ``overhead``, ``pruning``, ``search``, ``noise`` (driver items 2-5),
 ``rollout`` (HF vs vLLM), ``memory`` (memory estimate vs measured peak; ``benchmarks/memory_estimate.py``, also
 runnable alone), ``workers`` (3 vs 1 ``verl-hpo worker`` on one PostgreSQL study; ``benchmarks/workers.py``).
 ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/`` (or ``--out``), never over the real
@@ -21,7 +21,7 @@ from typing import Any
 
 from benchmarks._common import REPO, Row, all_versions, load_average, log, machine
 
-PARTS = ("trainer", "overhead", "pruning", "search", "rollout", "memory", "workers")
+PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers")
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         attempt("trainer", lambda: trainer_vs_trl.bench(reps, steps, args.smoke, args.skip_trl,
                                                         cases=tuple(args.cases) if args.cases else None,
                                                         on_case=partial))
-    driver_parts = tuple(x for x in ("overhead", "pruning", "search") if x in parts)
+    driver_parts = tuple(x for x in ("overhead", "pruning", "search", "noise") if x in parts)
     if driver_parts:
         from benchmarks import driver
 

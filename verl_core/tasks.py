@@ -1,6 +1,9 @@
 """The built-in synthetic tasks, written as verl-format parquet (``data.train_files: builtin:<name>``).
 
-``arith`` (for the tiny model): two-operand addition as bare ``a+b=`` prompts.
+``arith`` (for the tiny model): two-operand addition as bare ``a+b=`` prompts, operands
+0..``MAX_OPERAND`` (29): 900 problems, every ``VAL_EVERY``-th (4th) of a fixed shuffle held out,
+so 675 train and 225 validation prompts. 225 prompts decoded greedily (the trainer config's
+validation) give a deterministic objective per policy; its resolution is 1/225.
 
 A row is what verl's data preprocessing scripts write::
 
@@ -11,8 +14,9 @@ A row is what verl's data preprocessing scripts write::
      "extra_info": {"split": "train", "index": 3}}
 
 The answer is scored by :func:`verl_core.rewards.arith_score` (exact match of the
-response's leading integer). Problems are split deterministically: every
-``VAL_EVERY``-th problem is held out for validation.
+response's leading integer). The split is deterministic. The built-in model's warm start
+(:mod:`verl_core.tiny_model`) is biased towards ``a+b+1`` on all 900 problems; PPO sees only the
+train prompts, so the validation reward measures a correction that generalises.
 
 ``addition`` (for a pretrained chat model, ``builtin:smollm2``): the same sums as a chat instruction
 that also asks for a format, ``"What is 7 + 5? Reply with only the number."``, operands
@@ -32,8 +36,8 @@ from typing import Any
 from verl_core.config import ConfigError
 
 DATA_SOURCE = "synthetic/arith"
-MAX_OPERAND = 19  # operands 0..MAX_OPERAND: 400 problems
-VAL_EVERY = 5  # 80 held-out validation problems
+MAX_OPERAND = 29  # operands 0..MAX_OPERAND: 900 problems
+VAL_EVERY = 4  # 225 held-out validation problems
 
 
 def all_problems() -> list[tuple[int, int]]:
@@ -116,7 +120,7 @@ Split = Callable[[], tuple[list[tuple[int, int]], list[tuple[int, int]]]]
 Rows = Callable[[list[tuple[int, int]], str], list[dict[str, Any]]]
 # name -> (cache directory name, problem split, row writer); bump the directory's version when rows change
 BUILTIN: dict[str, tuple[str, Split, Rows]] = {
-    "arith": ("arith_v1", split_problems, make_rows),
+    "arith": ("arith_v2", split_problems, make_rows),
     "addition": ("addition_v1", addition_split, addition_rows),
 }
 

@@ -1,14 +1,21 @@
-"""Build the default ``builtin:tiny_arith`` policy locally: no hub, deterministic, ~1 minute on 2 cores.
+"""Build the default ``builtin:tiny_arith`` policy locally: no hub, deterministic, ~1-2 minutes on 2 cores.
 
-Recipe (bump ``RECIPE_VERSION`` when it changes; the cache key includes it):
+Recipe (bump ``RECIPE_VERSION`` when it changes; the cache key includes it). Version 2:
 
 1. a byte-level BPE tokenizer trained by ``tokenizers`` on task text (digits split
    individually), with a chat template ``<|user|>...<|assistant|>`` and ``<|eos|>``;
 2. a random-weight Qwen2 (hidden 128, 2 layers, 2 heads of dim 64, 1 KV head);
-3. a short supervised warm start on *noisy* answers: for every problem the target is
-   correct in ``SFT_CORRECT`` of its copies and off by a small amount otherwise. The
-   model learns the format and puts roughly that much probability on the right
-   answer, so PPO starts from a policy that sometimes succeeds, with room to learn.
+3. a supervised warm start on *biased* answers (:func:`sft_answers`): of the ``SFT_COPIES``
+   targets of every problem ``a+b=``, ``SFT_CORRECT`` (2) are the sum, ``SFT_DOMINANT`` (7) are a
+   systematic wrong answer, the sum + ``DOMINANT_OFFSET`` (off by one), and the rest a random small
+   offset. The model learns the format and that split: greedy decoding (how validation decodes)
+   answers the off-by-one sum for almost every problem (greedy accuracy ~0.02), while sampling at
+   temperature 1 still finds the right sum ~15-20% of the time. PPO has to move probability from
+   the dominant wrong answer to the right one, and greedy accuracy only rises for a problem once the
+   right answer overtakes, so the validation reward measures learning, not lower entropy.
+
+Version 1 put 3 of 10 copies on the sum and spread the rest over six offsets: greedy decoding
+was already right on 85% of the problems at step 0.
 
 The result is cached under ``$VERL_HPO_CACHE`` (default ``~/.cache/verl_hpo``) and
 built under a file lock, so parallel trials wait for one build.
@@ -28,13 +35,15 @@ from typing import Any
 
 from verl_core import tasks
 
-RECIPE_VERSION = 1
-SFT_CORRECT = 3  # correct copies out of SFT_COPIES per problem
-SFT_COPIES = 10
-SFT_STEPS = 500
+RECIPE_VERSION = 2
+SFT_COPIES = 10  # SFT sequences per problem, split as below
+SFT_CORRECT = 2  # copies with the right sum
+SFT_DOMINANT = 7  # copies with the systematic wrong answer: sum + DOMINANT_OFFSET
+DOMINANT_OFFSET = 1
+NOISE_OFFSETS = (-2, -1, 2, 10, -10)  # the remaining copies: sum + one of these, drawn at random
+SFT_STEPS = 900  # enough to fit the 2:7 split cleanly (500 left arithmetic slips that greedy gets right by luck)
 SFT_BATCH = 128
 SFT_LR = 3e-3
-WRONG_OFFSETS = (-2, -1, 1, 2, 10, -10)
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -124,8 +133,19 @@ def train_tokenizer() -> object:
     return fast
 
 
+def sft_answers(a: int, b: int, rng: random.Random) -> list[int]:
+    """The ``SFT_COPIES`` target answers of ``a+b=``: ``SFT_CORRECT`` right, ``SFT_DOMINANT`` off by
+    ``DOMINANT_OFFSET`` (the answer greedy decoding picks), the rest off by a random ``NOISE_OFFSETS`` entry."""
+    s = a + b
+    answers = [s] * SFT_CORRECT + [s + DOMINANT_OFFSET] * SFT_DOMINANT
+    for _ in range(SFT_COPIES - SFT_CORRECT - SFT_DOMINANT):
+        wrong = s + rng.choice(NOISE_OFFSETS)
+        answers.append(wrong if wrong >= 0 and wrong not in (s, s + DOMINANT_OFFSET) else s + 2)
+    return answers
+
+
 def _sft_examples(tokenizer: object) -> list[tuple[list[int], int]]:
-    """(token ids, prompt length) per SFT sequence; answers are noisy by design."""
+    """(token ids, prompt length) per SFT sequence; answers are biased by design (:func:`sft_answers`)."""
     rng = random.Random(0)
     out = []
     for a, b in tasks.all_problems():
@@ -133,16 +153,26 @@ def _sft_examples(tokenizer: object) -> list[tuple[list[int], int]]:
             [{"role": "user", "content": tasks.prompt_text(a, b)}], add_generation_prompt=True, tokenize=False
         )
         p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
-        for k in range(SFT_COPIES):
-            ans = a + b if k < SFT_CORRECT else max(0, a + b + rng.choice(WRONG_OFFSETS))
-            if k >= SFT_CORRECT and ans == a + b:
-                ans = a + b + 1
+        for ans in sft_answers(a, b, rng):
             r_ids = tokenizer(str(ans), add_special_tokens=False)["input_ids"]  # type: ignore[operator]
             out.append((p_ids + r_ids + [tokenizer.eos_token_id], len(p_ids)))  # type: ignore[attr-defined]
     return out
 
 
 def build_tiny_arith(out_dir: Path) -> None:
+    """Build on one torch thread whatever the caller's setting: float reductions split over threads round
+    differently, and the cached model must not depend on who built it (a trainer on 1 thread, pytest on all)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _build_tiny_arith(out_dir)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build_tiny_arith(out_dir: Path) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

@@ -336,7 +336,7 @@ def test_validate_names_the_field_and_value(changes: dict[str, Any], problem: tu
 # ----------------------------------------------------------------------------- the real trainer
 @pytest.mark.parametrize(("overrides", "label", "labels"), [
     ([], HEALTHY, ()),
-    # lr 0.5 (tiny_arith uses 2e-4): ppo_kl ~16 nats from step 1, then a deterministic policy that answers
+    # lr 0.5 (tiny_arith uses 1e-5): ppo_kl ~16 nats from step 1, then a deterministic policy that answers
     # with max_response_length tokens (entropy 0, clip_ratio 1.0, score 0)
     (["actor_rollout_ref.actor.optim.lr=0.5"], "kl_blowup", ("kl_blowup", "entropy_collapse", "length_clipping")),
 ])

@@ -55,16 +55,16 @@ def test_verl_key_names_exist() -> None:
 
 
 def test_overrides_are_typed() -> None:
-    cfg = load_config("tiny_arith", ["actor_rollout_ref.actor.optim.lr=1e-5", "algorithm.kl_ctrl.kl_coef=0.1",
+    cfg = load_config("tiny_arith", ["actor_rollout_ref.actor.optim.lr=3e-5", "algorithm.kl_ctrl.kl_coef=0.1",
                                      "trainer.val_before_train=false", "data.train_batch_size=32",
                                      "actor_rollout_ref.actor.kl_threshold=null", "trainer.logger=[file]"])
-    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-5)
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(3e-5)
     assert cfg.algorithm.kl_ctrl.kl_coef == pytest.approx(0.1)
     assert cfg.trainer.val_before_train is False
     assert cfg.data.train_batch_size == 32
     assert cfg.trainer.logger == ["file"]
     # later layers win: YAML over defaults, overrides over YAML
-    assert load_config("tiny_arith").actor_rollout_ref.actor.optim.lr == pytest.approx(2e-4)
+    assert load_config("tiny_arith").actor_rollout_ref.actor.optim.lr == pytest.approx(1e-5)
 
 
 @pytest.mark.parametrize("override, needle", [
@@ -85,15 +85,16 @@ def test_overrides_are_typed() -> None:
      "actor_rollout_ref.actor.ppo_mini_batch_size=128 is larger than data.train_batch_size=64"),
     ("algorithm.gamma=1.5", "algorithm.gamma=1.5 must be in [0, 1]"),
     ("actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.temperature=0.0 must be > 0"),
-    ("actor_rollout_ref.rollout.val_kwargs.temperature=0",
+    ("actor_rollout_ref.rollout.val_kwargs.do_sample=true actor_rollout_ref.rollout.val_kwargs.temperature=0",
      "actor_rollout_ref.rollout.val_kwargs.temperature=0.0 must be > 0 with val_kwargs.do_sample=true"),
-    ("actor_rollout_ref.rollout.val_kwargs.temperature=-1",
+    ("actor_rollout_ref.rollout.val_kwargs.do_sample=true actor_rollout_ref.rollout.val_kwargs.temperature=-1",
      "actor_rollout_ref.rollout.val_kwargs.temperature=-1.0 must be > 0 with val_kwargs.do_sample=true"),
     ("noequals", "expected key=value"),
 ])
 def test_bad_overrides_are_one_line_errors(override: str, needle: str) -> None:
+    """``override`` is one or more space-separated ``key=value`` (tiny_arith validates greedily)."""
     with pytest.raises(ConfigError) as info:
-        load_config("tiny_arith", [override])
+        load_config("tiny_arith", override.split())
     msg = str(info.value)
     assert needle in msg
     assert "\n" not in msg

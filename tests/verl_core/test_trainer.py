@@ -34,14 +34,16 @@ def _non_timing(row: dict) -> dict:
 
 
 def test_default_run_learns(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """tiny_arith: eval reward (sampled) rises by >= 0.15 over its step-0 value in 40 PPO steps."""
+    """tiny_arith: the greedy eval reward starts low (the warm start answers a+b+1) and PPO raises it by >= 0.5
+    in 20 steps (measured: 0.02 -> ~0.95)."""
     out = run_trainer(["train", "--config", "tiny_arith", "--metrics-file", "m.jsonl",
-                       "trainer.total_training_steps=40"], tmp_path)
+                       "trainer.total_training_steps=20", "trainer.cpu_threads=1"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = read_metrics(tmp_path / "m.jsonl")
     curve = eval_curve(rows)
-    assert sorted(curve) == [0, 10, 20, 30, 40]
-    assert curve[40] - curve[0] >= 0.15, curve
+    assert sorted(curve) == [0, 10, 20]
+    assert curve[0] <= 0.3, curve
+    assert curve[20] - curve[0] >= 0.5, curve
     step = rows[1]["data"]
     for key in VERL_METRICS + [f"timing_s/{s}" for s in STAGES]:
         assert key in step, key
@@ -240,7 +242,7 @@ def test_greedy_validation_at_temperature_zero_equals_generate(tiny_model_dir: P
     generate = trainer.validate(0)
     assert trainer.rollout.backend == "generate"
     assert _no_timing(fast) == _no_timing(generate)
-    assert fast["eval/reward_mean"] > 0.3  # the warm-started model is mostly right greedily
+    assert fast["eval/reward_mean"] < 0.3  # the warm-started model is mostly wrong greedily (answers a+b+1)
     assert fast["val-core/synthetic/arith/reward/mean@1"] == fast["eval/reward_mean"]
     assert not [k for k in fast if k.startswith("val-aux/")]  # one sample per prompt: no spread
 
@@ -258,7 +260,9 @@ def test_validation_metrics_as_verl() -> None:
 
 
 def test_sampled_validation_logs_the_per_prompt_spread(tiny_model_dir: Path) -> None:
-    trainer = _trainer("actor_rollout_ref.rollout.val_kwargs.n=4", "data.val_max_samples=24")
+    trainer = _trainer("actor_rollout_ref.rollout.val_kwargs.n=4", "data.val_max_samples=24",
+                       "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+                       "actor_rollout_ref.rollout.val_kwargs.temperature=1.0")
     m = trainer.validate(0)
     mean, std = m["val-core/synthetic/arith/reward/mean@4"], m["val-aux/synthetic/arith/reward/std@4"]
     assert mean == pytest.approx(m["eval/reward_mean"], abs=1e-12)

@@ -87,7 +87,7 @@ def test_best_practice_warnings(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     metrics.write_text("".join(json.dumps({"step": s, "data": {"response_length/clip_ratio": 0.5}}) + "\n"
                                for s in range(1, 5)))
     rc, out, _ = run(capsys, "--config", "tiny_arith", "--metrics", str(metrics),
-                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.optim.lr=2e-4")
     assert rc == 0
     warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
     assert any("ppo_epochs=4 with actor.optim.lr=0.0002" in w for w in warnings), warnings
