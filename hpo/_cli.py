@@ -265,8 +265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     storage_url = getattr(args, "storage", None) or ""
     try:
-        if getattr(args, "n_trials", None) is not None and args.n_trials <= 0:
-            return _fail(f"--n-trials {args.n_trials}: must be positive")
+        for flag, n in (("--n-trials", getattr(args, "n_trials", None)), ("--top", getattr(args, "top", None)),
+                        ("--seeds", getattr(args, "seeds", None))):
+            if n is not None and n <= 0:
+                return _fail(f"{flag} {n}: must be positive")
         if args.cmd == "validate":
             from hpo._driver import resolve_devices
             from hpo._preflight import validate_space
@@ -299,9 +301,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _fail(f"--out {args.out}: must be inside the studies directory {studies_dir}")
             return dashboard_command(args.study, storage_url, studies_dir, args.out)
         if args.cmd == "confirm":
-            for flag, n in (("--top", args.top), ("--seeds", args.seeds)):
-                if n is not None and n <= 0:
-                    return _fail(f"{flag} {n}: must be positive")
             return _run(None, args.study, storage_url, studies_dir, args)
         if args.cmd in ("resume", "worker"):
             if getattr(args, "n_jobs", None) is not None and args.n_jobs <= 0:

@@ -125,9 +125,32 @@ def open_storage(url: str, spec: StudySpec | None = None) -> Any:
     with open(db.with_name(db.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+    _serialize_sqlite(storage.engine)
+    return storage
+
+
+def _serialize_sqlite(engine: Any) -> None:
+    """Every SQLite transaction starts with ``BEGIN IMMEDIATE`` (SQLAlchemy's documented pysqlite recipe).
+
+    Optuna claims a queued (WAITING) trial by reading its state and writing RUNNING in one transaction, with
+    ``SELECT ... FOR UPDATE``, which SQLite ignores: under pysqlite's deferred transactions two threads or
+    processes can both read WAITING and both "win" (measured: 4 threads popping 40 queued trials got 37-41
+    distinct ones out of 48 asks). Taking SQLite's write lock at BEGIN makes the read-then-write atomic; SQLite
+    has one writer at a time anyway, and the 60 s busy timeout absorbs the wait."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_pysqlite_begin(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # pooled connections were opened before the listeners
 
 
 STORAGE_ERRORS: tuple[type[BaseException], ...] = (OSError,)

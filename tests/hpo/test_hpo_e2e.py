@@ -109,6 +109,7 @@ def test_failures_with_the_real_trainer(tmp_path: Path, studies: Path, reason: s
     assert trainer_procs(studies / "real" / "trials") == []
 
 
+@pytest.mark.slow  # make test-slow (CI runs it); kept out of make test's 15-minute budget
 def test_sigkill_driver_then_resume(tmp_path: Path, studies: Path) -> None:
     space = real_space(tmp_path, steps=10, study={"n_trials": 3}, trial={"n_jobs": 1})
     trials_dir = studies / "real" / "trials"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -12,6 +13,7 @@ from verl_core import tasks
 from verl_core.tiny_model import DOMINANT_OFFSET, build_tiny_arith
 
 
+@pytest.mark.slow  # make test-slow (CI runs it); kept out of make test's 15-minute budget
 def test_build_is_deterministic(tiny_model_dir: Path, tmp_path: Path) -> None:
     build_tiny_arith(tmp_path / "again")
     a = load_file(str(tiny_model_dir / "model.safetensors"))
