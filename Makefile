@@ -11,7 +11,7 @@ N_TRIALS ?=
 STORAGE ?=
 PYTEST_ARGS ?=
 
-.PHONY: install install-vllm test-vllm search resume best dashboard test test-slow test-fast lint typecheck \
+.PHONY: install install-vllm test-vllm search resume confirm best dashboard test test-slow test-fast lint typecheck \
 	bench bench-smoke bench-venvs gpu-check gpu-check-dry
 
 $(STAMP): pyproject.toml
@@ -46,6 +46,9 @@ search: $(STAMP)
 
 resume: $(STAMP)
 	$(VENV)/bin/verl-hpo resume --study $(or $(STUDY),$(SPACE)) $(if $(STORAGE),--storage $(STORAGE))
+
+confirm: $(STAMP)
+	$(VENV)/bin/verl-hpo confirm --study $(or $(STUDY),$(SPACE)) $(if $(STORAGE),--storage $(STORAGE))
 
 best: $(STAMP)
 	$(VENV)/bin/verl-hpo best --study $(or $(STUDY),$(SPACE)) $(if $(STORAGE),--storage $(STORAGE))
