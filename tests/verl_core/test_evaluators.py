@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import read_metrics, run_trainer
+from verl_core import tasks
 from verl_core.config import ConfigError, ToxicityConfig, load_config
 from verl_core.evaluators import ToxicityEvaluator, load_callable
 
@@ -62,7 +63,8 @@ def test_latency_grows_with_response_length(tiny_model_dir: Path, tmp_path: Path
                            f"evaluation.custom=[n_answers={fn}:n_answers]"], tmp_path)
         assert out.returncode == 0, out.stderr[-2000:]
         step0 = read_metrics(tmp_path / f"{length}.jsonl")[0]["data"]
-        assert step0["eval/n_answers"] == 80  # the user metric, logged under eval/<name>
+        # the user metric, logged under eval/<name>: one answer per validation problem
+        assert step0["eval/n_answers"] == len(tasks.split_problems()[1]) == 225
         assert step0["eval/response_length_mean"] > 0.8 * length
         assert step0["eval/latency_p95"] >= step0["eval/latency_p50"] > 0
         p50[length] = step0["eval/latency_p50"]

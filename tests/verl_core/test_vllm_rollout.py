@@ -30,16 +30,16 @@ GREEDY = SamplingParams(n=1, do_sample=False, max_new_tokens=MAX_NEW)
 
 @pytest.fixture(scope="module")
 def setup(tiny_model_dir: Path) -> dict[str, Any]:
-    """Tokenizer, the 80 validation prompts, the HF model and one vLLM engine on the same weights."""
+    """Tokenizer, the 225 validation prompts, the HF model and one vLLM engine on the same weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verl_core.tasks import ensure_arith_data
+    from verl_core.tasks import ensure_arith_data, split_problems
     from verl_core.tiny_model import cache_root
     from verl_core.vllm_rollout import VLLMRollout
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     val = load_examples(str(ensure_arith_data(cache_root())[1]), "val", tok, "prompt", MAX_PROMPT)
-    assert len(val) == 80
+    assert len(val) == len(split_problems()[1]) == 225
     pb = collate(val, list(range(len(val))), tok.pad_token_id)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     cfg = RolloutConfig(name="vllm", cpu_kvcache_space_gb=0.25)
@@ -66,7 +66,7 @@ def assert_same_tokens(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 def test_greedy_matches_hf_before_training(setup: dict[str, Any]) -> None:
-    """Same weights: the 80 validation prompts decode to the same tokens (EOS included, pad after)."""
+    """Same weights: the 225 validation prompts decode to the same tokens (EOS included, pad after)."""
     want = hf_greedy(setup["model"], setup)
     assert_same_tokens(vllm_greedy(setup), want)
     assert (want == setup["tok"].eos_token_id).any(), "the reference never emits EOS: the test would be weak"
