@@ -216,7 +216,8 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             reporter.note(f"dashboard not written: {type(err).__name__}: {err}")
         done = n_finished(study)
         if confirming:
-            from hpo._confirm import confirmed_table, pending
+            from hpo._confirm import pending
+            from hpo._report import confirmed_table
 
             left = pending(study)
             if got or ran < 0:
@@ -347,7 +348,7 @@ def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None 
                   f"{top.mean:.4g} +- {top.std:.3g} over {top.n} fresh seed(s) (min {min(top.values):.4g}, max "
                   f"{max(top.values):.4g}; tuning run {top.trial.values[0]:.4g}); ranking by confirmed mean:",
                   file=sys.stderr)
-            from hpo._confirm import confirmed_table
+            from hpo._report import confirmed_table
 
             print("\n".join(f"#   {line}" for line in confirmed_table(study).splitlines()), file=sys.stderr)
             print(render_best(space, top.trial, fmt))

@@ -158,24 +158,3 @@ def confirmed(study: optuna.Study) -> list[Confirmed]:
     tuned = [(-sign * float(c.trial.values[0]) if c.trial.values else 0.0) for c in out]
     order = sorted(range(len(out)), key=lambda i: (-sign * out[i].mean, tuned[i], out[i].trial.number))
     return [out[i] for i in order]
-
-
-def confirmed_table(study: optuna.Study) -> str:
-    """Confirmed trials, best first: tuning value, confirmed mean +- std (n), min..max, parameters."""
-    rows_c = confirmed(study)
-    if not rows_c:
-        return "no confirmation runs have finished yet"
-    names = sorted({k for c in rows_c for k in c.trial.params})
-
-    def f(v: float) -> str:
-        return f"{v:.4g}"
-
-    head = ["trial", "tuning value", "confirmed mean", "std", "n", "min", "max", *names]
-    rows = [head]
-    for c in rows_c:
-        tv = c.trial.values[0] if c.trial.values else math.nan
-        rows.append([str(c.trial.number), f(tv), f(c.mean), f(c.std), str(c.n), f(min(c.values)), f(max(c.values)),
-                     *(f(c.trial.params[n]) if isinstance(c.trial.params.get(n), float) else str(c.trial.params.get(n))
-                       for n in names)])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)

@@ -14,7 +14,7 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo._confirm import is_confirm
+from hpo._confirm import confirmed, is_confirm
 from hpo._space import Space, format_value
 from hpo._storage import mask_url
 
@@ -179,6 +179,22 @@ def front_table(study: optuna.Study) -> str:
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+
+
+def confirmed_table(study: optuna.Study) -> str:
+    """Confirmed trials (``verl-hpo confirm``), best first: tuning value, confirmed mean +- std (n), min..max,
+    parameters."""
+    ranked = confirmed(study)
+    if not ranked:
+        return "no confirmation runs have finished yet"
+    names = sorted({k for c in ranked for k in c.trial.params})
+    rows = [["trial", "tuning value", "confirmed mean", "std", "n", "min", "max", *names]]
+    for c in ranked:
+        rows.append([str(c.trial.number), fmt_value(c.trial.values[0] if c.trial.values else None),
+                     fmt_value(c.mean), fmt_value(c.std), str(c.n), fmt_value(min(c.values)), fmt_value(max(c.values)),
+                     *(fmt_value(c.trial.params[n]) if isinstance(c.trial.params.get(n), float)
+                       else str(c.trial.params.get(n, "-")) for n in names)])
+    return _table(rows)
 
 
 def top_table(study: optuna.Study, limit: int = 10) -> str:
