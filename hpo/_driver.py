@@ -13,10 +13,11 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
   ``entropy_collapse``, ``kl_blowup``); with no finite evaluation yet, the worst value. Every trial also gets
   ``diagnosis`` (one label), ``diagnosis_labels`` and ``diagnosis_evidence``.
 * ``stop_reason=pruned``    -> PRUNED (Optuna stores the last reported value), ``compute_saved_s``
-* ``fail_reason=oom|timeout|killed|crash`` -> COMPLETE with the worst value (``-inf``/``+inf``), or FAIL
+* ``fail_reason=oom|timeout|bad_metrics|killed|crash`` -> COMPLETE with the worst value (``-inf``/``+inf``), or FAIL
   with ``on_failure: fail``; ``stderr_tail`` (and ``error``) say why. ``oom`` only when it is one (the
   driver's cap, a final MemoryError / CUDA OOM, or a kernel OOM kill confirmed); another signal death is
-  ``killed`` (see :func:`hpo._runner.classify_exit`)
+  ``killed`` (see :func:`hpo._runner.classify_exit`); ``bad_metrics`` when the metrics path is not a regular
+  file (a FIFO, a device). A bad metrics line is never a failure: it is skipped and counted (``metrics_bad_lines``)
 * interrupted (Ctrl-C, SIGTERM, SIGHUP, driver death) -> FAIL without a recorded result; a WAITING copy with
   the same parameters is queued, so ``resume`` (or any worker) runs it first. Trials of a dead driver are
   found by every other driver of the study (:mod:`hpo._recovery`: a dead pid where pids are comparable,
@@ -85,7 +86,7 @@ from hpo._space import (
     format_value,
     space_from_stored,
 )
-from hpo._storage import check_study_name, mask_url, open_storage, study_exists
+from hpo._storage import STORAGE_ERRORS, check_study_name, mask_url, open_storage, study_exists
 from hpo._trust import experiment_digest
 from hpo._verl import (
     default_python,
@@ -101,6 +102,9 @@ ATTR_SPACE = "hpo:space"
 ATTR_SOURCE = "hpo:source"
 ATTR_TARGET = "hpo:n_trials"
 ATTR_DIGEST = "hpo:space_sha256"
+# errors of the study's database (not of the disk or a launch): they go to the caller as they are
+DB_ERRORS: tuple[type[BaseException], ...] = (
+    *(e for e in STORAGE_ERRORS if e is not OSError), optuna.exceptions.StorageInternalError)
 WAIT_S = 1.0  # poll period of a driver waiting for others' trials to finish or die
 TRIAL_MARKER = ".verl-hpo-trial"  # written into each trial directory the driver creates; only those are ever removed
 
@@ -278,10 +282,16 @@ class _Watch:
     value: float | None = None
     streak: int = 0
     step_times: list[float] = dataclasses.field(default_factory=list)
-    reported: set[int] = dataclasses.field(default_factory=set)
     scored: Scored | None = None
     curve: dict[int, float] = dataclasses.field(default_factory=dict)
-    history: list[list[float]] = dataclasses.field(default_factory=list)
+    # evaluations by step: (objective values, or None when one is NaN/inf; weighted-score parts; the line)
+    evals: dict[int, tuple[list[float] | None, dict[str, float], dict[str, Any]]] = dataclasses.field(
+        default_factory=dict)
+
+    @property
+    def history(self) -> list[list[float]]:
+        """The finite evaluations in step order (what the aggregate and the plateau rule read)."""
+        return [raw for _, (raw, _, _) in sorted(self.evals.items()) if raw is not None]
 
     def __call__(self, step: int, data: dict[str, Any]) -> str | None:
         t = data.get("timing_s/step")
@@ -290,23 +300,23 @@ class _Watch:
         decision = None
         objective = self.space.objective
         evaluated = objective.evaluate(data)
-        if evaluated is not None:
+        if evaluated is not None and step not in self.evals:  # a resumed trainer re-logs steps: count each once
             raw, parts = evaluated
             finite = all(is_finite(v) for v in raw)
-            if finite and step not in self.reported:  # a resumed trainer re-logs steps: count each once
-                self.reported.add(step)
-                self.history.append([float(v) for v in raw])
-            if finite:
-                values = objective.aggregated(self.history)
+            self.evals[step] = ([float(v) for v in raw] if finite else None, parts, dict(data))
+            last = max(self.evals)  # the trial's last evaluation is its highest step, whatever the line order
+            last_raw, last_parts, last_data = self.evals[last]
+            history = self.history
+            if last_raw is not None:
+                values = objective.aggregated(history)
                 self.value = values[0]
-                self.scored = Scored(values, parts, dict(data))
+                self.scored = Scored(values, last_parts, last_data)
             else:
                 self.value, self.scored = math.nan, None
-            if finite and self.history and step == max(self.reported):
-                if step not in self.curve:
-                    self.on_eval(step, values[0])
-                    if self._report_and_prune(step, values[0]):
-                        decision = "pruned"
+            if finite and step == last:
+                self.on_eval(step, values[0])
+                if self._report_and_prune(step, values[0]):
+                    decision = "pruned"
         es: EarlyStopping = self.space.early_stopping
         if decision is None and es.enabled and evaluated is not None and self._plateaued(es):
             decision = "plateau"
@@ -398,6 +408,7 @@ class Driver:
         self.confirming = False  # run_confirm: only the queued confirmation trials
         self._errors: list[BaseException] = []
         self._count_lock = threading.Lock()
+        self._ask_lock = threading.Lock()
 
     # -- argv / files
     def fresh_trial_dir(self, number: int) -> Path:
@@ -574,6 +585,8 @@ class Driver:
             "cgroup_peak_gb": None if result.cgroup_peak_gb is None else round(result.cgroup_peak_gb, 4),
             "leftovers_killed": result.leftovers_killed,
         }
+        if result.metrics_bad_lines:  # skipped: not JSON, too long, no step in 0..2^31, ...
+            attrs["metrics_bad_lines"] = result.metrics_bad_lines
         if watch.diagnoser is not None:
             attrs.update(diagnosis=watch.diagnoser.label, diagnosis_labels=list(watch.diagnoser.labels),
                          diagnosis_evidence=watch.diagnoser.evidence())
@@ -596,7 +609,7 @@ class Driver:
                     raise TrialFailed(f"trial {trial.number}: {result.stop}")
                 return self.space.objective.worst
             return self._finish(trial, watch)
-        failure, error = result.failure, None
+        failure, error = result.failure, result.metrics_error
         if failure is None and watch.scored is None:
             failure = "crash"
             names = ", ".join(self.space.objective.metrics)
@@ -630,6 +643,21 @@ class Driver:
         if self.space.trial.on_failure == "fail":
             raise TrialFailed(f"trial {trial.number}: {reason}")
         return self.space.objective.worst
+
+    def _abandon(self, trial: Trial, err: Exception) -> None:
+        """The driver could not run this trial (its launch failed, the disk is full, ...): like an interrupt, its
+        parameters are queued for a later driver and it ends FAIL; then the driver stops with one line."""
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if isinstance(err, OSError) and err.strerror:
+            why = f"{err.strerror}" + (f": {err.filename}" if err.filename else "")
+        try:
+            queue_retry(self.study, self._frozen(trial.number), max_retry=self.space.study.max_retry)
+            trial.set_user_attr("stop_reason", "driver_error")
+            trial.set_user_attr("error", why[:4000])
+            self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        except Exception:  # noqa: BLE001 - the storage may be the problem; recovery finds the trial later
+            pass
+        raise DriverError(f"trial {trial.number} could not be run: {type(err).__name__}: {why}") from err
 
     def _frozen(self, number: int) -> FrozenTrial:
         return next(t for t in self.study.get_trials(deepcopy=True) if t.number == number)
@@ -691,19 +719,22 @@ class Driver:
         try:
             while not self.stop_event.is_set() and not self._errors:
                 self.recover()
-                trials = self.study.get_trials(deepcopy=False)
-                if self.confirming:
-                    if not any(is_confirm(t) and t.state == TrialState.WAITING for t in trials):
+                with self._ask_lock:  # this driver's jobs ask one at a time: none asks for a slot another just took
+                    trials = self.study.get_trials(deepcopy=False)
+                    if self.confirming:
+                        if not any(is_confirm(t) and t.state == TrialState.WAITING for t in trials):
+                            return
+                        slots = None
+                    else:
+                        slots = Slots.count(trials, self.space.study.max_retry)
+                    if slots is not None and slots.finished >= target:
                         return
-                    slots = None
-                else:
-                    slots = Slots.count(trials, self.space.study.max_retry)
-                if slots is not None and slots.finished >= target:
-                    return
-                if slots is not None and not slots.waiting and len(slots.held) >= target:
+                    full = slots is not None and not slots.waiting and len(slots.held) >= target
+                    trial = None if full else self.study.ask()
+                if trial is None:
                     self.stop_event.wait(WAIT_S)  # running trials (ours or others') hold the rest; they may die
                     continue
-                frozen = self._one_trial(target)
+                frozen = self._one_trial(trial, target)
                 if frozen is not None:
                     with self._count_lock:
                         self.ran += 1
@@ -714,9 +745,9 @@ class Driver:
         except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
             self._errors.append(err)
 
-    def _one_trial(self, target: int) -> FrozenTrial | None:
-        """Ask, check the slot, run, record and tell one trial; None when it was surplus or lost."""
-        trial = self.study.ask()
+    def _one_trial(self, trial: Trial, target: int) -> FrozenTrial | None:
+        """Check the slot of an asked trial (another driver may have taken it), run, record and tell it; None when
+        it was surplus or lost."""
         frozen = self._frozen(trial.number)
         queued = "failed_trial" in frozen.system_attrs or is_confirm(frozen)  # requested work: never surplus
         if not queued and (self.confirming or not Slots.count(
@@ -739,6 +770,10 @@ class Driver:
             except TrialInterrupted:
                 self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
                 raise
+            except Exception as err:  # noqa: BLE001
+                if isinstance(err, (TrialLost, UpdateFinishedTrialError, *DB_ERRORS)):
+                    raise
+                self._abandon(trial, err)  # a launch or disk error (not the trial's doing): queued, never RUNNING
             record_result(self.study, trial._trial_id, state, values)
             try:
                 self.study.tell(trial, values, state=state)
@@ -801,10 +836,15 @@ def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:
                                 load_if_exists=True,
                                 sampler=make_sampler(space.study.sampler, n_existing, joining=n_existing > 0),
                                 pruner=make_pruner(space.study.pruner))
-    if ATTR_SPACE not in study.user_attrs:
+    # each attribute on its own: a search that died half-way through creating the study is repaired by the next
+    attrs = study.user_attrs
+    if not study.metric_names:
         study.set_metric_names(space.objective.names)
+    if ATTR_SPACE not in attrs:
         study.set_user_attr(ATTR_SPACE, _jsonable(space.raw))
+    if ATTR_SOURCE not in attrs:
         study.set_user_attr(ATTR_SOURCE, space.source)
+    if ATTR_DIGEST not in attrs:
         study.set_user_attr(ATTR_DIGEST, experiment_digest(_jsonable(space.raw)))
     study.set_user_attr(ATTR_TARGET, space.study.n_trials)
     return study

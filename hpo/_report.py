@@ -35,7 +35,7 @@ def fmt_params(params: dict[str, Any]) -> str:
 
 def outcome(t: FrozenTrial) -> str:
     """One word for how a trial ended: ok, converged, collapsed, pruned, oom, predicted_oom, killed, timeout,
-    crash, interrupted, running, queued."""
+    crash, bad_metrics, interrupted, driver_error, surplus, running, queued."""
     ua = t.user_attrs
     if t.state == TrialState.RUNNING:
         return "running"
@@ -43,11 +43,16 @@ def outcome(t: FrozenTrial) -> str:
         return "queued"
     if "fail_reason" in ua:
         return str(ua["fail_reason"])
-    if t.state == TrialState.FAIL:
-        return "interrupted"
+    if t.state == TrialState.FAIL:  # surplus (never run), driver_error (could not be launched), or interrupted
+        return str(ua.get("stop_reason", "interrupted"))
     if t.state == TrialState.PRUNED:
         return "pruned"
     return str(ua.get("stop_reason", "ok"))
+
+
+def is_surplus(t: FrozenTrial) -> bool:
+    """A trial asked for when another driver had just taken the study's last slot: FAIL, never run, no params."""
+    return t.state == TrialState.FAIL and t.user_attrs.get("stop_reason") == "surplus"
 
 
 class Reporter:
@@ -201,7 +206,7 @@ def top_table(study: optuna.Study, limit: int = 10) -> str:
     """A text table of the top trials (best first; failures and pruned trials after)."""
     maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     trials = [t for t in study.get_trials(deepcopy=False)
-              if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]
+              if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) and not is_surplus(t)]
 
     def key(t: FrozenTrial) -> tuple[int, float]:
         v = t.values[0] if t.values else None
@@ -235,7 +240,8 @@ def top_table(study: optuna.Study, limit: int = 10) -> str:
 def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
     counts: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):
-        counts[outcome(t)] = counts.get(outcome(t), 0) + 1
+        if not is_surplus(t):  # asked for and never run: not a trial of the study's
+            counts[outcome(t)] = counts.get(outcome(t), 0) + 1
     saved = sum(float(t.user_attrs.get("compute_saved_s", 0.0)) for t in study.get_trials(deepcopy=False))
     parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     driver_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

@@ -135,6 +135,9 @@ class StudySpec:
         "heartbeat_interval."))
     max_retry: int | None = field(default=3, metadata=_meta("Retries of an interrupted trial; null = unlimited."))
     confirm: ConfirmSpec = field(default_factory=ConfirmSpec, metadata=_meta("verl-hpo confirm defaults."))
+    storage_retry_s: float = field(default=300.0, metadata=_meta(
+        "Ride out an unreachable storage (a database restart, a full disk) this long (s): storage calls are "
+        "retried with backoff and running trials go on; past it the driver exits with one line."))
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,9 @@ class TrialSpec:
     gpus_per_trial: int = field(default=1, metadata=_meta("Devices per trial (when any are visible)."))
     devices: tuple[str, ...] | None = field(default=None, metadata=_meta("Device ids; null = detect."))
     env: dict[str, str] = field(default_factory=dict, metadata=_meta("Extra environment of trials."))
+    keep_checkpoints: int = field(default=0, metadata=_meta(
+        "backend verl: keep the final checkpoint of the best K finished trials; every other checkpoint is "
+        "deleted once its trial can no longer be resumed (finished, not interrupted)."))
 
     @property
     def is_default_command(self) -> bool:
@@ -253,8 +259,46 @@ def format_value(value: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- YAML
+MAX_FILE_BYTES = 1 << 20  # an experiment file is a few KB; a larger one is refused before it is parsed
+MAX_YAML_NODES = 100_000  # scalars, sequences and mappings once every alias is expanded ("billion laughs")
+MAX_ARG_BYTES = 128 * 1024 - 1  # Linux MAX_ARG_STRLEN: the longest single argv entry execve accepts
+MAX_ARGV_BYTES = 512 * 1024  # argv + the trial's own env entries: well under ARG_MAX (2 MiB by default)
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader (no object construction) that rejects duplicate mapping keys."""
+    """SafeLoader (no object construction) that rejects duplicate mapping keys and refuses a document that
+    expands past :data:`MAX_YAML_NODES` nodes through its aliases (each alias counts its whole subtree), before
+    anything is built from it."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._expanded = 0
+        self._sizes: dict[int, int] = {}
+
+    def _size(self, node: yaml.Node) -> int:
+        known = self._sizes.get(id(node))
+        if known is not None:
+            return known
+        n = 1
+        if isinstance(node, yaml.SequenceNode):
+            n += sum(self._size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            n += sum(self._size(k) + self._size(v) for k, v in node.value)
+        self._sizes[id(node)] = n
+        return n
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) and event.anchor in self.anchors:
+            self._expanded += self._size(self.anchors[event.anchor])
+        else:
+            self._expanded += 1
+        if self._expanded > MAX_YAML_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"more than {MAX_YAML_NODES} values once its aliases are expanded", event.start_mark)
+        node = super().compose_node(parent, index)  # type: ignore[no-untyped-call]
+        assert node is not None
+        return node
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -281,6 +325,9 @@ def resolve_space_path(name_or_path: str, spaces_dir: Path = SPACES_DIR) -> Path
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
+        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+            raise SpaceError(f"{path}: {path.stat().st_size} bytes; an experiment file may have at most "
+                             f"{MAX_FILE_BYTES} bytes")
         text = path.read_text()
     except FileNotFoundError:
         raise SpaceError(f"{path}: no such experiment file") from None
@@ -550,9 +597,44 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
         raise ctx.error("trial.devices", "expected a non-empty list or null")
     for where, msg in sections["diagnosis"].validate():
         raise ctx.error(f"diagnosis.{where}", msg)
+    _check_argv_sizes(fixed, params, trial, ctx)
     return Space(name=name, source=source, config=config, overrides=dict(fixed), params=params,
                  objective=objective, early_stopping=early, diagnosis=sections["diagnosis"],
                  study=sections["study"], trial=trial, raw=raw)
+
+
+def _check_argv_sizes(fixed: dict[str, Any], params: tuple[Param, ...], trial: TrialSpec, ctx: _Ctx) -> None:
+    """Every trial must be launchable: no argument over Linux's 128 KiB per-argument limit, and the trainer's argv
+    (with the longest choice of each parameter) plus the trial's own environment well under ``ARG_MAX``;
+    otherwise ``execve`` fails with "Argument list too long" only once a study exists."""
+    def size(text: str) -> int:
+        return len(text.encode("utf-8", "surrogateescape")) + 1
+
+    total = 0
+    for k, v in fixed.items():
+        n = size(f"{k}={format_value(v)}")
+        if n > MAX_ARG_BYTES:
+            raise ctx.error(f"overrides.{k}", f"the override is {n} bytes; one argument of a trial may have at most "
+                            f"{MAX_ARG_BYTES} (Linux MAX_ARG_STRLEN)")
+        total += n
+    for p in params:
+        longest = max((size(f"{p.key}={format_value(c)}") for c in p.choices), default=0) if p.choices else 64
+        if longest > MAX_ARG_BYTES:
+            raise ctx.error(f"params.{p.name}.choices", f"a choice makes a {longest}-byte argument; one argument of a "
+                            f"trial may have at most {MAX_ARG_BYTES} (Linux MAX_ARG_STRLEN)")
+        total += longest
+    for i, c in enumerate(trial.command):
+        if size(c) > MAX_ARG_BYTES:
+            raise ctx.error(f"trial.command[{i}]", f"{size(c)} bytes; one argument may have at most {MAX_ARG_BYTES}")
+        total += size(c)
+    for k, v in trial.env.items():
+        n = size(f"{k}={v}")
+        if n > MAX_ARG_BYTES:
+            raise ctx.error(f"trial.env.{k}", f"{n} bytes; one variable may have at most {MAX_ARG_BYTES}")
+        total += n
+    if total > MAX_ARGV_BYTES:
+        raise ctx.error("overrides", f"a trial's arguments and trial.env add up to {total} bytes; at most "
+                        f"{MAX_ARGV_BYTES} fit beside the environment under Linux's ARG_MAX")
 
 
 def check_trainer(space: Space, origin: dict[str, str] | None = None) -> None:

@@ -243,3 +243,18 @@ def test_stale_trial_of_another_host_is_retried_by_heartbeat(tmp_path: Path, stu
     retry = [t for t in trials if t.user_attrs.get("retry_of") == ghost.number]
     assert len(retry) == 1 and retry[0].params == ghost.params and retry[0].state == TrialState.COMPLETE
     assert len(finished(trials)) == 2
+
+
+def test_one_driver_with_parallel_jobs_never_asks_for_a_surplus_trial(tmp_path: Path, studies: Path) -> None:
+    """Its jobs ask one at a time and only while the target has room, so the study holds exactly n_trials trials,
+    none of them a surplus FAIL, and the summary counts no interrupted trial (issue 20, item 10)."""
+    for run in range(2):
+        space = fake_space(tmp_path, name=f"jobs{run}", overrides={"trainer.total_training_steps": 4,
+                                                                    "trainer.test_freq": 2, "fake.step_s": 0.01},
+                           study={"n_trials": 5, "pruner": {"type": "none"}},
+                           trial={"command": [PY, "tests/hpo/fake_trainer.py", "train"], "n_jobs": 4})
+        res = run_cli(["search", "--space", str(space)], studies)
+        assert res.returncode == 0, res.stderr
+        trials = load(studies, f"jobs{run}").trials
+        assert [t.state for t in trials] == [TrialState.COMPLETE] * 5
+        assert "interrupted" not in res.stdout and "surplus" not in res.stdout

@@ -10,7 +10,7 @@ import yaml
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from hpo._report import Reporter, outcome, render_best, top_table
+from hpo._report import Reporter, outcome, render_best, summary, top_table
 from hpo._space import Objective, Param, Space
 
 
@@ -37,6 +37,19 @@ def test_table_orders_best_first_and_names_outcomes() -> None:
     assert lines[0].split()[:3] == ["trial", "value", "outcome"]
     assert [ln.split()[0] for ln in lines[1:3]] == ["1", "0"]
     assert [outcome(t) for t in study.trials] == ["ok", "converged", "oom", "interrupted", "pruned"]
+
+
+def test_a_surplus_trial_is_never_shown_as_interrupted() -> None:
+    """A surplus ask (FAIL, never run, no params) is no trial of the study: not in the table, not in the counts;
+    an interrupted trial and one the driver could not launch are named as what they are."""
+    study = _study()
+    for attrs in ({"stop_reason": "surplus"}, {"stop_reason": "surplus"}, {"stop_reason": "driver_error"}):
+        study.add_trial(create_trial(state=TrialState.FAIL, user_attrs=attrs))
+    assert [outcome(t) for t in study.trials][3:] == ["interrupted", "pruned", "surplus", "surplus", "driver_error"]
+    table = top_table(study)
+    assert "surplus" not in table and len(table.splitlines()) == 1 + 6
+    counts = next(ln for ln in summary(study, "sqlite:///x.db", "trials").splitlines() if ln.startswith("trials:"))
+    assert "1 interrupted" in counts and "1 driver_error" in counts and "surplus" not in counts
 
 
 def test_progress_without_and_with_tty() -> None:

@@ -70,12 +70,17 @@ def test_a_leftover_trial_directory_of_the_driver_is_replaced(tmp_path: Path, st
     assert not (studies / "fake" / "trials" / "0" / "stale.txt").exists()
 
 
-def test_dashboard_out_must_stay_inside_the_studies_directory(tmp_path: Path, studies: Path) -> None:
+def test_dashboard_out_is_the_users_path_to_choose(tmp_path: Path, studies: Path) -> None:
+    """A path typed on the user's own command line may be anywhere (``--out ~/report.html``); what comes from
+    storage (the study name) still never escapes the studies directory (tests above)."""
     assert run_cli(["search", "--space", str(fake_space(tmp_path, study={"n_trials": 1}))], studies).returncode == 0
-    line = one_line_exit(run_cli(["dashboard", "--study", "fake", "--out", str(tmp_path / "x.html")], studies))
-    assert "--out" in line and not (tmp_path / "x.html").exists()
-    res = run_cli(["dashboard", "--study", "fake", "--out", str(studies / "pages" / "d.html")], studies)
-    assert res.returncode == 0, res.stderr and (studies / "pages" / "d.html").is_file()
+    outside = tmp_path / "elsewhere" / "report.html"
+    res = run_cli(["dashboard", "--study", "fake", "--out", str(outside)], studies)
+    assert res.returncode == 0, res.stderr
+    assert outside.is_file() and "<html" in outside.read_text()[:2000].lower()
+    assert res.stdout.strip() == str(outside)
+    line = one_line_exit(run_cli(["dashboard", "--study", "fake", "--out", str(tmp_path)], studies))
+    assert "--out" in line and "directory" in line
 
 
 # ----------------------------------------------------------------------------- limits
@@ -254,3 +259,109 @@ def test_a_signal_after_the_study_is_done_exits_0(tmp_path: Path, studies: Path)
     assert driver.returncode == 0, err
     assert [t.state for t in optuna.load_study(study_name="fake", storage=f"sqlite:///{studies / 'fake.db'}").trials] \
         == [TrialState.COMPLETE]
+
+
+# ----------------------------------------------------------------------------- input that would fail late
+def run_cmd(cmd: str, args: list[str], studies: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``validate`` writes nothing and takes no --studies-dir; the others do."""
+    if cmd != "validate":
+        return run_cli([cmd, *args], studies, timeout=timeout)
+    return subprocess.run([PY, "-m", "hpo", cmd, *args], cwd=ROOT, env=cli_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+BILLION_LAUGHS = """\
+a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]
+i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
+"""
+
+
+@pytest.mark.parametrize("cmd", ["validate", "search"])
+def test_a_yaml_bomb_is_refused_in_one_line_before_any_study(tmp_path: Path, studies: Path, cmd: str) -> None:
+    path = fake_space(tmp_path)
+    path.write_text(BILLION_LAUGHS + path.read_text())
+    line = one_line_exit(run_cmd(cmd, ["--space", str(path)], studies, timeout=60))
+    assert str(path) in line and "aliases" in line
+    assert not studies.exists() or not list(studies.iterdir())
+
+
+def test_yaml_anchors_that_stay_small_still_load(tmp_path: Path, studies: Path) -> None:
+    path = fake_space(tmp_path)
+    text = path.read_text().replace("trainer.total_training_steps: 10", "trainer.total_training_steps: &steps 10")
+    text = text.replace("trainer.test_freq: 2", "trainer.test_freq: 2\n  fake.peak_at: *steps")
+    path.write_text(text)
+    res = run_cmd("validate", ["--space", str(path)], studies)
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_huge_experiment_file_is_refused(tmp_path: Path, studies: Path) -> None:
+    path = fake_space(tmp_path)
+    path.write_text(path.read_text() + "# " + "x" * (3 << 20) + "\n")
+    line = one_line_exit(run_cli(["search", "--space", str(path)], studies))
+    assert str(path) in line and "bytes" in line
+    assert not studies.exists() or not list(studies.iterdir())
+
+
+@pytest.mark.parametrize("where", ["overrides.fake.note", "trial.env.BIG"])
+@pytest.mark.parametrize("cmd", ["validate", "search"])
+def test_arguments_too_long_to_launch_are_refused_at_load(tmp_path: Path, studies: Path, cmd: str,
+                                                          where: str) -> None:
+    big = "x" * (130 * 1024)  # over Linux's 128 KiB limit on one argument or environment entry
+    space = (fake_space(tmp_path, overrides={"trainer.total_training_steps": 4, "fake.note": big})
+             if where.startswith("overrides") else
+             fake_space(tmp_path, trial={"command": [PY, "tests/hpo/fake_trainer.py", "train"], "env": {"BIG": big}}))
+    line = one_line_exit(run_cmd(cmd, ["--space", str(space)], studies))
+    assert where in line and "at most" in line and len(line) < 600
+    assert not studies.exists() or not list(studies.iterdir())
+
+
+def test_a_launch_error_is_not_a_storage_error_and_leaves_no_running_trial(tmp_path: Path, studies: Path) -> None:
+    """With a 1 MiB stack limit ARG_MAX is 256 KiB: 300 KB of overrides pass the load check (which allows
+    512 KiB) but ``execve`` refuses them. The driver says so in one line, and the trial is queued, not RUNNING."""
+    import resource
+
+    big = {f"fake.note{i}": "z" * 100_000 for i in range(3)}
+    space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 4, "trainer.test_freq": 2, **big},
+                       study={"n_trials": 1, "pruner": {"type": "none"}})
+
+    def small_stack() -> None:
+        resource.setrlimit(resource.RLIMIT_STACK, (1 << 20, 1 << 20))
+
+    res = subprocess.run([PY, "-m", "hpo", "search", "--space", str(space), "--studies-dir", str(studies)], cwd=ROOT,
+                         env=cli_env(), capture_output=True, text=True, timeout=120, preexec_fn=small_stack)
+    line = one_line_exit(res, 1)
+    assert "could not be run" in line and "Argument list too long" in line and "storage" not in line
+    trials = load(studies, "fake").trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[0].user_attrs["stop_reason"] == "driver_error"
+    assert trials[1].params == trials[0].params  # the same parameters are queued for a driver that can run them
+    command = studies / "fake" / "trials" / "0" / "command.json"
+    assert not command.exists() or command.stat().st_size < 2_000_000
+
+
+def test_a_study_creation_cut_short_is_repaired_by_the_next_search(tmp_path: Path, studies: Path) -> None:
+    """``search`` died right after storing the experiment: the next ``search`` writes the source path and the
+    digest that are missing, so that ``resume`` needs no ``--space`` (its trainer command runs code)."""
+    from hpo._driver import ATTR_DIGEST, ATTR_SOURCE, _jsonable
+    from hpo._space import load_space
+
+    path = fake_space(tmp_path, study={"n_trials": 2, "pruner": {"type": "none"}})
+    space = load_space(str(path))
+    studies.mkdir()
+    storage = f"sqlite:///{studies / 'fake.db'}"
+    study = optuna.create_study(study_name="fake", storage=storage, direction="maximize")
+    study.set_user_attr(ATTR_SPACE, _jsonable(space.raw))  # ... and then the driver was killed
+    res = run_cli(["search", "--space", str(path), "--n-trials", "1"], studies)
+    assert res.returncode == 0, res.stderr
+    attrs = load(studies, "fake").user_attrs
+    assert attrs[ATTR_SOURCE] == str(path) and len(attrs[ATTR_DIGEST]) == 64
+    res = run_cli(["resume", "--study", "fake", "--n-trials", "2"], studies)  # no --space needed
+    assert res.returncode == 0, res.stderr
+    assert len([t for t in load(studies, "fake").trials if t.state == TrialState.COMPLETE]) == 2
