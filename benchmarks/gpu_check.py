@@ -367,7 +367,7 @@ def verl_estimate(work: Path, overrides: list[str], values: dict[str, Any], verl
     """``estimate_verl`` of the config a trial with ``values`` ran (composed by verl in ``verl_python``)."""
     from hpo._preflight import verl_memory_inputs
     from hpo._space import load_space
-    from verl_core.memory import estimate_verl
+    from verl_core.memory_verl import estimate_verl
 
     space = load_space(VERL_SPACE, overrides, check=False)
     [(info, keys)] = verl_memory_inputs(space, [space.trainer_overrides(values)], 1, verl_python)

@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
                                         "against the trainer config, and each corner's memory estimate")
     v.add_argument("--space", required=True, help="search_spaces/<NAME>.yaml or a path")
     v.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="as for search")
+    v.add_argument("--metrics", type=Path, default=None, metavar="JSONL",
+                   help="verl spaces: a previous run's verl metrics file; its largest response_length/mean and "
+                        "prompt_length/mean are the expected lengths (a corner is refused only when it does not "
+                        "fit at those; the worst case only warns)")
 
     d = sub.add_parser("dashboard", help="write <studies-dir>/<study>/dashboard.html (one self-contained page)")
     d.add_argument("--study", required=True)
@@ -271,7 +275,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             spaces_dir = Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
             space = load_space(args.space, list(args.override), spaces_dir)
-            return validate_space(space, resolve_devices(space.trial, launching=False), sys.stdout)
+            lengths = None
+            if args.metrics is not None:
+                from verl_core.config import ConfigError
+                from verl_core.memory_verl import read_sequence_lengths
+
+                try:
+                    lengths = read_sequence_lengths(args.metrics)
+                except ConfigError as err:
+                    return _fail(str(err))
+            return validate_space(space, resolve_devices(space.trial, launching=False), sys.stdout, lengths=lengths)
         if args.cmd == "search":
             overrides = list(args.override)
             if args.n_trials is not None:

@@ -13,8 +13,11 @@ The budget of a trial: on its GPUs the free memory (nvidia-smi) of the tightest 
 ``trial.memory_limit_gb``.
 
 Real verl spaces (``trial.backend: verl``) are estimated by :func:`predict_verl`: each corner is composed by
-hydra in verl's interpreter (``hpo/_verl_compose.py``, the keys of ``verl_core.memory.VERL_MEMORY_KEYS`` selected)
-and ``verl_core.memory.estimate_verl`` does the arithmetic here (its docstring has the mapping and its limits).
+hydra in verl's interpreter (``hpo/_verl_compose.py``, the keys of ``verl_core.memory_verl.VERL_MEMORY_KEYS``
+selected) and ``verl_core.memory_verl.judge_verl`` does the arithmetic here (its module docstring has the mapping
+and its limits), twice: at the expected sequence lengths (``lengths``: e.g. ``verl-hpo validate --metrics`` of a
+previous run's metrics file) and in the worst case (every sequence at its maximum). A corner is refused only when
+its expected peak does not fit; when only the worst case does not, it passes with a warning.
 verl always trains on GPUs: with none visible (``validate`` on a laptop) the budget is ``trial.memory_limit_gb``,
 else a GPU of :data:`ASSUMED_GPU_GB` GiB, whose size also sets vLLM's ``gpu_memory_utilization`` share.
 """
@@ -26,9 +29,12 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpo._space import Space, SpaceError
+
+if TYPE_CHECKING:
+    from verl_core.memory_verl import SequenceLengths
 
 MAX_CORNERS = 64
 GiB = 2**30
@@ -45,6 +51,8 @@ class Prediction:
     device: str
     problem: str | None  # None when it fits (margin included)
     table: str
+    worst_total: int | None = None  # verl: the worst-case peak (every sequence at its maximum length)
+    warning: str | None = None  # verl: set when the expected peak fits but the worst case does not
 
     @property
     def fits(self) -> bool:
@@ -117,7 +125,7 @@ def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], 
     from pathlib import Path
 
     from hpo._verl import COMPOSE_SCRIPT, INSTALL_HINT, default_python, format_override, is_config_path
-    from verl_core.memory import VERL_MEMORY_KEYS
+    from verl_core.memory_verl import VERL_MEMORY_KEYS
 
     python = python or space.trial.python or default_python()
     config_dir, name = None, space.config
@@ -145,39 +153,53 @@ def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], 
 
 
 def _verl_prediction(space: Space, info: dict[str, Any], values: dict[str, Any], devices: Sequence[str],
-                     gpu_total_bytes: int | None) -> Prediction:
-    from verl_core import memory
+                     gpu_total_bytes: int | None, lengths: SequenceLengths | None) -> Prediction:
     from verl_core.config import ConfigError
+    from verl_core.memory_verl import ModelConfigUnavailable, judge_verl
 
     budget, source, total = _verl_budget(space, devices, gpu_total_bytes)
+    margin = space.trial.preflight_margin
     try:
-        est = memory.estimate_verl(values, use_critic=bool(info["use_critic"]),
-                                   use_ref=bool(info["use_reference_policy"]), gpu_total_bytes=total)
-    except memory.ModelConfigUnavailable:
+        v = judge_verl(values, use_critic=bool(info["use_critic"]), use_ref=bool(info["use_reference_policy"]),
+                       lengths=lengths, gpu_total_bytes=total)
+    except ModelConfigUnavailable:
         raise
     except ConfigError as err:
         raise SpaceError(f"{space.source}: memory estimate: {err}") from None
-    return Prediction(est.total, budget, source, "cuda", est.not_fitting(budget, space.trial.preflight_margin),
-                      est.render(budget, source))
+    table = v.expected.render(budget, source)
+    if v.lengths is not None:
+        table = (f"at the expected lengths: {v.lengths.describe()}\n{table}\nworst case (every sequence at "
+                 f"max_prompt_length + max_response_length): {v.worst.total / GiB:.2f} GiB in phase "
+                 f"{v.worst.peak_phase}")
+    # Refused only when the expected peak does not fit the GPU itself: verl's largest phase is vLLM's reserved
+    # slice (gpu_memory_utilization), which is already a fraction of the GPU, so a margin on top would refuse verl's
+    # own quickstart (21.8 of 22.5 GiB). The margin (and the worst case) only warn.
+    return Prediction(v.expected.total, budget, source, "cuda", v.expected.not_fitting(budget, 0.0), table,
+                      v.worst.total, v.warning(budget, margin) or (
+                          None if v.expected.fits(budget, margin) else
+                          f"the expected peak is within trial.preflight_margin={margin} of the GPU's memory"))
 
 
 def predict_verl_corners(space: Space, corner_overrides: Sequence[Sequence[str]], devices: Sequence[str] = (),
-                         gpu_total_bytes: int | None = None, python: str | None = None) -> list[Prediction]:
+                         gpu_total_bytes: int | None = None, python: str | None = None, *,
+                         lengths: SequenceLengths | None = None) -> list[Prediction]:
     """:func:`predict_verl` of several corners with one verl subprocess."""
     n_gpus = len(devices) or space.trial.gpus_per_trial
     inputs = verl_memory_inputs(space, corner_overrides, n_gpus, python)
-    return [_verl_prediction(space, info, values, devices, gpu_total_bytes) for info, values in inputs]
+    return [_verl_prediction(space, info, values, devices, gpu_total_bytes, lengths) for info, values in inputs]
 
 
 def predict_verl(space: Space, overrides: Sequence[str], devices: Sequence[str] = (),
-                 gpu_total_bytes: int | None = None, python: str | None = None) -> Prediction:
+                 gpu_total_bytes: int | None = None, python: str | None = None, *,
+                 lengths: SequenceLengths | None = None) -> Prediction:
     """The estimate of a real verl trial (``space.config`` composed with ``overrides``, FSDP over the trial's
     ``devices``, else ``trial.gpus_per_trial`` GPUs) against its budget (see the module docstring).
 
-    ``gpu_total_bytes``: the GPU's size when no GPU is visible (default :data:`ASSUMED_GPU_GB`). Raises
-    ``verl_core.memory.ModelConfigUnavailable`` when the model's ``config.json`` cannot be found without a download
-    (a hub id not in the cache), SpaceError when verl rejects the config."""
-    return predict_verl_corners(space, [overrides], devices, gpu_total_bytes, python)[0]
+    ``gpu_total_bytes``: the GPU's size when no GPU is visible (default :data:`ASSUMED_GPU_GB`). ``lengths``: the
+    expected mean prompt / response lengths (None: the worst case decides). Raises
+    ``verl_core.memory_verl.ModelConfigUnavailable`` when the model's ``config.json`` cannot be found without a
+    download (a hub id not in the cache), SpaceError when verl rejects the config."""
+    return predict_verl_corners(space, [overrides], devices, gpu_total_bytes, python, lengths=lengths)[0]
 
 
 def corners(space: Space) -> list[dict[str, Any]]:
@@ -190,17 +212,18 @@ def _shown(values: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in values.items())
 
 
-def check_space_fits(space: Space, devices: Sequence[str]) -> None:
-    """SpaceError when no corner of the space is predicted to fit (a study that could only record failures)."""
+def check_space_fits(space: Space, devices: Sequence[str], *, lengths: SequenceLengths | None = None) -> None:
+    """SpaceError when no corner of the space is predicted to fit (a study that could only record failures); for
+    verl, at the expected ``lengths`` when given."""
     if not (space.trial.preflight and (space.trial.is_default_command or space.trial.is_verl)):
         return
     per_trial = list(devices[: space.trial.gpus_per_trial])
     cs = corners(space)
     if space.trial.is_verl:
-        from verl_core.memory import ModelConfigUnavailable
+        from verl_core.memory_verl import ModelConfigUnavailable
 
         try:
-            verl = predict_verl_corners(space, [space.trainer_overrides(c) for c in cs], per_trial)
+            verl = predict_verl_corners(space, [space.trainer_overrides(c) for c in cs], per_trial, lengths=lengths)
         except ModelConfigUnavailable:
             return  # the trial downloads the model; nothing to estimate it from here
         predictions = list(zip(cs, verl, strict=True))
@@ -213,13 +236,14 @@ def check_space_fits(space: Space, devices: Sequence[str]) -> None:
                          "trial.memory_limit_gb, or set trial.preflight: false")
 
 
-def validate_space(space: Space, devices: Sequence[str], out: Any) -> int:
-    """Print every corner's verdict (and the largest corner's table); 0 when all fit, else 2 with one line."""
+def validate_space(space: Space, devices: Sequence[str], out: Any, *, lengths: SequenceLengths | None = None) -> int:
+    """Print every corner's verdict (and the largest corner's table); 0 when all fit, else 2 with one line.
+    ``lengths``: expected sequence lengths for verl spaces (``verl-hpo validate --metrics``)."""
     from verl_core.config import ConfigError, load_config
     from verl_core.validate import best_practice_warnings
 
     if space.trial.is_verl:
-        return _validate_verl(space, devices, out)
+        return _validate_verl(space, devices, out, lengths)
     if not space.trial.is_default_command:
         print(f"{space.source}: trial.command is not the default trainer: only the space itself was checked",
               file=out)
@@ -238,17 +262,17 @@ def validate_space(space: Space, devices: Sequence[str], out: Any) -> int:
     return _report(space, results, sorted(warnings), out)
 
 
-def _validate_verl(space: Space, devices: Sequence[str], out: Any) -> int:
+def _validate_verl(space: Space, devices: Sequence[str], out: Any, lengths: SequenceLengths | None) -> int:
     """The verl branch of :func:`validate_space`: the corners were composed and checked by verl when the space was
     loaded; here each is estimated (one more verl subprocess)."""
-    from verl_core.memory import ModelConfigUnavailable
+    from verl_core.memory_verl import ModelConfigUnavailable
 
     print(f"{space.source}: every corner composed and checked with verl's own config code "
           f"({space.trial.python or 'the verl venv'})", file=out)
     per_trial = list(devices[: space.trial.gpus_per_trial])
     values = corners(space)
     try:
-        preds = predict_verl_corners(space, [space.trainer_overrides(c) for c in values], per_trial)
+        preds = predict_verl_corners(space, [space.trainer_overrides(c) for c in values], per_trial, lengths=lengths)
     except ModelConfigUnavailable as err:
         print(f"memory estimate skipped: {err}", file=out)
         print("All checks passed", file=out)
@@ -261,9 +285,13 @@ def _report(space: Space, results: list[tuple[dict[str, Any], Prediction]], warn
     worst: tuple[dict[str, Any], Prediction] | None = None
     bad: list[tuple[dict[str, Any], Prediction]] = []
     for values, pred in results:
-        verdict = "fits" if pred.fits else "DOES NOT FIT"
-        print(f"corner {_shown(values)}: {pred.total / GiB:.3f} GiB of {pred.budget / GiB:.3f} GiB "
+        verdict = "DOES NOT FIT" if not pred.fits else "fits (worst case does not)" if pred.warning else "fits"
+        worst_case = (f", worst case {pred.worst_total / GiB:.3f} GiB" if pred.worst_total is not None
+                      and pred.worst_total != pred.total else "")
+        print(f"corner {_shown(values)}: {pred.total / GiB:.3f} GiB{worst_case} of {pred.budget / GiB:.3f} GiB "
               f"({pred.budget_source}) on {pred.device}: {verdict}", file=out)
+        if pred.warning:
+            warnings = [*warnings, f"corner {_shown(values)}: {pred.warning}"]
         if worst is None or pred.total > worst[1].total:
             worst = (values, pred)
         if not pred.fits:
