@@ -58,6 +58,7 @@ import yaml
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from hpo._checkpoints import TRIAL_MARKER, clean_after
 from hpo._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, seed_key
 from hpo._devices import DevicePool, detect_devices
 from hpo._diagnosis import Diagnoser
@@ -106,7 +107,7 @@ ATTR_DIGEST = "hpo:space_sha256"
 DB_ERRORS: tuple[type[BaseException], ...] = (
     *(e for e in STORAGE_ERRORS if e is not OSError), optuna.exceptions.StorageInternalError)
 WAIT_S = 1.0  # poll period of a driver waiting for others' trials to finish or die
-TRIAL_MARKER = ".verl-hpo-trial"  # written into each trial directory the driver creates; only those are ever removed
+# TRIAL_MARKER (hpo._checkpoints): written into each trial directory the driver creates; only those are ever removed
 
 
 class TrialInterrupted(Exception):
@@ -774,6 +775,7 @@ class Driver:
                 if isinstance(err, (TrialLost, UpdateFinishedTrialError, *DB_ERRORS)):
                     raise
                 self._abandon(trial, err)  # a launch or disk error (not the trial's doing): queued, never RUNNING
+            self._clean_checkpoints(trial, state, values)
             record_result(self.study, trial._trial_id, state, values)
             try:
                 self.study.tell(trial, values, state=state)
@@ -787,6 +789,18 @@ class Driver:
         finally:
             self.heartbeat.remove(trial._trial_id)
         return self._frozen(trial.number)
+
+    def _clean_checkpoints(self, trial: Trial, state: TrialState, values: list[float] | None) -> None:
+        """A finished trial can no longer be resumed: its checkpoints (and its retry chain's) go, unless it is among
+        the ``trial.keep_checkpoints`` best (:mod:`hpo._checkpoints`). Recorded before the trial is told."""
+        keep = self.space.trial.keep_checkpoints
+        value = values[0] if state == TrialState.COMPLETE and values and not is_confirm(self._frozen(trial.number)) \
+            else None
+        finished = [t for t in self.study.get_trials(deepcopy=False) if is_finished(t)]
+        size_gb, kept, _ = clean_after(self.study, self._frozen(trial.number), value, self.trials_dir, keep, finished)
+        if size_gb > 0:
+            trial.set_user_attr("checkpoint_gb", round(size_gb, 4))
+            trial.set_user_attr("checkpoint_kept", kept)
 
     def summary(self, storage: str) -> str:
         return summary(self.study, storage, str(self.trials_dir))

@@ -8,6 +8,7 @@ import shlex
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 import optuna
@@ -245,9 +246,14 @@ def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
     saved = sum(float(t.user_attrs.get("compute_saved_s", 0.0)) for t in study.get_trials(deepcopy=False))
     parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     driver_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    from hpo._checkpoints import disk_usage
+
+    kept = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("checkpoint_kept")]
+    disk = (f"trial directories hold {disk_usage(Path(trials_dir)):.2f} GB"
+            + (f" (checkpoints kept of trial(s) {', '.join(str(t.number) for t in kept)})" if kept else ""))
     return (f"{top_table(study)}\n"
             f"trials: {parts}; early stopping and pruning saved ~{saved:.0f}s of trainer time; "
-            f"driver peak RSS {driver_mb:.0f} MB\n"
+            f"driver peak RSS {driver_mb:.0f} MB; {disk}\n"
             f"study {study.study_name} in {mask_url(storage)}\n"
             f"trial logs in {trials_dir}/<number>/ (command.json, config.yaml, stdout.log, stderr.log, "
             f"metrics.jsonl)")

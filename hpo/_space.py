@@ -426,7 +426,8 @@ def _build(cls: type, raw: Any, where: str, ctx: _Ctx) -> Any:
             raise ctx.error(sub, f"{value!r} is not one of {', '.join(choices)}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and f.name not in (
             "seed", "n_warmup_steps", "n_startup_trials", "max_retry", "gpus_per_trial", "threshold", "min_value",
-            "preflight_margin", "n_warmup_evals", "min_delta", "seed_base", "hacking_min_drop", "plateau_min_delta"
+            "preflight_margin", "n_warmup_evals", "min_delta", "seed_base", "hacking_min_drop", "plateau_min_delta",
+            "keep_checkpoints",
         ):
             raise ctx.error(sub, f"must be positive, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 and f.name != "min_value":

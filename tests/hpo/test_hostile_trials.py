@@ -191,3 +191,23 @@ def test_a_null_loss_as_verl_writes_nan_stops_the_trial_as_nan(tmp_path: Path, s
     assert t.user_attrs["diagnosis_evidence"]["nan"]["metric"] == "actor/pg_loss"
     assert t.user_attrs["diagnosis_evidence"]["nan"]["step"] == 4
     assert t.user_attrs["wall_time_s"] < 120
+
+
+# ----------------------------------------------------------------------------- checkpoints (issue 21, item 8)
+@pytest.mark.parametrize("keep", [0, 1])
+def test_finished_trials_checkpoints_are_deleted_except_the_best_k(tmp_path: Path, studies: Path, keep: int) -> None:
+    space = hostile_space(tmp_path, [{"checkpoint": 3 << 20}, {"eval": 0, "value": "x"}],
+                          trial={"keep_checkpoints": keep})
+    res = run_cli(["search", "--space", str(space), "--study", "hostile", "--n-trials", "4"], studies)
+    assert res.returncode == 0, res.stderr[-2000:]
+    trials = load(studies, "hostile").trials
+    assert len(trials) == 4
+    left = {int(p.parent.name) for p in (studies / "hostile" / "trials").glob("*/checkpoints")}
+    best = max(trials, key=lambda t: t.value)
+    assert left == ({best.number} if keep else set())
+    for t in trials:
+        assert t.user_attrs["checkpoint_gb"] == pytest.approx(3 / 1024, rel=0.05)
+    assert trials[0].user_attrs["checkpoint_kept"] == bool(keep)  # the first is the best so far
+    assert not keep or best.user_attrs["checkpoint_kept"]
+    assert "trial directories hold" in res.stdout
+    assert all((studies / "hostile" / "trials" / str(t.number) / "metrics.jsonl").is_file() for t in trials)
