@@ -92,6 +92,7 @@ from hpo._trust import experiment_digest
 from hpo._verl import (
     default_python,
     resume_checkpoints,
+    scratch_dir,
     verl_argv,
     verl_cleanup,
     verl_env,
@@ -566,7 +567,9 @@ class Driver:
             watch = _Watch(trial, self.space, total, on_eval, diagnoser, prune=confirm_seed is None)
             proc = TrialProcess(argv=argv, env=env, log_dir=trial_dir, metrics_path=metrics, cwd=self.cwd,
                                 timeout_s=spec.timeout_s, memory_limit_gb=spec.memory_limit_gb,
-                                on_metrics=watch, on_tick=on_tick, stop_event=_TrialStop(self.stop_event, lost))
+                                on_metrics=watch, on_tick=on_tick, stop_event=_TrialStop(self.stop_event, lost),
+                                # verl's weight-sync sockets have fixed names under /tmp (issue 21 item 3)
+                                private_tmp=scratch_dir(trial_dir, attempt) / "slash-tmp" if spec.is_verl else None)
             result = proc.run()
         finally:
             self.pool.release(devices)

@@ -619,6 +619,8 @@ class TrialProcess:
     on_tick: Callable[[int | None, float], None] | None = None
     stop_event: threading.Event | None = None
     memory_mechanism: str | None = None  # one of MECHANISMS; None: $VERL_HPO_MEMORY_MECHANISM, else auto
+    # a /tmp of the trial's own (the wrapper's --private-tmp): verl binds fixed socket paths under /tmp
+    private_tmp: Path | None = None
     pid: int | None = field(default=None, init=False)  # the wrapper's pid (the trainer is its child)
     spawned_at: float | None = field(default=None, init=False)  # time.monotonic() just before the spawn
 
@@ -652,6 +654,8 @@ class TrialProcess:
                         "--grace", str(KILL_GRACE_S), "--status", str(status_path)]
         if cg is not None:
             wrapper_argv += ["--cgroup", str(cg.path)]
+        if self.private_tmp is not None:
+            wrapper_argv += ["--private-tmp", str(self.private_tmp)]
         oom_kills_before = _global_oom_kills()
         last_step, first_metric = None, None
         metrics_error: str | None = None

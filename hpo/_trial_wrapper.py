@@ -3,7 +3,8 @@ process-tree primitives it shares with the driver.
 
 Run (by ``hpo._runner``, never by hand) as::
 
-    python -I -S hpo/_trial_wrapper.py --parent DRIVER_PID [--grace S] [--cgroup DIR] [--status FILE] -- ARGV...
+    python -I -S hpo/_trial_wrapper.py --parent DRIVER_PID [--grace S] [--cgroup DIR] [--status FILE]
+                                       [--private-tmp DIR] -- ARGV...
 
 It is started in its own session (``start_new_session``) and then
 
@@ -13,6 +14,8 @@ It is started in its own session (``start_new_session``) and then
   is reparented to the wrapper instead of init, so it stays findable (a descendant of the wrapper);
 * forks the trainer, which joins the trial's cgroup (``--cgroup``) before ``exec`` and gets
   ``PR_SET_PDEATHSIG`` = SIGKILL (it dies if the wrapper is SIGKILLed);
+* with ``--private-tmp DIR`` (every verl trial) gives the trainer a ``/tmp`` of its own (:func:`enter_private_tmp`),
+  or, where the kernel allows no mount namespace, runs one such trial per host at a time (:func:`wait_host_lock`);
 * on SIGTERM/SIGINT/SIGHUP from the driver (prune, timeout, interrupt): SIGTERMs every descendant, waits
   ``--grace`` seconds for the trainer, then SIGKILLs; on SIGUSR1 (driver death) or SIGUSR2 (the driver's
   memory-cap kill): SIGKILLs at once;
@@ -35,6 +38,7 @@ import ctypes
 import errno
 import os
 import resource
+import stat
 import sys
 import time
 
@@ -181,6 +185,150 @@ def cgroup_kill(cgroup_dir: str) -> None:
         pass
 
 
+# ----------------------------------------------------------------------------- a private /tmp
+# verl 0.9.1 syncs weights to vLLM through ``ipc:///tmp/rl-colocate-zmq-{ray job id}-replica-{r}-rank-{k}.sock``:
+# a hard-coded /tmp, the path removed before each bind, and every trial's own Ray cluster numbers its first job 1.
+# Two verl trials on one host (n_jobs > 1, two workers) would steal each other's socket: syncs cross or hang.
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+ENV_PRIVATE_TMP = "VERL_HPO_PRIVATE_TMP"  # auto (default): a private /tmp where possible; lock: always the lock
+HOST_LOCK = "/tmp/verl-hpo-shared-tmp.lock"  # one trial at a time on the host's /tmp (any user: never removed)
+HOST_LOCK_POLL_S = 0.5
+
+
+def _check(name: str, rc: int) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{name}: {os.strerror(err)}")
+
+
+def _unshare(flags: int) -> None:
+    if _libc is None:  # pragma: no cover - not Linux
+        raise OSError(errno.ENOSYS, "unshare: no libc")
+    _check("unshare", int(_libc.unshare(flags)))
+
+
+def _mount(source: str | None, target: str, flags: int) -> None:
+    assert _libc is not None
+    _check(f"mount {target}", int(_libc.mount(None if source is None else source.encode(), target.encode(), None,
+                                              ctypes.c_ulong(flags), None)))
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+def enter_private_tmp(private: str, carry: bool = True) -> None:
+    """Put this process (and what it will exec) in a mount namespace of its own whose ``/tmp`` is ``private``.
+
+    A root with ``CAP_SYS_ADMIN`` only needs ``unshare(CLONE_NEWNS)``. Elsewhere an unprivileged user namespace
+    comes with it, mapping the caller's uid and gid to themselves (not to root): the trial keeps its ids, files and
+    devices, the driver (same uid, parent namespace) can still signal, ptrace and read ``/proc`` of every process,
+    the cgroup was joined before; what such a trial loses is ``setgroups`` and set-uid programs (``sudo``), and
+    files of unmapped owners show as ``nobody``.
+
+    With ``carry``, every entry at the top of the host's ``/tmp`` when the trial starts (a study or data directory
+    under ``/tmp``, pytest's ``tmp_path``) stays reachable at its path, through a bind mount (a symlink is copied),
+    except Unix sockets, so a stale socket of another run is neither reached nor (being a mount point) made
+    impossible to remove. What the trial creates at the top of ``/tmp`` (verl's sockets) lives in ``private``, and
+    the host's later top-level entries are not seen. Raises OSError when the kernel refuses."""
+    names = os.listdir("/tmp") if carry else []
+    uid, gid = os.geteuid(), os.getegid()
+    try:
+        _unshare(CLONE_NEWNS)
+    except OSError as e:
+        if e.errno != errno.EPERM:
+            raise
+        _unshare(CLONE_NEWUSER | CLONE_NEWNS)
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    _mount(None, "/", MS_REC | MS_PRIVATE)  # nothing mounted here propagates to the host, nor back
+    host_tmp = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY)  # (opened in the new namespace: a bind source)
+    try:
+        _mount(private, "/tmp", MS_BIND | MS_REC)
+        for name in names:
+            src, dst = f"/proc/self/fd/{host_tmp}/{name}", os.path.join("/tmp", name)
+            try:
+                mode = os.lstat(src).st_mode
+                if stat.S_ISSOCK(mode) or os.path.lexists(dst):
+                    continue
+                if stat.S_ISLNK(mode):
+                    os.symlink(os.readlink(src), dst)
+                    continue
+                if stat.S_ISDIR(mode):
+                    os.mkdir(dst, 0o700)
+                else:
+                    os.close(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+                _mount(src, dst, MS_BIND | MS_REC)
+            except FileNotFoundError:  # removed from the host's /tmp meanwhile
+                continue
+    finally:
+        os.close(host_tmp)
+    try:  # a working directory under /tmp: the same directory, reached through the carried mount
+        os.chdir(os.getcwd())
+    except OSError:
+        pass
+
+
+def private_tmp_refused(private: str) -> str | None:
+    """Why this process cannot give a trial a private ``/tmp`` (tried in a throw-away child), else None."""
+    if os.environ.get(ENV_PRIVATE_TMP, "auto") == "lock":
+        return f"{ENV_PRIVATE_TMP}=lock"
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the probe: the same calls, nothing carried, then gone with its namespace
+        try:
+            os.close(rfd)
+            enter_private_tmp(private, carry=False)
+            os._exit(0)
+        except BaseException as e:  # noqa: BLE001 - report and exit, never return into the wrapper's code
+            try:
+                os.write(wfd, str(e).encode()[:500])
+            finally:
+                os._exit(1)
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as fh:
+        why = fh.read().decode("utf-8", "replace")
+    _, status = os.waitpid(pid, 0)
+    return None if status == 0 else (why or f"probe exited with status {status}")
+
+
+def wait_host_lock(why: str, waited: Collection[int]) -> int:
+    """Hold :data:`HOST_LOCK` (returns its fd; the kernel drops the lock when the wrapper dies). While another
+    trial holds it, say so on stderr once and wait; a stop signal meanwhile ends the wrapper as that signal."""
+    import fcntl
+
+    fd = -1
+    while fd < 0:
+        try:  # (O_CREAT on another user's existing file in sticky /tmp is refused: open it first)
+            fd = os.open(HOST_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            try:
+                fd = os.open(HOST_LOCK, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except FileExistsError:
+                continue
+    said = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
+        if not said:
+            os.write(2, (f"trial wrapper: no private /tmp here ({why}) and verl binds its weight-sync sockets under "
+                         f"the host's /tmp: waiting until the other verl trial on this host, which holds {HOST_LOCK}, "
+                         f"ends\n").encode())
+            said = True
+        info = signal.sigtimedwait(waited, HOST_LOCK_POLL_S)
+        if info is not None and info.si_signo != signal.SIGCHLD:
+            os._exit(128 + info.si_signo)  # stopped (pruned, timed out, interrupted) before it started
+
+
 # ----------------------------------------------------------------------------- the wrapper
 class _Reaper:
     """Reaps our children (the trainer and orphans reparented to us) and remembers the trainer's status."""
@@ -204,18 +352,20 @@ class _Reaper:
                 self.status = status
 
 
-def _spawn(argv: Sequence[str], cgroup_dir: str | None, old_mask: Iterable[int]) -> int:
+def _spawn(argv: Sequence[str], cgroup_dir: str | None, old_mask: Iterable[int], private_tmp: str | None) -> int:
     wrapper = os.getpid()
     pid = os.fork()
     if pid:
         return pid
-    try:  # the child: join the cgroup, die with the wrapper, restore the signal mask, exec
+    try:  # the child: join the cgroup, die with the wrapper, a private /tmp, restore the signal mask, exec
         if cgroup_dir:
             with open(os.path.join(cgroup_dir, "cgroup.procs"), "w") as fh:
                 fh.write(str(os.getpid()))
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != wrapper:
             os._exit(128 + signal.SIGKILL)
+        if private_tmp is not None:  # after the cgroup: a user namespace could not join it any more
+            enter_private_tmp(private_tmp)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         os.execvp(argv[0], list(argv))
     except BaseException as e:  # noqa: BLE001 - report and exit, never return into the wrapper's code
@@ -260,7 +410,8 @@ def _rmdir(path: str, tries: int = 50) -> bool:
 
 def _parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     if "--" not in argv:
-        raise SystemExit("usage: _trial_wrapper.py --parent PID [--grace S] [--cgroup DIR] [--status FILE] -- ARGV")
+        raise SystemExit("usage: _trial_wrapper.py --parent PID [--grace S] [--cgroup DIR] [--status FILE] "
+                         "[--private-tmp DIR] -- ARGV")
     split = argv.index("--")
     opts, cmd = argv[:split], argv[split + 1:]
     if len(opts) % 2 or not cmd:
@@ -278,7 +429,14 @@ def main(argv: list[str]) -> None:
     prctl(PR_SET_PDEATHSIG, DRIVER_DEATH_SIGNAL)
     if os.getppid() != int(opts["parent"]):  # the driver died before PR_SET_PDEATHSIG took effect
         os._exit(128 + signal.SIGKILL)
-    reaper = _Reaper(_spawn(cmd, cgroup_dir, old_mask))
+    private_tmp = opts.get("private-tmp")
+    if private_tmp is not None:
+        os.makedirs(private_tmp, mode=0o700, exist_ok=True)
+        why = private_tmp_refused(private_tmp)
+        if why is not None:  # the host's /tmp, one such trial at a time (the lock's fd lives as long as we do)
+            wait_host_lock(why, waited)
+            private_tmp = None
+    reaper = _Reaper(_spawn(cmd, cgroup_dir, old_mask, private_tmp))
     me = os.getpid()
     driver_gone = False
     deadline: float | None = None  # SIGKILL everything at this time (after a graceful stop request)

@@ -27,7 +27,14 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo._dashboard import DashboardCallback, build_html, dashboard_command, reference_point, write_dashboard
+from hpo._dashboard import (
+    DashboardCallback,
+    build_html,
+    dashboard_command,
+    reference_point,
+    timeline_figure,
+    write_dashboard,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -163,6 +170,25 @@ def test_page_is_self_contained_and_escaped(tmp_path: Path) -> None:
     assert 'onerror="window' not in page
     assert 'href="trials/10/"' in page, "relative link to the trial's log directory"
     assert "score/kl_penalty" in page and "search_spaces/kl_lr.yaml" in page
+
+
+def test_timeline_draws_every_trial_as_one_row(tmp_path: Path) -> None:
+    """Issue 20 item 12: two collapsed trials 8 numbers apart (one trace) were drawn 8 rows tall each, since plotly
+    sizes a trace's bars by the smallest gap between its positions. Every bar is one trial, at most one row tall."""
+    study = optuna.create_study(study_name="rows", storage=f"sqlite:///{tmp_path / 'rows.db'}", direction="maximize")
+    trials = [_trial(n, TrialState.COMPLETE, [0.1], _ran(6.0, stop_reason="collapsed"), minutes=0.1)
+              if n in (0, 8) else _trial(n, TrialState.COMPLETE, [0.5], _ran(180.0)) for n in range(9)]
+    _add(study, trials, tmp_path / "trials")
+    fig = timeline_figure(study, ["eval/reward_mean"]).figure
+    assert fig is not None
+    rows: list[int] = []
+    for trace in fig.data:
+        assert trace.type == "bar" and trace.orientation == "h"
+        assert trace.width is not None and len(trace.width) == len(trace.y), f"{trace.name}: bar width left to plotly"
+        assert all(0 < w <= 1 for w in trace.width), f"{trace.name}: bars {trace.width} rows tall"
+        rows += list(trace.y)
+    assert sorted(rows) == list(range(9)), "one bar per trial, on its own row"
+    assert {t.name: list(t.y) for t in fig.data}["collapsed"] == [0, 8]
 
 
 def test_reference_point_is_worse_than_every_trial() -> None:

@@ -1,5 +1,9 @@
 """Many drivers, one study: the real PostgreSQL and Redis servers on 127.0.0.1, real driver processes (the fake
-trainer keeps trials short), kills at random moments. Skipped when a server or its Python driver is missing."""
+trainer keeps trials short), kills at random moments. Skipped when a server or its Python driver is missing.
+
+These tests run beside other work on 2 cores: they wait on states (a file, a process, a storage attribute, a
+barrier), with generous timeouts, never on a fixed time, and a live driver's grace period (``GRACE_S``) is far
+longer than any stall of its heartbeat thread, while a dead driver's last heartbeat (``ghost``) is far older."""
 
 from __future__ import annotations
 
@@ -31,6 +35,20 @@ from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, run_cli
 PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 DIST = optuna.distributions.FloatDistribution(0.0, 1.0)
+GRACE_S = 30  # a live driver's trial is never taken for dead by a heartbeat late under load
+GHOST_AGE_S = 3600  # a dead driver's last heartbeat: far beyond GRACE_S
+WAIT_S = 120  # the longest wait for a state (a busy machine starts a driver in seconds, not minutes)
+
+# A trial command whose first run (trial 0) blocks until its driver stops it; later runs are the fake trainer.
+GATE = """
+import os, sys, time
+try:
+    os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+except FileExistsError:
+    os.execv(sys.argv[2], sys.argv[2:])
+while True:
+    time.sleep(60)
+"""
 
 
 def _up(port: int) -> bool:
@@ -72,13 +90,13 @@ def trial_procs(tag: str) -> list[psutil.Process]:
     return out
 
 
-def wait_for(pred: Callable[[], bool], timeout: float = 60) -> None:
+def wait_for(pred: Callable[[], bool], timeout: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
             return
         time.sleep(0.05)
-    raise AssertionError("timed out")
+    raise AssertionError(f"timed out after {timeout} s waiting for {pred}")
 
 
 def load(url: str, name: str) -> optuna.Study:
@@ -87,7 +105,7 @@ def load(url: str, name: str) -> optuna.Study:
 
 def make_study(url: str, name: str, tmp_path: Path, studies: Path, n_trials: int = 1, **sections: Any) -> Path:
     """A finished one-trial study (made by `search`) whose target is then raised to ``n_trials``."""
-    space = fake_space(tmp_path, study={"n_trials": 1, "heartbeat_interval": 1, "grace_period": 3,
+    space = fake_space(tmp_path, study={"n_trials": 1, "heartbeat_interval": 1, "grace_period": GRACE_S,
                                         **sections.pop("study", {})}, **sections)
     res = run_cli(["search", "--space", str(space), "--study", name, "--storage", url], studies)
     assert res.returncode == 0, res.stderr
@@ -96,12 +114,12 @@ def make_study(url: str, name: str, tmp_path: Path, studies: Path, n_trials: int
 
 
 def ghost(study: optuna.Study, **user_attrs: Any) -> optuna.Trial:
-    """A RUNNING trial of a driver that is gone: another host's, whose last heartbeat is 60 s old."""
+    """A RUNNING trial of a driver that is gone: another host's, whose last heartbeat is an hour old."""
     t = study.ask({"x": DIST})
     t.set_user_attr("worker", {"host": "elsewhere", "boot_id": "b", "pidns": 1, "pid": 1, "started": 0.0})
     for k, v in user_attrs.items():
         t.set_user_attr(k, v)
-    study._storage.set_trial_system_attr(t._trial_id, ATTR_HEARTBEAT, time.time() - 60)
+    study._storage.set_trial_system_attr(t._trial_id, ATTR_HEARTBEAT, time.time() - GHOST_AGE_S)
     return t
 
 
@@ -111,16 +129,17 @@ def test_a_live_driver_in_another_pid_namespace_is_not_taken_for_dead(tmp_path: 
     _need(PG_URL)
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-pf", "--mount-proc", "true"]).returncode:
         pytest.skip("cannot make a pid namespace here (unshare)")
+    # (a grace of GRACE_S: only a pid wrongly judged across namespaces could fail the live trial, not a late beat)
     space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 30, "fake.step_s": 0.2},
-                       study={"n_trials": 1, "heartbeat_interval": 1, "grace_period": 3})
+                       study={"n_trials": 1, "heartbeat_interval": 1, "grace_period": GRACE_S})
     tag = uuid.uuid4().hex
     inside = start(["search", "--space", str(space), "--study", study_name, "--storage", PG_URL], studies, tag,
                    prefix=("unshare", "-pf", "--mount-proc"))
     wait_for(lambda: (studies / study_name / "trials" / "0" / "metrics.jsonl").exists())
     ident = load(PG_URL, study_name).trials[0].user_attrs["worker"]
     assert ident["pid"] < 100, ident  # the pid inside the namespace, meaningless outside it
-    outside = run_cli(["resume", "--study", study_name, "--storage", PG_URL], studies, timeout=120, TEST_TAG=tag)
-    out, err = inside.communicate(timeout=60)
+    outside = run_cli(["resume", "--study", study_name, "--storage", PG_URL], studies, timeout=300, TEST_TAG=tag)
+    out, err = inside.communicate(timeout=300)
     assert outside.returncode == 0 and inside.returncode == 0, (outside.stderr, err)
     trials = load(PG_URL, study_name).trials
     assert [t.state for t in trials] == [TrialState.COMPLETE], [(t.number, t.state, t.user_attrs) for t in trials]
@@ -128,19 +147,25 @@ def test_a_live_driver_in_another_pid_namespace_is_not_taken_for_dead(tmp_path: 
 
 
 def test_a_driver_whose_trial_was_finished_elsewhere_goes_on(tmp_path: Path, studies: Path, study_name: str) -> None:
-    """Someone else fails our running trial (taking us for dead): we drop it, note it, and run the retry."""
+    """Someone else fails our running trial (taking us for dead): we drop it, note it, and run the retry.
+    Trial 0 runs until its driver stops it (``GATE``), so it cannot finish before the driver notices, however
+    slow the machine; the retry is the fake trainer."""
     _need(PG_URL)
-    space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 20, "fake.step_s": 0.2},
-                       study={"n_trials": 1, "heartbeat_interval": 1, "grace_period": 3})
+    gate, first = tmp_path / "gate.py", tmp_path / "first-run"
+    gate.write_text(GATE)
+    space = fake_space(tmp_path, study={"n_trials": 1, "heartbeat_interval": 1, "grace_period": GRACE_S},
+                       trial={"command": [PY, str(gate), str(first), PY, str(ROOT / "tests/hpo/fake_trainer.py"),
+                                          "train"]})
     driver = start(["search", "--space", str(space), "--study", study_name, "--storage", PG_URL], studies, "x")
-    wait_for(lambda: (studies / study_name / "trials" / "0" / "metrics.jsonl").exists())
+    wait_for(first.exists)
     study = load(PG_URL, study_name)
+    assert [t.state for t in study.trials] == [TrialState.RUNNING]
     t0 = study.trials[0]
     study._storage.set_trial_state_values(t0._trial_id, TrialState.FAIL)  # what a mistaken recovery does
     from hpo._recovery import queue_retry
 
     queue_retry(study, study.trials[0], None)
-    out, err = driver.communicate(timeout=90)
+    out, err = driver.communicate(timeout=300)
     assert driver.returncode == 0, err
     assert "Traceback" not in err and "finished by another driver" in out
     trials = load(PG_URL, study_name).trials
@@ -149,10 +174,10 @@ def test_a_driver_whose_trial_was_finished_elsewhere_goes_on(tmp_path: Path, stu
 
 
 # ----------------------------------------------------------------------------- 2. one retry per dead trial
-def _recover(url: str, name: str, go: float, out: Any) -> None:
+def _recover(url: str, name: str, ready: Any, out: Any) -> None:
     study = load(url, name)
-    time.sleep(max(0.0, go - time.time()))
-    out.put(recover_stale_trials(study, grace_period=3, max_retry=3))
+    ready.wait(timeout=WAIT_S)  # every process has started and connected: all recover at once
+    out.put(recover_stale_trials(study, grace_period=GRACE_S, max_retry=3))
 
 
 @pytest.mark.parametrize("url", [PG_URL, REDIS_URL], ids=["postgresql", "redis"])
@@ -162,14 +187,13 @@ def test_drivers_recovering_at_once_queue_one_retry(url: str, study_name: str) -
     ctx = mp.get_context("spawn")
     for _round in range(3):
         dead = ghost(study)
-        q = ctx.Queue()
-        go = time.time() + 3.0
-        procs = [ctx.Process(target=_recover, args=(url, study_name, go, q)) for _ in range(4)]
+        q, ready = ctx.Queue(), ctx.Barrier(4)
+        procs = [ctx.Process(target=_recover, args=(url, study_name, ready, q)) for _ in range(4)]
         for p in procs:
             p.start()
-        results = [q.get(timeout=60) for _ in procs]
+        results = [q.get(timeout=WAIT_S * 2) for _ in procs]
         for p in procs:
-            p.join(timeout=30)
+            p.join(timeout=WAIT_S)
         assert sum(len(r) for r in results) == 1, results
         retries = [t for t in load(url, study_name).trials if t.system_attrs.get("failed_trial") == dead.number]
         assert len(retries) == 1 and retries[0].state == TrialState.WAITING
@@ -244,11 +268,13 @@ def test_heartbeats_keep_a_trial_alive_and_survive_storage_errors(study_name: st
     storage.set_trial_system_attr = flaky  # one failing write, as a dropped connection
     with Heartbeat(study, interval=0.5) as hb:
         lost = hb.add(t._trial_id)
-        time.sleep(3.2)
-        assert hb.errors == 1
-        assert recover_stale_trials(study, grace_period=1.2, max_retry=3) == []  # beats resumed after the error
+        wait_for(lambda: hb.errors == 1)
+        failed_at = time.time()
+        wait_for(lambda: storage.get_trial(t._trial_id).system_attrs[ATTR_HEARTBEAT] > failed_at)  # beats resumed
+        assert hb.errors == 1 and not lost.is_set()
+        assert recover_stale_trials(study, grace_period=GRACE_S, max_retry=3) == []
         storage.set_trial_state_values(t._trial_id, TrialState.FAIL)  # someone else finishes it
-        wait_for(lost.is_set, timeout=5)
+        wait_for(lost.is_set)
 
 
 # ----------------------------------------------------------------------------- 5 + 6. seeds and the target
@@ -261,7 +287,7 @@ def test_joining_workers_draw_different_parameters_and_hit_the_target(tmp_path: 
                study={"sampler": {"type": "random", "seed": 0}}, trial={"n_jobs": 2})
     workers = [start(["worker", "--study", study_name, "--storage", PG_URL], studies, "w") for _ in range(2)]
     for w in workers:
-        _, err = w.communicate(timeout=120)
+        _, err = w.communicate(timeout=300)
         assert w.returncode == 0, err
     trials = load(PG_URL, study_name).trials
     done = [t for t in trials if is_finished(t)]
@@ -276,7 +302,7 @@ def test_drivers_starting_together_on_a_fresh_sqlite_file(tmp_path: Path, studie
     space = fake_space(tmp_path, study={"n_trials": 4})
     drivers = [start(["search", "--space", str(space)], studies, "s") for _ in range(3)]
     for d in drivers:
-        _, err = d.communicate(timeout=120)
+        _, err = d.communicate(timeout=300)
         assert d.returncode == 0, err
     trials = optuna.load_study(study_name="fake", storage=f"sqlite:///{studies / 'fake.db'}").trials
     assert sum(is_finished(t) for t in trials) == 4
@@ -286,8 +312,9 @@ def test_drivers_starting_together_on_a_fresh_sqlite_file(tmp_path: Path, studie
 def test_two_drivers_never_share_a_gpu(tmp_path: Path, studies: Path, study_name: str) -> None:
     _need(PG_URL)
     log = tmp_path / "runs.jsonl"
+    # trials of ~2 s: a device wait (a whole trial) stays far above a launch overhead inflated by a busy machine
     make_study(PG_URL, study_name, tmp_path, studies, n_trials=7,
-               overrides={"trainer.total_training_steps": 6, "fake.step_s": 0.1, "fake.log_file": str(log)},
+               overrides={"trainer.total_training_steps": 6, "fake.step_s": 0.3, "fake.log_file": str(log)},
                trial={"devices": ["0", "1"], "n_jobs": 2})
     runtime = tmp_path / "runtime"
     workers = [subprocess.Popen([PY, "-m", "hpo", "worker", "--study", study_name, "--storage", PG_URL,
@@ -295,7 +322,7 @@ def test_two_drivers_never_share_a_gpu(tmp_path: Path, studies: Path, study_name
                                 env=cli_env(VERL_HPO_RUNTIME_DIR=str(runtime)), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for w in workers:
-        _, err = w.communicate(timeout=120)
+        _, err = w.communicate(timeout=300)
         assert w.returncode == 0, err
     runs = [json.loads(line) for line in log.read_text().splitlines()][1:]  # after the study's first trial
     assert {r["cuda"] for r in runs} <= {"0", "1"} and len(runs) == 6
@@ -353,10 +380,10 @@ def test_chaos_three_workers_killed_at_random(url: str, tmp_path: Path, studies:
         killed += 1
         workers[victim] = start(["worker", "--study", study_name, "--storage", url], studies, tag)
     for w in workers:
-        _, err = w.communicate(timeout=180)
+        _, err = w.communicate(timeout=300)
         assert w.returncode == 0, err
     assert killed == kills, "the study ended before the chaos"
-    wait_for(lambda: not trial_procs(tag), timeout=10)
+    wait_for(lambda: not trial_procs(tag))
     trials = load(url, study_name).trials
     done = [t for t in trials if is_finished(t)]
     assert len(done) == n_trials
