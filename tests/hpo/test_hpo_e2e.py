@@ -123,7 +123,7 @@ def test_sigkill_driver_then_resume(tmp_path: Path, studies: Path) -> None:
     assert before[0].state == TrialState.COMPLETE and before[1].state == TrialState.RUNNING
     driver.kill()
     driver.wait()
-    assert psutil.wait_procs(trainer_procs(trials_dir), timeout=3)[1] == [], "a trial survived its driver"
+    assert psutil.wait_procs(trainer_procs(trials_dir), timeout=30)[1] == [], "a trial survived its driver"
 
     res = run_cli(["resume", "--study", "real"], studies)
     assert res.returncode == 0, res.stderr
