@@ -104,14 +104,20 @@ $(GPU_VENV)/.installed: pyproject.toml
 	$(GPU_VENV)/bin/pip install -q -e '.[gpu]'
 	touch $@
 
-# Real verl for the check's `verl study` row: verl's own `vllm` extra pins a matching set (torch 2.11 CUDA, vllm 0.24.0,
-# transformers 5.9.0), so it gets a venv of its own beside $(GPU_VENV); the driver runs in $(GPU_VENV).
+# Real verl on a GPU host (`make install-verl-gpu`, then `make search SPACE=verl_grpo_gsm8k`; also the check's
+# `verl study` row): verl's own `vllm` extra pins a matching set (torch 2.11 CUDA, vllm 0.24.0, transformers 5.9.0),
+# so it gets a venv of its own; verl trials use it by default once it exists (hpo._verl.default_python). No
+# flash-attn: the shipped verl space loads the model with sdpa.
 GPU_VERL_VENV ?= .venv-gpu-verl
 $(GPU_VERL_VENV)/.installed:
 	test -x $(GPU_VERL_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VERL_VENV)
 	$(GPU_VERL_VENV)/bin/pip install -q 'verl[vllm]==0.9.1' 'TransferQueue>=0.1.10' pyzmq msgspec fastapi uvicorn cachetools
-	$(GPU_VERL_VENV)/bin/python -c "import torch, verl, vllm; print('verl', verl.__version__, 'vllm', vllm.__version__)"
+	$(GPU_VERL_VENV)/bin/python -c "import torch, verl, vllm; assert torch.version.cuda, torch.__version__; \
+		print('verl', verl.__version__, 'vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $@
+
+.PHONY: install-verl-gpu
+install-verl-gpu: $(GPU_VERL_VENV)/.installed
 
 gpu-check: $(GPU_VENV)/.installed
 	$(MAKE) $(GPU_VERL_VENV)/.installed || echo "gpu-check: verl venv not installed: the verl rows are skipped"
@@ -121,9 +127,11 @@ gpu-check: $(GPU_VENV)/.installed
 gpu-check-dry: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --dry-run
 
-# Real verl (issue 15: `trial.backend: verl`) in a venv of its own: verl pins its own transformers range and
-# pulls Ray. torch first (the CPU wheel; a bare `torch` pulls CUDA), then verl 0.9.1 (do not use its `[cpu]`
-# extra: it pins an older torch) and the pieces of its `verl-core` extra that the default trainer path imports.
+# Real verl (issue 15: `trial.backend: verl`) in a venv of its own, CPU only: configs are composed and checked
+# with it (`verl-hpo validate`, the tests' stand-in main_ppo), but trials cannot run (a search refuses it: use
+# `make install-verl-gpu` on a GPU host). verl pins its own transformers range and pulls Ray. torch first (the CPU
+# wheel; a bare `torch` pulls CUDA), then verl 0.9.1 (do not use its `[cpu]` extra: it pins an older torch) and
+# the pieces of its `verl-core` extra that the default trainer path imports.
 # `tests/hpo/test_verl.py` composes and validates real verl configs with it (skipped without it).
 VERL_VENV ?= .venv-verl
 $(VERL_VENV)/.installed:

@@ -150,6 +150,19 @@ def _stop_on_signals(stop: threading.Event, got: list[int]) -> Iterator[None]:
             signal.signal(s, h)
 
 
+def _check_verl_launch(space: Space) -> None:
+    """A verl study's trials need an interpreter with CUDA torch (and vLLM, flash-attn where the config needs
+    them): refused with one line naming the fix before any trial starts (hpo._verl.check_verl_launch)."""
+    if not space.trial.is_verl:
+        return
+    from hpo._verl import VerlConfigError, check_verl_launch
+
+    try:
+        check_verl_launch(space)
+    except VerlConfigError as err:
+        raise SpaceError(f"{space.source}: {err.where}: {err}") from None
+
+
 def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Path, args: argparse.Namespace) -> int:
     """search (``space`` given) or resume (the stored space, checked by :mod:`hpo._trust`)."""
     from hpo._driver import (
@@ -166,6 +179,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
     )
     from hpo._preflight import check_space_fits
     from hpo._report import Reporter
+    from hpo._storage import StorageUnavailable
     from hpo._trust import check_stored_experiment
 
     quiet_optuna()
@@ -178,8 +192,10 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             if getattr(args, "n_jobs", None) is not None:
                 space = dataclasses.replace(space, trial=dataclasses.replace(space.trial, n_jobs=args.n_jobs))
             devices = resolve_devices(space.trial, _device_list(getattr(args, "devices", None)))
+            _check_verl_launch(space)
         else:
             devices = resolve_devices(space.trial)
+            _check_verl_launch(space)
             check_space_fits(space, devices)
             study = open_study(space, study_name, storage_url)
         target = space.study.n_trials
@@ -211,6 +227,8 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             ran = -1
         except DriverError as err:
             return _fail(str(err), 1)
+        except StorageUnavailable as err:
+            return _fail(f"{err}; finished trials are kept: verl-hpo resume --study {study_name} once it is back", 1)
         pages.wait(60)
         try:
             write_dashboard(study, page, storage_url=storage_url, studies_dir=studies_dir)
@@ -261,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default_storage_url,
         scrub,
         sqlite_path,
+        storage_error_line,
     )
 
     storage_url = getattr(args, "storage", None) or ""
@@ -318,11 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _best(args.study, storage_url, args.format, args.trial)
     except SpaceError as err:
         return _fail(scrub(str(err), storage_url) if storage_url else str(err))
-    except STORAGE_ERRORS as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        shown = mask_url(storage_url) if storage_url else "default"
-        return _fail(scrub(f"storage {shown}: {first}", storage_url) if storage_url else f"storage {shown}: {first}",
-                     1)
+    except STORAGE_ERRORS as err:  # StorageUnavailable (past study.storage_retry_s), StorageInternalError, ...
+        return _fail(storage_error_line(err, storage_url), 1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

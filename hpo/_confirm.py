@@ -8,9 +8,13 @@ attrs ``hpo:confirm_of`` (the trial confirmed) and ``hpo:confirm_seed``. Any dri
 (never pruned; they never count towards ``study.n_trials``); ``best`` then ranks by the confirmed mean, with
 its spread, instead of by the single tuning run.
 
-Seeds: ``study.confirm.seed_base, seed_base + 1, ...`` skipping every tuning seed: the fixed override of the
-seed key, the trainer's default when it is not set (verl_core's ``trainer.seed`` default), and every value a
-tuned seed parameter could take. Re-running ``confirm`` queues only what is missing (a trial already has a
+Seeds: ``study.confirm.seed_base, seed_base + 1, ...`` skipping every tuning seed: the fixed override of a
+seed key, the trainer's default when it is not set (verl_core's ``trainer.seed``, verl's 42), and every value a
+tuned seed parameter could take. A confirmation run sets every seed key of the run to its seed
+(:func:`seed_overrides`): ``trainer.seed`` for verl_core; for verl every seed of its default path
+(``hpo._verl_compose.SEED_KEYS``: the train sampler ``data.seed``, vLLM's ``actor_rollout_ref.rollout.seed``, the
+actor's and critic's mini-batch shuffling ``*.data_loader_seed``); ``study.confirm.seed_key`` names one key instead.
+Re-running ``confirm`` queues only what is missing (a trial already has a
 queued, running or finished run with that seed), so an interrupted confirmation resumes where it stopped.
 """
 
@@ -25,6 +29,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo._space import Space
+from hpo._verl_compose import SEED_KEYS as VERL_SEED_KEYS
 
 ATTR_CONFIRM_OF = "hpo:confirm_of"
 ATTR_CONFIRM_SEED = "hpo:confirm_seed"
@@ -36,24 +41,51 @@ def is_confirm(t: FrozenTrial) -> bool:
     return ATTR_CONFIRM_OF in t.system_attrs
 
 
+# verl 0.9.1's defaults of its seed keys (verl/trainer/config/_generated_ppo_trainer.yaml); data.seed is null.
+VERL_SEED_DEFAULTS = {"actor_rollout_ref.rollout.seed": 42, "actor_rollout_ref.actor.data_loader_seed": 42,
+                      "critic.data_loader_seed": 42}
+
+
+def seed_keys(space: Space) -> tuple[str, ...]:
+    """The trainer keys of a run's seeds: ``study.confirm.seed_key``, else ``trainer.seed`` (verl_core) or every
+    seed of a verl run (:data:`VERL_SEED_KEYS`, each checked to exist in verl 0.9.1's composed config)."""
+    if space.study.confirm.seed_key:
+        return (space.study.confirm.seed_key,)
+    return VERL_SEED_KEYS if space.trial.is_verl else ("trainer.seed",)
+
+
 def seed_key(space: Space) -> str:
-    """The trainer key of a run's seed: ``study.confirm.seed_key``, else ``trainer.seed`` (verl_core) or
-    ``data.seed`` (verl: the seed of its data loader and sampling)."""
-    return space.study.confirm.seed_key or ("data.seed" if space.trial.is_verl else "trainer.seed")
+    """The first of :func:`seed_keys` (the one shown with a confirmation run)."""
+    return seed_keys(space)[0]
+
+
+def seed_overrides(space: Space, seed: int) -> dict[str, int]:
+    """What a confirmation run with ``seed`` sets: every seed key to it."""
+    return {key: int(seed) for key in seed_keys(space)}
 
 
 def tuning_seeds(space: Space) -> set[int]:
-    """Every seed a tuning trial of ``space`` ran (or could have run) with."""
-    key = seed_key(space)
+    """Every seed a tuning trial of ``space`` ran (or could have run) with, under any of its seed keys."""
     seeds: set[int] = set()
-    if key in space.overrides:
-        seeds.add(int(space.overrides[key]))
+    for key in seed_keys(space):
+        seeds |= _tuning_seeds(space, key)
+    return seeds
+
+
+def _tuning_seeds(space: Space, key: str) -> set[int]:
+    seeds: set[int] = set()
+    fixed = next((k for k in space.overrides if k.lstrip("+") == key), None)
+    if fixed is not None:
+        if space.overrides[fixed] is not None:
+            seeds.add(int(space.overrides[fixed]))
     elif space.trial.is_default_command and key == "trainer.seed":
         from verl_core.config import load_config
 
         seeds.add(int(load_config(space.config, space.trainer_overrides({})).trainer.seed))
+    elif space.trial.is_verl and key in VERL_SEED_DEFAULTS:
+        seeds.add(VERL_SEED_DEFAULTS[key])
     for p in space.params:
-        if p.key != key:
+        if p.key.lstrip("+") != key:
             continue
         if p.type == "categorical":
             seeds.update(int(c) for c in p.choices or () if isinstance(c, (int, float)))

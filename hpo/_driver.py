@@ -59,7 +59,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from hpo._checkpoints import TRIAL_MARKER, clean_after
-from hpo._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, seed_key
+from hpo._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, seed_overrides
 from hpo._devices import DevicePool, detect_devices
 from hpo._diagnosis import Diagnoser
 from hpo._identity import driver_identity
@@ -87,11 +87,11 @@ from hpo._space import (
     format_value,
     space_from_stored,
 )
-from hpo._storage import STORAGE_ERRORS, check_study_name, mask_url, open_storage, study_exists
+from hpo._storage import STORAGE_ERRORS, StorageUnavailable, check_study_name, mask_url, open_storage, study_exists
 from hpo._trust import experiment_digest
 from hpo._verl import (
     default_python,
-    resume_checkpoints,
+    resume_point,
     scratch_dir,
     verl_argv,
     verl_cleanup,
@@ -525,7 +525,7 @@ class Driver:
             trial.set_user_attr("confirm_of", system.get(ATTR_CONFIRM_OF))
             trial.set_user_attr("confirm_seed", confirm_seed)
         overrides = self.trainer_overrides(values, trial_dir, None if confirm_seed is None else
-                                           {seed_key(self.space): int(confirm_seed)})
+                                           seed_overrides(self.space, int(confirm_seed)))
         argv = [*self.command(), "--config", self.space.config, "--metrics-file", str(metrics), *overrides]
         trial.set_user_attr("trial_dir", str(trial_dir))
         if retry_of is not None:
@@ -546,10 +546,12 @@ class Driver:
                 return self._fail(trial, "predicted_oom", f"predicted {pred.problem} ({pred.budget_source})", "")
         try:
             env = self.trial_env(trial, devices, metrics)
-            if spec.is_verl:  # a retry continues from the first attempt's last checkpoint (resume_mode=auto)
-                resume = resume_checkpoints(self.trials_dir, history)
+            point = None
+            if spec.is_verl:  # a retry continues from the chain's newest complete checkpoint (resume_path)
+                point = resume_point(self.trials_dir, history)
                 argv = verl_argv(spec.python or default_python(self.cwd), self.space.config, overrides,
-                                 self.study.study_name, trial.number, trial_dir, len(devices), resume)
+                                 self.study.study_name, trial.number, trial_dir, len(devices),
+                                 None if point is None else point.checkpoint)
                 env = verl_env(env, trial_dir, attempt)
             self.write_trial_files(trial_dir, argv, env, overrides, values)
             mem = [0.0]
@@ -565,6 +567,12 @@ class Driver:
             diagnoser = Diagnoser(diag, self.space.objective.primary_metric,
                                   self.space.objective.direction_literal == "maximize") if diag.enabled else None
             watch = _Watch(trial, self.space, total, on_eval, diagnoser, prune=confirm_seed is None)
+            if point is not None:  # the earlier attempts' curve up to the checkpoint: aggregate, pruner, diagnosis
+                replayed = point.records()
+                for step, data in replayed:
+                    watch(step, data)  # its decisions are the live run's to make again at its next evaluation
+                trial.set_user_attr("resumed_from_step", point.step)
+                trial.set_user_attr("replayed_steps", len(replayed))
             proc = TrialProcess(argv=argv, env=env, log_dir=trial_dir, metrics_path=metrics, cwd=self.cwd,
                                 timeout_s=spec.timeout_s, memory_limit_gb=spec.memory_limit_gb,
                                 on_metrics=watch, on_tick=on_tick, stop_event=_TrialStop(self.stop_event, lost),
@@ -699,8 +707,9 @@ class Driver:
                     while t.is_alive():
                         t.join(timeout=0.2)
         if self._errors:
+            gone = [e for e in self._errors if isinstance(e, StorageUnavailable)]  # the others stopped because of it
             interrupted = [e for e in self._errors if isinstance(e, TrialInterrupted)]
-            raise interrupted[0] if interrupted else self._errors[0]
+            raise (gone or interrupted or self._errors)[0]
         return self.ran
 
     def run_confirm(self, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = ()) -> int:
@@ -748,6 +757,8 @@ class Driver:
                         cb(self.study, frozen)
         except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
             self._errors.append(err)
+            if isinstance(err, StorageUnavailable):  # past study.storage_retry_s: stop the other jobs' trials too
+                self.stop_event.set()  # (they stay RUNNING in the storage; resume or any worker recovers them)
 
     def _one_trial(self, trial: Trial, target: int) -> FrozenTrial | None:
         """Check the slot of an asked trial (another driver may have taken it), run, record and tell it; None when
@@ -802,7 +813,7 @@ class Driver:
         finished = [t for t in self.study.get_trials(deepcopy=False) if is_finished(t)]
         size_gb, kept, _ = clean_after(self.study, self._frozen(trial.number), value, self.trials_dir, keep, finished)
         if size_gb > 0:
-            trial.set_user_attr("checkpoint_gb", round(size_gb, 4))
+            trial.set_user_attr("checkpoint_gb", round(size_gb, 6))
             trial.set_user_attr("checkpoint_kept", kept)
 
     def summary(self, storage: str) -> str:

@@ -5,11 +5,15 @@ copies the dead trial's user attrs (its outcome included). This module replaces 
 SQLite, PostgreSQL/MySQL and Redis (JournalStorage) alike:
 
 * **Heartbeat.** Every running trial carries system attr ``hpo:heartbeat`` (wall-clock seconds), written by
-  its driver's :class:`Heartbeat` thread every ``heartbeat_interval`` seconds. A storage error there is
-  logged and retried; if the trial was finished by someone else, the driver is told (``lost``) and stops it.
+  its driver's :class:`Heartbeat` thread every ``heartbeat_interval`` seconds. The storage retries a beat
+  through an outage (:class:`hpo._storage.RetryingStorage`); an error that still comes through is logged
+  once and the thread beats on; if the trial was finished by someone else, the driver is told (``lost``)
+  and stops it.
 * **Stale.** A RUNNING trial is dead when its driver's pid is comparable with ours and gone
   (:func:`hpo._identity.identity_alive`), or when its heartbeat (else its start) is older than
-  ``grace_period``. Hosts' clocks must agree to well under ``grace_period`` (NTP).
+  ``grace_period``. Hosts' clocks must agree to well under ``grace_period`` (NTP). Nobody could beat
+  during a storage outage this driver saw, so a heartbeat's age counts from the outage's end at the
+  earliest: a live driver on another host is not taken for dead just because the database restarted.
 * **Recorded results.** Before telling Optuna, a driver writes the trial's outcome into system attr
   ``hpo:result``; a driver that dies after that point has finished its trial, and recovery tells the
   recorded outcome instead of retrying.
@@ -34,6 +38,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo._identity import identity_alive
+from hpo._storage import storage_recovered_at
 
 ATTR_HEARTBEAT = "hpo:heartbeat"
 ATTR_RESULT = "hpo:result"
@@ -85,13 +90,17 @@ def last_beat(t: FrozenTrial) -> float | None:
     return None if t.datetime_start is None else t.datetime_start.timestamp()
 
 
-def is_stale(t: FrozenTrial, grace_period: float, now: float | None = None) -> bool:
+def is_stale(t: FrozenTrial, grace_period: float, now: float | None = None, since: float | None = None) -> bool:
+    """Dead driver: its pid is comparable and gone, else no heartbeat for ``grace_period`` seconds, counted
+    from ``since`` (wall clock: the end of a storage outage, when nobody could beat) if that is later."""
     ident = t.user_attrs.get("worker")
     alive = identity_alive(ident) if isinstance(ident, dict) else None
     if alive is not None:
         return not alive
     beat = last_beat(t)
-    return beat is not None and (time.time() if now is None else now) - beat > grace_period
+    if beat is None:
+        return False
+    return (time.time() if now is None else now) - max(beat, since or beat) > grace_period
 
 
 def recover_stale_trials(study: optuna.Study, grace_period: float, max_retry: int | None,
@@ -100,7 +109,8 @@ def recover_stale_trials(study: optuna.Study, grace_period: float, max_retry: in
     Returns (trial number, what was done) for the trials this driver recovered."""
     done: list[tuple[int, str]] = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if skip(t.number) or not is_stale(t, grace_period):
+        # read after the trials: an outage that this very read waited out counts
+        if skip(t.number) or not is_stale(t, grace_period, since=storage_recovered_at(study._storage)):
             continue
         recorded = t.system_attrs.get(ATTR_RESULT)
         if isinstance(recorded, dict) and recorded.get("state") in TrialState.__members__:
@@ -121,7 +131,8 @@ def recover_stale_trials(study: optuna.Study, grace_period: float, max_retry: in
 
 # ----------------------------------------------------------------------------- heartbeat
 class Heartbeat:
-    """Writes ``hpo:heartbeat`` of this driver's running trials every ``interval`` seconds (one thread)."""
+    """Writes ``hpo:heartbeat`` of this driver's running trials every ``interval`` seconds (one thread). No
+    error ends the thread: the first of a run of failed beats is printed, and it beats on."""
 
     def __init__(self, study: optuna.Study, interval: float) -> None:
         self.study = study
@@ -131,6 +142,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="verl-hpo-heartbeat", daemon=True)
         self.errors = 0
+        self._failing = False  # the last beat failed: further failures are counted, not printed
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -159,12 +171,22 @@ class Heartbeat:
             self.remove(trial_id)
         except Exception as err:  # noqa: BLE001 - a storage hiccup must not end the heartbeat
             self.errors += 1
-            print(f"heartbeat: storage error ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-                  "retrying", file=sys.stderr, flush=True)
+            if not self._failing:
+                self._failing = True
+                first = (str(err).strip().splitlines() or [""])[0]
+                print(f"heartbeat: storage error ({type(err).__name__}: {first}); beating on", file=sys.stderr,
+                      flush=True)
+        else:
+            self._failing = False
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             with self._lock:
                 trials = list(self._trials.items())
             for trial_id, lost in trials:
-                self._beat(trial_id, lost)
+                if self._stop.is_set():
+                    return
+                try:
+                    self._beat(trial_id, lost)
+                except Exception:  # noqa: BLE001, S112 - (printing failed, ...) the next period beats again
+                    continue

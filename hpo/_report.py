@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo._confirm import confirmed, is_confirm
 from hpo._space import Space, format_value
-from hpo._storage import mask_url
+from hpo._storage import mask_url, storage_downtime, storage_outages
 
 BAR_WIDTH = 20
 
@@ -251,9 +251,13 @@ def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
     kept = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("checkpoint_kept")]
     disk = (f"trial directories hold {disk_usage(Path(trials_dir)):.2f} GB"
             + (f" (checkpoints kept of trial(s) {', '.join(str(t.number) for t in kept)})" if kept else ""))
+    n_out = storage_outages(study._storage)
+    outages = (f"storage unreachable for {storage_downtime(study._storage):.0f} s ({n_out} outage"
+               f"{'s' if n_out != 1 else ''}), ridden out: every call waited and went through\n") if n_out else ""
     return (f"{top_table(study)}\n"
             f"trials: {parts}; early stopping and pruning saved ~{saved:.0f}s of trainer time; "
             f"driver peak RSS {driver_mb:.0f} MB; {disk}\n"
+            f"{outages}"
             f"study {study.study_name} in {mask_url(storage)}\n"
             f"trial logs in {trials_dir}/<number>/ (command.json, config.yaml, stdout.log, stderr.log, "
             f"metrics.jsonl)")

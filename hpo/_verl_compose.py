@@ -88,13 +88,83 @@ def _batch_checks(cfg: Any, section: str, n_gpus: int, mini_key: str | None, mic
         return None
     micro, legacy = _get(cfg, f"{section}.{micro_key}"), _get(cfg, f"{section}.{legacy_micro}")
     key = f"{section}.{micro_key}"
-    if micro is None and legacy is None:
-        return key, None, f"{key}=null: set a micro-batch size per GPU (or {section}.{dyn_key}=true)"
+    if micro is None and (legacy is None or section.startswith("actor_rollout_ref.")):
+        # verl 0.9.1's actor/rollout/ref workers read only the _per_gpu key (engine_workers.py init_model)
+        also = f" (the deprecated {section}.{legacy_micro} is not read by verl's workers)" if legacy is not None else ""
+        return key, None, f"{key}=null: set a micro-batch size per GPU (or {section}.{dyn_key}=true){also}"
     if micro is not None and share is not None:
         if int(micro) < 1:
             return key, micro, f"{key}={micro} must be at least 1"
         if share % int(micro):
             return key, micro, f"{key}={micro} does not divide the {share} samples each GPU gets per pass"
+    return None
+
+
+# The top-level reward keys that verl 0.9.1's main_ppo no longer reads (only the fully-async entry point migrates
+# them, verl/experimental/reward_loop/reward_loop.py migrate_legacy_reward_impl): legacy prefix -> the key it became.
+LEGACY_REWARD_KEYS = {
+    "custom_reward_function.path": "reward.custom_reward_function.path",
+    "custom_reward_function.name": "reward.custom_reward_function.name",
+    "reward_model.enable": "reward.reward_model.enable",
+    "reward_model.model.path": "reward.reward_model.model_path",
+    "reward_model.reward_manager": "reward.reward_manager.name",
+    "reward_model.num_workers": "reward.num_workers",
+    "reward_model.": "reward.reward_model.",
+    "sandbox_fusion.": "reward.sandbox_fusion.",
+}
+
+
+def _set_leaves(value: Any, key: str) -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` of every leaf of a plain container that is not null."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _set_leaves(v, f"{key}.{k}")]
+    return [] if value is None else [(key, value)]
+
+
+def _legacy_reward_keys(cfg: Any) -> Problem | None:
+    """A legacy top-level reward key that is set: it composes and passes ``validate_config``, and main_ppo never
+    reads it (the run would silently score with verl's default reward)."""
+    from omegaconf import OmegaConf
+
+    for section in ("custom_reward_function", "reward_model", "sandbox_fusion"):
+        node = _get(cfg, section)
+        if node is None:
+            continue
+        for key, value in _set_leaves(OmegaConf.to_container(node, resolve=False), section):
+            new = next((n if not o.endswith(".") else n + key[len(o):]) for o, n in LEGACY_REWARD_KEYS.items()
+                       if key == o or (o.endswith(".") and key.startswith(o)))
+            return key, value, (f"{key}={value!r} is ignored by verl 0.9.1's main_ppo, which reads {new}: "
+                                f"set {new} instead")
+    return None
+
+
+def _worker_start_checks(cfg: Any, n_gpus: int) -> Problem | None:
+    """What verl 0.9.1's workers assert when they start (``verl/workers/engine_workers.py``
+    ``ActorRolloutRefWorker.init_model``), minutes into a trial, after Ray, the model and vLLM have loaded."""
+    ar = "actor_rollout_ref"
+    actor_dyn = bool(_get(cfg, f"{ar}.actor.use_dynamic_bsz"))
+    rollout_dyn = bool(_get(cfg, f"{ar}.rollout.log_prob_use_dynamic_bsz"))
+    if actor_dyn != rollout_dyn:
+        return (f"{ar}.actor.use_dynamic_bsz", actor_dyn, f"{ar}.actor.use_dynamic_bsz={str(actor_dyn).lower()} but "
+                f"{ar}.rollout.log_prob_use_dynamic_bsz={str(rollout_dyn).lower()}: verl's actor worker asserts "
+                "they are equal at start-up; set both")
+    if actor_dyn:
+        needed = [f"{ar}.actor.ppo_max_token_len_per_gpu", f"{ar}.rollout.log_prob_max_token_len_per_gpu"]
+        why = "with use_dynamic_bsz=true"
+    else:
+        needed = [f"{ar}.actor.ppo_micro_batch_size_per_gpu", f"{ar}.rollout.log_prob_micro_batch_size_per_gpu"]
+        why = "(the deprecated key without _per_gpu passes validate_config but the workers read only this one)"
+    for key in needed:
+        if _get(cfg, key) is None:
+            return key, None, f"{key}=null: verl's actor worker asserts it is set at start-up {why}"
+    rollout = f"{ar}.rollout"
+    sizes = {k: int(_get(cfg, f"{rollout}.{k}") or 1)
+             for k in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")}
+    infer = sizes["tensor_model_parallel_size"] * sizes["data_parallel_size"] * sizes["pipeline_model_parallel_size"]
+    if n_gpus % infer:
+        shown = " x ".join(f"{rollout}.{k}={v}" for k, v in sizes.items())
+        return (f"{rollout}.tensor_model_parallel_size", sizes["tensor_model_parallel_size"],
+                f"{shown} = {infer} GPUs per rollout replica does not divide the trial's {n_gpus} GPU(s)")
     return None
 
 
@@ -119,6 +189,9 @@ def extra_checks(cfg: Any, use_critic: bool, use_ref: bool) -> Problem | None:
     if (bs * n) % n_gpus:
         return ("data.train_batch_size", bs, f"data.train_batch_size={bs} x {ar}.rollout.n={n} = {bs * n} samples "
                 f"is not divisible by the trial's {n_gpus} GPU(s)")
+    legacy = _legacy_reward_keys(cfg)
+    if legacy is not None:
+        return legacy
     adv = str(_get(cfg, "algorithm.adv_estimator"))
     if adv in ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized", "opo") and n < 2:
         return (f"{ar}.rollout.n", n, f"{ar}.rollout.n={n} with algorithm.adv_estimator={adv}: a group of one "
@@ -127,6 +200,9 @@ def extra_checks(cfg: Any, use_critic: bool, use_ref: bool) -> Problem | None:
     if tp > n_gpus or n_gpus % tp:
         return (f"{ar}.rollout.tensor_model_parallel_size", tp, f"{ar}.rollout.tensor_model_parallel_size={tp} does "
                 f"not divide the trial's {n_gpus} GPU(s) (trial.gpus_per_trial)")
+    problem = _worker_start_checks(cfg, n_gpus)
+    if problem:
+        return problem
     actor, sp = f"{ar}.actor", f"{ar}.actor.ulysses_sequence_parallel_size"
     passes = [(actor, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
                "use_dynamic_bsz", "ppo_max_token_len_per_gpu", sp),
@@ -161,6 +237,12 @@ def _files(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
 
 
+def _has_key(cfg: Any, key: str) -> bool:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, key, default="<absent>", throw_on_missing=False) != "<absent>"
+
+
 def _data_sources(paths: list[str]) -> list[str] | None:
     """The ``data_source`` values of the validation parquet files; None when one is missing or unreadable."""
     sources: set[str] = set()
@@ -175,10 +257,60 @@ def _data_sources(paths: list[str]) -> list[str] | None:
     return sorted(sources) if paths else None
 
 
+# Every seed of a verl 0.9.1 run on its default path: the train sampler (verl/trainer/ppo/utils.py, null = unseeded),
+# vLLM's sampling (rollout.seed + replica rank, vllm_async_server.py), the actor's and critic's mini-batch shuffling
+# (trainer_base.py). The engines' own seeds (fsdp_config.seed) act only with full_determinism.
+SEED_KEYS = ("data.seed", "actor_rollout_ref.rollout.seed", "actor_rollout_ref.actor.data_loader_seed",
+             "critic.data_loader_seed")
+
+
+def _first_val_row(paths: list[str]) -> dict[str, Any] | None:
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(os.path.expanduser(paths[0])).slice(0, 1).to_pylist()
+    except Exception:  # noqa: BLE001 - not there yet (made by the prepare step) or not a parquet file
+        return None
+    return rows[0] if rows else None
+
+
+def core_variable(cfg: Any, val_files: list[str]) -> str | None:
+    """The variable verl names its ``val-core`` metrics after: ``acc`` unless the reward function returns a dict
+    without ``acc`` (then ``reward``); None when that cannot be known here.
+
+    verl 0.9.1's reward managers (``experimental/reward_loop/reward_manager/naive.py`` and the others) record a
+    float score as ``acc`` too, and ``_val_metrics_update`` makes ``acc`` the core variable whenever it is there.
+    A custom function (``reward.custom_reward_function``, loaded with verl's own ``get_custom_reward_fn``) is called
+    once on the first validation row to see what it returns; verl's default scorer returns a float or a dict with
+    ``acc``."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    fn = get_custom_reward_fn(cfg)
+    if fn is None:
+        return "acc"
+    row = _first_val_row(val_files)
+    if row is None:
+        return None
+    truth = (row.get("reward_model") or {}).get("ground_truth")
+    try:
+        result = fn(data_source=row.get("data_source"), solution_str="", ground_truth=truth,
+                    extra_info=row.get("extra_info") or {})
+    except Exception:  # noqa: BLE001 - the function's own failure shows in the trial; here it is just unknown
+        return None
+    return "reward" if isinstance(result, dict) and "acc" not in result else "acc"
+
+
 def describe(cfg: Any, use_critic: bool, use_ref: bool) -> dict[str, Any]:
     val_files = _files(_get(cfg, "data.val_files"))
     steps = _get(cfg, "trainer.total_training_steps")
+    override = _get(cfg, "actor_rollout_ref.model.override_config") or {}
     return {
+        "rollout_name": str(_get(cfg, "actor_rollout_ref.rollout.name")),
+        "strategy": str(_get(cfg, "actor_rollout_ref.actor.strategy")),
+        # workers/config/model.py: HFModelConfig loads the actor and reference with this (default flash_attention_2)
+        "attn_implementation": str(override.get("attn_implementation", "flash_attention_2")),
+        "val_core_var": core_variable(cfg, val_files),
+        "seed_keys": [k for k in SEED_KEYS if _has_key(cfg, k)],
         "val_n": int(_get(cfg, "actor_rollout_ref.rollout.val_kwargs.n") or 1),
         "data_sources": _data_sources(val_files),
         "total_training_steps": None if steps is None else int(steps),
@@ -273,7 +405,35 @@ def check_corner(compose: Any, validate: Any, name: str, overrides: list[str],
     return result
 
 
+def probe_interpreter() -> dict[str, Any]:
+    """What this interpreter can run a verl trial with, found without importing anything heavy: torch's CUDA
+    build (``cuda = '12.8'`` in ``torch/version.py``; None for a CPU wheel) and whether vLLM, SGLang and
+    flash-attn are installed."""
+    def has(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            return False
+
+    torch_version, cuda = None, None
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            text = open(os.path.join(folder, "version.py")).read()
+        except OSError:
+            continue
+        m = re.search(r"^__version__\s*=\s*'([^']*)'", text, re.M)
+        torch_version = m.group(1) if m else None
+        m = re.search(r"^cuda(?::[^=]*)?=\s*'([^']*)'", text, re.M)
+        cuda = m.group(1) if m else None
+        break
+    return {"python": sys.executable, "torch": torch_version, "torch_cuda": cuda, "vllm": has("vllm"),
+            "sglang": has("sglang"), "flash_attn": has("flash_attn"), "verl": has("verl")}
+
+
 def run(request: dict[str, Any]) -> dict[str, Any]:
+    if request.get("probe_only"):
+        return {"status": "ok", "results": [], "interpreter": probe_interpreter()}
     spec = importlib.util.find_spec("verl")
     if spec is None or importlib.util.find_spec("hydra") is None:
         return {"status": "missing", "message": "verl is not installed in this interpreter"}
@@ -301,7 +461,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             result = check_corner(compose, validate, name, list(overrides), request.get("select"))
             result["seconds"] = round(time.monotonic() - started, 3)
             results.append(result)
-    return {"status": "ok", "results": results}
+    return {"status": "ok", "results": results, "interpreter": probe_interpreter()}
 
 
 def main() -> int:

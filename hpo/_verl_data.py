@@ -2,8 +2,10 @@
 
     python -m hpo._verl_data [--config NAME] [key=value ...]     # the prepare step of a verl space
 
-Writes the parquet files named by ``data.train_files`` and ``data.val_files`` (when missing) with verl's row
-format, as ``examples/data_preprocess/gsm8k.py`` writes them: ``data_source`` ``openai/gsm8k`` (so verl scores
+Writes the shipped set (:data:`DEFAULT_DIR`: ``train.parquet``, ``test.parquet``) when ``data.train_files`` /
+``data.val_files`` name it and it is missing; any other missing file (a list names several) is an error, exit 2:
+a mistyped path to your own data must not be silently replaced by synthetic problems. The shipped set has verl's
+row format, as ``examples/data_preprocess/gsm8k.py`` writes them: ``data_source`` ``openai/gsm8k`` (so verl scores
 them with its GSM8K rule reward, ``verl/utils/reward_score/gsm8k.py``), ``prompt`` (one user message: the
 question and verl's instruction to answer after ``####``), ``ability`` ``math``, ``reward_model``
 ``{style: rule, ground_truth}`` and ``extra_info`` ``{split, index, answer, question}``. The problems are
@@ -128,6 +130,13 @@ def write_parquet(path: Path, split: str, n: int | None = None) -> Path:
     return path
 
 
+# Where the shipped space (search_spaces/verl_grpo_gsm8k.yaml) keeps the set; the only files written here.
+DEFAULT_DIR = "~/.cache/verl_hpo/gsm8k_small"
+
+
+def default_dir() -> Path:
+    return Path(os.path.expanduser(DEFAULT_DIR))
+DEFAULT_FILES = {"train.parquet": "train", "test.parquet": "test"}
 _ENV = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
 
 
@@ -142,14 +151,45 @@ def resolve_path(text: str) -> Path:
     return Path(os.path.expanduser(_ENV.sub(env, text.strip().strip("'\""))))
 
 
+def split_list(text: str) -> list[str]:
+    """The paths of a ``data.*_files`` value: one path, or a hydra/YAML list ``[a, 'b']``."""
+    text = text.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return [text] if text else []
+    return [t.strip().strip("'\"") for t in text[1:-1].split(",") if t.strip()]
+
+
+def is_shipped(path: Path) -> bool:
+    """A file of the shipped set, which the prepare step writes."""
+    return path.parent == default_dir() and path.name in DEFAULT_FILES
+
+
+def missing_files(key: str, value: str | Sequence[str]) -> str | None:
+    """One line naming the first file of ``key`` that does not exist and will not be written here, else None
+    (remote paths such as ``hdfs://`` are left to verl)."""
+    for text in split_list(value) if isinstance(value, str) else list(value):
+        if "://" in text:
+            continue
+        path = resolve_path(text)
+        if not path.exists() and not is_shipped(path):
+            return (f"{key}: {path} does not exist (only the shipped GSM8K-format set in {default_dir()} is "
+                    "generated; point the key at your parquet files)")
+    return None
+
+
 def ensure(train: str | None, val: str | None) -> list[Path]:
-    """Write the train/validation files that do not exist yet; returns the paths written."""
+    """Write the files of the shipped set that the config names and that do not exist yet; returns the paths
+    written. ValueError (one line) for any other missing file."""
+    for key, text in (("data.train_files", train), ("data.val_files", val)):
+        problem = missing_files(key, text or "")
+        if problem:
+            raise ValueError(problem)
     written = []
-    for text, split in ((train, "train"), (val, "test")):
-        if text:
-            path = resolve_path(text)
-            if not path.exists():
-                written.append(write_parquet(path, split))
+    for text in (train, val):
+        for item in split_list(text or ""):
+            path = resolve_path(item) if "://" not in item else None
+            if path is not None and is_shipped(path) and not path.exists():
+                written.append(write_parquet(path, DEFAULT_FILES[path.name]))
     return written
 
 

@@ -1,20 +1,43 @@
-"""``benchmarks/gpu_check.py --dry-run``: the GPU plan on CPU with the tiny model prints its one table; the real verl
-stage prints its search command and validates the same space with real verl (``.venv-verl``) on the CPU."""
+"""``benchmarks/gpu_check.py``: the GPU plan on CPU (``--dry-run``) prints its one table; the verl stages' commands
+are valid searches; their judging (SIGTERM and resume, two trials at once, memory ratios) reads like a
+specification on made-up outcomes; and their orchestration runs for real against the driver, with the verl
+stand-in (``tests/hpo/fake_verl_main_ppo.py``, in ``.venv-verl``) as the trials' ``main_ppo``.
+
+Run in subprocesses: inside pytest the name ``benchmarks`` is this test package (tests/benchmarks)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-HAS_VERL = (REPO / ".venv-verl" / "bin" / "python").exists()
+VERL_PY = REPO / ".venv-verl" / "bin" / "python"  # not resolved: the venv's own link, not the base interpreter
+HAS_VERL = VERL_PY.exists()
+STAND_IN = REPO / "tests" / "hpo" / "fake_verl_main_ppo.py"
+VAL = "val-core/openai/gsm8k/acc/mean@1"
+NAMES = ["device", "train (grad checkpointing, fp32)", "memory estimate", "rollout vLLM vs HF", "checkpoint resume",
+         "4-bit reward model", "verl study", "verl SIGTERM + resume", "verl two trials at once",
+         "verl memory estimate"]
 
 
+def run_py(code: str, *args: str, timeout: float = 120) -> Any:
+    """Run ``code`` (which has ``g``: benchmarks.gpu_check, and ``argv``) in a subprocess; the JSON it prints last."""
+    prelude = ("import json, math, sys\nfrom pathlib import Path\nfrom benchmarks import gpu_check as g\n"
+               "argv = sys.argv[1:]\n")
+    proc = subprocess.run([sys.executable, "-c", prelude + code, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- the whole plan on CPU
 @pytest.mark.timeout(900)
 def test_dry_run_prints_the_table(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
@@ -23,53 +46,319 @@ def test_dry_run_prints_the_table(tmp_path: Path) -> None:
                           env=env, capture_output=True, text=True, timeout=880)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {r["name"]: r for r in json.loads(out.read_text())}
-    names = ["device", "train (grad checkpointing, fp32)", "memory estimate", "rollout vLLM vs HF",
-             "checkpoint resume", "4-bit reward model", "verl study", "verl memory estimate"]
-    assert list(rows) == names
+    assert list(rows) == NAMES
     for name in ("device", "train (grad checkpointing, fp32)", "memory estimate", "checkpoint resume"):
         assert rows[name]["status"] == "ok", rows[name]
     assert rows["4-bit reward model"]["status"] == "skipped" and "CUDA" in rows["4-bit reward model"]["detail"]
     assert rows["rollout vLLM vs HF"]["status"] in ("ok", "skipped")
     assert "ratio" in rows["memory estimate"]["detail"] and "resumed at step 2" in rows["checkpoint resume"]["detail"]
     table = proc.stdout
-    assert "gpu-check: DRY RUN on CPU" in table and all(n in table for n in names)
+    assert "gpu-check: DRY RUN on CPU" in table and all(n in table for n in NAMES)
     verl = rows["verl study"]
     assert "would run: -m hpo search --space verl_grpo_gsm8k" in verl["detail"]
     if HAS_VERL:  # every corner composed by real verl, with its memory estimate
         assert verl["status"] == "ok" and "corner(s) composed by verl 0.9.1" in verl["detail"], verl
     else:
         assert verl["status"] == "skipped" and "make install-verl" in verl["detail"]
+    # the plan of every verl stage, nothing run
+    resume = rows["verl SIGTERM + resume"]
+    assert resume["status"] == "skipped" and "trainer.save_freq=1" in resume["detail"]
+    assert "SIGTERM once a trial has a complete checkpoint" in resume["detail"]
+    assert "then: -m hpo resume --study gpu-check-verl" in resume["detail"]
+    pair = rows["verl two trials at once"]
+    assert pair["status"] == "skipped" and "trial.n_jobs=2, trial.gpus_per_trial=1" in pair["detail"]
+    assert "--study gpu-check-verl-pair" in pair["detail"]
     assert rows["verl memory estimate"]["status"] == "skipped"
-
-
-def test_the_verl_stage_command_is_a_valid_search() -> None:
-    """The plumbing of the GPU verl stage: its argv parses as ``verl-hpo search`` and its overrides shrink the
-    shipped space to a 2-step trial on the local model and data (no verl needed)."""
-    from hpo._cli import build_parser
-    from hpo._space import load_space
-
-    # in a subprocess: this test package is also called `benchmarks`
-    code = ("import json, sys; from pathlib import Path; from benchmarks import gpu_check as g; "
-            "o = g.verl_space_overrides(Path('/tmp/w'), Path('/tmp/w/model'), '/venv/bin/python', 2); "
-            "print(json.dumps([o, g.verl_search_argv(Path('/tmp/w'), o), g.ray_processes(float('inf'))]))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    overrides, argv, ray_left = json.loads(proc.stdout)
-    work, model = Path("/tmp/w"), Path("/tmp/w/model")
-    assert argv[1:3] == ["-m", "hpo"]
-    args = build_parser().parse_args(argv[3:])
-    assert args.cmd == "search" and args.space == "verl_grpo_gsm8k" and args.override == overrides
-    space = load_space("verl_grpo_gsm8k", overrides, check=False)
-    assert space.trial.is_verl and space.trial.python == "/venv/bin/python" and space.study.n_trials == 2
-    assert space.param("mini_batch").choices == (16,)
-    assert space.overrides["trainer.total_training_steps"] == 2 and space.overrides["trainer.test_freq"] == 2
-    assert space.overrides["actor_rollout_ref.model.path"] == str(model)
-    assert space.overrides["data.train_files"] == str(work / "gsm8k" / "train.parquet")
-    assert ray_left == []
+    assert "would run: -m hpo search" in proc.stderr  # the plan is printed as it goes
 
 
 def test_steps_below_two_is_an_error() -> None:
     proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--steps", "1"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == "error: --steps 1: the resume check needs at least 2"
+
+
+# ----------------------------------------------------------------------------- the commands
+def test_the_verl_stage_commands_are_valid_searches() -> None:
+    """The studies of the GPU verl stages: their argv parse as ``verl-hpo search`` / ``resume``, and their overrides
+    shrink the shipped space to short trials on the local model and data (no verl needed)."""
+    from hpo._cli import build_parser
+    from hpo._space import load_space
+
+    work, model = Path("/tmp/w"), Path("/tmp/w/model")
+    study, pair, resume, ray_left = run_py(
+        "w, m = Path('/tmp/w'), Path('/tmp/w/model')\n"
+        "o, p = g.verl_space_overrides(w, m, '/venv/bin/python', 2), g.verl_pair_overrides(w, m, '/venv/bin/python')\n"
+        "run, pair = g.StudyRun.of(w, o), g.StudyRun.of(w, p, g.PAIR_STUDY)\n"
+        "print(json.dumps([[o, run.search], [p, pair.search], run.resume, g.ray_processes(float('inf'))]))")
+    assert ray_left == []
+    for (overrides, argv), name, n_trials, n_jobs, steps, save in ((study, "gpu-check-verl", 2, 1, 4, 1),
+                                                                   (pair, "gpu-check-verl-pair", 2, 2, 2, -1)):
+        assert argv[1:3] == ["-m", "hpo"]
+        args = build_parser().parse_args(argv[3:])
+        assert args.cmd == "search" and args.space == "verl_grpo_gsm8k" and args.override == overrides
+        assert args.study == name and args.studies_dir == work / "studies"
+        space = load_space("verl_grpo_gsm8k", overrides, check=False)
+        assert space.trial.is_verl and space.trial.python == "/venv/bin/python" and space.study.n_trials == n_trials
+        assert space.trial.n_jobs == n_jobs and space.trial.gpus_per_trial == 1
+        assert space.param("mini_batch").choices == (16,)
+        assert space.overrides["trainer.total_training_steps"] == steps == space.overrides["trainer.test_freq"]
+        assert space.overrides["trainer.save_freq"] == save and space.overrides["trainer.val_before_train"] is False
+        assert space.overrides["actor_rollout_ref.model.path"] == str(model)
+        assert space.overrides["data.train_files"] == str(work / "gsm8k" / "train.parquet")
+    args = build_parser().parse_args(resume[3:])
+    assert args.cmd == "resume" and args.study == "gpu-check-verl" and args.studies_dir == work / "studies"
+    assert args.trust_stored_experiment  # the check's overrides make the stored experiment differ from the file
+
+
+# ----------------------------------------------------------------------------- judging, on made-up outcomes
+FACTS = """
+def facts(number, state='COMPLETE', value=0.5, fail='', lines=4, objective=(0.5,), start=100.0, end=160.0,
+          devices='0', retry_of=None, first=1, alloc=float('nan')):
+    return g.TrialFacts(number, state, value, fail, lines, tuple(objective), start, end, devices, {'x': 1},
+                        retry_of, first, alloc, 'm.jsonl')
+"""
+
+
+def test_overlap_and_the_two_trials_row() -> None:
+    rows = run_py(FACTS + """
+both = [facts(0, start=100, end=160, devices='0'), facts(1, start=101, end=170, devices='1')]
+out = {'overlap': [g.overlap_s([(0, 10), (5, 20)]), g.overlap_s([(0, 10), (12, 20)]), g.overlap_s([(0, 5), (5, 9)]),
+                   g.overlap_s([(0, 10), (2, 4), (3, 12)])]}
+cases = {
+    'ok': g.Pair(0, 75.0, both),
+    'one after the other': g.Pair(0, 130.0, [facts(0, start=100, end=160), facts(1, start=161, end=220, devices='1')]),
+    'same GPU': g.Pair(0, 75.0, [facts(0), facts(1, start=101, end=170)]),
+    'a crash': g.Pair(0, 75.0, [both[0], facts(1, value=float('-inf'), fail='crash', objective=(), devices='1')]),
+    'one trial': g.Pair(1, 75.0, both[:1], error='search exit 1: boom'),
+    'ray left': g.Pair(0, 75.0, both, ['123 raylet']),
+}
+for name, p in cases.items():
+    c = g.pair_row(p)
+    out[name] = [c.status, c.detail, c.data['overlap_s'], c.seconds]
+print(json.dumps(out))
+""")
+    assert rows["overlap"] == [5, -2, 0, 1]  # every interval at once; touching is not overlapping
+    status, detail, overlap, seconds = rows["ok"]
+    assert status == "ok" and overlap == 59 and seconds == 75
+    assert detail == ("trial 0 on GPU 0 COMPLETE 60 s value 0.5, trial 1 on GPU 1 COMPLETE 69 s value 0.5; "
+                      "overlapping 59 s; Ray processes left: 0")
+    assert rows["one after the other"][0] == "FAIL" and "did not run at once (overlap -1.0 s)" in rows[
+        "one after the other"][1]
+    assert rows["same GPU"][0] == "FAIL" and "both trials got GPU(s) '0'" in rows["same GPU"][1]
+    assert rows["a crash"][0] == "FAIL" and "trial 1 COMPLETE (crash), value -inf" in rows["a crash"][1]
+    assert rows["one trial"][0] == "FAIL" and "search exit 1: boom" in rows["one trial"][1]
+    assert "1 trials ran, not 2" in rows["one trial"][1]
+    assert rows["ray left"][0] == "FAIL" and "Ray processes left: 123 raylet" in rows["ray left"][1]
+
+
+def test_the_sigterm_and_resume_row() -> None:
+    rows = run_py(FACTS + """
+import dataclasses
+ok = g.Interrupted(trial=0, checkpoint_step=1, checkpoint_s=70.0, exit_code=143, stop_s=4.2, queued=True,
+                   resume_exit=0, resume_s=110.0, retry=1, resumed_from=2, first_step=3, loaded_log=True, value=0.25,
+                   trials=[facts(0, 'FAIL', None, lines=2, objective=()), facts(1, retry_of=0, first=3, value=0.25)])
+cases = {
+    'ok': ok,
+    'no log line': dataclasses.replace(ok, loaded_log=False),
+    'exit 0': dataclasses.replace(ok, exit_code=0),
+    'killed by the signal': dataclasses.replace(ok, exit_code=-15),
+    'not queued': dataclasses.replace(ok, queued=False),
+    'afresh': dataclasses.replace(ok, resumed_from=None, first_step=1, loaded_log=False),
+    'from before the checkpoint': dataclasses.replace(ok, checkpoint_step=3, resumed_from=2, first_step=3,
+                                                      loaded_log=False),
+    'retry crashed': dataclasses.replace(ok, trials=[ok.trials[0], facts(1, value=float('-inf'), fail='crash',
+                                                                         objective=(), retry_of=0)]),
+    'no checkpoint': g.Interrupted(exit_code=143, stop_s=1.0, error='no complete checkpoint after 900 s'),
+    'finished first': g.Interrupted(exit_code=0, error='the search exited 0 before the SIGTERM (after a checkpoint)'),
+    'ray after stop': dataclasses.replace(ok, ray_after_stop=['77 gcs_server']),
+    'ray at the end': dataclasses.replace(ok, ray_left=['78 ray::WorkerDict']),
+}
+print(json.dumps({k: [g.resume_row(v).status, g.resume_row(v).detail, g.resume_row(v).seconds]
+                  for k, v in cases.items()}))
+""")
+    status, detail, seconds = rows["ok"]
+    assert status == "ok" and seconds == pytest.approx(184.2)
+    assert detail == ("trial 0 checkpoint at step 1 after 70 s; SIGTERM -> exit 143 in 4.2 s, trial 0 queued; resume "
+                      "exit 0 in 110 s; retry 1 resumed from step 2, first step logged 3 ('Resuming from' in its "
+                      "log), value 0.25; Ray processes left: 0")
+    assert rows["no log line"][0] == "ok"  # the first step after the checkpoint is enough
+    expect = {"exit 0": "driver exit 0 after SIGTERM (expected 143)",
+              "killed by the signal": "driver exit -15 after SIGTERM (expected 143)",
+              "not queued": "trial 0 not queued (no WAITING retry of it)",
+              "afresh": "the retry started afresh (no trainer.resume_from_path)",
+              "from before the checkpoint": "the retry resumed from step 2, before the checkpoint 3",
+              "retry crashed": "trial 1 COMPLETE (crash), value -inf, 4 metric lines, 0 objective values",
+              "no checkpoint": "no complete checkpoint after 900 s",
+              "finished first": "the search exited 0 before the SIGTERM",
+              "ray after stop": "Ray processes left after the SIGTERM: 77 gcs_server",
+              "ray at the end": "Ray processes left: 78 ray::WorkerDict"}
+    for name, text in expect.items():
+        assert rows[name][0] == "FAIL" and text in rows[name][1], (name, rows[name])
+    assert "is not after the checkpoint's 1" in rows["afresh"][1]
+    assert "is not after the checkpoint's 3 and its log does not say" in rows["from before the checkpoint"][1]
+
+
+def test_the_study_row_counts_only_trials_that_really_completed() -> None:
+    rows = run_py(FACTS + """
+interrupted = facts(0, 'FAIL', None, lines=2, objective=())
+cases = {
+    'ok': ([interrupted, facts(1, retry_of=0)], 1, [], 0),
+    'worst value': ([interrupted, facts(1, value=float('-inf'), fail='timeout', objective=())], 1, [], 0),
+    'too few': ([interrupted, facts(1)], 2, [], 0),
+    'nothing logged': ([facts(0, lines=0, objective=())], 1, [], None),
+    'ray': ([facts(0)], 1, ['9 raylet'], None),
+}
+print(json.dumps({k: [g.study_row(t, n, 'val', r, i).status, g.study_row(t, n, 'val', r, i).detail]
+                  for k, (t, n, r, i) in cases.items()}))
+""")
+    assert rows["ok"] == ["ok", "1 trial(s) complete, 6 metric lines, val [0.5], Ray processes left: 0"]
+    assert rows["worst value"][0] == "FAIL" and "trial 1 COMPLETE (timeout), value -inf" in rows["worst value"][1]
+    assert rows["too few"][0] == "FAIL" and "1 of 2 trials complete" in rows["too few"][1]
+    assert rows["nothing logged"][0] == "FAIL" and "no val recorded" in rows["nothing logged"][1]
+    assert rows["ray"][0] == "FAIL" and "Ray processes left: 9 raylet" in rows["ray"][1]
+
+
+def test_the_memory_row_reports_expected_and_worst_case_ratios() -> None:
+    rows = run_py("""
+def row(expected, worst, measured):
+    c = g.memory_row(g.MemoryFacts(expected, worst, measured, 'mean response 100 tokens', 'rollout', 1.5, 1.2))
+    return [c.status, c.detail, c.data['expected_ratio'], c.data['worst_ratio'], c.data['actor_ratio']]
+print(json.dumps({'ok': row(44.0, 46.0, 42.0), 'low': row(30.0, 46.0, 42.0), 'high': row(80.0, 90.0, 42.0),
+                  'worst low': row(40.0, 37.0, 42.0), 'nothing measured': row(44.0, 46.0, 0.0),
+                  'bands': [g.EXPECTED_RATIO, g.WORST_MIN_RATIO]}))
+""")
+    status, detail, expected, worst, actor = rows["ok"]
+    assert status == "ok" and expected == pytest.approx(44 / 42) and worst == pytest.approx(46 / 42)
+    assert actor == pytest.approx(1.25)
+    assert detail == ("expected 44.00 GiB (mean response 100 tokens), worst case 46.00 GiB vs device peak 42.00 GiB "
+                      "(NVML, all processes): ratios 1.05 / 1.10 (peak phase rollout); actor allocator 1.50 GiB vs "
+                      "perf/max_memory_allocated_gb 1.20: ratio 1.25")
+    lo, hi = rows["bands"][0]
+    assert lo <= 1.0 <= hi and rows["bands"][1] <= 1.0
+    for name in ("low", "high", "worst low", "nothing measured"):
+        assert rows[name][0] == "FAIL" and "want expected/measured in" in rows[name][1], name
+    assert math.isnan(rows["nothing measured"][2])
+
+
+def test_checkpoints_and_commands_are_read_as_the_driver_writes_them(tmp_path: Path) -> None:
+    """The checkpoint the SIGTERM waits for is a complete one (``hpo._verl.checkpoint_step``), in any trial of the
+    study; the step a retry resumed from is read from its ``command.json``; the rows render in the table."""
+    out = run_py("""
+work = Path(argv[0])
+run = g.StudyRun.of(work, [])
+first = g.checkpoint_in(run)
+def save(trial, step, data=True):
+    d = run.trial_dir(trial) / 'checkpoints' / f'global_step_{step}'
+    (d / 'actor').mkdir(parents=True)
+    for kind in ('model', 'optim', 'extra_state'):
+        (d / 'actor' / f'{kind}_world_size_1_rank_0.pt').write_bytes(b'x')
+    if data:
+        (d / 'data.pt').write_bytes(b'x')
+save(0, 1, data=False)  # actor saved, data.pt not yet: not complete
+half = g.checkpoint_in(run)
+save(0, 2)
+save(3, 1)
+found = g.checkpoint_in(run)
+cmd = run.trial_dir(4) / 'command.json'
+cmd.parent.mkdir(parents=True)
+cmd.write_text(json.dumps({'argv': ['p', 'trainer.resume_mode=resume_path',
+                                    f"trainer.resume_from_path={run.trial_dir(0) / 'checkpoints' / 'global_step_2'}"]}))
+fresh = run.trial_dir(5) / 'command.json'
+fresh.parent.mkdir(parents=True)
+fresh.write_text(json.dumps({'argv': ['p', 'trainer.resume_mode=auto']}))
+table = g.render([g.Check('verl SIGTERM + resume', 'ok', 'resumed from step 2', 184.2),
+                  g.Check('verl two trials at once', 'skipped', 'one GPU (1 visible)')], g.REAL, False)
+print(json.dumps([first, half, found, g._resumed_from(run.trial_dir(4)), g._resumed_from(run.trial_dir(5)),
+                  table, [a for a in run.resume if a.startswith('--')]]))
+""", str(tmp_path))
+    first, half, found, resumed, fresh, table, flags = out
+    assert first is None and half is None and found == [0, 2] and resumed == 2 and fresh is None
+    assert "verl SIGTERM + resume    ok       184  resumed from step 2" in table
+    assert "verl two trials at once  skipped    0  one GPU (1 visible)" in table
+    assert flags == ["--study", "--studies-dir", "--trust-stored-experiment"]
+
+
+# ----------------------------------------------------------------------------- the orchestration, for real
+_SITECUSTOMIZE = """
+import importlib.util, sys
+
+
+class _StandInMainPpo:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "verl.trainer.main_ppo":
+            return importlib.util.spec_from_file_location(name, {stand_in!r})
+        return None
+
+
+sys.meta_path.insert(0, _StandInMainPpo)
+"""
+
+STAND_IN_RUN = """
+import os
+work, study = Path(argv[0]), argv[1]
+work.mkdir(parents=True, exist_ok=True)
+model = g._model_dir(g.DRY, work)  # config.json only: what composing and the pre-flight estimate read
+g.write_verl_data(work)
+trial_env = {'PYTHONPATH': argv[2], 'FAKE_VERL_ALL_KEYS': '1', 'VERL_HPO_SKIP_INTERPRETER_CHECK': '1'}
+extra = [f'trial.env={json.dumps(trial_env)}', '+fake.step_s=1.0', f'trial.devices={argv[4]}']
+overrides = (g.verl_pair_overrides(work, model, argv[3]) if study == g.PAIR_STUDY else
+             g.verl_space_overrides(work, model, argv[3], 1)) + extra
+run = g.StudyRun.of(work, overrides, study, {**os.environ, 'VERL_HPO_RUNTIME_DIR': str(work / 'runtime')})
+"""
+
+
+def stand_in_args(tmp_path: Path, study: str, devices: str) -> list[str]:
+    if not HAS_VERL:
+        pytest.skip("the stand-in runs with real verl's code: run `make install-verl` (creates .venv-verl)")
+    site = tmp_path / "fake-verl"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(stand_in=str(STAND_IN)))
+    return [str(tmp_path / "work"), study, str(site), str(VERL_PY), devices]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigterm_and_resume_through_the_driver_with_the_stand_in(tmp_path: Path) -> None:
+    """The GPU check's SIGTERM stage, unchanged, on a study whose trials run the stand-in: the driver is stopped
+    once trial 0 has a complete checkpoint (4 steps of 1 s, one checkpoint each), exits 143 with the trial queued;
+    ``resume`` runs the retry from that checkpoint to the end, objective recorded."""
+    row, study, interrupted = run_py(STAND_IN_RUN + """
+o = g.sigterm_and_resume(run, argv[5], timeout_s=300)
+c, s = g.resume_row(o), g.study_row(o.trials, 1, argv[5], o.ray_left, o.trial)
+print(json.dumps([[c.status, c.detail], [s.status, s.detail], c.data]))
+""", *stand_in_args(tmp_path, "gpu-check-verl", "[0]"), VAL, timeout=560)
+    assert row[0] == "ok", row
+    assert study[0] == "ok" and study[1].startswith("1 trial(s) complete, ") and f"{VAL} [1.0]" in study[1]
+    o = interrupted
+    assert o["trial"] == 0 and o["checkpoint_step"] >= 1 and o["exit_code"] == 143 and o["queued"]
+    assert o["resume_exit"] == 0 and o["retry"] == 1 and o["resumed_from"] >= o["checkpoint_step"]
+    assert o["first_step"] == o["resumed_from"] + 1 and o["loaded_log"]  # val_before_train=false: no step N line
+    assert o["value"] == pytest.approx(1.0) and o["ray_after_stop"] == [] and o["ray_left"] == []
+    retry = next(t for t in o["trials"] if t["number"] == 1)
+    assert retry["retry_of"] == 0 and retry["state"] == "COMPLETE" and retry["metrics"].endswith(
+        "metrics.attempt1.jsonl")
+    assert (tmp_path / "work" / "gpu-check-verl.log").read_text().count("$ ") == 2  # search, then resume
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_trials_at_once_through_the_driver_with_the_stand_in(tmp_path: Path) -> None:
+    """The GPU check's pair stage on two (lock-file) devices: both trials COMPLETE, on GPUs 0 and 1, their
+    wall-time intervals overlap. Then the memory row's estimate of their config (composed by verl on the CPU), at
+    the lengths they logged and in the worst case, against a made-up device peak."""
+    row, pair, memory = run_py(STAND_IN_RUN + """
+p = g.run_pair(run, argv[5], timeout_s=300)
+c = g.pair_row(p)
+# the memory row's plumbing: the trial's config composed by verl, judged at the lengths the trials logged
+m = g.verl_memory_row(p.trials, overrides, argv[3], 40 * 2**30, 141 * 2**30)
+print(json.dumps([[c.status, c.detail], c.data, m.data]))
+""", *stand_in_args(tmp_path, "gpu-check-verl-pair", "[0,1]"), VAL, timeout=560)
+    assert row[0] == "ok", row
+    assert pair["overlap_s"] > 0 and sorted(t["devices"] for t in pair["trials"]) == ["0", "1"]
+    assert all(t["state"] == "COMPLETE" and t["objective"] for t in pair["trials"])
+    assert memory["lengths"] == "mean response 100 tokens (largest means of the study)"  # the stand-in's
+    # vLLM's slice (gpu_memory_utilization x the GPU) is the peak whatever the lengths
+    assert 0 < memory["expected_gib"] <= memory["worst_gib"] and memory["peak_phase"] == "rollout"
+    assert memory["measured_gib"] == 40 and memory["expected_ratio"] == pytest.approx(memory["expected_gib"] / 40)

@@ -1,31 +1,44 @@
-"""STAND-IN for ``python -m verl.trainer.main_ppo`` (verl 0.9.1): not verl, no torch, no Ray, no training.
-
-It behaves like verl's entry point toward the driver, so the verl backend's launch, metrics and resume path can
-be tested on a CPU where real verl cannot train:
+"""STAND-IN for ``python -m verl.trainer.main_ppo`` (verl 0.9.1): no Ray, no model, no training, but verl's own
+code wherever the driver sees the result. It runs in verl's interpreter (``.venv-verl``), found before the real
+entry point through a ``sys.meta_path`` finder (``tests/hpo/test_verl.py``'s ``fake_verl`` fixture), so that the
+exact argv of ``hpo._verl.verl_argv`` runs on a CPU where real verl cannot train:
 
 * argv: ``[--config-path DIR --config-name NAME] key=value ...`` in hydra's override syntax: ``+key=`` adds a key
   (an error when it exists), ``++key=`` adds or sets, a plain ``key=`` must exist (hydra's "Could not override"
-  error otherwise, exit 1; with ``FAKE_VERL_ALL_KEYS=1`` every plain key is taken as one of verl's, for spaces
-  that real verl composed first); values ``null``, ``true``, numbers, ``[a,b]`` lists and quoted strings.
-* metrics: verl's ``FileLogger``: ``$VERL_FILE_LOGGER_PATH`` (else ``$VERL_FILE_LOGGER_ROOT/<project>/
-  <experiment>.jsonl``) opened with ``"wb"`` when ``file`` is in ``trainer.logger``, one ``{"step": N, "data":
-  {...}}`` line per step; validation ``val-core/openai/gsm8k/reward/mean@<val_kwargs.n>`` at step 0 of a run
-  (``val_before_train``), every ``test_freq`` steps and at the last step, as verl's ``fit`` does.
-* checkpoints: every ``save_freq`` steps (and the last) ``<default_local_dir>/global_step_N/actor/state.json``,
-  then ``latest_checkpointed_iteration.txt``; ``trainer.resume_mode=auto`` continues after the step it names, and
-  a resumed run's ``val_before_train`` logs at that step, as verl does.
+  error otherwise, exit 1, before anything of verl is imported; with ``FAKE_VERL_ALL_KEYS=1`` every plain key is
+  taken as one of verl's, for spaces that real verl composed first); values ``null``, ``true``, numbers,
+  ``[a,b]`` lists and quoted strings.
+* metrics: verl's ``verl.utils.tracking.Tracking`` with ``trainer.logger`` (``FileLogger``: ``"wb"``, orjson, so
+  NaN and inf are ``null``; the console logger), one ``log`` per step as verl's ``fit`` does. Validation at step 0
+  of a run (``val_before_train``), every ``test_freq`` steps and at the last step: the stand-in's answers to the
+  validation problems (``data.val_files`` when it exists, else 100 GSM8K-format rows; the first
+  ``round(score x n)`` answered right) are scored by verl's ``NaiveRewardManager`` with the configured reward
+  function (``reward.custom_reward_function``, loaded by verl's ``get_custom_reward_fn``; else verl's GSM8K rule)
+  and named by verl's ``PPOTrainer._val_metrics_update``: ``val-core/openai/gsm8k/acc/mean@<val_kwargs.n>``.
+* checkpoints: verl's ``_save_checkpoint`` order: ``global_step_N/actor/`` (FSDP shard files
+  ``{model,optim,extra_state}_world_size_W_rank_r.pt`` for W = n_gpus_per_node x nnodes, ``huggingface/``), with
+  verl's own ``BaseCheckpointManager`` retention (``max_actor_ckpt_to_keep``: the previous ``actor/`` goes right
+  after the new one is saved), ``critic/`` likewise when ``algorithm.adv_estimator=gae``, then ``data.pt``, then
+  the tracker file (verl's ``get_checkpoint_tracker_filename``). Resume as verl's ``_load_checkpoint``:
+  ``resume_mode=auto`` through verl's ``find_latest_ckpt_path``, ``resume_path`` with ``resume_from_path``; the
+  shards are opened with ``torch.load`` as ``FSDPCheckpointManager.load_checkpoint`` opens them (a missing one is
+  the same ``FileNotFoundError``), ``data.pt`` when it is there; a resumed run's ``val_before_train`` logs at
+  that step.
 * Ray: writes ``$RAY_TMPDIR/ray/session_latest/logs/raylet.out`` (where Ray keeps its logs) and, with
   ``+fake.ray_child=true``, starts a sleeping "raylet" in its own session, as Ray's processes are.
 * hydra: writes ``<hydra.run.dir>/.hydra/overrides.yaml``.
 
-Behaviour keys (added with ``+``): ``fake.x`` (final score ``1 - (x - lr_scale)^2``, default 0.3),
-``fake.step_s`` (seconds per step, 0.02), ``fake.sigkill_at`` / ``fake.crash_at`` / ``fake.hang_at`` (at that
-step, after its checkpoint), ``fake.ray_child``, ``fake.env_file`` (dump the environment as JSON there).
+Behaviour keys (added with ``+``): ``fake.x`` (final score ``1 - (x - 0.3)^2``, default 0.3), ``fake.step_s``
+(seconds per step, 0.02), ``fake.sigkill_at`` / ``fake.crash_at`` / ``fake.hang_at`` (at that step, after its
+checkpoint), ``fake.kill_after_actor_save`` (SIGKILL at that step's save right after ``actor/``: the previous
+step's ``actor/`` is gone, the tracker still names it), ``fake.nan_at`` (``actor/pg_loss`` NaN and
+``actor/grad_norm`` inf at that step), ``fake.ray_child``, ``fake.env_file`` (dump the environment as JSON there).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -39,14 +52,18 @@ DEFAULTS: dict[str, Any] = {
     "trainer.save_freq": -1, "trainer.val_before_train": True, "trainer.logger": ["console", "wandb"],
     "trainer.project_name": "verl_examples", "trainer.experiment_name": "gsm8k",
     "trainer.default_local_dir": "checkpoints/verl_examples/gsm8k", "trainer.resume_mode": "auto",
-    "trainer.n_gpus_per_node": 8, "trainer.nnodes": 1, "trainer.max_actor_ckpt_to_keep": None,
+    "trainer.resume_from_path": None, "trainer.n_gpus_per_node": 8, "trainer.nnodes": 1,
+    "trainer.max_actor_ckpt_to_keep": None, "trainer.max_critic_ckpt_to_keep": None,
     "hydra.run.dir": "outputs", "algorithm.adv_estimator": "gae", "data.train_batch_size": 1024,
     "data.train_files": "~/data/rlhf/gsm8k/train.parquet", "data.val_files": "~/data/rlhf/gsm8k/test.parquet",
-    "actor_rollout_ref.actor.optim.lr": 1e-6, "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
-    "actor_rollout_ref.actor.kl_loss_coef": 0.001, "actor_rollout_ref.rollout.temperature": 1.0,
+    "data.seed": None, "actor_rollout_ref.actor.optim.lr": 1e-6, "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
+    "actor_rollout_ref.actor.kl_loss_coef": 0.001, "actor_rollout_ref.actor.data_loader_seed": 42,
+    "actor_rollout_ref.rollout.temperature": 1.0, "actor_rollout_ref.rollout.seed": 42,
     "actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.rollout.val_kwargs.n": 1,
-    "actor_rollout_ref.model.path": "~/models/deepseek-llm-7b-chat",
+    "actor_rollout_ref.model.path": "~/models/deepseek-llm-7b-chat", "critic.data_loader_seed": 42,
+    "reward.custom_reward_function.path": None, "reward.custom_reward_function.name": "compute_score",
 }
+N_VAL = 100  # built-in validation problems when data.val_files does not exist
 
 
 def parse_value(text: str) -> Any:
@@ -130,26 +147,152 @@ def score(cfg: dict[str, Any], step: int, total: int) -> float:
     return round((1.0 - (x - 0.3) ** 2) * step / max(1, total), 6)
 
 
-def save_checkpoint(root: str, step: int) -> None:
-    folder = os.path.join(root, f"global_step_{step}", "actor")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "state.json"), "w") as fh:
-        json.dump({"global_step": step}, fh)
-    with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as fh:  # verl writes it last
+# ----------------------------------------------------------------------------- validation, scored and named by verl
+class _Tokenizer:
+    """What the reward manager asks of a tokenizer: decode a response (here: the index of a prepared text)."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
+        return self.texts[int(ids[0])]
+
+
+class Validator:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        from omegaconf import OmegaConf
+        from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+        from verl.trainer.ppo.reward import get_custom_reward_fn
+
+        reward_cfg = OmegaConf.create({"reward": {"custom_reward_function": {
+            "path": cfg["reward.custom_reward_function.path"], "name": cfg["reward.custom_reward_function.name"]}}})
+        self.tokenizer = _Tokenizer()
+        self.manager = NaiveRewardManager(None, self.tokenizer, get_custom_reward_fn(reward_cfg))
+        self.rows = self._rows(str(cfg["data.val_files"]))
+        self.n = int(cfg["actor_rollout_ref.rollout.val_kwargs.n"])
+
+    @staticmethod
+    def _rows(val_files: str) -> list[dict[str, Any]]:
+        path = os.path.expanduser(val_files.strip("[]").split(",")[0].strip().strip("'\""))
+        if os.path.isfile(path):
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path, columns=["data_source", "reward_model", "extra_info"]).to_pylist()
+        return [{"data_source": "openai/gsm8k", "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+                 "extra_info": {"index": i}} for i in range(N_VAL)]
+
+    def _score_one(self, row: dict[str, Any], text: str) -> dict[str, Any]:
+        import numpy as np
+        import torch
+        from verl import DataProto
+
+        self.tokenizer.texts = [text]
+        data = DataProto.from_dict(
+            tensors={"responses": torch.tensor([[0]]), "attention_mask": torch.tensor([[1, 1]])},
+            non_tensors={k: np.array([row.get(k) or {}] if k != "data_source" else [row[k]], dtype=object)
+                         for k in ("data_source", "reward_model", "extra_info")})
+        return self.manager.loop.run_until_complete(self.manager.run_single(data))
+
+    def metrics(self, value: float) -> dict[str, Any]:
+        """verl's validation metrics of a policy that answers the first ``round(value x problems)`` right."""
+        from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+        right = round(value * len(self.rows))
+        sources, uids, infos = [], [], {"reward": []}  # as _validate collects them
+        for i, row in enumerate(self.rows):
+            truth = str(row["reward_model"]["ground_truth"])
+            for _ in range(self.n):
+                out = self._score_one(row, f"#### {truth}" if i < right else "#### -1")
+                sources.append(row["data_source"])
+                uids.append(f"u{i}")
+                infos["reward"].append(out["reward_score"])
+                for key, v in out["reward_extra_info"].items():
+                    infos.setdefault(key, []).append(v)
+        return PPOTrainer._val_metrics_update(None, sources, uids, infos, [])
+
+
+# ----------------------------------------------------------------------------- checkpoints in verl's order
+def world_size(cfg: dict[str, Any]) -> int:
+    return int(cfg["trainer.n_gpus_per_node"]) * int(cfg["trainer.nnodes"])
+
+
+def make_role_saver(max_keep: Any) -> Any:
+    """verl's ``BaseCheckpointManager`` retention (``ensure_checkpoint_capacity`` / ``register_checkpoint``),
+    around shard files written as ``FSDPCheckpointManager.save_checkpoint`` names them."""
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+    class RoleSaver(BaseCheckpointManager):
+        def __init__(self) -> None:  # no model, no process group: only the bookkeeping of the base class
+            self.previous_saved_paths: list[str] = []
+            self.previous_global_step = None
+
+        def save(self, local_path: str, step: int, world: int) -> None:
+            import torch
+
+            self.previous_global_step = step
+            self.ensure_checkpoint_capacity(max_keep)
+            os.makedirs(os.path.join(local_path, "huggingface"), exist_ok=True)
+            for rank in range(world):
+                for kind in ("model", "optim", "extra_state"):
+                    torch.save({"step": step, "rank": rank},
+                               os.path.join(local_path, f"{kind}_world_size_{world}_rank_{rank}.pt"))
+            self.register_checkpoint(local_path, max_keep)
+
+    return RoleSaver()
+
+
+def save_checkpoint(cfg: dict[str, Any], savers: dict[str, Any], step: int) -> None:
+    """verl's ``_save_checkpoint`` (trainer/ppo/v1/trainer_base.py): actor, critic, data.pt, then the tracker."""
+    import torch
+    from verl.utils.checkpoint.checkpoint_manager import get_checkpoint_tracker_filename
+
+    root = str(cfg["trainer.default_local_dir"])
+    folder = os.path.join(root, f"global_step_{step}")
+    savers["actor"].save(os.path.join(folder, "actor"), step, world_size(cfg))
+    if str(step) == str(cfg.get("fake.kill_after_actor_save")):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if "critic" in savers:
+        savers["critic"].save(os.path.join(folder, "critic"), step, world_size(cfg))
+    torch.save({"dataloader_step": step}, os.path.join(folder, "data.pt"))
+    with open(get_checkpoint_tracker_filename(root), "w") as fh:
         fh.write(str(step))
 
 
-def latest_checkpoint(root: str) -> int | None:
-    try:
-        with open(os.path.join(root, "latest_checkpointed_iteration.txt")) as fh:
-            step = int(fh.read().strip())
-    except (OSError, ValueError):
-        return None
-    return step if os.path.isdir(os.path.join(root, f"global_step_{step}")) else None
+def load_checkpoint(cfg: dict[str, Any], use_critic: bool) -> int:
+    """verl's ``_load_checkpoint``: the step to continue after (0: from scratch)."""
+    import torch
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    mode = cfg["trainer.resume_mode"]
+    if mode == "disable":
+        return 0
+    if mode == "auto":
+        folder = os.path.abspath(str(cfg["trainer.default_local_dir"]))
+        step_folder = find_latest_ckpt_path(folder)
+        if step_folder is None:
+            print("Training from scratch")
+            return 0
+    elif mode == "resume_path":
+        step_folder = cfg["trainer.resume_from_path"]
+        assert isinstance(step_folder, str), "resume ckpt must be str type"
+        assert "global_step_" in step_folder, "resume ckpt must specify the global_steps"
+    else:
+        raise ValueError(f"Unknown resume mode {mode}")
+    step = int(step_folder.split("global_step_")[-1])
+    print(f"Resuming from {step_folder}, setting global step to {step}")
+    for role in ["actor"] + (["critic"] if use_critic else []):
+        for kind in ("model", "optim", "extra_state"):  # rank 0's shards, as FSDPCheckpointManager opens them
+            torch.load(os.path.join(step_folder, role, f"{kind}_world_size_{world_size(cfg)}_rank_0.pt"))
+    data = os.path.join(step_folder, "data.pt")
+    if os.path.exists(data):
+        torch.load(data)
+    else:
+        print(f"Warning: No dataloader state found at {data}, will start from scratch")
+    return step
 
 
 def main(argv: list[str]) -> int:
-    cfg, flags = parse_argv(argv)
+    cfg, flags = parse_argv(argv)  # hydra's errors come before anything of verl is imported
     if "fake.env_file" in cfg:
         with open(cfg["fake.env_file"], "w") as fh:
             json.dump({"env": dict(os.environ), "argv": argv, "cfg": cfg, "flags": flags}, fh)
@@ -165,52 +308,44 @@ def main(argv: list[str]) -> int:
             fh.write(f"stand-in raylet of pid {os.getpid()}\n")
     if cfg.get("fake.ray_child"):
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+
+    from verl.utils.tracking import Tracking
+
     loggers = cfg["trainer.logger"] if isinstance(cfg["trainer.logger"], list) else [cfg["trainer.logger"]]
-    path = os.environ.get("VERL_FILE_LOGGER_PATH")
-    if path is None:
-        root = os.path.expanduser(os.environ.get("VERL_FILE_LOGGER_ROOT", "."))
-        os.makedirs(os.path.join(root, str(cfg["trainer.project_name"])), exist_ok=True)
-        path = os.path.join(root, str(cfg["trainer.project_name"]), f"{cfg['trainer.experiment_name']}.jsonl")
-    fp = open(path, "wb", buffering=0) if "file" in loggers else None  # verl's FileLogger: "wb"
-
-    def log(step: int, data: dict[str, Any]) -> None:
-        if "console" in loggers:
-            print(f"step:{step} - " + " - ".join(f"{k}:{v}" for k, v in data.items()), flush=True)
-        if fp is not None:
-            fp.write(json.dumps({"step": step, "data": data}).encode() + b"\n")
-
+    tracker = Tracking(project_name=str(cfg["trainer.project_name"]),
+                       experiment_name=str(cfg["trainer.experiment_name"]), default_backend=loggers)
+    use_critic = cfg["algorithm.adv_estimator"] == "gae"
+    savers = {"actor": make_role_saver(cfg["trainer.max_actor_ckpt_to_keep"])}
+    if use_critic:
+        savers["critic"] = make_role_saver(cfg["trainer.max_critic_ckpt_to_keep"])
+    validator = Validator(cfg)
     total = int(cfg["trainer.total_training_steps"])
-    ckpt_dir = str(cfg["trainer.default_local_dir"])
     test_freq, save_freq = int(cfg["trainer.test_freq"]), int(cfg["trainer.save_freq"])
-    n = int(cfg["actor_rollout_ref.rollout.val_kwargs.n"])
-    val_key = f"val-core/openai/gsm8k/reward/mean@{n}"
-    global_steps = 0
-    if cfg["trainer.resume_mode"] == "auto":
-        global_steps = latest_checkpoint(ckpt_dir) or 0
-        if global_steps:
-            print(f"Resuming from {ckpt_dir}/global_step_{global_steps}, setting global step to {global_steps}")
+    global_steps = load_checkpoint(cfg, use_critic)
     if cfg["trainer.val_before_train"]:
-        log(global_steps, {val_key: score(cfg, global_steps, total)})
+        tracker.log(data=validator.metrics(score(cfg, global_steps, total)), step=global_steps)
     step_s = float(cfg.get("fake.step_s", 0.02))
     for step in range(global_steps + 1, total + 1):
         time.sleep(step_s)
         last = step == total
         if save_freq > 0 and (last or step % save_freq == 0):
-            save_checkpoint(ckpt_dir, step)
+            save_checkpoint(cfg, savers, step)
         if str(step) == str(cfg.get("fake.sigkill_at")):
             os.kill(os.getpid(), signal.SIGKILL)
         if str(step) == str(cfg.get("fake.crash_at")):
             raise RuntimeError(f"stand-in crash at step {step}")
         if str(step) == str(cfg.get("fake.hang_at")):
             time.sleep(3600)
-        data: dict[str, Any] = {"critic/score/mean": score(cfg, step, total), "actor/pg_loss": -0.01,
-                                "actor/entropy": 0.5, "response_length/mean": 100.0, "timing_s/step": step_s,
+        nan = str(step) == str(cfg.get("fake.nan_at"))
+        data: dict[str, Any] = {"critic/score/mean": score(cfg, step, total),
+                                "actor/pg_loss": math.nan if nan else -0.01,
+                                "actor/grad_norm": math.inf if nan else 0.5, "actor/entropy": 0.5,
+                                "response_length/mean": 100.0, "timing_s/step": step_s,
                                 "training/global_step": step, "training/epoch": 0}
         if test_freq > 0 and (last or step % test_freq == 0):
-            data[val_key] = score(cfg, step, total)
-        log(step, data)
-    if fp is not None:
-        fp.close()
+            data.update(validator.metrics(score(cfg, step, total)))
+        tracker.log(data=data, step=step)
+    tracker.finish()
     return 0
 
 

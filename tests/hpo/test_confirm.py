@@ -99,3 +99,23 @@ def test_confirm_input_errors_are_one_line(tmp_path: Path, studies: Path) -> Non
     assert res.returncode == 2 and "no study 'nope'" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     res = run_cli(["confirm", "--study", "fake", "--seeds", "0"], studies)
     assert res.returncode == 2 and "--seeds 0: must be positive" in res.stderr
+
+
+def test_a_verl_confirmation_run_varies_every_seed_of_the_run() -> None:
+    """verl has several seeds (data sampler, vLLM, actor/critic mini-batch shuffling); confirm sets them all, and
+    skips every seed a tuning run used, verl's defaults (42) included."""
+    from hpo._confirm import seed_key, seed_keys, seed_overrides
+    from tests.hpo.test_verl import SPACE_FILE, load_verl_space
+
+    space = load_verl_space(SPACE_FILE)
+    assert space.overrides["data.seed"] == 42  # the shipped space pins the sampler (verl's default: unseeded)
+    keys = ("data.seed", "actor_rollout_ref.rollout.seed", "actor_rollout_ref.actor.data_loader_seed",
+            "critic.data_loader_seed")
+    assert seed_keys(space) == keys and seed_key(space) == "data.seed"
+    assert seed_overrides(space, 1003) == dict.fromkeys(keys, 1003)
+    assert tuning_seeds(space) == {42}
+    unpinned = load_verl_space(SPACE_FILE, overrides={k: v for k, v in space.overrides.items() if k != "data.seed"},
+                               study={**space.raw["study"], "confirm": {"seed_base": 41}})
+    assert tuning_seeds(unpinned) == {42} and confirm_seeds(unpinned, 2) == [41, 43]  # rollout.seed's default
+    one = load_verl_space(SPACE_FILE, study={**space.raw["study"], "confirm": {"seed_key": "data.seed"}})
+    assert seed_overrides(one, 7) == {"data.seed": 7}
