@@ -106,7 +106,7 @@ $(GPU_VENV)/.installed: pyproject.toml
 
 # Real verl on a GPU host (`make install-verl-gpu`, then `make search SPACE=verl_grpo_gsm8k`; also the check's
 # `verl study` row): verl's own `vllm` extra pins a matching set (torch 2.11 CUDA, vllm 0.24.0, transformers 5.9.0),
-# so it gets a venv of its own; verl trials use it by default once it exists (hpo._verl.default_python). No
+# so it gets a venv of its own; verl trials use it by default once it exists (hpo.backends.verl._launch.default_python). No
 # flash-attn: the shipped verl space loads the model with sdpa.
 GPU_VERL_VENV ?= .venv-gpu-verl
 $(GPU_VERL_VENV)/.installed:
@@ -132,7 +132,7 @@ gpu-check-dry: $(STAMP)
 # `make install-verl-gpu` on a GPU host). verl pins its own transformers range and pulls Ray. torch first (the CPU
 # wheel; a bare `torch` pulls CUDA), then verl 0.9.1 (do not use its `[cpu]` extra: it pins an older torch) and
 # the pieces of its `verl-core` extra that the default trainer path imports.
-# `tests/hpo/test_verl.py` composes and validates real verl configs with it (skipped without it).
+# `tests/hpo/backends/test_verl.py` composes and validates real verl configs with it (skipped without it).
 VERL_VENV ?= .venv-verl
 $(VERL_VENV)/.installed:
 	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)

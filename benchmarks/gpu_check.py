@@ -29,7 +29,7 @@ one H100/H200-class GPU:
    * ``verl study`` and ``verl SIGTERM + resume`` (one study, ~4-5 min: two verl start-ups of ~1.5 min, Ray,
      vLLM and FSDP, 4 steps, the driver's config checks): ``--verl-trials`` trials of :data:`VERL_STEPS` steps,
      a checkpoint after every step (``trainer.save_freq=1``), validation (the objective) at the last. The driver
-     gets SIGTERM once a trial has a complete checkpoint (waited on: ``hpo._verl.checkpoint_step`` of its
+     gets SIGTERM once a trial has a complete checkpoint (waited on: ``verl._launch.checkpoint_step`` of its
      ``checkpoints/``); it must exit 143 with the trial queued (a WAITING retry) and no Ray process (raylet,
      gcs_server, ``ray::``) left. Then ``python -m hpo resume``: the retry must complete with a finite value and
      the objective in its metrics, resumed from that checkpoint or a later one (``trainer.resume_from_path``),
@@ -347,7 +347,7 @@ def verl_search_argv(work: Path, overrides: list[str], study: str = VERL_STUDY) 
 
 def write_verl_data(work: Path) -> None:
     """The GSM8K-format parquet files the overrides name (the driver's prepare step writes only the shipped set)."""
-    from hpo._verl_data import write_parquet
+    from hpo.backends.verl._data import write_parquet
 
     for name, split in (("train.parquet", "train"), ("test.parquet", "test")):
         if not (work / "gsm8k" / name).is_file():
@@ -443,7 +443,7 @@ class TrialFacts:
 
 
 def trial_facts(run: StudyRun, metric: str) -> list[TrialFacts]:
-    from hpo._verl import verl_metrics_path
+    from hpo.backends.verl._launch import verl_metrics_path
 
     out = []
     for t in run.trials():
@@ -471,7 +471,7 @@ def trial_facts(run: StudyRun, metric: str) -> list[TrialFacts]:
 
 def checkpoint_in(run: StudyRun) -> tuple[int, int] | None:
     """(trial, step) of the newest complete checkpoint of any trial of the study so far, else None."""
-    from hpo._verl import checkpoint_step
+    from hpo.backends.verl._launch import checkpoint_step
 
     trials = run.studies / run.study / "trials"
     found = []
@@ -483,8 +483,8 @@ def checkpoint_in(run: StudyRun) -> tuple[int, int] | None:
 
 
 def _resumed_from(trial_dir: Path) -> int | None:
-    """The step of the checkpoint the trial's command resumed from (``hpo._verl.resumed_from``), else None."""
-    from hpo._verl import resumed_from
+    """The step of the checkpoint the trial's command resumed from (``verl._launch.resumed_from``), else None."""
+    from hpo.backends.verl._launch import resumed_from
 
     source = resumed_from(trial_dir)
     m = re.fullmatch(r"global_step_(\d+)", source.name) if source is not None else None
@@ -516,7 +516,7 @@ class Interrupted:
 
 def sigterm_and_resume(run: StudyRun, metric: str, timeout_s: float = 900.0, poll_s: float = 0.2) -> Interrupted:
     """What a user does: start the search, SIGTERM the driver once a trial has written a complete checkpoint
-    (``hpo._verl.checkpoint_step``; waited on, not timed), then ``resume`` the study."""
+    (``hpo.backends.verl._launch.checkpoint_step``; waited on, not timed), then ``resume`` the study."""
     out = Interrupted()
     started, t0 = time.time(), time.monotonic()
     driver = run.start(run.search)
@@ -768,8 +768,8 @@ def verl_estimate(overrides: list[str], values: dict[str, Any], verl_python: str
                   lengths: Any = None) -> Any:
     """``judge_verl`` (the estimate at the expected ``lengths`` and in the worst case) of the config a trial with
     ``values`` ran (composed by verl in ``verl_python``)."""
-    from hpo._preflight import verl_memory_inputs
-    from hpo._space import load_space
+    from hpo.backends._preflight import verl_memory_inputs
+    from hpo.experiment._space import load_space
     from verl_core.memory_verl import judge_verl
 
     space = load_space(VERL_SPACE, overrides, check=False)
@@ -837,11 +837,11 @@ def check_verl_dry(run: StudyRun, pair: StudyRun, overrides: list[str], pair_ove
     """The plumbing of the verl stages without a GPU: the plan (every command) printed, ``validate`` of the resumed
     study's space and overrides (every corner composed by real verl on the CPU, with its worst-case estimate), the
     pair's space loaded (its fields)."""
-    from hpo._space import load_space
+    from hpo.experiment._space import load_space
 
     shown, resume, pair_shown = (" ".join(a[1:]) for a in (run.search, run.resume, pair.search))
     plan = (f"would run: {shown}; SIGTERM once a trial has a complete checkpoint "
-            f"(hpo._verl.checkpoint_step); then: {resume}")
+            f"(hpo.backends.verl._launch.checkpoint_step); then: {resume}")
     for name, text in (("verl study", f"would run: {shown}"), ("verl SIGTERM + resume", plan),
                        ("verl two trials at once", f"with 2+ GPUs would run: {pair_shown}")):
         print(f"[gpu-check] {name} {text}", file=sys.stderr, flush=True)
@@ -877,8 +877,8 @@ def check_verl_dry(run: StudyRun, pair: StudyRun, overrides: list[str], pair_ove
 def check_verl(plan: Plan, work: Path, verl_python: str, n_trials: int) -> list[Check]:
     """Real verl on the GPU through the driver (module docstring, item 7): the study (SIGTERMed and resumed), the
     resume, two trials at once, the memory estimate; four rows."""
-    from hpo._devices import detect_devices
-    from hpo._space import load_space
+    from hpo.execution._devices import detect_devices
+    from hpo.experiment._space import load_space
 
     model = _model_dir(plan, work)
     write_verl_data(work)

@@ -1,15 +1,29 @@
-"""verl-hpo: an Optuna driver for verl_core trainer runs.
+"""verl-hpo: an Optuna driver for verl_core and verl trainer runs.
 
 The driver never imports torch: it talks to a trial only through argv (config + dotted overrides), the
 environment (``CUDA_VISIBLE_DEVICES``) and a JSONL metrics file in verl's ``file`` logger format.
+
+Layers, each importing only those below it (``tests/hpo/test_layering.py``): ``analysis`` (run diagnosis) <
+``experiment`` (the experiment file) and ``execution`` (one trial process) < ``backends`` (verl_core, verl) <
+``study`` (the loop, storage, recovery) < ``reporting`` (tables, dashboard) < ``_cli``.
 """
 
-from hpo._confirm import Confirmed, confirmed, queue_confirmations
-from hpo._diagnosis import Diagnoser, DiagnosisSpec
-from hpo._driver import Driver, TrialInterrupted, load_stored, make_pruner, make_sampler, n_finished, open_study
-from hpo._report import Reporter, best_trial, render_best, top_table
-from hpo._runner import MetricsTail, RunResult, TrialProcess, classify_exit, kill_tree
-from hpo._space import Param, Space, SpaceError, load_space, parse_space
+from hpo.analysis import Diagnoser, DiagnosisSpec
+from hpo.execution import MetricsTail, RunResult, TrialProcess, classify_exit, kill_tree
+from hpo.experiment import Param, Space, SpaceError, load_space, parse_space
+from hpo.reporting import Reporter, best_trial, render_best, top_table
+from hpo.study import (
+    Confirmed,
+    Driver,
+    TrialInterrupted,
+    confirmed,
+    load_stored,
+    make_pruner,
+    make_sampler,
+    n_finished,
+    open_study,
+    queue_confirmations,
+)
 
 __all__ = [
     "Confirmed",

@@ -4,9 +4,9 @@ Exit codes: 0 done; 2 bad input (one ``error: ...`` line on stderr, no study cre
 1 runtime error; 130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP (running trials queued for ``resume``;
 a second signal forces the exit at once, and a signal that arrives once the study is done changes nothing).
 
-Untrusted input: study names are checked (:func:`hpo._storage.check_study_name`), files are written only
+Untrusted input: study names are checked (:func:`hpo.study._storage.check_study_name`), files are written only
 under the studies directory, storage passwords are masked wherever a URL is shown, and a stored experiment
-that runs code is run only when it matches a local file or the user says so (:mod:`hpo._trust`).
+that runs code is run only when it matches a local file or the user says so (:mod:`hpo.experiment._trust`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hpo._space import SPACES_DIR, Space, SpaceError, load_space
-from hpo._storage import mask_url
+from hpo.backends import load_checked_space
+from hpo.experiment._space import SPACES_DIR, Space, SpaceError
+from hpo.study._storage import mask_url
 
 EXIT_SIGNAL: dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
 ENV_STUDIES_DIR = "VERL_HPO_STUDIES_DIR"
@@ -152,10 +153,10 @@ def _stop_on_signals(stop: threading.Event, got: list[int]) -> Iterator[None]:
 
 def _check_verl_launch(space: Space) -> None:
     """A verl study's trials need an interpreter with CUDA torch (and vLLM, flash-attn where the config needs
-    them): refused with one line naming the fix before any trial starts (hpo._verl.check_verl_launch)."""
+    them): refused with one line naming the fix before any trial starts (verl._launch.check_verl_launch)."""
     if not space.trial.is_verl:
         return
-    from hpo._verl import VerlConfigError, check_verl_launch
+    from hpo.backends.verl._launch import VerlConfigError, check_verl_launch
 
     try:
         check_verl_launch(space)
@@ -164,8 +165,11 @@ def _check_verl_launch(space: Space) -> None:
 
 
 def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Path, args: argparse.Namespace) -> int:
-    """search (``space`` given) or resume (the stored space, checked by :mod:`hpo._trust`)."""
-    from hpo._driver import (
+    """search (``space`` given) or resume (the stored space, checked by :mod:`hpo.experiment._trust`)."""
+    from hpo.backends._preflight import check_space_fits
+    from hpo.experiment._trust import check_stored_experiment
+    from hpo.reporting._report import Reporter, summary
+    from hpo.study._driver import (
         ATTR_DIGEST,
         ATTR_SOURCE,
         Driver,
@@ -177,10 +181,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         quiet_optuna,
         resolve_devices,
     )
-    from hpo._preflight import check_space_fits
-    from hpo._report import Reporter
-    from hpo._storage import StorageUnavailable
-    from hpo._trust import check_stored_experiment
+    from hpo.study._storage import StorageUnavailable
 
     quiet_optuna()
     stop, got = threading.Event(), list[int]()
@@ -203,7 +204,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         driver = Driver(space, study, studies_dir, reporter, stop, devices=devices)
         confirming = args.cmd == "confirm"
         if confirming:
-            from hpo._confirm import pending, queue_confirmations
+            from hpo.study._confirm import pending, queue_confirmations
 
             if space.objective.multi:
                 raise SpaceError(f"study {study_name!r} is multi-objective (pareto): confirm ranks by one objective")
@@ -217,7 +218,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
                           f"seed(s) each: {len(queued)} run(s) queued, {pending(study)} pending")
         else:
             reporter.header(study_name, storage_url, str(driver.trials_dir), n_finished(study), target)
-        from hpo._dashboard import DashboardCallback, dashboard_path, write_dashboard
+        from hpo.reporting._dashboard import DashboardCallback, dashboard_path, write_dashboard
 
         page = dashboard_path(studies_dir, study_name)
         pages = DashboardCallback(page, storage_url, studies_dir, every=5)
@@ -237,8 +238,8 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             reporter.note(f"dashboard not written: {type(err).__name__}: {err}")
         done = n_finished(study)
         if confirming:
-            from hpo._confirm import pending
-            from hpo._report import confirmed_table
+            from hpo.reporting._report import confirmed_table
+            from hpo.study._confirm import pending
 
             left = pending(study)
             if got or ran < 0:
@@ -256,7 +257,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             return EXIT_SIGNAL.get(signum, 130)
         if ran == 0:
             reporter.note(f"study {study_name} already has {done} finished trials (target {target})")
-        print(driver.summary(storage_url))
+        print(summary(study, storage_url, str(driver.trials_dir)))
     return 0
 
 
@@ -272,7 +273,7 @@ def _device_list(text: str | None) -> list[str] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     studies_dir = _studies_dir(getattr(args, "studies_dir", None))
-    from hpo._storage import (
+    from hpo.study._storage import (
         STORAGE_ERRORS,
         check_storage_url,
         check_study_name,
@@ -289,11 +290,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if n is not None and n <= 0:
                 return _fail(f"{flag} {n}: must be positive")
         if args.cmd == "validate":
-            from hpo._driver import resolve_devices
-            from hpo._preflight import validate_space
+            from hpo.backends._preflight import validate_space
+            from hpo.study._driver import resolve_devices
 
             spaces_dir = Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
-            space = load_space(args.space, list(args.override), spaces_dir)
+            space = load_checked_space(args.space, list(args.override), spaces_dir)
             lengths = None
             if args.metrics is not None:
                 from verl_core.config import ConfigError
@@ -309,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.n_trials is not None:
                 overrides.append(f"study.n_trials={args.n_trials}")
             spaces_dir = Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
-            space = load_space(args.space, overrides, spaces_dir)
+            space = load_checked_space(args.space, overrides, spaces_dir)
             study_name = (check_study_name(args.study) if args.study is not None
                           else check_study_name(space.name, "space name"))
             storage_url = args.storage or default_storage_url(studies_dir, study_name)
@@ -323,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if db is not None and not db.is_file():
             return _fail(f"no study {args.study!r}: {db} does not exist (start one with verl-hpo search)")
         if args.cmd == "dashboard":
-            from hpo._dashboard import dashboard_command
+            from hpo.reporting._dashboard import dashboard_command
 
             if args.out is not None and args.out.is_dir():  # the user's own path: anywhere they can write
                 return _fail(f"--out {args.out}: is a directory; give the page's file name (e.g. report.html)")
@@ -345,8 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None = None) -> int:
-    from hpo._driver import load_stored, quiet_optuna
-    from hpo._report import best_trial, front_table, objective_names, pareto_front, render_best
+    from hpo.reporting._report import best_trial, front_table, objective_names, pareto_front, render_best
+    from hpo.study._driver import load_stored, quiet_optuna
 
     quiet_optuna()
     space, study = load_stored(study_name, storage_url, None)
@@ -363,7 +364,7 @@ def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None 
         if trial is None or trial.state.name != "COMPLETE":
             return _fail(f"--trial {trial_number}: no completed trial with that number in study {study_name!r}")
     else:
-        from hpo._confirm import confirmed
+        from hpo.study._confirm import confirmed
 
         ranked = confirmed(study)
         if ranked:  # seed-confirmed: the best confirmed mean, not the luckiest tuning run
@@ -372,7 +373,7 @@ def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None 
                   f"{top.mean:.4g} +- {top.std:.3g} over {top.n} fresh seed(s) (min {min(top.values):.4g}, max "
                   f"{max(top.values):.4g}; tuning run {top.trial.values[0]:.4g}); ranking by confirmed mean:",
                   file=sys.stderr)
-            from hpo._report import confirmed_table
+            from hpo.reporting._report import confirmed_table
 
             print("\n".join(f"#   {line}" for line in confirmed_table(study).splitlines()), file=sys.stderr)
             print(render_best(space, top.trial, fmt))

@@ -1,7 +1,7 @@
 """Peak GPU memory of ``python -m verl.trainer.main_ppo`` (verl 0.9.1: FSDP engine workers, the actor, reference and
 critic colocated with vLLM on the same GPUs), phase by phase, from the keys of a composed config.
 
-Pure arithmetic, like :mod:`verl_core.memory`: ``hpo/_verl_compose.py`` selects :data:`VERL_MEMORY_KEYS` in verl's
+Pure arithmetic, like :mod:`verl_core.memory`: ``verl/_compose.py`` selects :data:`VERL_MEMORY_KEYS` in verl's
 interpreter (hydra interpolations resolved) and :func:`estimate_verl` / :func:`judge_verl` do the rest here,
 without verl or torch::
 

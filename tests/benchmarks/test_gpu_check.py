@@ -83,7 +83,7 @@ def test_the_verl_stage_commands_are_valid_searches() -> None:
     """The studies of the GPU verl stages: their argv parse as ``verl-hpo search`` / ``resume``, and their overrides
     shrink the shipped space to short trials on the local model and data (no verl needed)."""
     from hpo._cli import build_parser
-    from hpo._space import load_space
+    from hpo.experiment._space import load_space
 
     work, model = Path("/tmp/w"), Path("/tmp/w/model")
     study, pair, resume, ray_left = run_py(
@@ -242,7 +242,7 @@ print(json.dumps({'ok': row(44.0, 46.0, 42.0), 'low': row(30.0, 46.0, 42.0), 'hi
 
 
 def test_checkpoints_and_commands_are_read_as_the_driver_writes_them(tmp_path: Path) -> None:
-    """The checkpoint the SIGTERM waits for is a complete one (``hpo._verl.checkpoint_step``), in any trial of the
+    """The checkpoint the SIGTERM waits for is a complete one (``verl._launch.checkpoint_step``), in any trial of the
     study; the step a retry resumed from is read from its ``command.json``; the rows render in the table."""
     out = run_py("""
 work = Path(argv[0])

@@ -15,9 +15,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hpo._driver import ATTR_SPACE
-from hpo._space import SpaceError
-from hpo._storage import check_study_name, mask_url, scrub
+from hpo.experiment._space import SpaceError
+from hpo.study._driver import ATTR_SPACE
+from hpo.study._storage import check_study_name, mask_url, scrub
 from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, load, run_cli
 
 
@@ -197,8 +197,8 @@ def test_resume_runs_a_stored_experiment_that_matches_its_local_file(tmp_path: P
 
 
 def test_stored_user_code_keys_need_trust_even_with_the_default_trainer(tmp_path: Path) -> None:
-    from hpo._space import load_space
-    from hpo._trust import check_stored_experiment
+    from hpo.experiment._space import load_space
+    from hpo.experiment._trust import check_stored_experiment
 
     space = load_space("kl_lr", ["custom_reward_function.path=/tmp/evil.py"], check=False)
     with pytest.raises(SpaceError, match="code keys"):
@@ -349,8 +349,8 @@ def test_a_launch_error_is_not_a_storage_error_and_leaves_no_running_trial(tmp_p
 def test_a_study_creation_cut_short_is_repaired_by_the_next_search(tmp_path: Path, studies: Path) -> None:
     """``search`` died right after storing the experiment: the next ``search`` writes the source path and the
     digest that are missing, so that ``resume`` needs no ``--space`` (its trainer command runs code)."""
-    from hpo._driver import ATTR_DIGEST, ATTR_SOURCE, _jsonable
-    from hpo._space import load_space
+    from hpo.experiment._space import load_space
+    from hpo.study._driver import ATTR_DIGEST, ATTR_SOURCE, _jsonable
 
     path = fake_space(tmp_path, study={"n_trials": 2, "pruner": {"type": "none"}})
     space = load_space(str(path))

@@ -1,11 +1,11 @@
-"""Published verl configs as data, for the memory estimate's tests (``tests/hpo/test_verl_memory.py``).
+"""Published verl configs as data, for the memory estimate's tests (``tests/hpo/backends/test_verl_memory.py``).
 
 * ``reference.yaml``: what verl's docs say runs (the quickstart, ``docs/perf/device_tuning.rst``'s minimum configs);
 * ``independent.yaml``: GRPO-LoRA batch-size sweeps with the outcome of every size tried;
 * ``defaults.yaml``: verl 0.9.1's value of each key the estimate reads, for the keys a script does not set.
 
 :func:`reference_cases` / :func:`independent_cases` give one :class:`Case` per config: the composed key values (as
-``hpo/_verl_compose.py`` would select them), the GPU, the expected lengths and the published outcome.
+``hpo/backends/verl/_compose.py`` would select them), the GPU, the expected lengths and the published outcome.
 """
 
 from __future__ import annotations

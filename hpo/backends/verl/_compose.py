@@ -1,0 +1,480 @@
+"""Compose and validate verl configs in verl's own interpreter: what ``hpo.backends.verl._launch.check_space`` runs.
+
+    <verl's python> hpo/backends/verl/_compose.py < request.json
+
+Request: ``{"config_dir": DIR or null, "config_name": NAME, "corners": [[override, ...], ...]}`` (null: the
+installed package's ``verl/trainer/config``, as ``python -m verl.trainer.main_ppo`` uses), optionally
+``"select": [dotted key, ...]``: the values of those keys in each composed corner (interpolations resolved; a
+key the config lacks is null), what the memory estimate reads (``verl_core.memory.VERL_MEMORY_KEYS``). The reply
+is the one line on stdout (everything verl prints goes to stderr):
+
+* ``{"status": "ok", "results": [one per corner]}``, each ``{"ok": true, "info": {...}, "seconds": s}`` (with
+  ``"selected": {key: value}`` when the request selects keys) or
+  ``{"ok": false, "key": KEY or null, "value": VALUE or null, "message": ONE LINE, "seconds": s}`` for a corner
+  that hydra cannot compose, that :func:`extra_checks` rejects, or that verl's own
+  ``verl.utils.config.validate_config`` rejects (in this order: ours name the key and value in verl's terms)
+* ``{"status": "missing", "message": ...}`` when this interpreter has no verl or hydra, ``{"status": "error",
+  "message": ...}`` when the config does not exist (or anything unexpected happens).
+
+Each corner: hydra's ``compose(config_name, overrides)`` (the overrides ``main_ppo`` would get), then
+:func:`extra_checks`, then ``validate_config(cfg, use_reference_policy=need_reference_policy(cfg),
+use_critic=need_critic(cfg))`` from ``verl.trainer.ppo.utils``, as ``main_ppo.main`` calls it. Only the CPU is used.
+This file imports nothing of the project, so that it runs in any interpreter that has verl.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+import sys
+import time
+from typing import Any
+
+Problem = tuple[str, Any, str]  # (key, value, message naming both)
+
+
+def _one_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(("Set the environment variable HYDRA_FULL_ERROR",
+                                                                "object_type=", "reference_type="))]
+    return " ".join(lines)
+
+
+def _get(cfg: Any, key: str) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, key, default=None)
+
+
+# ----------------------------------------------------------------------------- checks verl does not make
+def _batch_checks(cfg: Any, section: str, n_gpus: int, mini_key: str | None, micro_key: str, legacy_micro: str,
+                  dyn_key: str, max_len_key: str, sp_key: str) -> Problem | None:
+    """One pass's batch arithmetic: an update (``mini_key`` set: actor, critic) or a log-prob pass over the whole
+    batch (rollout, ref). Without dynamic batching the mini-batch divides the batch and splits evenly over the
+    data-parallel GPUs (``n_gpus`` / sequence parallelism ``sp_key``), and the micro-batch divides each GPU's
+    share, as verl's ``prepare_micro_batches`` asserts at run time; with dynamic batching the token budget
+    holds at least one full sequence."""
+    bs = int(_get(cfg, "data.train_batch_size"))
+    n = int(_get(cfg, "actor_rollout_ref.rollout.n"))
+    sp = int(_get(cfg, sp_key) or 1)
+    if n_gpus % sp:
+        return (sp_key, sp, f"{sp_key}={sp} does not divide the trial's {n_gpus} GPU(s) "
+                f"(trainer.n_gpus_per_node x trainer.nnodes)")
+    dp = n_gpus // sp
+    share = bs * n // dp  # a log-prob pass sees the whole batch
+    if mini_key is not None:
+        mini = int(_get(cfg, f"{section}.{mini_key}"))
+        key = f"{section}.{mini_key}"
+        if mini < 1:
+            return key, mini, f"{key}={mini} must be at least 1"
+        if mini > bs:
+            return key, mini, f"{key}={mini} is larger than data.train_batch_size={bs} (both count prompts)"
+        if bs % mini:
+            return key, mini, (f"{key}={mini} does not divide data.train_batch_size={bs}: verl would pad every batch "
+                               f"with dummy sequences up to a multiple of {mini} prompts")
+        if (mini * n) % dp:
+            return key, mini, (f"{key}={mini} x actor_rollout_ref.rollout.n={n} = {mini * n} samples cannot be split "
+                               f"evenly over {dp} data-parallel GPU(s)")
+        share = mini * n // dp
+    if _get(cfg, f"{section}.{dyn_key}"):
+        budget = _get(cfg, f"{section}.{max_len_key}")
+        longest = int(_get(cfg, "data.max_prompt_length")) + int(_get(cfg, "data.max_response_length"))
+        if budget is not None and int(budget) < longest:
+            return (f"{section}.{max_len_key}", budget, f"{section}.{max_len_key}={budget} is below one full "
+                    f"sequence (data.max_prompt_length + data.max_response_length = {longest}) with {dyn_key}=true")
+        return None
+    micro, legacy = _get(cfg, f"{section}.{micro_key}"), _get(cfg, f"{section}.{legacy_micro}")
+    key = f"{section}.{micro_key}"
+    if micro is None and (legacy is None or section.startswith("actor_rollout_ref.")):
+        # verl 0.9.1's actor/rollout/ref workers read only the _per_gpu key (engine_workers.py init_model)
+        also = f" (the deprecated {section}.{legacy_micro} is not read by verl's workers)" if legacy is not None else ""
+        return key, None, f"{key}=null: set a micro-batch size per GPU (or {section}.{dyn_key}=true){also}"
+    if micro is not None and share is not None:
+        if int(micro) < 1:
+            return key, micro, f"{key}={micro} must be at least 1"
+        if share % int(micro):
+            return key, micro, f"{key}={micro} does not divide the {share} samples each GPU gets per pass"
+    return None
+
+
+# The top-level reward keys that verl 0.9.1's main_ppo no longer reads (only the fully-async entry point migrates
+# them, verl/experimental/reward_loop/reward_loop.py migrate_legacy_reward_impl): legacy prefix -> the key it became.
+LEGACY_REWARD_KEYS = {
+    "custom_reward_function.path": "reward.custom_reward_function.path",
+    "custom_reward_function.name": "reward.custom_reward_function.name",
+    "reward_model.enable": "reward.reward_model.enable",
+    "reward_model.model.path": "reward.reward_model.model_path",
+    "reward_model.reward_manager": "reward.reward_manager.name",
+    "reward_model.num_workers": "reward.num_workers",
+    "reward_model.": "reward.reward_model.",
+    "sandbox_fusion.": "reward.sandbox_fusion.",
+}
+
+
+def _set_leaves(value: Any, key: str) -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` of every leaf of a plain container that is not null."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _set_leaves(v, f"{key}.{k}")]
+    return [] if value is None else [(key, value)]
+
+
+def _legacy_reward_keys(cfg: Any) -> Problem | None:
+    """A legacy top-level reward key that is set: it composes and passes ``validate_config``, and main_ppo never
+    reads it (the run would silently score with verl's default reward)."""
+    from omegaconf import OmegaConf
+
+    for section in ("custom_reward_function", "reward_model", "sandbox_fusion"):
+        node = _get(cfg, section)
+        if node is None:
+            continue
+        for key, value in _set_leaves(OmegaConf.to_container(node, resolve=False), section):
+            new = next((n if not o.endswith(".") else n + key[len(o):]) for o, n in LEGACY_REWARD_KEYS.items()
+                       if key == o or (o.endswith(".") and key.startswith(o)))
+            return key, value, (f"{key}={value!r} is ignored by verl 0.9.1's main_ppo, which reads {new}: "
+                                f"set {new} instead")
+    return None
+
+
+def _worker_start_checks(cfg: Any, n_gpus: int) -> Problem | None:
+    """What verl 0.9.1's workers assert when they start (``verl/workers/engine_workers.py``
+    ``ActorRolloutRefWorker.init_model``), minutes into a trial, after Ray, the model and vLLM have loaded."""
+    ar = "actor_rollout_ref"
+    actor_dyn = bool(_get(cfg, f"{ar}.actor.use_dynamic_bsz"))
+    rollout_dyn = bool(_get(cfg, f"{ar}.rollout.log_prob_use_dynamic_bsz"))
+    if actor_dyn != rollout_dyn:
+        return (f"{ar}.actor.use_dynamic_bsz", actor_dyn, f"{ar}.actor.use_dynamic_bsz={str(actor_dyn).lower()} but "
+                f"{ar}.rollout.log_prob_use_dynamic_bsz={str(rollout_dyn).lower()}: verl's actor worker asserts "
+                "they are equal at start-up; set both")
+    if actor_dyn:
+        needed = [f"{ar}.actor.ppo_max_token_len_per_gpu", f"{ar}.rollout.log_prob_max_token_len_per_gpu"]
+        why = "with use_dynamic_bsz=true"
+    else:
+        needed = [f"{ar}.actor.ppo_micro_batch_size_per_gpu", f"{ar}.rollout.log_prob_micro_batch_size_per_gpu"]
+        why = "(the deprecated key without _per_gpu passes validate_config but the workers read only this one)"
+    for key in needed:
+        if _get(cfg, key) is None:
+            return key, None, f"{key}=null: verl's actor worker asserts it is set at start-up {why}"
+    rollout = f"{ar}.rollout"
+    sizes = {k: int(_get(cfg, f"{rollout}.{k}") or 1)
+             for k in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")}
+    infer = sizes["tensor_model_parallel_size"] * sizes["data_parallel_size"] * sizes["pipeline_model_parallel_size"]
+    if n_gpus % infer:
+        shown = " x ".join(f"{rollout}.{k}={v}" for k, v in sizes.items())
+        return (f"{rollout}.tensor_model_parallel_size", sizes["tensor_model_parallel_size"],
+                f"{shown} = {infer} GPUs per rollout replica does not divide the trial's {n_gpus} GPU(s)")
+    return None
+
+
+def extra_checks(cfg: Any, use_critic: bool, use_ref: bool) -> Problem | None:
+    """What a verl 0.9.1 run would trip over later (or silently pad) that ``validate_config`` lets through."""
+    from omegaconf import OmegaConf
+
+    ar = "actor_rollout_ref"
+    for key in ("trainer.n_gpus_per_node", "trainer.nnodes", "data.train_batch_size", f"{ar}.rollout.n"):
+        v = _get(cfg, key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            return key, v, f"{key}={v!r} must be a positive integer"
+    skip = ["reward.reward_model."] if not _get(cfg, "reward.reward_model.enable") else []
+    skip += [] if use_critic else ["critic."]
+    skip += [] if _get(cfg, "reward_model.enable") else ["reward_model."]
+    for key in sorted(OmegaConf.missing_keys(cfg)):
+        if not any(key.startswith(s) for s in skip):
+            example = "vllm" if key.endswith("rollout.name") else "<value>"
+            return key, "???", f"{key} has no value (??? in verl's config): set it, e.g. {key}={example}"
+    n_gpus = int(_get(cfg, "trainer.n_gpus_per_node")) * int(_get(cfg, "trainer.nnodes"))
+    bs, n = int(_get(cfg, "data.train_batch_size")), int(_get(cfg, f"{ar}.rollout.n"))
+    if (bs * n) % n_gpus:
+        return ("data.train_batch_size", bs, f"data.train_batch_size={bs} x {ar}.rollout.n={n} = {bs * n} samples "
+                f"is not divisible by the trial's {n_gpus} GPU(s)")
+    legacy = _legacy_reward_keys(cfg)
+    if legacy is not None:
+        return legacy
+    adv = str(_get(cfg, "algorithm.adv_estimator"))
+    if adv in ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized", "opo") and n < 2:
+        return (f"{ar}.rollout.n", n, f"{ar}.rollout.n={n} with algorithm.adv_estimator={adv}: a group of one "
+                "sample per prompt has advantage 0; use n >= 2")
+    tp = int(_get(cfg, f"{ar}.rollout.tensor_model_parallel_size") or 1)
+    if tp > n_gpus or n_gpus % tp:
+        return (f"{ar}.rollout.tensor_model_parallel_size", tp, f"{ar}.rollout.tensor_model_parallel_size={tp} does "
+                f"not divide the trial's {n_gpus} GPU(s) (trial.gpus_per_trial)")
+    problem = _worker_start_checks(cfg, n_gpus)
+    if problem:
+        return problem
+    actor, sp = f"{ar}.actor", f"{ar}.actor.ulysses_sequence_parallel_size"
+    passes = [(actor, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
+               "use_dynamic_bsz", "ppo_max_token_len_per_gpu", sp),
+              (f"{ar}.rollout", None, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size",
+               "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu", sp)]
+    if use_ref:
+        passes.append((f"{ar}.ref", None, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size",
+                       "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
+                       f"{ar}.ref.ulysses_sequence_parallel_size"))
+    if use_critic:
+        passes.append(("critic", "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
+                       "use_dynamic_bsz", "ppo_max_token_len_per_gpu", "critic.ulysses_sequence_parallel_size"))
+    for p in passes:
+        problem = _batch_checks(cfg, p[0], n_gpus, *p[1:])
+        if problem:
+            return problem
+    for key in [f"{ar}.actor.optim.lr", *(["critic.optim.lr"] if use_critic else [])]:
+        v = _get(cfg, key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            return key, v, f"{key}={v!r} must be a finite number >= 0"
+    return None
+
+
+# ----------------------------------------------------------------------------- what the driver needs to know
+def _files(value: Any) -> list[str]:
+    from omegaconf import OmegaConf
+
+    if value is None:
+        return []
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
+def _has_key(cfg: Any, key: str) -> bool:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, key, default="<absent>", throw_on_missing=False) != "<absent>"
+
+
+def _data_sources(paths: list[str]) -> list[str] | None:
+    """The ``data_source`` values of the validation parquet files; None when one is missing or unreadable."""
+    sources: set[str] = set()
+    for path in paths:
+        try:
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(os.path.expanduser(path), columns=["data_source"])
+        except Exception:  # noqa: BLE001 - not there yet (made by the prepare step) or not a parquet file
+            return None
+        sources.update(str(s) for s in table.column("data_source").to_pylist())
+    return sorted(sources) if paths else None
+
+
+# Every seed of a verl 0.9.1 run on its default path: the train sampler (verl/trainer/ppo/utils.py, null = unseeded),
+# vLLM's sampling (rollout.seed + replica rank, vllm_async_server.py), the actor's and critic's mini-batch shuffling
+# (trainer_base.py). The engines' own seeds (fsdp_config.seed) act only with full_determinism.
+SEED_KEYS = ("data.seed", "actor_rollout_ref.rollout.seed", "actor_rollout_ref.actor.data_loader_seed",
+             "critic.data_loader_seed")
+
+
+def _first_val_row(paths: list[str]) -> dict[str, Any] | None:
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(os.path.expanduser(paths[0])).slice(0, 1).to_pylist()
+    except Exception:  # noqa: BLE001 - not there yet (made by the prepare step) or not a parquet file
+        return None
+    return rows[0] if rows else None
+
+
+def core_variable(cfg: Any, val_files: list[str]) -> str | None:
+    """The variable verl names its ``val-core`` metrics after: ``acc`` unless the reward function returns a dict
+    without ``acc`` (then ``reward``); None when that cannot be known here.
+
+    verl 0.9.1's reward managers (``experimental/reward_loop/reward_manager/naive.py`` and the others) record a
+    float score as ``acc`` too, and ``_val_metrics_update`` makes ``acc`` the core variable whenever it is there.
+    A custom function (``reward.custom_reward_function``, loaded with verl's own ``get_custom_reward_fn``) is called
+    once on the first validation row to see what it returns; verl's default scorer returns a float or a dict with
+    ``acc``."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    fn = get_custom_reward_fn(cfg)
+    if fn is None:
+        return "acc"
+    row = _first_val_row(val_files)
+    if row is None:
+        return None
+    truth = (row.get("reward_model") or {}).get("ground_truth")
+    try:
+        result = fn(data_source=row.get("data_source"), solution_str="", ground_truth=truth,
+                    extra_info=row.get("extra_info") or {})
+    except Exception:  # noqa: BLE001 - the function's own failure shows in the trial; here it is just unknown
+        return None
+    return "reward" if isinstance(result, dict) and "acc" not in result else "acc"
+
+
+def describe(cfg: Any, use_critic: bool, use_ref: bool) -> dict[str, Any]:
+    val_files = _files(_get(cfg, "data.val_files"))
+    steps = _get(cfg, "trainer.total_training_steps")
+    override = _get(cfg, "actor_rollout_ref.model.override_config") or {}
+    return {
+        "rollout_name": str(_get(cfg, "actor_rollout_ref.rollout.name")),
+        "strategy": str(_get(cfg, "actor_rollout_ref.actor.strategy")),
+        # workers/config/model.py: HFModelConfig loads the actor and reference with this (default flash_attention_2)
+        "attn_implementation": str(override.get("attn_implementation", "flash_attention_2")),
+        "val_core_var": core_variable(cfg, val_files),
+        "seed_keys": [k for k in SEED_KEYS if _has_key(cfg, k)],
+        "val_n": int(_get(cfg, "actor_rollout_ref.rollout.val_kwargs.n") or 1),
+        "data_sources": _data_sources(val_files),
+        "total_training_steps": None if steps is None else int(steps),
+        "test_freq": int(_get(cfg, "trainer.test_freq")),
+        "save_freq": int(_get(cfg, "trainer.save_freq")),
+        "val_before_train": bool(_get(cfg, "trainer.val_before_train")),
+        "n_gpus": int(_get(cfg, "trainer.n_gpus_per_node")) * int(_get(cfg, "trainer.nnodes")),
+        "use_critic": use_critic,
+        "use_reference_policy": use_ref,
+        "adv_estimator": str(_get(cfg, "algorithm.adv_estimator")),
+        "train_files": _files(_get(cfg, "data.train_files")),
+        "val_files": val_files,
+    }
+
+
+# ----------------------------------------------------------------------------- compose + validate
+def _culprit(message: str, overrides: list[str]) -> tuple[str | None, str | None]:
+    """The override a hydra error message names (``'key'`` in quotes), as (key, value)."""
+    for o in overrides:
+        key, _, value = o.partition("=")
+        bare = key.lstrip("+~")
+        if re.search(rf"['\"]{re.escape(bare)}['\"]", message) or re.search(rf"\b{re.escape(o)}\b", message):
+            return bare, value
+    return None, None
+
+
+def _compose_error(err: Exception, overrides: list[str]) -> dict[str, Any]:
+    """Hydra's composition error as one line naming the override."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    text = _one_line(f"{err} {err.__cause__ or ''}")
+    text = re.sub(r"\s*full_key: \S+", "", text)
+    key, value = _culprit(text, overrides)
+    if key is None:  # a syntax error names no key: find the override hydra cannot parse
+        parser = OverridesParser.create()
+        for o in overrides:
+            try:
+                parser.parse_override(o)
+            except Exception as bad:  # noqa: BLE001 - hydra's OverrideParseException
+                key, _, value = o.partition("=")
+                return {"ok": False, "key": key.lstrip("+~"), "value": value,
+                        "message": f"override '{o}': not hydra override syntax ({_one_line(str(bad))})"}
+        return {"ok": False, "key": None, "value": None, "message": text}
+    if "is not in struct" in text:
+        text = f"{key} is not a key of verl's config (add a new key with +{key}={value})"
+    elif "already at" in text:
+        text = f"{key} is already in verl's config: set it without '+' (or with '++')"
+    return {"ok": False, "key": key, "value": value, "message": f"override '{key}={value}': {text}"}
+
+
+def select(cfg: Any, keys: list[str]) -> dict[str, Any]:
+    """``{key: value}`` of the composed config, as plain JSON values (a missing or unresolvable key is None)."""
+    from omegaconf import OmegaConf
+
+    out: dict[str, Any] = {}
+    for key in keys:
+        try:
+            value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+            if OmegaConf.is_config(value):
+                value = OmegaConf.to_container(value, resolve=True)
+        except Exception:  # noqa: BLE001 - an interpolation that does not resolve: unknown to the estimate
+            value = None
+        out[key] = value if value != "???" else None
+    return out
+
+
+def check_corner(compose: Any, validate: Any, name: str, overrides: list[str],
+                 keys: list[str] | None = None) -> dict[str, Any]:
+    """One corner: ``{"ok": true, "info": ...[, "selected": ...]}`` or ``{"ok": false, "key", "value", "message"}``."""
+    try:
+        cfg = compose(config_name=name, overrides=overrides)
+    except Exception as err:  # noqa: BLE001 - hydra's errors: unknown key, bad syntax, bad value type
+        return _compose_error(err, overrides)
+    validate_config, need_critic, need_reference_policy = validate()
+    try:
+        use_critic, use_ref = bool(need_critic(cfg)), bool(need_reference_policy(cfg))
+        problem = extra_checks(cfg, use_critic, use_ref)
+        if problem is None:
+            validate_config(cfg, use_reference_policy=use_ref, use_critic=use_critic)
+    except Exception as err:  # noqa: BLE001 - verl raises AssertionError, ValueError, InstantiationException
+        cause = err.__cause__ or err.__context__
+        text = _one_line(f"{err}" + (f" ({cause})" if cause and str(cause) not in str(err) else ""))
+        text = re.sub(r"^Error in call to target '[\w.]+': ", "", text)  # hydra's InstantiationException
+        return {"ok": False, "key": None, "value": None,
+                "message": f"verl's validate_config: {type(err).__name__}: {text}"}
+    if problem is not None:
+        key, value, message = problem
+        return {"ok": False, "key": key, "value": json.dumps(value), "message": message}
+    result = {"ok": True, "info": describe(cfg, use_critic, use_ref)}
+    if keys:
+        result["selected"] = select(cfg, keys)
+    return result
+
+
+def probe_interpreter() -> dict[str, Any]:
+    """What this interpreter can run a verl trial with, found without importing anything heavy: torch's CUDA
+    build (``cuda = '12.8'`` in ``torch/version.py``; None for a CPU wheel) and whether vLLM, SGLang and
+    flash-attn are installed."""
+    def has(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            return False
+
+    torch_version, cuda = None, None
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            text = open(os.path.join(folder, "version.py")).read()
+        except OSError:
+            continue
+        m = re.search(r"^__version__\s*=\s*'([^']*)'", text, re.M)
+        torch_version = m.group(1) if m else None
+        m = re.search(r"^cuda(?::[^=]*)?=\s*'([^']*)'", text, re.M)
+        cuda = m.group(1) if m else None
+        break
+    return {"python": sys.executable, "torch": torch_version, "torch_cuda": cuda, "vllm": has("vllm"),
+            "sglang": has("sglang"), "flash_attn": has("flash_attn"), "verl": has("verl")}
+
+
+def run(request: dict[str, Any]) -> dict[str, Any]:
+    if request.get("probe_only"):
+        return {"status": "ok", "results": [], "interpreter": probe_interpreter()}
+    spec = importlib.util.find_spec("verl")
+    if spec is None or importlib.util.find_spec("hydra") is None:
+        return {"status": "missing", "message": "verl is not installed in this interpreter"}
+    from hydra import compose, initialize_config_dir
+
+    config_dir = request.get("config_dir") or os.path.join(list(spec.submodule_search_locations or [])[0],
+                                                           "trainer", "config")
+    name = request["config_name"]
+    if not any(os.path.isfile(os.path.join(config_dir, name + ext)) for ext in (".yaml", ".yml", "")):
+        return {"status": "error", "message": f"config {name!r}: not found in {config_dir}"}
+    imported: list[Any] = []
+
+    def validate() -> Any:  # verl's own checks import torch: once, after the first compose
+        if not imported:
+            from verl.trainer.ppo.utils import need_critic, need_reference_policy
+            from verl.utils.config import validate_config
+
+            imported.extend((validate_config, need_critic, need_reference_policy))
+        return imported
+
+    results = []
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        for overrides in request["corners"]:
+            started = time.monotonic()
+            result = check_corner(compose, validate, name, list(overrides), request.get("select"))
+            result["seconds"] = round(time.monotonic() - started, 3)
+            results.append(result)
+    return {"status": "ok", "results": results, "interpreter": probe_interpreter()}
+
+
+def main() -> int:
+    reply_to = sys.stdout
+    sys.stdout = sys.stderr  # verl and hydra print; the reply is the only line on the real stdout
+    try:
+        reply = run(json.load(sys.stdin))
+    except Exception as err:  # noqa: BLE001 - anything unexpected is still one line for the driver
+        reply = {"status": "error", "message": f"{type(err).__name__}: {_one_line(str(err))}"}
+    reply_to.write(json.dumps(reply) + "\n")
+    reply_to.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

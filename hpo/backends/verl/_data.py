@@ -1,0 +1,219 @@
+"""A small local GSM8K-format dataset for verl runs, so that a verl study needs no download.
+
+    python -m hpo.backends.verl._data [--config NAME] [key=value ...]     # the prepare step of a verl space
+
+Writes the shipped set (:data:`DEFAULT_DIR`: ``train.parquet``, ``test.parquet``) when ``data.train_files`` /
+``data.val_files`` name it and it is missing; any other missing file (a list names several) is an error, exit 2:
+a mistyped path to your own data must not be silently replaced by synthetic problems. The shipped set has verl's
+row format, as ``examples/data_preprocess/gsm8k.py`` writes them: ``data_source`` ``openai/gsm8k`` (so verl scores
+them with its GSM8K rule reward, ``verl/utils/reward_score/gsm8k.py``), ``prompt`` (one user message: the
+question and verl's instruction to answer after ``####``), ``ability`` ``math``, ``reward_model``
+``{style: rule, ground_truth}`` and ``extra_info`` ``{split, index, answer, question}``. The problems are
+two-step grade-school word problems from templates with seeded numbers (no validation question is in the
+training set); their worked answers end in ``#### <number>`` as GSM8K's do. Paths may use ``~`` and
+``${oc.env:VAR}`` as the verl config does. Imports only pyarrow (no torch).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+DATA_SOURCE = "openai/gsm8k"
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'  # verl's gsm8k.py
+SIZES = {"train": 512, "test": 128}
+VAL_RESERVED = 256  # the first problems of the stream, kept for validation
+_NAMES = ("Natalia", "Weng", "Betty", "Julie", "James", "Albert", "Ken", "Alexis", "Tina", "Mark")
+
+
+def _apples(r: random.Random) -> tuple[str, str]:
+    name, a, b = r.choice(_NAMES), r.randint(5, 60), r.randint(2, 40)
+    c = r.randint(1, a + b - 1)
+    total = a + b
+    return (f"{name} has {a} apples. {name} buys {b} more and then gives {c} to a friend. "
+            f"How many apples does {name} have now?",
+            f"After buying, {name} has {a}+{b}=<<{a}+{b}={total}>>{total} apples.\n"
+            f"After giving some away, {name} has {total}-{c}=<<{total}-{c}={total - c}>>{total - c} apples.\n"
+            f"#### {total - c}")
+
+
+def _boxes(r: random.Random) -> tuple[str, str]:
+    a, b, c = r.randint(3, 24), r.randint(2, 12), r.randint(1, 20)
+    total = a * b
+    return (f"A box holds {a} pencils. A teacher buys {b} boxes and finds {c} more pencils in a drawer. "
+            "How many pencils does the teacher have?",
+            f"The boxes hold {a}*{b}=<<{a}*{b}={total}>>{total} pencils.\n"
+            f"With the drawer, that is {total}+{c}=<<{total}+{c}={total + c}>>{total + c} pencils.\n"
+            f"#### {total + c}")
+
+
+def _pages(r: random.Random) -> tuple[str, str]:
+    name, a, b, c = r.choice(_NAMES), r.randint(5, 40), r.randint(2, 14), r.randint(3, 50)
+    total = a * b
+    return (f"{name} reads {a} pages every day for {b} days and then {c} pages on the last evening. "
+            f"How many pages did {name} read in total?",
+            f"Over {b} days {name} reads {a}*{b}=<<{a}*{b}={total}>>{total} pages.\n"
+            f"In total {total}+{c}=<<{total}+{c}={total + c}>>{total + c} pages.\n"
+            f"#### {total + c}")
+
+
+def _cookies(r: random.Random) -> tuple[str, str]:
+    b, k, extra = r.randint(2, 12), r.randint(2, 15), r.randint(1, 10)
+    a = b * k
+    return (f"A baker makes {a} cookies and shares them equally among {b} children. Each child then buys {extra} "
+            "more cookies. How many cookies does each child have now?",
+            f"Each child gets {a}/{b}=<<{a}/{b}={k}>>{k} cookies.\n"
+            f"After buying more, each child has {k}+{extra}=<<{k}+{extra}={k + extra}>>{k + extra} cookies.\n"
+            f"#### {k + extra}")
+
+
+def _prices(r: random.Random) -> tuple[str, str]:
+    a, b, c = r.randint(5, 45), r.randint(10, 80), r.randint(2, 6)
+    shirts = a * c
+    return (f"A shirt costs ${a} and a pair of pants costs ${b}. How much do {c} shirts and one pair of pants "
+            "cost together?",
+            f"The shirts cost {c}*{a}=$<<{c}*{a}={shirts}>>{shirts}.\n"
+            f"Together with the pants that is {shirts}+{b}=$<<{shirts}+{b}={shirts + b}>>{shirts + b}.\n"
+            f"#### {shirts + b}")
+
+
+TEMPLATES: tuple[Callable[[random.Random], tuple[str, str]], ...] = (_apples, _boxes, _pages, _cookies, _prices)
+
+
+def problems(count: int, seed: int = 0) -> list[tuple[str, str]]:
+    """``count`` distinct (question, worked answer) pairs, the templates in turn."""
+    r = random.Random(seed)
+    seen: set[str] = set()
+    out: list[tuple[str, str]] = []
+    while len(out) < count:
+        question, answer = TEMPLATES[len(out) % len(TEMPLATES)](r)
+        if question not in seen:
+            seen.add(question)
+            out.append((question, answer))
+    return out
+
+
+def rows(split: str, n: int) -> list[dict[str, Any]]:
+    """``n`` rows of verl's GSM8K format. One seeded stream of distinct problems: the ``test`` split takes its
+    first ``n`` (at most :data:`VAL_RESERVED`), ``train`` those after them, so no validation question is trained on."""
+    if split == "test" and n > VAL_RESERVED:
+        raise ValueError(f"at most {VAL_RESERVED} validation rows, got n={n}")
+    start = 0 if split == "test" else VAL_RESERVED
+    out = []
+    for i, (question, answer) in enumerate(problems(start + n)[start:]):
+        solution = answer.rsplit("#### ", 1)[1]
+        out.append({
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": solution},
+            "extra_info": {"split": split, "index": i, "answer": answer, "question": question},
+        })
+    return out
+
+
+def write_parquet(path: Path, split: str, n: int | None = None) -> Path:
+    """Write one split (``train`` or ``test``) to ``path``, atomically (a partial file is never seen)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = SIZES.get(split, 128) if n is None else n
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(pa.Table.from_pylist(rows(split, n)), tmp)
+    os.replace(tmp, path)
+    return path
+
+
+# Where the shipped space (search_spaces/verl_grpo_gsm8k.yaml) keeps the set; the only files written here.
+DEFAULT_DIR = "~/.cache/verl_hpo/gsm8k_small"
+
+
+def default_dir() -> Path:
+    return Path(os.path.expanduser(DEFAULT_DIR))
+DEFAULT_FILES = {"train.parquet": "train", "test.parquet": "test"}
+_ENV = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
+
+
+def resolve_path(text: str) -> Path:
+    """``~`` and ``${oc.env:VAR[,default]}`` as OmegaConf resolves them in verl's config."""
+    def env(m: re.Match[str]) -> str:
+        value = os.environ.get(m.group(1), m.group(2))
+        if value is None:
+            raise ValueError(f"{text!r}: environment variable {m.group(1)} is not set")
+        return value.strip().strip("'\"")
+
+    return Path(os.path.expanduser(_ENV.sub(env, text.strip().strip("'\""))))
+
+
+def split_list(text: str) -> list[str]:
+    """The paths of a ``data.*_files`` value: one path, or a hydra/YAML list ``[a, 'b']``."""
+    text = text.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return [text] if text else []
+    return [t.strip().strip("'\"") for t in text[1:-1].split(",") if t.strip()]
+
+
+def is_shipped(path: Path) -> bool:
+    """A file of the shipped set, which the prepare step writes."""
+    return path.parent == default_dir() and path.name in DEFAULT_FILES
+
+
+def missing_files(key: str, value: str | Sequence[str]) -> str | None:
+    """One line naming the first file of ``key`` that does not exist and will not be written here, else None
+    (remote paths such as ``hdfs://`` are left to verl)."""
+    for text in split_list(value) if isinstance(value, str) else list(value):
+        if "://" in text:
+            continue
+        path = resolve_path(text)
+        if not path.exists() and not is_shipped(path):
+            return (f"{key}: {path} does not exist (only the shipped GSM8K-format set in {default_dir()} is "
+                    "generated; point the key at your parquet files)")
+    return None
+
+
+def ensure(train: str | None, val: str | None) -> list[Path]:
+    """Write the files of the shipped set that the config names and that do not exist yet; returns the paths
+    written. ValueError (one line) for any other missing file."""
+    for key, text in (("data.train_files", train), ("data.val_files", val)):
+        problem = missing_files(key, text or "")
+        if problem:
+            raise ValueError(problem)
+    written = []
+    for text in (train, val):
+        for item in split_list(text or ""):
+            path = resolve_path(item) if "://" not in item else None
+            if path is not None and is_shipped(path) and not path.exists():
+                written.append(write_parquet(path, DEFAULT_FILES[path.name]))
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    files: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        if args[i] == "--config":  # the driver's prepare call passes the config; the files are in the overrides
+            i += 2
+            continue
+        key, sep, value = args[i].partition("=")
+        if sep and key.lstrip("+") in ("data.train_files", "data.val_files"):
+            files[key.lstrip("+")] = value
+        i += 1
+    try:
+        written = ensure(files.get("data.train_files"), files.get("data.val_files"))
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,625 @@
+"""One trial process: launch it (argv list, own session, inside a wrapper that dies with the driver), tail
+its metrics, enforce its memory cap and timeout, kill its whole tree, label how it ended.
+
+The contract with a trial is argv + environment + a JSONL metrics file in verl's ``file`` logger
+format, one line per trainer step: ``{"step": N, "data": {"metric/name": value, ...}}``. Nothing here
+imports the trainer.
+
+Process tree. The driver starts ``hpo/execution/_trial_wrapper.py`` (a bare interpreter, ~25 ms) in a new session; the
+wrapper forks the trainer. The wrapper is a child subreaper (orphaned or ``setsid`` descendants are reparented
+to it, not to init) with ``PR_SET_PDEATHSIG``, so when the trainer ends, when the driver asks it to stop, and
+when the driver dies (SIGKILL included), it kills every remaining descendant and then exits with the
+trainer's own status (a trainer killed by SIGKILL still reads -9). No ``preexec_fn`` runs in the driver, and
+the driver never signals a process group or pid it has already reaped.
+
+Memory (``RunResult.memory_mechanism``; ``TrialProcess.memory_mechanism`` or ``$VERL_HPO_MEMORY_MECHANISM`` =
+``auto`` (default: a cgroup where possible, else polling), ``cgroup``, ``cgroup-v2``, ``cgroup-v1`` or ``poll``):
+
+* ``cgroup-v2`` / ``cgroup-v1``: where the kernel lets the driver create cgroups (``hpo/execution/_cgroup.py``), every
+  trial runs in its own memory cgroup with the cap as a hard limit the kernel enforces at allocation time
+  (any spike above it, however short, is OOM-killed), the kernel's own peak (``cgroup_peak_gb``) and a confirmed
+  OOM kill (``memory.events`` / ``memory.oom_control`` ``oom_kill``); the cgroup also catches descendants that
+  escape the tree, and is removed after the trial (or by the next driver, if this one died).
+* ``poll``: elsewhere a watchdog thread samples the tree every ``MEMORY_TICK_S`` = 0.1 s and kills it (SIGKILL,
+  no grace) when the sum of its processes' ``VmHWM`` (peak RSS, which a process keeps after freeing the memory)
+  exceeds the cap: a spike in a process that lives on is caught however short it was; one in a process that
+  exits within ~0.1 s of it may escape the kill, but not the label: the wrapper collects the ``ru_maxrss`` of
+  every process it reaps (the trainer's includes its own reaped descendants), and one above the cap makes
+  the trial ``memory``/``oom`` when it ends.
+
+In both, the watchdog thread also enforces the timeout and the stop event, so metrics callbacks (storage
+writes that can wait a minute on a busy SQLite file) never delay them. ``peak_memory_gb`` is the processes'
+peak RSS: the largest sum over the tree of ``VmHWM`` seen by the watchdog, and at least the largest single
+process's ``ru_maxrss`` (collected by the wrapper as it reaps them); shared pages count once per process.
+
+Failure labels (``RunResult.failure``): ``oom`` only when the driver's cap fired (``stop == "memory"``), the
+kernel's OOM killer is confirmed (the trial's cgroup counter; without a cgroup, a kernel log line naming one of
+the trial's pids), or the last traceback's final exception is ``MemoryError`` / ``OutOfMemoryError`` / CUDA out of
+memory; ``killed`` for any other death by SIGKILL/SIGTERM/SIGINT/SIGHUP (or exit 137/143/130/129): a user, a
+scheduler, another driver; ``crash`` otherwise.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from hpo.execution import _cgroup
+from hpo.execution._identity import identity_alive
+from hpo.execution._metrics import MetricsFileError, MetricsTail
+from hpo.execution._trial_wrapper import KILL_NOW_SIGNAL, proc_stat, signal_process
+
+TICK_S = 0.1  # metrics poll period
+MEMORY_TICK_S = 0.1  # watchdog period: memory sampling (and the cap, without a cgroup), timeout, stop event
+REPORT_TICK_S = 0.5  # on_tick period
+KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL
+STDERR_TAIL_LINES = 30
+CLASSIFY_TAIL_BYTES = 65536  # how much of stderr is searched for the last traceback
+WRAPPER = Path(__file__).with_name("_trial_wrapper.py")
+MECHANISMS = ("auto", "cgroup", "cgroup-v2", "cgroup-v1", "poll")
+# Environment tags every trial process (and its descendants) inherits; used to sweep orphans.
+ENV_STUDY = "VERL_HPO_STUDY"
+ENV_TRIAL = "VERL_HPO_TRIAL"
+ENV_DRIVER = "VERL_HPO_DRIVER"
+ENV_MECHANISM = "VERL_HPO_MEMORY_MECHANISM"  # one of MECHANISMS (default auto: a cgroup where possible)
+
+
+# ----------------------------------------------------------------------------- process tree
+def tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def tree_rss_bytes(procs: Sequence[psutil.Process]) -> int:
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return total
+
+
+def kill_tree(popen: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM ``popen``'s process, its process group and every descendant (also those that left the group),
+    wait ``grace_s``, then SIGKILL whatever is left. Returns once the direct child is reaped.
+
+    The group is signalled with ``killpg`` only while its leader is not reaped (until then its pid, and so the
+    group id, cannot belong to anyone else); members that outlive the leader are signalled through psutil
+    handles taken before, which refuse a recycled pid."""
+    procs: dict[int, psutil.Process] = {}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if popen.poll() is None:
+            procs.update((p.pid, p) for p in _tree_and_group(popen.pid))
+            try:
+                os.killpg(popen.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for p in procs.values():
+            try:
+                p.send_signal(sig)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        if sig == signal.SIGKILL:
+            break
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if popen.poll() is not None and not any(_alive(p) for p in procs.values()):
+                break
+            time.sleep(0.05)
+        else:
+            continue
+        break
+    popen.wait()
+    psutil.wait_procs([p for p in procs.values() if _alive(p)], timeout=grace_s)
+
+
+def _tree_and_group(pid: int) -> list[psutil.Process]:
+    """The descendants of ``pid`` and the members of its process group (not ``pid`` itself)."""
+    found = {p.pid: p for p in tree(pid)[1:]}
+    for p in psutil.process_iter():
+        try:
+            if p.pid != pid and p.pid not in found and os.getpgid(p.pid) == pid:
+                found[p.pid] = p
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return list(found.values())
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def sweep_orphans(study: str) -> int:
+    """Kill processes tagged with this study whose driver is dead (left over from a SIGKILLed driver)."""
+    killed = 0
+    for p in psutil.process_iter(["pid"]):
+        try:
+            env = p.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+        if env.get(ENV_STUDY) != study or ENV_DRIVER not in env:
+            continue
+        try:
+            ident = json.loads(env[ENV_DRIVER])
+        except ValueError:
+            continue
+        if identity_alive(ident) is False:
+            try:
+                p.kill()
+                killed += 1
+            except psutil.NoSuchProcess:
+                pass
+    return killed
+
+
+# ----------------------------------------------------------------------------- labels
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)(:|$)")
+_OOM_NAMES = {"MemoryError", "OutOfMemoryError"}
+_OOM_MESSAGES = ("CUDA out of memory", "CUDA error: out of memory", "HIP out of memory")
+_KILLED = {int(signal.SIGKILL), int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP)}
+
+
+def final_exception(stderr: str) -> str | None:
+    """The final exception line of the last Python traceback in ``stderr`` (``module.Name: message``), else
+    the last line that looks like one (a tail that cut the traceback's header off, a C++ ``terminate``)."""
+    lines = stderr.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        at = lines[i].find(_TRACEBACK)
+        if at < 0:
+            continue
+        prefix = lines[i][:at]  # e.g. "[rank0]: " or an exception group's "  | "
+        for line in lines[i + 1:]:
+            body = line[len(prefix):] if line.startswith(prefix) else line
+            if body and not body[0].isspace():
+                return body.strip()
+        return None  # the traceback was cut off before its exception line
+    for line in reversed(lines):
+        text = line.strip()
+        if _EXCEPTION_LINE.match(text) or text.startswith("terminate called after throwing"):
+            return text
+    return None
+
+
+def is_oom_exception(line: str) -> bool:
+    """``MemoryError``, ``torch.OutOfMemoryError`` (also ``torch.cuda.`` and C++ ``c10::``), CUDA/HIP OOM text."""
+    name = re.split(r"[:\s]", line, maxsplit=1)[0]
+    if name.rsplit(".", 1)[-1] in _OOM_NAMES or "OutOfMemoryError" in line.split(":", 1)[0]:
+        return True
+    if line.startswith("terminate called") and "OutOfMemoryError" in line:
+        return True
+    return any(m in line for m in _OOM_MESSAGES)
+
+
+def classify_exit(exit_code: int | None, stderr_tail: str, kernel_oom: bool = False) -> str:
+    """Label a non-zero exit the driver did not cause: ``oom`` when the kernel's OOM killer is confirmed
+    (``kernel_oom``) or the final exception of the last traceback in ``stderr_tail`` is an out-of-memory error;
+    ``killed`` for a death by SIGKILL/SIGTERM/SIGINT/SIGHUP (someone killed it); else ``crash``. An "out of
+    memory" text anywhere else in the output, or a SIGKILL alone, is not an OOM."""
+    if kernel_oom:
+        return "oom"
+    exc = final_exception(stderr_tail)
+    if exc is not None and is_oom_exception(exc):
+        return "oom"
+    if exit_code is not None and (-exit_code in _KILLED or exit_code - 128 in _KILLED):
+        return "killed"
+    return "crash"
+
+
+def read_tail(path: Path, lines: int = STDERR_TAIL_LINES, max_bytes: int = 16384) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _global_oom_kills() -> int | None:
+    """The kernel's count of OOM kills since boot (/proc/vmstat, Linux >= 4.13)."""
+    try:
+        with open("/proc/vmstat") as fh:
+            for line in fh:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+_KMSG_OOM = re.compile(r"(?:Killed process |oom-kill:.*?[,:]pid=)(\d+)")
+
+
+def kernel_oom_killed(pids: set[int], since: float) -> bool:
+    """Whether the kernel log (``/dev/kmsg``, needs root or CAP_SYSLOG) reports an OOM kill of one of ``pids``
+    at or after ``since`` (a ``time.monotonic()``; both count from boot)."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    since_us = (since - 1.0) * 1e6  # (the kernel's clock and CLOCK_MONOTONIC may differ slightly)
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192).decode("utf-8", "replace")
+            except BrokenPipeError:  # records overwritten while reading: go on
+                continue
+            except OSError:  # BlockingIOError: no more records
+                return False
+            if not record:
+                return False
+            header, _, text = record.partition(";")  # "priority,sequence,microseconds,flags;message"
+            fields = header.split(",")
+            m = _KMSG_OOM.search(text)
+            if m and int(m.group(1)) in pids and len(fields) > 2 and fields[2].isdigit() and int(fields[2]) >= since_us:
+                return True
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------- one run
+@dataclass
+class RunResult:
+    """What happened to one trial process."""
+
+    exit_code: int | None  # Popen returncode (negative = killed by that signal)
+    # why the driver stopped it: pruned, converged, timeout, interrupted, memory (the cap: killed at once, or a
+    # process that was over it is found at the end); None = ran out
+    stop: str | None
+    peak_memory_gb: float  # peak RSS of the trial's processes (see the module docstring)
+    wall_time_s: float
+    first_metric_s: float | None  # spawn -> first metrics line
+    last_step: int | None
+    stderr_tail: str
+    metrics_bad_lines: int = 0  # metrics lines skipped as bad (see MetricsTail)
+    metrics_error: str | None = None  # why the metrics file could not be read (stop == "bad_metrics")
+    memory_mechanism: str = "poll"  # how the cap was enforced and the tree found: cgroup-v2, cgroup-v1, poll
+    kernel_oom: bool = False  # the kernel's OOM killer killed one of the trial's processes (confirmed)
+    final_exception: str | None = None  # final exception line of the last traceback in stderr
+    cgroup_peak_gb: float | None = None  # the cgroup's own peak (includes page cache it was charged)
+    leftovers_killed: int = 0  # descendants still alive when the trainer exited (killed by the wrapper)
+
+    @property
+    def failure(self) -> str | None:
+        """oom / timeout / bad_metrics / killed / crash, or None when the process ran to a clean exit or was stopped
+        on purpose."""
+        if self.stop == "memory":
+            return "oom"
+        if self.stop == "timeout":
+            return "timeout"
+        if self.stop == "bad_metrics":
+            return "bad_metrics"
+        if self.stop is not None:
+            return None
+        if self.exit_code == 0:
+            return None
+        text = self.final_exception if self.final_exception is not None else self.stderr_tail
+        return classify_exit(self.exit_code, text, kernel_oom=self.kernel_oom)
+
+
+def _memory_kb(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process in kB; (0, 0) when it is gone (or a zombie)."""
+    rss = hwm = 0
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmRSS:"):
+                    rss = int(line.split()[1])
+                elif line.startswith(b"VmHWM:"):
+                    hwm = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss, max(rss, hwm)
+
+
+class _Tree:
+    """The live descendants of ``root``, found incrementally: each tick lists /proc and reads the stat of new
+    pids only (membership of a process never changes: a descendant whose parent dies is reparented to the
+    wrapper, a subreaper, so it stays a descendant)."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.members: dict[int, int] = {}  # pid -> start time
+        self._others: set[int] = set()
+
+    def scan(self) -> dict[int, int]:
+        live = {int(n) for n in os.listdir("/proc") if n.isdigit()}
+        self.members = {p: t for p, t in self.members.items() if p in live}
+        self._others &= live
+        new = {}
+        for pid in live - self.members.keys() - self._others - {self.root}:
+            st = proc_stat(pid)
+            if st is not None:
+                new[pid] = st
+        changed = True
+        while changed:  # a new process may be the child of another new one
+            changed = False
+            for pid, (ppid, started, _) in list(new.items()):
+                if ppid == self.root or ppid in self.members:
+                    self.members[pid] = started
+                    del new[pid]
+                    changed = True
+        self._others.update(new)
+        return dict(self.members)
+
+
+class _Wrapper:
+    """Signals to the wrapper process through a pidfd (safe after the main thread reaped it), else Popen."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        try:
+            self.pidfd: int | None = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+
+    def send(self, sig: int) -> None:
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            else:
+                self.popen.send_signal(sig)
+        except OSError:
+            pass
+
+    def wait(self, timeout: float) -> None:
+        """Sleep ``timeout`` seconds, or less when the wrapper exits meanwhile (a pidfd turns readable)."""
+        if self.pidfd is None:
+            time.sleep(timeout)
+        else:
+            select.select([self.pidfd], [], [], timeout)
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+class _Watchdog(threading.Thread):
+    """Every ``MEMORY_TICK_S``: sample the trial's memory, enforce the polled cap (``poll_limit``), the timeout
+    and the stop event. Runs in its own thread, so nothing the metrics callbacks do can delay it."""
+
+    def __init__(self, wrapper: _Wrapper, cgroup: _cgroup.TrialCgroup | None, poll_limit: int | None,
+                 timeout_s: float | None, stop_event: threading.Event | None, started: float) -> None:
+        super().__init__(name=f"trial-watchdog-{wrapper.popen.pid}", daemon=True)
+        self.wrapper, self.cgroup, self.poll_limit = wrapper, cgroup, poll_limit
+        self.timeout_s, self.stop_event, self.started = timeout_s, stop_event, started
+        self.tree = _Tree(wrapper.popen.pid)
+        self.reason: str | None = None
+        self.current_bytes = 0
+        self.peak_bytes = 0
+        self.seen: set[int] = set()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._members: dict[int, int] = {}
+
+    def stop(self, reason: str, hard: bool = False) -> bool:
+        """Ask the wrapper to stop the trial (SIGTERM, grace, SIGKILL), or with ``hard`` to SIGKILL it now.
+        The first reason wins; returns whether this call set it."""
+        with self._lock:
+            if self.reason is not None:
+                return False
+            self.reason = reason
+        if hard:
+            self.wrapper.send(KILL_NOW_SIGNAL)  # the wrapper SIGKILLs the whole tree
+            for pid, started in self._members.items():  # and so do we, without waiting for it
+                signal_process(pid, started, signal.SIGKILL)
+        else:
+            self.wrapper.send(signal.SIGTERM)
+        return True
+
+    def sample(self) -> None:
+        if self.cgroup is not None:
+            members = {pid: -1 for pid in self.cgroup.procs()}
+        else:
+            members = self.tree.scan()
+        rss = hwm = 0
+        for pid in members:
+            r, h = _memory_kb(pid)
+            rss, hwm = rss + r, hwm + h
+        self._members = {p: t for p, t in members.items() if t >= 0}
+        self.seen.update(members)
+        self.current_bytes = rss * 1024
+        self.peak_bytes = max(self.peak_bytes, hwm * 1024)
+        if self.poll_limit is not None and hwm * 1024 > self.poll_limit:
+            self.stop("memory", hard=True)
+        elif self.cgroup is not None and self.cgroup.limit_bytes is not None and self.cgroup.oom_killed():
+            self.stop("memory", hard=True)  # the kernel killed a process at the cap: the rest goes too (v1 has
+            # no memory.oom.group), as the polled cap would have killed the whole trial
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            self.sample()
+            if self.timeout_s is not None and time.monotonic() - self.started > self.timeout_s:
+                self.stop("timeout")
+            if self.stop_event is not None and self.stop_event.is_set():
+                self.stop("interrupted")
+            self._done.wait(MEMORY_TICK_S)
+
+    def close(self) -> None:
+        self._done.set()
+        self.join()
+
+
+def _check_executable(argv0: str, env: Mapping[str, str], cwd: str | None) -> None:
+    """Raise FileNotFoundError as Popen would for a command that does not exist (the wrapper execs it)."""
+    if os.sep in argv0:
+        found = os.access(os.path.join(cwd or ".", argv0), os.X_OK)
+    else:
+        found = shutil.which(argv0, path=env.get("PATH", os.defpath)) is not None
+    if not found:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv0)
+
+
+@dataclass
+class TrialProcess:
+    """Runs ``argv`` to completion (or until stopped) in the calling thread, which must stay alive
+    while the child runs: PR_SET_PDEATHSIG fires when the spawning *thread* exits."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    log_dir: Path
+    metrics_path: Path
+    cwd: str | None = None
+    timeout_s: float | None = None
+    memory_limit_gb: float | None = None
+    on_metrics: Callable[[int, dict[str, Any]], str | None] | None = None
+    on_tick: Callable[[int | None, float], None] | None = None
+    stop_event: threading.Event | None = None
+    memory_mechanism: str | None = None  # one of MECHANISMS; None: $VERL_HPO_MEMORY_MECHANISM, else auto
+    # a /tmp of the trial's own (the wrapper's --private-tmp): verl binds fixed socket paths under /tmp
+    private_tmp: Path | None = None
+    pid: int | None = field(default=None, init=False)  # the wrapper's pid (the trainer is its child)
+    spawned_at: float | None = field(default=None, init=False)  # time.monotonic() just before the spawn
+
+    def _cgroup(self, limit: int | None) -> _cgroup.TrialCgroup | None:
+        want = self.memory_mechanism or os.environ.get(ENV_MECHANISM) or "auto"
+        if want not in MECHANISMS:
+            raise ValueError(f"memory mechanism {want!r}: expected one of {', '.join(MECHANISMS)}")
+        if want == "poll":
+            return None
+        backend = _cgroup.backend("auto" if want == "cgroup" else want)
+        if backend is None:
+            if want != "auto":
+                raise RuntimeError(f"memory mechanism {want}: the kernel does not let this process create one")
+            return None
+        try:
+            return backend.create(limit)
+        except OSError:
+            if want != "auto":
+                raise
+            return None
+
+    def run(self) -> RunResult:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        _check_executable(self.argv[0], self.env, self.cwd)
+        tail = MetricsTail(self.metrics_path)
+        stdout_path, stderr_path = self.log_dir / "stdout.log", self.log_dir / "stderr.log"
+        status_path = self.log_dir / ".wrapper-status.json"
+        limit = None if self.memory_limit_gb is None else int(self.memory_limit_gb * 2**30)
+        cg = self._cgroup(limit)
+        wrapper_argv = [sys.executable, "-I", "-S", str(WRAPPER), "--parent", str(os.getpid()),
+                        "--grace", str(KILL_GRACE_S), "--status", str(status_path)]
+        if cg is not None:
+            wrapper_argv += ["--cgroup", str(cg.path)]
+        if self.private_tmp is not None:
+            wrapper_argv += ["--private-tmp", str(self.private_tmp)]
+        oom_kills_before = _global_oom_kills()
+        last_step, first_metric = None, None
+        metrics_error: str | None = None
+        try:
+            with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+                start = self.spawned_at = time.monotonic()
+                popen = subprocess.Popen(
+                    [*wrapper_argv, "--", *self.argv], cwd=self.cwd, env=dict(self.env), stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=err, start_new_session=True, close_fds=True,
+                )
+                self.pid = popen.pid
+                wrapper = _Wrapper(popen)
+                dog = _Watchdog(wrapper, cg, limit if cg is None else None, self.timeout_s, self.stop_event, start)
+                dog.start()
+                try:
+                    next_tick = start
+                    while True:
+                        rc = popen.poll()
+                        try:
+                            records = tail.read()
+                        except MetricsFileError as err:
+                            metrics_error = str(err)
+                            dog.stop("bad_metrics")
+                            records = []
+                        for step, data in records:
+                            if dog.reason is not None:
+                                break
+                            if first_metric is None:
+                                first_metric = time.monotonic() - start
+                            last_step = step
+                            decision = self.on_metrics(step, data) if self.on_metrics is not None else None
+                            if rc is None and decision is not None:  # after a clean exit lines are only recorded
+                                dog.stop(decision)
+                        if rc is not None or dog.reason is not None:
+                            break
+                        now = time.monotonic()
+                        if self.on_tick is not None and now >= next_tick:
+                            next_tick = now + REPORT_TICK_S
+                            self.on_tick(last_step, dog.current_bytes / 2**30)
+                        wrapper.wait(TICK_S)
+                finally:
+                    if popen.poll() is None:
+                        dog.stop("interrupted")  # an exception (e.g. in a callback) or KeyboardInterrupt
+                    _reap(popen, wrapper)
+                    dog.close()
+                    wrapper.close()
+                wall = time.monotonic() - start
+            stop, exit_code = dog.reason, popen.returncode
+            kernel_oom = False
+            cgroup_peak = None
+            if cg is not None:
+                cg.kill()
+                kernel_oom = cg.oom_killed()
+                cgroup_peak = cg.peak_bytes()
+            elif exit_code != 0 and (_global_oom_kills() or 0) > (oom_kills_before or 0):
+                kernel_oom = kernel_oom_killed(dog.seen | {popen.pid}, start)
+        finally:
+            if cg is not None:
+                cg.remove()
+        if kernel_oom and stop is None and cg is not None and cg.limit_bytes is not None:
+            stop = "memory"  # the kernel enforced the driver's cap (even if the trainer survived a child's kill)
+        peak, maxrss, leftovers = dog.peak_bytes, 0, 0
+        try:
+            status = json.loads(status_path.read_text())
+            maxrss, leftovers = int(status["maxrss_kb"]) * 1024, int(status["leftovers"])
+            status_path.unlink()
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        peak = max(peak, maxrss)
+        if stop is None and cg is None and limit is not None and maxrss > limit:
+            stop = "memory"  # one process went over the cap and exited between two samples: still over the cap
+        return RunResult(
+            exit_code=exit_code, stop=stop, peak_memory_gb=peak / 2**30, wall_time_s=wall,
+            first_metric_s=first_metric, last_step=last_step, stderr_tail=read_tail(stderr_path),
+            metrics_bad_lines=tail.bad_lines, metrics_error=metrics_error,
+            memory_mechanism="poll" if cg is None else cg.backend.name,
+            kernel_oom=kernel_oom, final_exception=final_exception(read_tail(stderr_path, 10**6, CLASSIFY_TAIL_BYTES)),
+            cgroup_peak_gb=None if cgroup_peak is None else cgroup_peak / 2**30, leftovers_killed=leftovers,
+        )
+
+
+def _reap(popen: subprocess.Popen[bytes], wrapper: _Wrapper) -> None:
+    """Wait for the wrapper, which exits only after the whole trial is dead; if it hangs (a trainer stuck in
+    uninterruptible sleep), SIGKILL what can be killed and return."""
+    try:
+        popen.wait(timeout=KILL_GRACE_S + 10)
+    except subprocess.TimeoutExpired:
+        wrapper.send(KILL_NOW_SIGNAL)
+        kill_tree(popen, grace_s=1.0)
+
+
+def is_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

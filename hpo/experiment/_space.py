@@ -1,0 +1,710 @@
+"""The experiment file: ``search_spaces/<name>.yaml`` parsed into a typed, validated :class:`Space`.
+
+One file defines one experiment: the trainer config it starts from, fixed trainer overrides, the
+parameters to tune (Optuna's short distribution form, each mapped to a dotted trainer key), the
+objective, early stopping, the study settings (sampler, pruner, heartbeats) and how trials run.
+
+Every problem raises :class:`SpaceError`, whose message is one line naming the file (or the
+``--override`` it came from), the field and the value. Nothing here touches a study or the disk
+beyond reading the file. Trainer keys are checked with ``verl_core.config`` (torch-free) when the
+default trial command is used; other commands are trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpo.analysis._diagnosis import DiagnosisSpec
+from hpo.experiment._objective import Objective, check_metrics, parse_objective
+
+SPACES_DIR = Path("search_spaces")
+DEFAULT_COMMAND = ("python", "-m", "verl_core", "train")
+DEFAULT_PREPARE_COMMAND = ("python", "-m", "verl_core", "prepare")
+# Trainer keys the driver sets itself for every trial (so a space must not).
+DRIVER_KEYS = ("trainer.default_local_dir",)
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+_MAX_CORNER_CHECKS = 64
+
+
+class SpaceError(ValueError):
+    """A bad experiment file or override; ``str(err)`` is one line for the user."""
+
+
+def _meta(help: str, choices: tuple[Any, ...] | None = None) -> dict[str, Any]:
+    return {"help": help, "choices": choices}
+
+
+# ----------------------------------------------------------------------------- sections
+@dataclass(frozen=True)
+class EarlyStopping:
+    """Stop a trial whose ``metric`` (a spread) stays below ``threshold`` for ``patience`` evaluations.
+
+    A small spread means one of two things, told apart by the objective's value at that point:
+    ``converged`` (the objective reached ``min_value``: nothing more to learn) or ``collapsed`` (it did
+    not: every answer scores the same low value). Both stop the trial, which completes with its last
+    objective value; the ``stop_reason`` user attr says which.
+
+    ``plateau_evals`` (off by default) adds a second rule that needs no spread metric: a trial whose objective
+    has not beaten its earlier best by more than ``plateau_min_delta`` for ``plateau_evals`` consecutive
+    evaluations stops with ``stop_reason=plateau`` (RL runs that learned what they will learn early spend the
+    rest of their budget re-measuring it). Its value is the objective's aggregate so far.
+    """
+
+    enabled: bool = field(default=True, metadata=_meta("Off with false."))
+    metric: str = field(default="eval/reward_std", metadata=_meta("Spread metric watched at evaluations."))
+    threshold: float = field(default=0.05, metadata=_meta("Small spread while metric < threshold."))
+    patience: int = field(default=3, metadata=_meta("Consecutive evaluations below threshold."))
+    min_value: float = field(default=0.5, metadata=_meta(
+        "Objective floor: a small spread with the objective >= min_value (<= for minimize) is 'converged', "
+        "otherwise 'collapsed'."))
+    plateau_evals: int | None = field(default=None, metadata=_meta(
+        "Stop a trial (stop_reason=plateau) whose objective has not beaten its earlier best by more than "
+        "plateau_min_delta for this many consecutive evaluations; null = off."))
+    plateau_min_delta: float = field(default=0.0, metadata=_meta("plateau: the improvement that counts."))
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """Which Optuna sampler suggests parameters.
+
+    ``tpe`` (default): Optuna 5's TPE, which is multivariate always and imputes running trials' values
+    (``constant_liar``) by default, so parallel jobs and workers spread out: no flags needed. ``gp``: Optuna's
+    Gaussian-process sampler (constraints, several objectives and running trials handled); usually needs fewer
+    trials on small continuous spaces, but it imports torch into the driver (CPU, one GP fit per suggestion),
+    the one exception to the driver being torch-free. ``random``: the baseline.
+    """
+
+    type: str = field(default="tpe", metadata=_meta("Sampler.", ("tpe", "gp", "random")))
+    seed: int | None = field(default=0, metadata=_meta("Base seed; + number of existing trials on resume."))
+    n_startup_trials: int = field(default=4, metadata=_meta("TPE / GP: random trials before modelling."))
+
+
+@dataclass(frozen=True)
+class PrunerSpec:
+    type: str = field(default="median", metadata=_meta("Pruner.", ("median", "hyperband", "successive_halving",
+                                                                      "none")))
+    n_startup_trials: int = field(default=2, metadata=_meta("median: trials before pruning starts."))
+    n_warmup_steps: int = field(default=0, metadata=_meta("median: trainer steps before a trial can be pruned."))
+    interval_steps: int = field(default=1, metadata=_meta("median: check every N reported steps."))
+    min_resource: int = field(default=1, metadata=_meta("hyperband/successive_halving: min steps."))
+    max_resource: int | None = field(default=None, metadata=_meta("hyperband: max steps; null = auto."))
+    reduction_factor: int = field(default=3, metadata=_meta("hyperband/successive_halving: eta."))
+    n_warmup_evals: int = field(default=0, metadata=_meta(
+        "Any pruner: a trial is not pruned before it has reported this many evaluations (RL curves are noisy "
+        "and late bloomers look like failures early on); counted in evaluations, not trainer steps."))
+    patience: int | None = field(default=None, metadata=_meta(
+        "Wrap the pruner in Optuna's PatientPruner: the pruner is asked only once the trial's best over its last "
+        "patience + 1 evaluations is below its earlier best (by more than min_delta); a trial still improving or "
+        "on a plateau is never pruned; null = off."))
+    min_delta: float = field(default=0.0, metadata=_meta("patience: the drop below the earlier best that counts."))
+
+
+@dataclass(frozen=True)
+class ConfirmSpec:
+    """``verl-hpo confirm``: re-run the top trials with fresh seeds (as tagged trials of the same study).
+
+    Confirmation seeds are ``seed_base, seed_base + 1, ...``, skipping every seed the tuning trials used (the
+    fixed ``seed_key`` override, the trainer's default, or a tuned seed's whole range), so tuning and
+    confirmation seeds never overlap."""
+
+    top_k: int = field(default=3, metadata=_meta("Trials to confirm (best first)."))
+    seeds: int = field(default=3, metadata=_meta("Fresh seeds per confirmed trial."))
+    seed_key: str | None = field(default=None, metadata=_meta(
+        "Trainer key of the run's seed; null = trainer.seed (verl_core) or data.seed (verl)."))
+    seed_base: int = field(default=1000, metadata=_meta("First confirmation seed."))
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    n_trials: int = field(default=10, metadata=_meta("Finished trials the study runs to."))
+    sampler: SamplerSpec = field(default_factory=SamplerSpec, metadata=_meta("Sampler."))
+    pruner: PrunerSpec = field(default_factory=PrunerSpec, metadata=_meta("Pruner."))
+    heartbeat_interval: int = field(default=10, metadata=_meta("Heartbeat period (s) of running trials."))
+    grace_period: int = field(default=30, metadata=_meta(
+        "A RUNNING trial without heartbeat this long (s) is stale (its driver is dead): at least twice "
+        "heartbeat_interval."))
+    max_retry: int | None = field(default=3, metadata=_meta("Retries of an interrupted trial; null = unlimited."))
+    confirm: ConfirmSpec = field(default_factory=ConfirmSpec, metadata=_meta("verl-hpo confirm defaults."))
+    storage_retry_s: float = field(default=300.0, metadata=_meta(
+        "Ride out an unreachable storage (a database restart, a full disk) this long (s): storage calls are "
+        "retried with backoff and running trials go on; past it the driver exits with one line."))
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    backend: str = field(default="verl_core", metadata=_meta(
+        "Trainer: verl_core (python -m verl_core train) or verl (python -m verl.trainer.main_ppo in trial.python, "
+        "hydra overrides; see hpo/backends/verl/_launch.py).", ("verl_core", "verl")))
+    python: str | None = field(default=None, metadata=_meta(
+        "backend verl: verl's interpreter; null = .venv-verl/bin/python (make install-verl) when it exists."))
+    command: tuple[str, ...] = field(default=DEFAULT_COMMAND, metadata=_meta("Trainer argv prefix."))
+    prepare_command: tuple[str, ...] | None = field(default=None, metadata=_meta("Run once before trials."))
+    n_jobs: int = field(default=1, metadata=_meta("Trials run in parallel."))
+    timeout_s: float | None = field(default=None, metadata=_meta("Kill a trial after this many seconds."))
+    memory_limit_gb: float | None = field(default=None, metadata=_meta(
+        "Hard memory cap of a trial (a cgroup where possible, else a 0.1 s watchdog over peak RSS)."))
+    preflight: bool = field(default=True, metadata=_meta(
+        "Default trainer: skip a trial whose memory estimate does not fit its budget (fail_reason=predicted_oom); "
+        "verl backend: the space is refused at search when no corner fits (estimated with verl's composed config)."))
+    preflight_margin: float = field(default=0.1, metadata=_meta(
+        "Pre-flight safety margin: the estimate times (1 + margin) must fit."))
+    on_failure: str = field(default="worst", metadata=_meta("worst value or FAIL state.", ("worst", "fail")))
+    gpus_per_trial: int = field(default=1, metadata=_meta("Devices per trial (when any are visible)."))
+    devices: tuple[str, ...] | None = field(default=None, metadata=_meta("Device ids; null = detect."))
+    env: dict[str, str] = field(default_factory=dict, metadata=_meta("Extra environment of trials."))
+    keep_checkpoints: int = field(default=0, metadata=_meta(
+        "backend verl: keep the final checkpoint of the best K finished trials; every other checkpoint is "
+        "deleted once its trial can no longer be resumed (finished, not interrupted)."))
+
+    @property
+    def is_default_command(self) -> bool:
+        """The verl_core trainer: its config is checked, estimated and prepared by the driver."""
+        return self.backend == "verl_core" and tuple(self.command) == DEFAULT_COMMAND
+
+    @property
+    def is_verl(self) -> bool:
+        return self.backend == "verl"
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tuned parameter: a readable name, the trainer key it sets and its distribution."""
+
+    name: str
+    key: str
+    type: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    def distribution(self) -> Any:
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        if self.type == "categorical":
+            assert self.choices is not None
+            return CategoricalDistribution(list(self.choices))
+        assert self.low is not None and self.high is not None
+        if self.type == "int":
+            return IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
+        return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+
+    def corner_values(self) -> list[Any]:
+        """Values worth checking against the trainer config: the ends or every choice."""
+        if self.type == "categorical":
+            return list(self.choices or ())
+        lo, hi = self.low, self.high
+        if self.type == "int":
+            assert lo is not None and hi is not None
+            step = int(self.step or 1)
+            return sorted({int(lo), int(lo) + (int(hi) - int(lo)) // step * step})
+        return [lo, hi]
+
+
+@dataclass(frozen=True)
+class Space:
+    """A parsed experiment file."""
+
+    name: str
+    source: str
+    config: str
+    overrides: dict[str, Any]
+    params: tuple[Param, ...]
+    objective: Objective = field(default_factory=Objective)
+    early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
+    diagnosis: DiagnosisSpec = field(default_factory=DiagnosisSpec)
+    study: StudySpec = field(default_factory=StudySpec)
+    trial: TrialSpec = field(default_factory=TrialSpec)
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def param(self, name: str) -> Param:
+        return next(p for p in self.params if p.name == name)
+
+    def trainer_overrides(self, values: dict[str, Any]) -> list[str]:
+        """Fixed overrides then ``key=value`` for each tuned parameter value (by param name)."""
+        out = [f"{k}={format_value(v)}" for k, v in self.overrides.items()]
+        out += [f"{p.key}={format_value(values[p.name])}" for p in self.params if p.name in values]
+        return out
+
+
+_SECTIONS: dict[str, type] = {
+    "early_stopping": EarlyStopping, "diagnosis": DiagnosisSpec, "study": StudySpec, "trial": TrialSpec,
+}
+_TOP_FIELDS = ("config", "overrides", "params", "objective", *_SECTIONS)
+_PARAM_FIELDS = ("key", "type", "low", "high", "log", "step", "choices")
+
+
+def format_value(value: Any) -> str:
+    """A value as the right-hand side of a dotted override (YAML scalar syntax)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    return str(value)
+
+
+# ----------------------------------------------------------------------------- YAML
+MAX_FILE_BYTES = 1 << 20  # an experiment file is a few KB; a larger one is refused before it is parsed
+MAX_YAML_NODES = 100_000  # scalars, sequences and mappings once every alias is expanded ("billion laughs")
+MAX_ARG_BYTES = 128 * 1024 - 1  # Linux MAX_ARG_STRLEN: the longest single argv entry execve accepts
+MAX_ARGV_BYTES = 512 * 1024  # argv + the trial's own env entries: well under ARG_MAX (2 MiB by default)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader (no object construction) that rejects duplicate mapping keys and refuses a document that
+    expands past :data:`MAX_YAML_NODES` nodes through its aliases (each alias counts its whole subtree), before
+    anything is built from it."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._expanded = 0
+        self._sizes: dict[int, int] = {}
+
+    def _size(self, node: yaml.Node) -> int:
+        known = self._sizes.get(id(node))
+        if known is not None:
+            return known
+        n = 1
+        if isinstance(node, yaml.SequenceNode):
+            n += sum(self._size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            n += sum(self._size(k) + self._size(v) for k, v in node.value)
+        self._sizes[id(node)] = n
+        return n
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) and event.anchor in self.anchors:
+            self._expanded += self._size(self.anchors[event.anchor])
+        else:
+            self._expanded += 1
+        if self._expanded > MAX_YAML_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"more than {MAX_YAML_NODES} values once its aliases are expanded", event.start_mark)
+        node = super().compose_node(parent, index)  # type: ignore[no-untyped-call]
+        assert node is not None
+        return node
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def resolve_space_path(name_or_path: str, spaces_dir: Path = SPACES_DIR) -> Path:
+    """``kl_lr`` -> ``search_spaces/kl_lr.yaml``; anything with a suffix or a slash is a path."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        return p
+    return spaces_dir / f"{name_or_path}.yaml"
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+            raise SpaceError(f"{path}: {path.stat().st_size} bytes; an experiment file may have at most "
+                             f"{MAX_FILE_BYTES} bytes")
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpaceError(f"{path}: no such experiment file") from None
+    except OSError as err:
+        raise SpaceError(f"{path}: cannot read ({err.strerror})") from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}:" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpaceError(f"{path}:{where} invalid YAML ({problem})") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SpaceError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+# ----------------------------------------------------------------------------- parsing
+class _Ctx:
+    """Names the origin of a field in error messages (the file, or the --override that set it)."""
+
+    def __init__(self, source: str, overridden: dict[str, str]) -> None:
+        self.source = source
+        self.overridden = overridden
+
+    def error(self, where: str, msg: str) -> SpaceError:
+        for path, text in self.overridden.items():
+            if where == path or where.startswith(path + ".") or path.startswith(where + "."):
+                return SpaceError(f"--override '{text}': {where}: {msg}")
+        return SpaceError(f"{self.source}: {where}: {msg}" if where else f"{self.source}: {msg}")
+
+
+def _type_label(tp: Any) -> str:
+    if tp is float:
+        return "a number"
+    if tp is int:
+        return "an integer"
+    if tp is bool:
+        return "true or false"
+    if tp is str:
+        return "a string"
+    return str(tp)
+
+
+def _check_scalar(value: Any, tp: Any, where: str, ctx: _Ctx) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = next(a for a in args if a is not type(None))
+        return _check_scalar(value, inner, where, ctx)
+    if origin is tuple:
+        if not isinstance(value, list) or not value or not all(isinstance(v, (str, int)) for v in value):
+            raise ctx.error(where, f"expected a non-empty list of strings, got {value!r}")
+        return tuple(str(v) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ctx.error(where, f"expected a mapping, got {value!r}")
+        return {str(k): format_value(v) for k, v in value.items()}
+    ok = (
+        (tp is bool and isinstance(value, bool))
+        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
+        or (tp is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+        or (tp is str and isinstance(value, str))
+    )
+    if not ok:
+        raise ctx.error(where, f"expected {_type_label(tp)}, got {value!r}")
+    if tp is float and not math.isfinite(value):
+        raise ctx.error(where, f"expected a finite number, got {value!r}")
+    return float(value) if tp is float else value
+
+
+def _build(cls: type, raw: Any, where: str, ctx: _Ctx) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ctx.error(where, f"expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            raise ctx.error(f"{where}.{key}", f"unknown field (value {raw[key]!r}); known: {', '.join(names)}")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        tp, sub = hints[f.name], f"{where}.{f.name}"
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            kwargs[f.name] = _build(tp, raw[f.name], sub, ctx)
+            continue
+        value = _check_scalar(raw[f.name], tp, sub, ctx)
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise ctx.error(sub, f"{value!r} is not one of {', '.join(choices)}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and f.name not in (
+            "seed", "n_warmup_steps", "n_startup_trials", "max_retry", "gpus_per_trial", "threshold", "min_value",
+            "preflight_margin", "n_warmup_evals", "min_delta", "seed_base", "hacking_min_drop", "plateau_min_delta",
+            "keep_checkpoints",
+        ):
+            raise ctx.error(sub, f"must be positive, got {value!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 and f.name != "min_value":
+            raise ctx.error(sub, f"must be >= 0, got {value!r}")
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _number(raw: dict[str, Any], name: str, where: str, ctx: _Ctx, integer: bool) -> float | None:
+    if name not in raw or raw[name] is None:
+        return None
+    v = raw[name]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+        kind = "an integer" if integer else "a number"
+        raise ctx.error(f"{where}.{name}", f"expected {kind}, got {v!r}")
+    if not math.isfinite(v):
+        raise ctx.error(f"{where}.{name}", f"expected a finite number, got {v!r}")
+    return v
+
+
+def _parse_param(name: str, raw: Any, ctx: _Ctx) -> Param:
+    where = f"params.{name}"
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ctx.error(where, "parameter names start with a letter and use letters, digits, _ . -")
+    if not isinstance(raw, dict):
+        raise ctx.error(where, f"expected a mapping like {{key: ..., type: float, low: ..., high: ...}}, got {raw!r}")
+    for k in raw:
+        if k not in _PARAM_FIELDS:
+            raise ctx.error(f"{where}.{k}", f"unknown field (value {raw[k]!r}); known: {', '.join(_PARAM_FIELDS)}")
+    key, kind = raw.get("key"), raw.get("type")
+    if not isinstance(key, str) or not key:
+        raise ctx.error(f"{where}.key", f"expected a dotted trainer key, got {key!r}")
+    if kind not in ("float", "int", "categorical"):
+        raise ctx.error(f"{where}.type", f"{kind!r} is not one of float, int, categorical")
+    log = raw.get("log", False)
+    if not isinstance(log, bool):
+        raise ctx.error(f"{where}.log", f"expected true or false, got {log!r}")
+    if kind == "categorical":
+        for k in ("low", "high", "log", "step"):
+            if k in raw:
+                raise ctx.error(f"{where}.{k}", f"not allowed with type categorical (value {raw[k]!r})")
+        choices = raw.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise ctx.error(f"{where}.choices", f"expected a non-empty list, got {choices!r}")
+        for c in choices:
+            if c is not None and not isinstance(c, (bool, int, float, str)):
+                raise ctx.error(f"{where}.choices", f"choice {c!r} is not a scalar (null, bool, number, string)")
+        if len(set(map(repr, choices))) != len(choices):
+            raise ctx.error(f"{where}.choices", f"duplicate choices in {choices!r}")
+        return Param(name, key, kind, choices=tuple(choices))
+    if "choices" in raw:
+        raise ctx.error(f"{where}.choices", f"only for type categorical (value {raw['choices']!r})")
+    integer = kind == "int"
+    low, high = _number(raw, "low", where, ctx, integer), _number(raw, "high", where, ctx, integer)
+    step = _number(raw, "step", where, ctx, integer)
+    if low is None or high is None:
+        missing = "low" if low is None else "high"
+        raise ctx.error(f"{where}.{missing}", f"required for type {kind}")
+    if low > high:
+        raise ctx.error(where, f"low={low!r} is greater than high={high!r}")
+    if log and low <= 0:
+        raise ctx.error(f"{where}.low", f"log scale needs low > 0, got low={low!r}")
+    if log and step is not None:
+        raise ctx.error(f"{where}.step", f"log and step are exclusive (step={step!r})")
+    if step is not None and step <= 0:
+        raise ctx.error(f"{where}.step", f"must be positive, got {step!r}")
+    return Param(name, key, kind, low=low, high=high, log=log, step=step)
+
+
+def _set_path(raw: dict[str, Any], path: list[str], value: Any) -> None:
+    node = raw
+    for p in path[:-1]:
+        nxt = node.get(p)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[p] = nxt
+        node = nxt
+    node[path[-1]] = value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, str]:
+    """Apply ``--override`` texts in place: space fields (``study.n_trials=4``, ``params.x.high=1``)
+    or, for any other dotted key, a fixed trainer override. Returns {field path: override text}."""
+    origin: dict[str, str] = {}
+    for text in overrides:
+        key, sep, rhs = text.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SpaceError(f"--override '{text}': expected key=value")
+        try:
+            value = yaml.safe_load(rhs) if rhs.strip() else ""
+        except yaml.YAMLError:
+            value = rhs
+        head = key.split(".")[0]
+        if head in _TOP_FIELDS and head != "overrides":
+            _set_path(raw, key.split("."), value)
+            origin[key] = text
+        else:
+            key = key.removeprefix("overrides.")
+            if not isinstance(raw.get("overrides"), dict):
+                raw["overrides"] = {} if raw.get("overrides") is None else raw["overrides"]
+            if isinstance(raw["overrides"], dict):
+                raw["overrides"][key] = value
+            origin[f"overrides.{key}"] = text
+    return origin
+
+
+def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, str] | None = None) -> Space:
+    """Validate a raw mapping into a :class:`Space` (trainer keys are checked by :func:`check_trainer`)."""
+    ctx = _Ctx(source, origin or {})
+    for key in raw:
+        if key not in _TOP_FIELDS:
+            raise ctx.error(str(key), f"unknown field (value {raw[key]!r}); known: {', '.join(_TOP_FIELDS)}")
+    config = raw.get("config")
+    if not isinstance(config, str) or not config:
+        raise ctx.error("config", f"expected a trainer config name or path, got {config!r}")
+    fixed = raw.get("overrides") or {}
+    if not isinstance(fixed, dict):
+        raise ctx.error("overrides", f"expected a mapping of dotted trainer keys to values, got {fixed!r}")
+    for k, v in fixed.items():
+        if not isinstance(k, str) or not k:
+            raise ctx.error("overrides", f"key {k!r} is not a dotted trainer key")
+        if isinstance(v, dict):
+            raise ctx.error(f"overrides.{k}", f"expected a value, got a mapping {v!r}")
+    params_raw = raw.get("params")
+    if not isinstance(params_raw, dict) or not params_raw:
+        raise ctx.error("params", f"expected a non-empty mapping of parameters, got {params_raw!r}")
+    params = tuple(_parse_param(n, p, ctx) for n, p in params_raw.items())
+    seen: dict[str, str] = {}
+    for p in params:
+        if p.key in seen:
+            raise ctx.error(f"params.{p.name}.key", f"{p.key!r} is already tuned by parameter {seen[p.key]!r}")
+        if p.key in fixed:
+            raise ctx.error(f"params.{p.name}.key", f"{p.key!r} is also a fixed override ({fixed[p.key]!r})")
+        seen[p.key] = p.name
+    objective = parse_objective(raw.get("objective"), ctx.error)
+    sections = {s: _build(cls, raw.get(s), s, ctx) for s, cls in _SECTIONS.items()}
+    study: StudySpec = sections["study"]
+    if study.grace_period < 2 * study.heartbeat_interval:
+        raise ctx.error("study.grace_period", f"{study.grace_period} is under twice study.heartbeat_interval="
+                        f"{study.heartbeat_interval}: a live driver's trial would be taken for dead between beats")
+    if study.sampler.type == "gp":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise ctx.error("study.sampler.type", "gp needs torch in the driver's environment (Optuna's GPSampler "
+                            "uses it); install torch or use tpe")
+    if objective.multi and study.pruner.patience is not None:
+        raise ctx.error("study.pruner.patience", "not supported with objective mode pareto (its median rule is the "
+                        "driver's own); use n_warmup_evals")
+    if objective.multi and sections["study"].pruner.type not in ("median", "none"):
+        raise ctx.error("study.pruner.type", f"{sections['study'].pruner.type!r} is not supported with objective "
+                        "mode pareto (Optuna cannot report multi-objective curves); use median or none")
+    trial: TrialSpec = sections["trial"]
+    early: EarlyStopping = sections["early_stopping"]
+    if trial.is_verl:
+        if tuple(trial.command) != DEFAULT_COMMAND:
+            raise ctx.error("trial.command", "not used with trial.backend: verl (the command is python -m "
+                            "verl.trainer.main_ppo in trial.python)")
+        if "early_stopping" not in raw:  # verl logs a spread only with val_kwargs.n > 1: off unless asked for
+            early = EarlyStopping(enabled=False)
+    for k in DRIVER_KEYS:
+        if trial.is_default_command and (k in fixed or k in seen):
+            raise ctx.error(f"overrides.{k}" if k in fixed else f"params.{seen[k]}.key", f"{k} is set by the driver")
+    if trial.is_default_command and trial.prepare_command is None:
+        trial = dataclasses.replace(trial, prepare_command=DEFAULT_PREPARE_COMMAND)
+    if trial.devices is not None and not trial.devices:
+        raise ctx.error("trial.devices", "expected a non-empty list or null")
+    for where, msg in sections["diagnosis"].validate():
+        raise ctx.error(f"diagnosis.{where}", msg)
+    _check_argv_sizes(fixed, params, trial, ctx)
+    return Space(name=name, source=source, config=config, overrides=dict(fixed), params=params,
+                 objective=objective, early_stopping=early, diagnosis=sections["diagnosis"],
+                 study=sections["study"], trial=trial, raw=raw)
+
+
+def _check_argv_sizes(fixed: dict[str, Any], params: tuple[Param, ...], trial: TrialSpec, ctx: _Ctx) -> None:
+    """Every trial must be launchable: no argument over Linux's 128 KiB per-argument limit, and the trainer's argv
+    (with the longest choice of each parameter) plus the trial's own environment well under ``ARG_MAX``;
+    otherwise ``execve`` fails with "Argument list too long" only once a study exists."""
+    def size(text: str) -> int:
+        return len(text.encode("utf-8", "surrogateescape")) + 1
+
+    total = 0
+    for k, v in fixed.items():
+        n = size(f"{k}={format_value(v)}")
+        if n > MAX_ARG_BYTES:
+            raise ctx.error(f"overrides.{k}", f"the override is {n} bytes; one argument of a trial may have at most "
+                            f"{MAX_ARG_BYTES} (Linux MAX_ARG_STRLEN)")
+        total += n
+    for p in params:
+        longest = max((size(f"{p.key}={format_value(c)}") for c in p.choices), default=0) if p.choices else 64
+        if longest > MAX_ARG_BYTES:
+            raise ctx.error(f"params.{p.name}.choices", f"a choice makes a {longest}-byte argument; one argument of a "
+                            f"trial may have at most {MAX_ARG_BYTES} (Linux MAX_ARG_STRLEN)")
+        total += longest
+    for i, c in enumerate(trial.command):
+        if size(c) > MAX_ARG_BYTES:
+            raise ctx.error(f"trial.command[{i}]", f"{size(c)} bytes; one argument may have at most {MAX_ARG_BYTES}")
+        total += size(c)
+    for k, v in trial.env.items():
+        n = size(f"{k}={v}")
+        if n > MAX_ARG_BYTES:
+            raise ctx.error(f"trial.env.{k}", f"{n} bytes; one variable may have at most {MAX_ARG_BYTES}")
+        total += n
+    if total > MAX_ARGV_BYTES:
+        raise ctx.error("overrides", f"a trial's arguments and trial.env add up to {total} bytes; at most "
+                        f"{MAX_ARGV_BYTES} fit beside the environment under Linux's ARG_MAX")
+
+
+def check_trainer(space: Space, origin: dict[str, str] | None = None) -> None:
+    """Check the config name, every trainer key and the corners of the space with ``verl_core.config``."""
+    from verl_core.config import ConfigError, known_keys, load_config
+
+    ctx = _Ctx(space.source, origin or {})
+    keys = set(known_keys())
+    try:
+        load_config(space.config, [])
+    except ConfigError as err:
+        raise ctx.error("config", f"{space.config!r}: {err}") from None
+    for k, v in space.overrides.items():
+        if k not in keys:
+            raise ctx.error(f"overrides.{k}", f"unknown trainer key (value {v!r})")
+    for p in space.params:
+        if p.key not in keys:
+            raise ctx.error(f"params.{p.name}.key", f"unknown trainer key {p.key!r}")
+    fixed = space.trainer_overrides({})
+    try:
+        base = load_config(space.config, fixed)
+    except ConfigError as err:
+        bad = next((k for k in space.overrides if f"'{k}" in str(err) or f"{k}=" in str(err)), None)
+        raise ctx.error(f"overrides.{bad}" if bad else "overrides", str(err)) from None
+    from verl_core.config import eval_metric_names, produces_metric
+
+    check_metrics(space.objective, lambda m: produces_metric(base, m), eval_metric_names(base), ctx.error)
+    # Each parameter alone at its ends / choices, then all parameters jointly at their corners.
+    for p in space.params:
+        for v in p.corner_values():
+            try:
+                load_config(space.config, space.trainer_overrides({p.name: v}))
+            except ConfigError as err:
+                raise ctx.error(f"params.{p.name}", f"value {v!r} is rejected by the trainer: {err}") from None
+    combos = list(itertools.islice(itertools.product(*(p.corner_values() for p in space.params)),
+                                   _MAX_CORNER_CHECKS))
+    for combo in combos:
+        values = {p.name: v for p, v in zip(space.params, combo, strict=True)}
+        try:
+            load_config(space.config, space.trainer_overrides(values))
+        except ConfigError as err:
+            shown = ", ".join(f"{k}={v!r}" for k, v in values.items())
+            raise ctx.error("params", f"the combination {shown} is rejected by the trainer: {err}") from None
+
+
+def load_space_origin(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR,
+                      check: bool = True) -> tuple[Space, dict[str, str]]:
+    """:func:`load_space`, and which fields the ``--override`` texts set (for errors that name them)."""
+    path = resolve_space_path(name_or_path, spaces_dir)
+    raw = read_yaml(path)
+    origin = apply_overrides(raw, overrides)
+    space = parse_space(raw, str(path), path.stem, origin)
+    if check and space.trial.is_default_command:
+        check_trainer(space, origin)
+    return space, origin
+
+
+def load_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR,
+               check: bool = True) -> Space:
+    """Read, override, parse and (for the default trial command) check an experiment file. A verl space's keys
+    are checked by verl itself: :func:`hpo.backends.load_checked_space`."""
+    return load_space_origin(name_or_path, overrides, spaces_dir, check)[0]
+
+
+def located_error(space: Space, origin: dict[str, str], where: str, msg: str) -> SpaceError:
+    """A one-line error about field ``where`` of ``space``, naming the ``--override`` that set it if one did."""
+    return _Ctx(space.source, origin).error(where, msg)
+
+
+def space_from_stored(raw: dict[str, Any], source: str, name: str) -> Space:
+    """Rebuild the space stored in a study (no trainer check: it passed when the study was made)."""
+    return parse_space(raw, source, name)

@@ -1,0 +1,8 @@
+"""What a person reads: live progress lines, tables and the summary (``_report``), ``best`` and its overrides, and
+the self-contained dashboard page (``_dashboard``). Experiment tracking (MLflow, W&B) belongs here too.
+
+May import: ``hpo.study`` and everything below it."""
+
+from hpo.reporting._report import Reporter, best_trial, render_best, summary, top_table
+
+__all__ = ["Reporter", "best_trial", "render_best", "summary", "top_table"]

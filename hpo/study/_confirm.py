@@ -1,0 +1,192 @@
+"""Seed confirmation: re-run a study's top configurations with fresh seeds, and rank by the confirmed mean.
+
+An RL run's final reward depends on its seed about as much as on many hyperparameters, and the best setting
+found with one tuning seed is partly that seed's luck (Eimer et al., ICML 2023). ``verl-hpo confirm`` takes
+the ``top_k`` best distinct configurations of the search (COMPLETE, finite, feasible) and queues ``seeds`` runs
+of each with seeds the tuning trials never used, as WAITING trials of the same study tagged with the system
+attrs ``hpo:confirm_of`` (the trial confirmed) and ``hpo:confirm_seed``. Any driver of the study runs them
+(never pruned; they never count towards ``study.n_trials``); ``best`` then ranks by the confirmed mean, with
+its spread, instead of by the single tuning run.
+
+Seeds: ``study.confirm.seed_base, seed_base + 1, ...`` skipping every tuning seed: the fixed override of a
+seed key, the trainer's default when it is not set (verl_core's ``trainer.seed``, verl's 42), and every value a
+tuned seed parameter could take. A confirmation run sets every seed key of the run to its seed
+(:func:`seed_overrides`): ``trainer.seed`` for verl_core; for verl every seed of its default path
+(``verl._compose.SEED_KEYS``: the train sampler ``data.seed``, vLLM's ``actor_rollout_ref.rollout.seed``, the
+actor's and critic's mini-batch shuffling ``*.data_loader_seed``); ``study.confirm.seed_key`` names one key instead.
+Re-running ``confirm`` queues only what is missing (a trial already has a
+queued, running or finished run with that seed), so an interrupted confirmation resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from hpo.backends.verl._compose import SEED_KEYS as VERL_SEED_KEYS
+from hpo.experiment._space import Space
+
+ATTR_CONFIRM_OF = "hpo:confirm_of"
+ATTR_CONFIRM_SEED = "hpo:confirm_seed"
+MAX_TUNED_SEEDS = 100_000  # a tuned integer seed range larger than this is treated as "any seed" (refused)
+
+
+def is_confirm(t: FrozenTrial) -> bool:
+    """A confirmation run (queued by ``verl-hpo confirm``)."""
+    return ATTR_CONFIRM_OF in t.system_attrs
+
+
+# verl 0.9.1's defaults of its seed keys (verl/trainer/config/_generated_ppo_trainer.yaml); data.seed is null.
+VERL_SEED_DEFAULTS = {"actor_rollout_ref.rollout.seed": 42, "actor_rollout_ref.actor.data_loader_seed": 42,
+                      "critic.data_loader_seed": 42}
+
+
+def seed_keys(space: Space) -> tuple[str, ...]:
+    """The trainer keys of a run's seeds: ``study.confirm.seed_key``, else ``trainer.seed`` (verl_core) or every
+    seed of a verl run (:data:`VERL_SEED_KEYS`, each checked to exist in verl 0.9.1's composed config)."""
+    if space.study.confirm.seed_key:
+        return (space.study.confirm.seed_key,)
+    return VERL_SEED_KEYS if space.trial.is_verl else ("trainer.seed",)
+
+
+def seed_key(space: Space) -> str:
+    """The first of :func:`seed_keys` (the one shown with a confirmation run)."""
+    return seed_keys(space)[0]
+
+
+def seed_overrides(space: Space, seed: int) -> dict[str, int]:
+    """What a confirmation run with ``seed`` sets: every seed key to it."""
+    return {key: int(seed) for key in seed_keys(space)}
+
+
+def tuning_seeds(space: Space) -> set[int]:
+    """Every seed a tuning trial of ``space`` ran (or could have run) with, under any of its seed keys."""
+    seeds: set[int] = set()
+    for key in seed_keys(space):
+        seeds |= _tuning_seeds(space, key)
+    return seeds
+
+
+def _tuning_seeds(space: Space, key: str) -> set[int]:
+    seeds: set[int] = set()
+    fixed = next((k for k in space.overrides if k.lstrip("+") == key), None)
+    if fixed is not None:
+        if space.overrides[fixed] is not None:
+            seeds.add(int(space.overrides[fixed]))
+    elif space.trial.is_default_command and key == "trainer.seed":
+        from verl_core.config import load_config
+
+        seeds.add(int(load_config(space.config, space.trainer_overrides({})).trainer.seed))
+    elif space.trial.is_verl and key in VERL_SEED_DEFAULTS:
+        seeds.add(VERL_SEED_DEFAULTS[key])
+    for p in space.params:
+        if p.key.lstrip("+") != key:
+            continue
+        if p.type == "categorical":
+            seeds.update(int(c) for c in p.choices or () if isinstance(c, (int, float)))
+        elif p.low is not None and p.high is not None:
+            if p.high - p.low > MAX_TUNED_SEEDS:
+                raise ValueError(f"params.{p.name}: the seed {key} is tuned over {p.low}..{p.high}; no fresh seed "
+                                 "is left for confirmation")
+            seeds.update(range(int(p.low), int(p.high) + 1))
+    return seeds
+
+
+def confirm_seeds(space: Space, n: int) -> list[int]:
+    """The first ``n`` confirmation seeds: ``seed_base`` upwards, skipping tuning seeds."""
+    used, s = tuning_seeds(space), space.study.confirm.seed_base
+    out: list[int] = []
+    while len(out) < n:
+        if s not in used:
+            out.append(s)
+        s += 1
+    return out
+
+
+def _sign(study: optuna.Study) -> float:
+    return 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
+
+
+def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
+    """The ``k`` best search trials with distinct parameters (COMPLETE, finite, feasible), best first."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if not is_confirm(t) and t.values is not None and all(math.isfinite(v) for v in t.values)
+            and all(v <= 0 for v in t.constraints.values())]
+    done.sort(key=lambda t: (-_sign(study) * float(t.values[0]), t.number))
+    out: list[FrozenTrial] = []
+    seen: list[dict[str, Any]] = []
+    for t in done:
+        if t.params not in seen:
+            seen.append(t.params)
+            out.append(t)
+        if len(out) == k:
+            break
+    return out
+
+
+def queue_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -> list[tuple[int, int]]:
+    """Queue the missing (trial, seed) runs of the top ``top_k`` trials; returns what was queued."""
+    seeds = confirm_seeds(space, n_seeds)
+    present = {(t.system_attrs[ATTR_CONFIRM_OF], t.system_attrs.get(ATTR_CONFIRM_SEED))
+               for t in study.get_trials(deepcopy=False) if is_confirm(t)
+               and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)}
+    queued = []
+    for t in top_trials(study, top_k):
+        for seed in seeds:
+            if (t.number, seed) in present:
+                continue
+            study.add_trial(optuna.create_trial(
+                state=TrialState.WAITING, params=t.params, distributions=t.distributions,
+                system_attrs={ATTR_CONFIRM_OF: t.number, ATTR_CONFIRM_SEED: seed}))
+            queued.append((t.number, seed))
+    return queued
+
+
+def pending(study: optuna.Study) -> int:
+    """Confirmation runs queued or running."""
+    return sum(1 for t in study.get_trials(deepcopy=False)
+               if is_confirm(t) and t.state in (TrialState.WAITING, TrialState.RUNNING))
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A search trial and its confirmation runs' values (COMPLETE, finite, first objective)."""
+
+    trial: FrozenTrial
+    values: tuple[float, ...]
+    seeds: tuple[int, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values) if self.values else math.nan
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+
+
+def confirmed(study: optuna.Study) -> list[Confirmed]:
+    """The confirmed search trials, best confirmed mean first (ties: the tuning value, then the number). A
+    confirmation run that failed completed with the worst value and drags its mean there: a setting that
+    crashes under another seed is not confirmed."""
+    by_trial: dict[int, list[tuple[int, float]]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if is_confirm(t) and t.values is not None:  # a failed run completes with the worst value: it counts
+            by_trial.setdefault(int(t.system_attrs[ATTR_CONFIRM_OF]), []).append(
+                (int(t.system_attrs.get(ATTR_CONFIRM_SEED, -1)), float(t.values[0])))
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    out = [Confirmed(trials[n], tuple(v for _, v in sorted(runs)), tuple(s for s, _ in sorted(runs)))
+           for n, runs in by_trial.items() if n in trials]
+    sign = _sign(study)
+    tuned = [(-sign * float(c.trial.values[0]) if c.trial.values else 0.0) for c in out]
+    order = sorted(range(len(out)), key=lambda i: (-sign * out[i].mean, tuned[i], out[i].trial.number))
+    return [out[i] for i in order]
