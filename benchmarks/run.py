@@ -3,7 +3,9 @@ write ``RESULTS.md`` (a table with machine, date, versions, load and commands) a
 
 Parts (``--only``): ``trainer`` (ours vs TRL), ``overhead``, ``pruning``, ``search``, ``noise`` (driver items 2-5),
 ``rollout`` (HF vs vLLM), ``memory`` (memory estimate vs measured peak; ``benchmarks/memory_estimate.py``, also
-runnable alone), ``workers`` (3 vs 1 ``verl-hpo worker`` on one PostgreSQL study; ``benchmarks/workers.py``).
+runnable alone), ``workers`` (3 vs 1 ``verl-hpo worker`` on one PostgreSQL study; ``benchmarks/workers.py``),
+``footprint`` (the driver's peak RSS in a ``kl_lr`` search and a worker's start-up to its first trial;
+``--before DIR`` compares with another checkout; ``benchmarks/footprint.py``).
 ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/`` (or ``--out``), never over the real
 results.
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 from benchmarks._common import REPO, Row, all_versions, load_average, log, machine
 
-PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers")
+PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint")
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="one repetition, tiny sizes, results under benchmarks/smoke/")
     p.add_argument("--only", nargs="+", choices=PARTS, default=None, help="run only these parts")
+    p.add_argument("--before", type=Path, default=None,
+                   help="footprint: a checkout of an earlier commit to compare the driver's footprint with")
     p.add_argument("--skip-trl", action="store_true", help="trainer rows without the TRL side")
     p.add_argument("--cases", nargs="+", default=None, help="trainer cases to run (ppo_1x1 ppo_4x4 grpo; default all)")
     p.add_argument("--skip-vllm", action="store_true", help="rollout rows without the vLLM engine")
@@ -171,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import workers
 
         attempt("workers", lambda: workers.bench(args.smoke))
+    if "footprint" in parts:
+        from benchmarks import footprint
+
+        attempt("footprint", lambda: footprint.bench(args.before, 1 if args.smoke else 3, args.smoke))
     if "memory" in parts:
         from benchmarks import memory_estimate
 

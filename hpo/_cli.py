@@ -153,10 +153,10 @@ def _stop_on_signals(stop: threading.Event, got: list[int]) -> Iterator[None]:
 
 def _check_verl_launch(space: Space) -> None:
     """A verl study's trials need an interpreter with CUDA torch (and vLLM, flash-attn where the config needs
-    them): refused with one line naming the fix before any trial starts (verl._launch.check_verl_launch)."""
+    them): refused with one line naming the fix before any trial starts (hpo.backends.verl.check_verl_launch)."""
     if not space.trial.is_verl:
         return
-    from hpo.backends.verl._launch import VerlConfigError, check_verl_launch
+    from hpo.backends.verl import VerlConfigError, check_verl_launch
 
     try:
         check_verl_launch(space)
@@ -169,19 +169,11 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
     from hpo.backends._preflight import check_space_fits
     from hpo.experiment._trust import check_stored_experiment
     from hpo.reporting._report import Reporter, summary
-    from hpo.study._driver import (
-        ATTR_DIGEST,
-        ATTR_SOURCE,
-        Driver,
-        DriverError,
-        TrialInterrupted,
-        load_stored,
-        n_finished,
-        open_study,
-        quiet_optuna,
-        resolve_devices,
-    )
-    from hpo.study._storage import StorageUnavailable
+    from hpo.study._driver import Driver, resolve_devices
+    from hpo.study._errors import DriverError, TrialInterrupted
+    from hpo.study._optuna import ATTR_DIGEST, ATTR_SOURCE, load_stored, open_study, quiet_optuna
+    from hpo.study._retrying import StorageUnavailable
+    from hpo.study._slots import n_finished
 
     quiet_optuna()
     stop, got = threading.Event(), list[int]()
@@ -218,7 +210,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
                           f"seed(s) each: {len(queued)} run(s) queued, {pending(study)} pending")
         else:
             reporter.header(study_name, storage_url, str(driver.trials_dir), n_finished(study), target)
-        from hpo.reporting._dashboard import DashboardCallback, dashboard_path, write_dashboard
+        from hpo.reporting._dashboard import DashboardCallback, dashboard_path, write_page_apart
 
         page = dashboard_path(studies_dir, study_name)
         pages = DashboardCallback(page, storage_url, studies_dir, every=5)
@@ -232,7 +224,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             return _fail(f"{err}; finished trials are kept: verl-hpo resume --study {study_name} once it is back", 1)
         pages.wait(60)
         try:
-            write_dashboard(study, page, storage_url=storage_url, studies_dir=studies_dir)
+            write_page_apart(study_name, storage_url, studies_dir, page)  # plotly and its kin stay out of here
             reporter.note(f"dashboard: {page}")
         except Exception as err:  # noqa: BLE001 - the page must never fail a search
             reporter.note(f"dashboard not written: {type(err).__name__}: {err}")
@@ -273,15 +265,8 @@ def _device_list(text: str | None) -> list[str] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     studies_dir = _studies_dir(getattr(args, "studies_dir", None))
-    from hpo.study._storage import (
-        STORAGE_ERRORS,
-        check_storage_url,
-        check_study_name,
-        default_storage_url,
-        scrub,
-        sqlite_path,
-        storage_error_line,
-    )
+    from hpo.study._retrying import STORAGE_ERRORS, storage_error_line
+    from hpo.study._storage import check_storage_url, check_study_name, default_storage_url, scrub, sqlite_path
 
     storage_url = getattr(args, "storage", None) or ""
     try:
@@ -347,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None = None) -> int:
     from hpo.reporting._report import best_trial, front_table, objective_names, pareto_front, render_best
-    from hpo.study._driver import load_stored, quiet_optuna
+    from hpo.study._optuna import load_stored, quiet_optuna
 
     quiet_optuna()
     space, study = load_stored(study_name, storage_url, None)

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         if args.cmd == "prepare":
-            from verl_core.trainer import resolve_data_path, resolve_model_path
+            from verl_core.resolve import resolve_data_path, resolve_model_path  # no torch on a ready cache
 
             if args.model is not None:
                 print(resolve_model_path(f"builtin:{args.model}", "--model"), flush=True)

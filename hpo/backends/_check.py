@@ -12,7 +12,7 @@ from hpo.experiment._space import SPACES_DIR, Space, load_space_origin, located_
 def check_space(space: Space, origin: dict[str, str] | None = None) -> None:
     """SpaceError (one line) when the backend rejects the space; a verl space is composed corner by corner."""
     if space.trial.is_verl:
-        from hpo.backends.verl._launch import VerlConfigError, check_verl_space, default_python
+        from hpo.backends.verl import VerlConfigError, check_verl_space, default_python
 
         try:
             check_verl_space(space, space.trial.python or default_python())

@@ -117,14 +117,14 @@ def _verl_budget(space: Space, devices: Sequence[str], gpu_total_bytes: int | No
 
 def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], n_gpus: int,
                        python: str | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Compose each corner in verl's interpreter (as ``hpo.backends.verl._launch.compose_corners`` does, with
+    """Compose each corner in verl's interpreter (as ``hpo.backends.verl.hpo.backends.verl.compose_corners`` does, with
     ``trainer.n_gpus_per_node=<n_gpus> trainer.nnodes=1`` last) and return per corner verl's ``info`` (use of a
     critic / reference) and the values of ``VERL_MEMORY_KEYS``. SpaceError for a corner verl rejects."""
     import json
     import subprocess
     from pathlib import Path
 
-    from hpo.backends.verl._launch import COMPOSE_SCRIPT, INSTALL_HINT, default_python, format_override, is_config_path
+    from hpo.backends.verl import COMPOSE_SCRIPT, INSTALL_HINT, default_python, format_override, is_config_path
     from verl_core.memory_verl import VERL_MEMORY_KEYS
 
     python = python or space.trial.python or default_python()

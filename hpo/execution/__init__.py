@@ -1,10 +1,26 @@
 """Launching and watching one trial process: the wrapper that dies with the driver, its cgroup and memory cap,
 the metrics file tail, kill and exit labels, GPU locks and the driver's identity. Knows nothing of studies.
 
+``_runner``: :class:`TrialProcess` (one run), :class:`RunResult` and the exit labels; ``_process``: the trial's
+process tree (find, measure, kill, orphans, the kernel's OOM kills); ``_watchdog``: the thread that samples its
+memory and enforces the cap, the timeout and the stop event; ``_trial_wrapper``: the wrapper process;
+``_cgroup``: the memory cgroup; ``_metrics``: the metrics file tail.
+
 May import: nothing of ``hpo`` but itself (a peer of ``hpo.experiment``)."""
 
 from hpo.execution._metrics import MetricsFileError, MetricsTail, metric_value, parse_line
-from hpo.execution._runner import RunResult, TrialProcess, classify_exit, is_finite, kill_tree
+from hpo.execution._process import (
+    ENV_DRIVER,
+    ENV_STUDY,
+    ENV_TRIAL,
+    kernel_oom_killed,
+    kill_tree,
+    sweep_orphans,
+    tree,
+    tree_rss_bytes,
+)
+from hpo.execution._runner import RunResult, TrialProcess, classify_exit, final_exception, is_finite, read_tail
 
-__all__ = ["MetricsFileError", "MetricsTail", "RunResult", "TrialProcess", "classify_exit", "is_finite",
-           "kill_tree", "metric_value", "parse_line"]
+__all__ = ["ENV_DRIVER", "ENV_STUDY", "ENV_TRIAL", "MetricsFileError", "MetricsTail", "RunResult", "TrialProcess",
+           "classify_exit", "final_exception", "is_finite", "kernel_oom_killed", "kill_tree", "metric_value",
+           "parse_line", "read_tail", "sweep_orphans", "tree", "tree_rss_bytes"]

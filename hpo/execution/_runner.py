@@ -3,7 +3,8 @@ its metrics, enforce its memory cap and timeout, kill its whole tree, label how 
 
 The contract with a trial is argv + environment + a JSONL metrics file in verl's ``file`` logger
 format, one line per trainer step: ``{"step": N, "data": {"metric/name": value, ...}}``. Nothing here
-imports the trainer.
+imports the trainer. Here: :class:`TrialProcess`, :class:`RunResult` and the exit labels; the process tree
+(find, measure, kill, orphans, the kernel's OOM kills) is ``_process``, the watchdog thread ``_watchdog``.
 
 Process tree. The driver starts ``hpo/execution/_trial_wrapper.py`` (a bare interpreter, ~25 ms) in a new session; the
 wrapper forks the trainer. The wrapper is a child subreaper (orphaned or ``setsid`` descendants are reparented
@@ -46,7 +47,6 @@ import json
 import math
 import os
 import re
-import select
 import shutil
 import signal
 import subprocess
@@ -58,121 +58,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from hpo.execution import _cgroup
-from hpo.execution._identity import identity_alive
 from hpo.execution._metrics import MetricsFileError, MetricsTail
-from hpo.execution._trial_wrapper import KILL_NOW_SIGNAL, proc_stat, signal_process
+from hpo.execution._process import KILL_GRACE_S, global_oom_kills, kernel_oom_killed, kill_tree
+from hpo.execution._trial_wrapper import KILL_NOW_SIGNAL
+from hpo.execution._watchdog import Watchdog, WrapperHandle
 
 TICK_S = 0.1  # metrics poll period
-MEMORY_TICK_S = 0.1  # watchdog period: memory sampling (and the cap, without a cgroup), timeout, stop event
 REPORT_TICK_S = 0.5  # on_tick period
-KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL
 STDERR_TAIL_LINES = 30
 CLASSIFY_TAIL_BYTES = 65536  # how much of stderr is searched for the last traceback
 WRAPPER = Path(__file__).with_name("_trial_wrapper.py")
 MECHANISMS = ("auto", "cgroup", "cgroup-v2", "cgroup-v1", "poll")
-# Environment tags every trial process (and its descendants) inherits; used to sweep orphans.
-ENV_STUDY = "VERL_HPO_STUDY"
-ENV_TRIAL = "VERL_HPO_TRIAL"
-ENV_DRIVER = "VERL_HPO_DRIVER"
 ENV_MECHANISM = "VERL_HPO_MEMORY_MECHANISM"  # one of MECHANISMS (default auto: a cgroup where possible)
-
-
-# ----------------------------------------------------------------------------- process tree
-def tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def tree_rss_bytes(procs: Sequence[psutil.Process]) -> int:
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return total
-
-
-def kill_tree(popen: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
-    """SIGTERM ``popen``'s process, its process group and every descendant (also those that left the group),
-    wait ``grace_s``, then SIGKILL whatever is left. Returns once the direct child is reaped.
-
-    The group is signalled with ``killpg`` only while its leader is not reaped (until then its pid, and so the
-    group id, cannot belong to anyone else); members that outlive the leader are signalled through psutil
-    handles taken before, which refuse a recycled pid."""
-    procs: dict[int, psutil.Process] = {}
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if popen.poll() is None:
-            procs.update((p.pid, p) for p in _tree_and_group(popen.pid))
-            try:
-                os.killpg(popen.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for p in procs.values():
-            try:
-                p.send_signal(sig)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-        if sig == signal.SIGKILL:
-            break
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            if popen.poll() is not None and not any(_alive(p) for p in procs.values()):
-                break
-            time.sleep(0.05)
-        else:
-            continue
-        break
-    popen.wait()
-    psutil.wait_procs([p for p in procs.values() if _alive(p)], timeout=grace_s)
-
-
-def _tree_and_group(pid: int) -> list[psutil.Process]:
-    """The descendants of ``pid`` and the members of its process group (not ``pid`` itself)."""
-    found = {p.pid: p for p in tree(pid)[1:]}
-    for p in psutil.process_iter():
-        try:
-            if p.pid != pid and p.pid not in found and os.getpgid(p.pid) == pid:
-                found[p.pid] = p
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            pass
-    return list(found.values())
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def sweep_orphans(study: str) -> int:
-    """Kill processes tagged with this study whose driver is dead (left over from a SIGKILLed driver)."""
-    killed = 0
-    for p in psutil.process_iter(["pid"]):
-        try:
-            env = p.environ()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-        if env.get(ENV_STUDY) != study or ENV_DRIVER not in env:
-            continue
-        try:
-            ident = json.loads(env[ENV_DRIVER])
-        except ValueError:
-            continue
-        if identity_alive(ident) is False:
-            try:
-                p.kill()
-                killed += 1
-            except psutil.NoSuchProcess:
-                pass
-    return killed
 
 
 # ----------------------------------------------------------------------------- labels
@@ -241,48 +139,6 @@ def read_tail(path: Path, lines: int = STDERR_TAIL_LINES, max_bytes: int = 16384
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _global_oom_kills() -> int | None:
-    """The kernel's count of OOM kills since boot (/proc/vmstat, Linux >= 4.13)."""
-    try:
-        with open("/proc/vmstat") as fh:
-            for line in fh:
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-_KMSG_OOM = re.compile(r"(?:Killed process |oom-kill:.*?[,:]pid=)(\d+)")
-
-
-def kernel_oom_killed(pids: set[int], since: float) -> bool:
-    """Whether the kernel log (``/dev/kmsg``, needs root or CAP_SYSLOG) reports an OOM kill of one of ``pids``
-    at or after ``since`` (a ``time.monotonic()``; both count from boot)."""
-    try:
-        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return False
-    since_us = (since - 1.0) * 1e6  # (the kernel's clock and CLOCK_MONOTONIC may differ slightly)
-    try:
-        while True:
-            try:
-                record = os.read(fd, 8192).decode("utf-8", "replace")
-            except BrokenPipeError:  # records overwritten while reading: go on
-                continue
-            except OSError:  # BlockingIOError: no more records
-                return False
-            if not record:
-                return False
-            header, _, text = record.partition(";")  # "priority,sequence,microseconds,flags;message"
-            fields = header.split(",")
-            m = _KMSG_OOM.search(text)
-            if m and int(m.group(1)) in pids and len(fields) > 2 and fields[2].isdigit() and int(fields[2]) >= since_us:
-                return True
-    finally:
-        os.close(fd)
-
-
 # ----------------------------------------------------------------------------- one run
 @dataclass
 class RunResult:
@@ -321,150 +177,6 @@ class RunResult:
             return None
         text = self.final_exception if self.final_exception is not None else self.stderr_tail
         return classify_exit(self.exit_code, text, kernel_oom=self.kernel_oom)
-
-
-def _memory_kb(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of a process in kB; (0, 0) when it is gone (or a zombie)."""
-    rss = hwm = 0
-    try:
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"VmRSS:"):
-                    rss = int(line.split()[1])
-                elif line.startswith(b"VmHWM:"):
-                    hwm = int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return rss, max(rss, hwm)
-
-
-class _Tree:
-    """The live descendants of ``root``, found incrementally: each tick lists /proc and reads the stat of new
-    pids only (membership of a process never changes: a descendant whose parent dies is reparented to the
-    wrapper, a subreaper, so it stays a descendant)."""
-
-    def __init__(self, root: int) -> None:
-        self.root = root
-        self.members: dict[int, int] = {}  # pid -> start time
-        self._others: set[int] = set()
-
-    def scan(self) -> dict[int, int]:
-        live = {int(n) for n in os.listdir("/proc") if n.isdigit()}
-        self.members = {p: t for p, t in self.members.items() if p in live}
-        self._others &= live
-        new = {}
-        for pid in live - self.members.keys() - self._others - {self.root}:
-            st = proc_stat(pid)
-            if st is not None:
-                new[pid] = st
-        changed = True
-        while changed:  # a new process may be the child of another new one
-            changed = False
-            for pid, (ppid, started, _) in list(new.items()):
-                if ppid == self.root or ppid in self.members:
-                    self.members[pid] = started
-                    del new[pid]
-                    changed = True
-        self._others.update(new)
-        return dict(self.members)
-
-
-class _Wrapper:
-    """Signals to the wrapper process through a pidfd (safe after the main thread reaped it), else Popen."""
-
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self.popen = popen
-        try:
-            self.pidfd: int | None = os.pidfd_open(popen.pid)
-        except (AttributeError, OSError):
-            self.pidfd = None
-
-    def send(self, sig: int) -> None:
-        try:
-            if self.pidfd is not None:
-                signal.pidfd_send_signal(self.pidfd, sig)
-            else:
-                self.popen.send_signal(sig)
-        except OSError:
-            pass
-
-    def wait(self, timeout: float) -> None:
-        """Sleep ``timeout`` seconds, or less when the wrapper exits meanwhile (a pidfd turns readable)."""
-        if self.pidfd is None:
-            time.sleep(timeout)
-        else:
-            select.select([self.pidfd], [], [], timeout)
-
-    def close(self) -> None:
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
-
-
-class _Watchdog(threading.Thread):
-    """Every ``MEMORY_TICK_S``: sample the trial's memory, enforce the polled cap (``poll_limit``), the timeout
-    and the stop event. Runs in its own thread, so nothing the metrics callbacks do can delay it."""
-
-    def __init__(self, wrapper: _Wrapper, cgroup: _cgroup.TrialCgroup | None, poll_limit: int | None,
-                 timeout_s: float | None, stop_event: threading.Event | None, started: float) -> None:
-        super().__init__(name=f"trial-watchdog-{wrapper.popen.pid}", daemon=True)
-        self.wrapper, self.cgroup, self.poll_limit = wrapper, cgroup, poll_limit
-        self.timeout_s, self.stop_event, self.started = timeout_s, stop_event, started
-        self.tree = _Tree(wrapper.popen.pid)
-        self.reason: str | None = None
-        self.current_bytes = 0
-        self.peak_bytes = 0
-        self.seen: set[int] = set()
-        self._done = threading.Event()
-        self._lock = threading.Lock()
-        self._members: dict[int, int] = {}
-
-    def stop(self, reason: str, hard: bool = False) -> bool:
-        """Ask the wrapper to stop the trial (SIGTERM, grace, SIGKILL), or with ``hard`` to SIGKILL it now.
-        The first reason wins; returns whether this call set it."""
-        with self._lock:
-            if self.reason is not None:
-                return False
-            self.reason = reason
-        if hard:
-            self.wrapper.send(KILL_NOW_SIGNAL)  # the wrapper SIGKILLs the whole tree
-            for pid, started in self._members.items():  # and so do we, without waiting for it
-                signal_process(pid, started, signal.SIGKILL)
-        else:
-            self.wrapper.send(signal.SIGTERM)
-        return True
-
-    def sample(self) -> None:
-        if self.cgroup is not None:
-            members = {pid: -1 for pid in self.cgroup.procs()}
-        else:
-            members = self.tree.scan()
-        rss = hwm = 0
-        for pid in members:
-            r, h = _memory_kb(pid)
-            rss, hwm = rss + r, hwm + h
-        self._members = {p: t for p, t in members.items() if t >= 0}
-        self.seen.update(members)
-        self.current_bytes = rss * 1024
-        self.peak_bytes = max(self.peak_bytes, hwm * 1024)
-        if self.poll_limit is not None and hwm * 1024 > self.poll_limit:
-            self.stop("memory", hard=True)
-        elif self.cgroup is not None and self.cgroup.limit_bytes is not None and self.cgroup.oom_killed():
-            self.stop("memory", hard=True)  # the kernel killed a process at the cap: the rest goes too (v1 has
-            # no memory.oom.group), as the polled cap would have killed the whole trial
-
-    def run(self) -> None:
-        while not self._done.is_set():
-            self.sample()
-            if self.timeout_s is not None and time.monotonic() - self.started > self.timeout_s:
-                self.stop("timeout")
-            if self.stop_event is not None and self.stop_event.is_set():
-                self.stop("interrupted")
-            self._done.wait(MEMORY_TICK_S)
-
-    def close(self) -> None:
-        self._done.set()
-        self.join()
 
 
 def _check_executable(argv0: str, env: Mapping[str, str], cwd: str | None) -> None:
@@ -530,7 +242,7 @@ class TrialProcess:
             wrapper_argv += ["--cgroup", str(cg.path)]
         if self.private_tmp is not None:
             wrapper_argv += ["--private-tmp", str(self.private_tmp)]
-        oom_kills_before = _global_oom_kills()
+        oom_kills_before = global_oom_kills()
         last_step, first_metric = None, None
         metrics_error: str | None = None
         try:
@@ -541,8 +253,8 @@ class TrialProcess:
                     stdout=out, stderr=err, start_new_session=True, close_fds=True,
                 )
                 self.pid = popen.pid
-                wrapper = _Wrapper(popen)
-                dog = _Watchdog(wrapper, cg, limit if cg is None else None, self.timeout_s, self.stop_event, start)
+                wrapper = WrapperHandle(popen)
+                dog = Watchdog(wrapper, cg, limit if cg is None else None, self.timeout_s, self.stop_event, start)
                 dog.start()
                 try:
                     next_tick = start
@@ -584,7 +296,7 @@ class TrialProcess:
                 cg.kill()
                 kernel_oom = cg.oom_killed()
                 cgroup_peak = cg.peak_bytes()
-            elif exit_code != 0 and (_global_oom_kills() or 0) > (oom_kills_before or 0):
+            elif exit_code != 0 and (global_oom_kills() or 0) > (oom_kills_before or 0):
                 kernel_oom = kernel_oom_killed(dog.seen | {popen.pid}, start)
         finally:
             if cg is not None:
@@ -611,7 +323,7 @@ class TrialProcess:
         )
 
 
-def _reap(popen: subprocess.Popen[bytes], wrapper: _Wrapper) -> None:
+def _reap(popen: subprocess.Popen[bytes], wrapper: WrapperHandle) -> None:
     """Wait for the wrapper, which exits only after the whole trial is dead; if it hangs (a trainer stuck in
     uninterruptible sleep), SIGKILL what can be killed and return."""
     try:

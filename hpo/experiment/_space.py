@@ -144,9 +144,10 @@ class StudySpec:
 class TrialSpec:
     backend: str = field(default="verl_core", metadata=_meta(
         "Trainer: verl_core (python -m verl_core train) or verl (python -m verl.trainer.main_ppo in trial.python, "
-        "hydra overrides; see hpo/backends/verl/_launch.py).", ("verl_core", "verl")))
+        "hydra overrides; see docs/verl.md).", ("verl_core", "verl")))
     python: str | None = field(default=None, metadata=_meta(
-        "backend verl: verl's interpreter; null = .venv-verl/bin/python (make install-verl) when it exists."))
+        "backend verl: verl's interpreter; null = .venv-gpu-verl/bin/python (make install-verl-gpu), else "
+        ".venv-verl/bin/python (make install-verl), else the driver's own."))
     command: tuple[str, ...] = field(default=DEFAULT_COMMAND, metadata=_meta("Trainer argv prefix."))
     prepare_command: tuple[str, ...] | None = field(default=None, metadata=_meta("Run once before trials."))
     n_jobs: int = field(default=1, metadata=_meta("Trials run in parallel."))

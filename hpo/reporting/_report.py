@@ -17,7 +17,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo.experiment._space import Space, format_value
 from hpo.study._confirm import confirmed, is_confirm
-from hpo.study._storage import mask_url, storage_downtime, storage_outages
+from hpo.study._retrying import storage_downtime, storage_outages
+from hpo.study._storage import mask_url
 
 BAR_WIDTH = 20
 
@@ -238,6 +239,16 @@ def top_table(study: optuna.Study, limit: int = 10) -> str:
     return "\n".join(lines)
 
 
+def _peak_rss_mb() -> float:
+    """This process's peak RSS: ``VmHWM`` (its own address space; ``ru_maxrss`` carries over a forking parent's
+    peak across exec), else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(ln.split()[1]) for ln in fh if ln.startswith("VmHWM")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
 def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
     counts: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):
@@ -245,7 +256,7 @@ def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
             counts[outcome(t)] = counts.get(outcome(t), 0) + 1
     saved = sum(float(t.user_attrs.get("compute_saved_s", 0.0)) for t in study.get_trials(deepcopy=False))
     parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-    driver_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    driver_mb = _peak_rss_mb()
     from hpo.study._checkpoints import disk_usage
 
     kept = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("checkpoint_kept")]

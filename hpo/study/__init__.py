@@ -1,21 +1,23 @@
 """The study loop: the ``Driver`` that asks, runs and tells trials beside other drivers, the study's storage
 (retrying through outages), stale-trial recovery and heartbeats, seed confirmation and checkpoint retention.
 
+Modules: ``_driver`` (the loop), ``_slots`` (claiming the target), ``_trial`` (one trial to its outcome), ``_command``
+(its argv, env and files), ``_watch`` (reporting, pruning and early stopping per metrics line), ``_optuna`` (sampler,
+pruner, creating and loading the study), ``_storage`` (URLs, opening), ``_retrying`` (riding out outages),
+``_recovery``, ``_confirm``, ``_checkpoints``, ``_errors``, ``_progress``.
+
 May import: ``hpo.backends``, ``hpo.execution``, ``hpo.experiment``, ``hpo.analysis``; never ``hpo.reporting``
 (progress goes to a ``Progress`` the caller hands in)."""
 
 from hpo.study._confirm import Confirmed, confirmed, queue_confirmations
-from hpo.study._driver import (
-    Driver,
-    DriverError,
-    TrialInterrupted,
-    load_stored,
-    make_pruner,
-    make_sampler,
-    n_finished,
-    open_study,
-)
+from hpo.study._driver import Driver
+from hpo.study._errors import DriverError, TrialInterrupted
+from hpo.study._optuna import load_stored, make_pruner, make_sampler, open_study
 from hpo.study._progress import Progress
+from hpo.study._retrying import RetryingStorage, StorageUnavailable
+from hpo.study._slots import n_finished
+from hpo.study._storage import open_storage
 
-__all__ = ["Confirmed", "Driver", "DriverError", "Progress", "TrialInterrupted", "confirmed", "load_stored",
-           "make_pruner", "make_sampler", "n_finished", "open_study", "queue_confirmations"]
+__all__ = ["Confirmed", "Driver", "DriverError", "Progress", "RetryingStorage", "StorageUnavailable",
+           "TrialInterrupted", "confirmed", "load_stored", "make_pruner", "make_sampler", "n_finished", "open_storage",
+           "open_study", "queue_confirmations"]

@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 CHECKPOINTS = "checkpoints"
-TRIAL_MARKER = ".verl-hpo-trial"  # the driver's mark in every trial directory it creates (hpo.study._driver)
+TRIAL_MARKER = ".verl-hpo-trial"  # the driver's mark in every trial directory it creates (hpo.study._command)
 
 
 def dir_bytes(path: Path) -> int:

@@ -6,7 +6,7 @@ SQLite, PostgreSQL/MySQL and Redis (JournalStorage) alike:
 
 * **Heartbeat.** Every running trial carries system attr ``hpo:heartbeat`` (wall-clock seconds), written by
   its driver's :class:`Heartbeat` thread every ``heartbeat_interval`` seconds. The storage retries a beat
-  through an outage (:class:`hpo.study._storage.RetryingStorage`); an error that still comes through is logged
+  through an outage (:class:`hpo.study._retrying.RetryingStorage`); an error that still comes through is logged
   once and the thread beats on; if the trial was finished by someone else, the driver is told (``lost``)
   and stops it.
 * **Stale.** A RUNNING trial is dead when its driver's pid is comparable with ours and gone
@@ -38,7 +38,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.execution._identity import identity_alive
-from hpo.study._storage import storage_recovered_at
+from hpo.study._retrying import storage_recovered_at
 
 ATTR_HEARTBEAT = "hpo:heartbeat"
 ATTR_RESULT = "hpo:result"

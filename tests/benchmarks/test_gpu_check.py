@@ -242,8 +242,8 @@ print(json.dumps({'ok': row(44.0, 46.0, 42.0), 'low': row(30.0, 46.0, 42.0), 'hi
 
 
 def test_checkpoints_and_commands_are_read_as_the_driver_writes_them(tmp_path: Path) -> None:
-    """The checkpoint the SIGTERM waits for is a complete one (``verl._launch.checkpoint_step``), in any trial of the
-    study; the step a retry resumed from is read from its ``command.json``; the rows render in the table."""
+    """The checkpoint the SIGTERM waits for is a complete one (``hpo.backends.verl.checkpoint_step``), in any trial
+    of the study; the step a retry resumed from is read from its ``command.json``; the rows render in the table."""
     out = run_py("""
 work = Path(argv[0])
 run = g.StudyRun.of(work, [])

@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from hpo.experiment._space import SpaceError
-from hpo.study._driver import ATTR_SPACE
+from hpo.study._optuna import ATTR_SPACE
 from hpo.study._storage import check_study_name, mask_url, scrub
 from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, load, run_cli
 
@@ -350,7 +350,7 @@ def test_a_study_creation_cut_short_is_repaired_by_the_next_search(tmp_path: Pat
     """``search`` died right after storing the experiment: the next ``search`` writes the source path and the
     digest that are missing, so that ``resume`` needs no ``--space`` (its trainer command runs code)."""
     from hpo.experiment._space import load_space
-    from hpo.study._driver import ATTR_DIGEST, ATTR_SOURCE, _jsonable
+    from hpo.study._optuna import ATTR_DIGEST, ATTR_SOURCE, _jsonable
 
     path = fake_space(tmp_path, study={"n_trials": 2, "pruner": {"type": "none"}})
     space = load_space(str(path))

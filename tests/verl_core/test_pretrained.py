@@ -43,7 +43,7 @@ def test_addition_split_is_deterministic_and_disjoint(tmp_path: Path) -> None:
 
 
 def test_unknown_builtin_model_is_a_config_error() -> None:
-    from verl_core.trainer import resolve_model_path
+    from verl_core.resolve import resolve_model_path
 
     with pytest.raises(ConfigError, match="unknown built-in model"):
         resolve_model_path("builtin:gpt5", "actor_rollout_ref.model.path")

@@ -250,7 +250,7 @@ def test_greedy_validation_at_temperature_zero_equals_generate(tiny_model_dir: P
 def test_validation_metrics_as_verl() -> None:
     """verl's process_validation_metrics: per-prompt mean and std (ddof 0) over its n samples, averaged over
     the prompts of each data source; std only when n > 1."""
-    from verl_core.trainer import validation_metrics
+    from verl_core.validation import validation_metrics
 
     scores = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
     m = validation_metrics(scores, ["a", "a", "b"])

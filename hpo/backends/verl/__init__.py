@@ -1,5 +1,70 @@
 """Real verl as a trial backend (``python -m verl.trainer.main_ppo`` in verl's interpreter): ``_launch`` builds a
-trial's argv, environment and resume point; ``_compose`` runs inside verl's interpreter to compose and check
-configs; ``_data`` is the shipped data's prepare step.
+trial's argv, environment and scratch directory; ``_resume`` finds the checkpoint a retry continues from and the
+curve its attempts logged; ``_check`` composes and checks a space's configs and the interpreter with verl's own
+code; ``_compose`` is the script that runs inside verl's interpreter for it; ``_data`` is the shipped data's
+prepare step.
 
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
+
+from hpo.backends.verl._check import (
+    COMPOSE_SCRIPT,
+    SKIP_INTERPRETER_CHECK,
+    ComposedConfig,
+    ComposeReport,
+    Corner,
+    VerlConfigError,
+    check_space,
+    check_verl_launch,
+    check_verl_metrics,
+    check_verl_space,
+    compose_corners,
+    interpreter_problem,
+    space_corners,
+    trial_base_env,
+    val_core_metric,
+    verl_metric_examples,
+    verl_metric_ok,
+)
+from hpo.backends.verl._launch import (
+    DEFAULT_CONFIG,
+    DEFAULT_VENV,
+    DRIVER_KEYS,
+    GPU_INSTALL_HINT,
+    GPU_VENV,
+    INSTALL_HINT,
+    MAIN_MODULE,
+    config_args,
+    default_python,
+    format_override,
+    format_value,
+    is_config_path,
+    override_key,
+    scratch_dir,
+    verl_argv,
+    verl_cleanup,
+    verl_env,
+    verl_metrics_path,
+    verl_overrides,
+)
+from hpo.backends.verl._resume import (
+    CHECKPOINT_TRACKER,
+    ResumePoint,
+    attempt_files,
+    checkpoint_complete,
+    checkpoint_step,
+    replay_records,
+    resume_checkpoints,
+    resume_point,
+    resumed_from,
+)
+
+__all__ = [
+    "CHECKPOINT_TRACKER", "COMPOSE_SCRIPT", "DEFAULT_CONFIG", "DEFAULT_VENV", "DRIVER_KEYS", "GPU_INSTALL_HINT",
+    "GPU_VENV", "INSTALL_HINT", "MAIN_MODULE", "SKIP_INTERPRETER_CHECK", "ComposeReport", "ComposedConfig", "Corner",
+    "ResumePoint", "VerlConfigError", "attempt_files", "check_space", "check_verl_launch", "check_verl_metrics",
+    "check_verl_space", "checkpoint_complete", "checkpoint_step", "compose_corners", "config_args", "default_python",
+    "format_override", "format_value", "interpreter_problem", "is_config_path", "override_key", "replay_records",
+    "resume_checkpoints", "resume_point", "resumed_from", "scratch_dir", "space_corners", "trial_base_env",
+    "val_core_metric", "verl_argv", "verl_cleanup", "verl_env", "verl_metric_examples", "verl_metric_ok",
+    "verl_metrics_path", "verl_overrides",
+]

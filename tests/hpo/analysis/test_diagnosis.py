@@ -336,9 +336,10 @@ def test_validate_names_the_field_and_value(changes: dict[str, Any], problem: tu
 # ----------------------------------------------------------------------------- the real trainer
 @pytest.mark.parametrize(("overrides", "label", "labels"), [
     ([], HEALTHY, ()),
-    # lr 0.5 (tiny_arith uses 1e-5): ppo_kl ~16 nats from step 1, then a deterministic policy that answers
-    # with max_response_length tokens (entropy 0, clip_ratio 1.0, score 0)
-    (["actor_rollout_ref.actor.optim.lr=0.5"], "kl_blowup", ("kl_blowup", "entropy_collapse", "length_clipping")),
+    # lr 0.5 (tiny_arith uses 1e-5): ppo_kl ~16 nats from step 1, then a deterministic policy (entropy 0). Whether
+    # that policy also answers with max_response_length tokens within 12 steps (length_clipping) depends on the
+    # locally built model's last bits (seen both ways on two machines), so that label is not required
+    (["actor_rollout_ref.actor.optim.lr=0.5"], "kl_blowup", ("kl_blowup", "entropy_collapse")),
 ])
 def test_real_trainer_stream(tmp_path: Path, overrides: list[str], label: str, labels: tuple[str, ...]) -> None:
     metrics = tmp_path / "metrics.jsonl"
@@ -347,7 +348,9 @@ def test_real_trainer_stream(tmp_path: Path, overrides: list[str], label: str, l
                       tmp_path, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     diag, stops = run((r["step"], r["data"]) for r in read_metrics(metrics))
-    assert (diag.label, diag.labels) == (label, labels), diag.evidence()
+    assert diag.label == label, diag.evidence()
+    assert diag.labels[:len(labels)] == labels and set(diag.labels) <= {*labels, "length_clipping"}, \
+        diag.evidence()
     if label == HEALTHY:
         assert stops == []
     else:

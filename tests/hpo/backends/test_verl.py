@@ -25,8 +25,8 @@ import optuna
 import pytest
 import yaml
 
-from hpo.backends.verl import _launch as _verl
-from hpo.backends.verl._launch import (
+from hpo.backends import verl as _verl
+from hpo.backends.verl import (
     DRIVER_KEYS,
     ComposedConfig,
     VerlConfigError,
@@ -44,7 +44,7 @@ from hpo.backends.verl._launch import (
     verl_metric_ok,
     verl_metrics_path,
 )
-from hpo.execution._runner import MetricsTail, TrialProcess
+from hpo.execution import MetricsTail, TrialProcess
 from hpo.experiment._objective import parse_objective
 from hpo.experiment._space import Space, SpaceError, TrialSpec, parse_space, read_yaml
 from tests.hpo.conftest import PY, ROOT, cli_env

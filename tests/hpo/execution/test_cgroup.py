@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpo.execution import _cgroup
-from hpo.execution._runner import TrialProcess, kernel_oom_killed
+from hpo.execution import TrialProcess, _cgroup, kernel_oom_killed
 from hpo.execution._trial_wrapper import start_time
 from tests.hpo.conftest import PY
 

@@ -111,9 +111,10 @@ def test_the_driver_stays_small_while_a_trial_writes_a_huge_line(tmp_path: Path,
     space = hostile_space(tmp_path, [{"eval": 0, "value": 0.1}, {"fill": 200 * 2**20}, {"write": "\n"},
                                      {"eval": 1, "value": 0.75}])
     rss_file = tmp_path / "driver_maxrss_kb"
-    probe = ("import resource, runpy, sys\nout = sys.argv.pop()\n"
+    probe = ("import runpy, sys\nout = sys.argv.pop()\n"
              "try:\n    runpy.run_module('hpo', run_name='__main__')\n"
-             "finally:\n    open(out, 'w').write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))\n")
+             "finally:\n    hwm = [ln.split()[1] for ln in open('/proc/self/status') if ln.startswith('VmHWM')]\n"
+             "    open(out, 'w').write(hwm[0])\n")
     res = subprocess.run([PY, "-c", probe, "search", "--space", str(space), "--study", "hostile", "--studies-dir",
                           str(studies), str(rss_file)], cwd=ROOT, env=cli_env(), capture_output=True, text=True,
                          timeout=300)

@@ -27,14 +27,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.reporting._dashboard import (
-    DashboardCallback,
-    build_html,
-    dashboard_command,
-    reference_point,
-    timeline_figure,
-    write_dashboard,
-)
+from hpo.reporting._dashboard import DashboardCallback, build_html, dashboard_command, write_dashboard
+from hpo.reporting._figures import reference_point, timeline_figure
 
 ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -201,13 +195,14 @@ def test_callback_rewrites_every_n_trials_and_never_raises(tmp_path: Path, capsy
                                                            ) -> None:
     study = small_study(tmp_path, 2)
     out = tmp_path / "small2" / "dashboard.html"
-    cb = DashboardCallback(out, "sqlite:///x.db", every=2)
+    url = f"sqlite:///{tmp_path / 'small2.db'}"  # the page is written by a process of its own, from the storage
+    cb = DashboardCallback(out, url, every=2)
     cb(study, study.trials[0])
     assert not out.exists()
     cb(study, study.trials[1])  # written in the background: the trial loop goes on meanwhile
     cb.wait(120)
     assert out.exists() and not list(out.parent.glob(".*.tmp"))
-    bad = DashboardCallback(tmp_path / "a-file" / "dashboard.html", "sqlite:///x.db", every=1)
+    bad = DashboardCallback(tmp_path / "a-file" / "dashboard.html", url, every=1)
     (tmp_path / "a-file").write_text("")
     bad(study, study.trials[0])
     bad.wait(120)
@@ -370,3 +365,26 @@ def test_browser_harness_sees_requests_and_errors(tmp_path: Path, browser: Any) 
     info = _open(browser, bad, "harness_canary.png")
     assert any("example.com" in u for u in info["foreign"]) and any("other.png" in u for u in info["foreign"])
     assert any("undefinedFunction" in e for e in info["errors"]), info["errors"]
+
+
+def test_the_driver_never_loads_the_page_s_libraries(tmp_path: Path) -> None:
+    """The page is written by a process of its own (every 5 trials and at the end): the driver's memory holds no
+    plotly or scikit-learn, and the page is there when the search returns (issue 23, a lighter driver)."""
+    import subprocess
+
+    from tests.hpo.conftest import PY, cli_env, fake_space
+
+    space = fake_space(tmp_path, study={"n_trials": 5, "pruner": {"type": "none"}})
+    probe = ("import runpy, sys\nout = sys.argv.pop()\n"
+             "try:\n    runpy.run_module('hpo', run_name='__main__')\n"
+             "finally:\n    open(out, 'w').write(' '.join(m for m in ('plotly', 'sklearn', 'scipy', 'torch')"
+             " if m in sys.modules))\n")
+    loaded = tmp_path / "loaded.txt"
+    studies = tmp_path / "studies"
+    res = subprocess.run([PY, "-c", probe, "search", "--space", str(space), "--studies-dir", str(studies),
+                          str(loaded)], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert loaded.read_text() == ""
+    page = studies / "fake" / "dashboard.html"
+    assert page.is_file() and "Plotly.newPlot" in page.read_text()
+    assert "dashboard not written" not in res.stderr

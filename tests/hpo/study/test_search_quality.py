@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 from hpo.experiment._objective import Objective
 from hpo.experiment._space import PrunerSpec, SamplerSpec
-from hpo.study._driver import make_pruner, make_sampler
+from hpo.study._optuna import make_pruner, make_sampler
 from tests.hpo.conftest import fake_space, load, run_cli
 
 

@@ -204,7 +204,7 @@ def wait_for(pred: Callable[[], bool], timeout: float = 60, what: str = "conditi
 
 def test_an_unwritable_sqlite_database_is_ridden_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Three threads write while the database cannot be written: one outage, every write lands once it can."""
-    from hpo.study._storage import storage_downtime, storage_outages
+    from hpo.study._retrying import storage_downtime, storage_outages
 
     (tmp_path / "db").mkdir()
     storage = open_storage(f"sqlite:///{tmp_path / 'db' / 's.db'}", StudySpec(storage_retry_s=120))
@@ -239,7 +239,7 @@ def test_a_finish_whose_acknowledgement_was_lost_is_not_an_error(tmp_path: Path)
     from optuna.exceptions import UpdateFinishedTrialError
     from sqlalchemy.exc import OperationalError
 
-    from hpo.study._storage import storage_outages
+    from hpo.study._retrying import storage_outages
 
     storage = open_storage(f"sqlite:///{tmp_path / 's.db'}", StudySpec(storage_retry_s=30))
     study = optuna.create_study(study_name="s", storage=storage)
@@ -288,7 +288,7 @@ def test_which_errors_are_an_outage() -> None:
     from optuna.exceptions import UpdateFinishedTrialError
     from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
-    from hpo.study._storage import StorageUnavailable, unavailable_cause
+    from hpo.study._retrying import StorageUnavailable, unavailable_cause
 
     pg_down = OperationalError("SELECT 1", {}, Exception("connection to server failed: Connection refused"))
     outage = [pg_down, _wrapped(pg_down), InterfaceError("SELECT 1", {}, Exception("connection already closed")),
@@ -305,7 +305,7 @@ def test_which_errors_are_an_outage() -> None:
 
 
 def test_a_permanent_error_is_raised_at_once(tmp_path: Path) -> None:
-    from hpo.study._storage import storage_outages
+    from hpo.study._retrying import storage_outages
 
     storage = open_storage(f"sqlite:///{tmp_path / 's.db'}", StudySpec(storage_retry_s=60))
     study = optuna.create_study(study_name="s", storage=storage)

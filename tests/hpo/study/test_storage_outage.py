@@ -127,7 +127,7 @@ def wait_for(pred: Callable[[], bool], timeout: float = 60, what: str = "conditi
 # ----------------------------------------------------------------------------- the storage
 def test_a_restart_during_a_call_is_ridden_out(pg: PgServer, capsys: pytest.CaptureFixture[str]) -> None:
     """Calls made while the server is down wait for it; the pool reconnects; the outage is counted once."""
-    from hpo.study._storage import storage_downtime, storage_outages
+    from hpo.study._retrying import storage_downtime, storage_outages
 
     storage = open_storage(pg.url, StudySpec(storage_retry_s=120))
     study = optuna.create_study(study_name=f"r-{uuid.uuid4().hex[:8]}", storage=storage)
@@ -159,7 +159,7 @@ def test_a_restart_during_a_call_is_ridden_out(pg: PgServer, capsys: pytest.Capt
 
 def test_an_idle_pool_reconnects_after_a_restart(pg: PgServer) -> None:
     """Pooled connections the restart killed are replaced before use (pool_pre_ping): no error, no outage."""
-    from hpo.study._storage import storage_outages
+    from hpo.study._retrying import storage_outages
 
     storage = open_storage(pg.url, StudySpec(storage_retry_s=30))
     study = optuna.create_study(study_name=f"i-{uuid.uuid4().hex[:8]}", storage=storage)
@@ -172,7 +172,7 @@ def test_an_idle_pool_reconnects_after_a_restart(pg: PgServer) -> None:
 
 def test_past_the_window_a_call_raises_one_line_without_the_password(pg: PgServer,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from hpo.study._storage import StorageUnavailable, storage_downtime, storage_error_line, storage_outages
+    from hpo.study._retrying import StorageUnavailable, storage_downtime, storage_error_line, storage_outages
 
     secret = "s3cret-pw"  # trust authentication ignores it
     url = pg.url.replace("postgres@", f"postgres:{secret}@")
@@ -204,7 +204,7 @@ def test_threads_working_through_rapid_restarts_see_no_error(pg: PgServer) -> No
     """Four threads ask, suggest, write attributes, report and tell while the server restarts again and again
     (connections die mid-query, mid-commit, in the pool): not one error reaches them, every trial completes
     once. (Optuna's trial read retries a broken query on the broken session: PendingRollbackError.)"""
-    from hpo.study._storage import storage_outages
+    from hpo.study._retrying import storage_outages
 
     storage = open_storage(pg.url, StudySpec(storage_retry_s=120))
     study = optuna.create_study(study_name=f"t-{uuid.uuid4().hex[:8]}", storage=storage)
@@ -307,7 +307,7 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 def test_a_redis_restart_during_a_call_is_ridden_out(redis_server: RedisServer) -> None:
     """The same on a JournalStorage: a call made while Redis is down waits for it and lands once."""
-    from hpo.study._storage import storage_outages
+    from hpo.study._retrying import storage_outages
 
     storage = open_storage(redis_server.url, StudySpec(storage_retry_s=120))
     study = optuna.create_study(study_name="r", storage=storage)
@@ -343,8 +343,9 @@ def test_three_workers_ride_out_two_database_restarts(pg: PgServer, tmp_path: Pa
     """3 workers on one study; the server is stopped for 20 s, twice, while trials run. Every worker waits
     and goes on; the study ends with exactly n_trials finished, every one complete and intact, nothing left
     running or waiting, no parameter set run twice."""
-    from hpo.study._driver import ATTR_TARGET, is_finished
+    from hpo.study._optuna import ATTR_TARGET
     from hpo.study._recovery import ATTR_HEARTBEAT
+    from hpo.study._slots import is_finished
 
     n_trials, down_s, outages = 12, 20.0, 2
     name, studies, log = f"chaos-{uuid.uuid4().hex[:8]}", tmp_path / "studies", tmp_path / "runs.jsonl"

@@ -1,0 +1,165 @@
+"""Retries of a verl trial: the newest complete checkpoint along a retry chain, and the curve its attempts logged.
+
+Every attempt saves into its own ``<trial dir>/checkpoints``. A retry of an interrupted trial (``retry_history`` of
+the Optuna trial) continues from the newest complete checkpoint of any earlier attempt of its chain
+(:func:`resume_point`; complete = every piece verl's ``_load_checkpoint`` reads, whatever the tracker file says:
+verl removes the previous ``actor/`` before it rewrites the tracker) with ``trainer.resume_mode=resume_path
+trainer.resume_from_path=<global_step_N>``. The steps that the attempts leading to that checkpoint logged are read
+back by :func:`replay_records` (:meth:`ResumePoint.records`). Across hosts this needs the studies directory on a
+shared filesystem; without a checkpoint the retry starts afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpo.backends.verl._launch import verl_metrics_path
+from hpo.execution._metrics import MetricsTail
+
+CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"  # verl's trainer writes it after each checkpoint
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+_SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
+
+
+def _shards_complete(folder: Path) -> bool:
+    """An FSDP checkpoint of one role (``actor/``, ``critic/``) as verl's ``FSDPCheckpointManager.load_checkpoint``
+    opens it: ``model_world_size_W_rank_r.pt`` for every rank r < W, and the ``optim_``/``extra_state_`` shards
+    of every rank when that kind was saved at all (``checkpoint.save_contents``). A Megatron checkpoint
+    (``dist_ckpt/``) counts when that directory is there."""
+    try:
+        names = [p.name for p in folder.iterdir()]
+    except OSError:
+        return False
+    if "dist_ckpt" in names:
+        return True
+    shards: dict[str, set[tuple[int, int]]] = {}
+    for name in names:
+        m = _SHARD.match(name)
+        if m:
+            shards.setdefault(m.group(1), set()).add((int(m.group(2)), int(m.group(3))))
+    model = shards.get("model", set())
+    sizes = {w for w, _ in model}
+    if len(sizes) != 1:
+        return False
+    world = sizes.pop()
+    return all(got == {(world, r) for r in range(world)} for got in shards.values())
+
+
+def checkpoint_complete(step_dir: Path, critic: bool | None = None) -> bool:
+    """Whether a ``global_step_N`` directory holds everything verl 0.9.1's ``_load_checkpoint``
+    (``trainer/ppo/v1/trainer_base.py``) reads: ``actor/`` shards, ``critic/`` shards when the run has a critic
+    (``critic=None``: when a ``critic/`` directory is there or a sibling step has one), and ``data.pt``, which
+    ``_save_checkpoint`` writes after both roles and right before the tracker file. A save removes the previous
+    step's ``actor/`` (``max_actor_ckpt_to_keep``) before it rewrites the tracker, so a step the tracker names
+    can be half gone, and a step after it can be complete without the tracker naming it."""
+    if not (step_dir / "data.pt").is_file() or not _shards_complete(step_dir / "actor"):
+        return False
+    if critic is None:
+        critic = any((d / "critic").is_dir() for d in step_dir.parent.glob("global_step_*"))
+    return not critic or _shards_complete(step_dir / "critic")
+
+
+def checkpoint_step(checkpoints: Path) -> int | None:
+    """The step of the newest complete checkpoint (:func:`checkpoint_complete`) in a ``default_local_dir``,
+    whether or not verl's tracker file names it; None when there is none."""
+    try:
+        steps = sorted((int(m.group(1)) for d in checkpoints.iterdir() if (m := _STEP_DIR.match(d.name))),
+                       reverse=True)
+    except OSError:
+        return None
+    return next((s for s in steps if checkpoint_complete(checkpoints / f"global_step_{s}")), None)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a retry continues: ``checkpoint`` (a ``global_step_<step>`` directory, passed as
+    ``trainer.resume_mode=resume_path trainer.resume_from_path=<checkpoint>``) and the metrics files of the
+    attempts whose training led to it (``lineage``, oldest first; ``starts``: the step each of them resumed from,
+    None for a fresh start), for :func:`replay_records`."""
+
+    checkpoint: Path
+    step: int
+    lineage: tuple[Path, ...]
+    starts: tuple[int | None, ...]
+
+    def records(self) -> list[tuple[int, dict[str, Any]]]:
+        """The steps the lineage logged up to the checkpoint, as one curve."""
+        return replay_records(self.lineage, self.step, self.starts)
+
+
+def resumed_from(trial_dir: Path) -> Path | None:
+    """The checkpoint an attempt was started from (``trainer.resume_from_path`` in its ``command.json``)."""
+    try:
+        argv = json.loads((trial_dir / "command.json").read_text())["argv"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    value = next((a.split("=", 1)[1] for a in argv if isinstance(a, str)
+                  and a.startswith("trainer.resume_from_path=")), None)
+    return None if value in (None, "null") else Path(value.strip("'"))
+
+
+def resume_point(trials_dir: Path, retry_history: Sequence[int]) -> ResumePoint | None:
+    """The newest complete checkpoint along a retry chain (attempt k ran as trial ``retry_history[k]`` and saved
+    into ``<trials_dir>/<retry_history[k]>/checkpoints``), and the lineage of attempts that led to it; None when
+    no attempt left a complete checkpoint (the retry starts afresh)."""
+    best: tuple[int, int] | None = None  # (step, attempt)
+    for k, number in enumerate(retry_history):
+        step = checkpoint_step(trials_dir / str(number) / "checkpoints")
+        if step is not None and (best is None or step >= best[0]):
+            best = (step, k)
+    if best is None:
+        return None
+    step, k = best
+    index = {str(n): i for i, n in enumerate(retry_history)}
+    chain: list[tuple[int, int | None]] = []  # (attempt, the step it resumed from)
+    seen: set[int] = set()
+    attempt: int | None = k
+    while attempt is not None and attempt not in seen:
+        seen.add(attempt)
+        source = resumed_from(trials_dir / str(retry_history[attempt]))
+        m = _STEP_DIR.match(source.name) if source is not None else None
+        chain.append((attempt, int(m.group(1)) if m else None))
+        attempt = index.get(source.parent.parent.name) if source is not None and m else None
+    chain.reverse()
+    return ResumePoint(trials_dir / str(retry_history[k]) / "checkpoints" / f"global_step_{step}", step,
+                       tuple(verl_metrics_path(trials_dir / str(retry_history[a]), a) for a, _ in chain),
+                       tuple(s for _, s in chain))
+
+
+def resume_checkpoints(trials_dir: Path, retry_history: Sequence[int]) -> Path | None:
+    """The ``global_step_N`` directory a retry continues from (:func:`resume_point`), else None."""
+    point = resume_point(trials_dir, retry_history)
+    return None if point is None else point.checkpoint
+
+
+def attempt_files(trials_dir: Path, retry_history: Sequence[int]) -> list[Path]:
+    """The metrics files of the earlier attempts of a chain, oldest first (attempt k ran as trial
+    ``retry_history[k]``)."""
+    return [verl_metrics_path(trials_dir / str(n), k) for k, n in enumerate(retry_history)]
+
+
+def replay_records(files: Sequence[Path], upto_step: int,
+                   starts: Sequence[int | None] | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """The steps attempts logged, as one curve up to ``upto_step`` (the checkpoint a retry resumes from).
+
+    ``files``: one lineage, oldest first: each attempt continued from a checkpoint of the one before it
+    (:attr:`ResumePoint.lineage`). ``starts[k]``: the step attempt k resumed from (None: a fresh start; not
+    given: the step of its first record). An attempt's records replace the earlier ones after its start; at
+    the start step itself both are merged, the later winning (the earlier attempt's training metrics of that
+    step, the later one's validation of the checkpoint)."""
+    merged: dict[int, dict[str, Any]] = {}
+    for k, path in enumerate(files):
+        records = MetricsTail(path).read()
+        start = starts[k] if starts is not None and k < len(starts) else (records[0][0] if records else None)
+        if starts is not None and start is None:
+            merged = {}  # a fresh start: nothing before it belongs to this curve
+        elif start is not None:
+            merged = {s: d for s, d in merged.items() if s <= start}
+        for step, data in records:
+            merged[step] = {**merged.get(step, {}), **data}
+    return sorted((s, d) for s, d in merged.items() if s <= upto_step)

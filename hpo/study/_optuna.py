@@ -1,0 +1,146 @@
+"""The study's Optuna objects: the seeded sampler and the pruner an experiment names, and the study itself, created
+(or joined, when it exists with the same space) or loaded back from its stored space for ``resume``.
+
+A study made by verl-hpo keeps its experiment in user attrs: ``hpo:space`` (the parsed file), ``hpo:source`` (its
+path), ``hpo:space_sha256`` (:func:`hpo.experiment._trust.experiment_digest`) and ``hpo:n_trials`` (the target)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import warnings
+from typing import Any
+
+import optuna
+
+from hpo.execution._identity import driver_identity
+from hpo.experiment._space import PrunerSpec, SamplerSpec, Space, SpaceError, space_from_stored
+from hpo.experiment._trust import experiment_digest
+from hpo.study._storage import mask_url, open_storage, study_exists
+
+ATTR_SPACE = "hpo:space"
+ATTR_SOURCE = "hpo:source"
+ATTR_TARGET = "hpo:n_trials"
+ATTR_DIGEST = "hpo:space_sha256"
+
+
+def sampler_seed(base: int | None, n_existing: int, joining: bool) -> int | None:
+    """A new study: the base seed (reproducible). Resumed or joined: base + existing trials, and for a
+    joining driver a hash of its identity too, so that drivers starting together draw different values."""
+    if base is None:
+        return None
+    seed = base + n_existing
+    if joining:
+        ident = json.dumps(driver_identity(), sort_keys=True)
+        seed += int(hashlib.sha256(ident.encode()).hexdigest()[:8], 16)
+    return seed % 2**32
+
+
+def make_sampler(spec: SamplerSpec, n_existing: int, joining: bool = False) -> optuna.samplers.BaseSampler:
+    """Seeded by :func:`sampler_seed`. TPE imputes running trials' values (``constant_liar``; Optuna 5 makes
+    it multivariate always), so parallel workers spread out instead of sampling the same point."""
+    seed = sampler_seed(spec.seed, n_existing, joining)
+    if spec.type == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if spec.type == "gp":  # imports torch (CPU) into the driver: only when asked for
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=spec.n_startup_trials)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
+
+
+def make_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
+    """The pruner of ``spec.type``, inside Optuna's PatientPruner when ``spec.patience`` is set. (The warm-up in
+    evaluations, ``n_warmup_evals``, is applied by the driver before it asks any pruner.)"""
+    inner = _base_pruner(spec)
+    if spec.patience is not None and spec.type != "none":
+        with warnings.catch_warnings():  # "experimental" since Optuna 2.8; stable in use
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.pruners.PatientPruner(inner, patience=spec.patience, min_delta=spec.min_delta)
+    return inner
+
+
+def _base_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
+    if spec.type == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=spec.n_startup_trials,
+                                           n_warmup_steps=spec.n_warmup_steps, interval_steps=spec.interval_steps)
+    if spec.type == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=spec.min_resource,
+                                              max_resource=spec.max_resource or "auto",
+                                              reduction_factor=spec.reduction_factor)
+    if spec.type == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=spec.min_resource,
+                                                      reduction_factor=spec.reduction_factor)
+    return optuna.pruners.NopPruner()
+
+
+
+def quiet_optuna() -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
+
+
+def _essentials(raw: dict[str, Any]) -> dict[str, Any]:
+    return {k: raw.get(k) for k in ("config", "overrides", "params", "objective")}
+
+
+def _jsonable(raw: dict[str, Any]) -> dict[str, Any]:
+    return dict(json.loads(json.dumps(raw, default=str)))
+
+
+def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:
+    """Create the study, or load it when it exists with the same space (else SpaceError)."""
+    storage = open_storage(storage_url, space.study)
+    directions = space.objective.directions
+    n_existing = 0
+    if study_exists(storage, study_name):
+        old = optuna.load_study(study_name=study_name, storage=storage)
+        stored = old.user_attrs.get(ATTR_SPACE)
+        if stored is not None and _essentials(stored) != _essentials(_jsonable(space.raw)):
+            raise SpaceError(f"study {study_name!r} in {mask_url(storage_url)} was made from a different space "
+                             f"({old.user_attrs.get(ATTR_SOURCE)}); choose another --study or use resume")
+        old_dirs = [d.name.lower() for d in old.directions]
+        if old_dirs != directions:
+            raise SpaceError(f"study {study_name!r} has direction(s) {', '.join(old_dirs)}, space says "
+                             f"{', '.join(directions)}")
+        n_existing = len(old.trials)
+    study = optuna.create_study(study_name=study_name, storage=storage,
+                                directions=[optuna.study.StudyDirection[d.upper()] for d in directions],
+                                load_if_exists=True,
+                                sampler=make_sampler(space.study.sampler, n_existing, joining=n_existing > 0),
+                                pruner=make_pruner(space.study.pruner))
+    # each attribute on its own: a search that died half-way through creating the study is repaired by the next
+    attrs = study.user_attrs
+    if not study.metric_names:
+        study.set_metric_names(space.objective.names)
+    if ATTR_SPACE not in attrs:
+        study.set_user_attr(ATTR_SPACE, _jsonable(space.raw))
+    if ATTR_SOURCE not in attrs:
+        study.set_user_attr(ATTR_SOURCE, space.source)
+    if ATTR_DIGEST not in attrs:
+        study.set_user_attr(ATTR_DIGEST, experiment_digest(_jsonable(space.raw)))
+    study.set_user_attr(ATTR_TARGET, space.study.n_trials)
+    return study
+
+
+def load_stored(study_name: str, storage_url: str, n_trials: int | None) -> tuple[Space, optuna.Study]:
+    """The space a study was made from, and the study opened with a sampler reseeded for resume."""
+    from hpo.experiment._space import StudySpec
+
+    storage = open_storage(storage_url, StudySpec())
+    if not study_exists(storage, study_name):
+        raise SpaceError(f"no study {study_name!r} in {mask_url(storage_url)} (start one with verl-hpo search)")
+    old = optuna.load_study(study_name=study_name, storage=storage)
+    raw = old.user_attrs.get(ATTR_SPACE)
+    if not isinstance(raw, dict):
+        raise SpaceError(f"study {study_name!r} in {mask_url(storage_url)} was not made by verl-hpo (no stored space)")
+    space = space_from_stored(raw, str(old.user_attrs.get(ATTR_SOURCE, "stored space")), study_name)
+    target = n_trials or int(old.user_attrs.get(ATTR_TARGET, space.study.n_trials))
+    space = dataclasses.replace(space, study=dataclasses.replace(space.study, n_trials=target))
+    storage = open_storage(storage_url, space.study)
+    study = optuna.load_study(study_name=study_name, storage=storage,
+                              sampler=make_sampler(space.study.sampler, len(old.trials), joining=True),
+                              pruner=make_pruner(space.study.pruner))
+    if n_trials is not None:
+        study.set_user_attr(ATTR_TARGET, target)
+    return space, study

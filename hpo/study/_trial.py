@@ -1,0 +1,372 @@
+"""Running one trial: its trainer subprocess on devices of the pool, pruning and reward-aware early stopping (the
+:class:`~hpo.study._watch.Watch`), failure mapping, checkpoint retention, and the state and values to tell.
+
+Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, ``exit_code``,
+``first_metric_s``, ``last_step``, ``trial_dir``, ``worker``):
+
+* ran to the end            -> COMPLETE, value = the objective's aggregate of its evaluations (``objective.aggregate``:
+  the last one by default)
+* ``stop_reason=converged|collapsed`` -> COMPLETE, value = the aggregate so far, ``compute_saved_s``
+  (early stopping: the spread metric stayed small with the objective above / below ``min_value``)
+* ``stop_reason=plateau`` -> the same: the objective stopped improving (``early_stopping.plateau_evals``)
+* ``stop_reason=collapsed:<label>`` -> the same, stopped by the diagnosis (:mod:`hpo.analysis._diagnosis`: ``nan``,
+  ``entropy_collapse``, ``kl_blowup``); with no finite evaluation yet, the worst value. Every trial also gets
+  ``diagnosis`` (one label), ``diagnosis_labels`` and ``diagnosis_evidence``.
+* ``stop_reason=pruned``    -> PRUNED (Optuna stores the last reported value), ``compute_saved_s``
+* ``fail_reason=oom|timeout|bad_metrics|killed|crash`` -> COMPLETE with the worst value (``-inf``/``+inf``), or FAIL
+  with ``on_failure: fail``; ``stderr_tail`` (and ``error``) say why. ``oom`` only when it is one (the
+  driver's cap, a final MemoryError / CUDA OOM, or a kernel OOM kill confirmed); another signal death is
+  ``killed`` (see :func:`hpo.execution._runner.classify_exit`); ``bad_metrics`` when the metrics path is not a regular
+  file (a FIFO, a device). A bad metrics line is never a failure: it is skipped and counted (``metrics_bad_lines``)
+* interrupted (Ctrl-C, SIGTERM, SIGHUP, driver death) -> FAIL without a recorded result; a WAITING copy with
+  the same parameters is queued, so ``resume`` (or any worker) runs it first. Trials of a dead driver are
+  found by every other driver of the study (:mod:`hpo.study._recovery`: a dead pid where pids are comparable,
+  else a stale heartbeat).
+* ``fail_reason=predicted_oom`` -> not launched: the memory estimate does not fit the trial's budget
+  (:mod:`hpo.backends._preflight`); recorded like a failure, with ``predicted_memory_gb`` and ``memory_budget_gb``
+* ``stop_reason=surplus`` -> FAIL, never run: several drivers asked at once and the target was taken
+  (:mod:`hpo.study._driver`).
+* ``stop_reason=driver_error`` -> FAIL, queued again: the driver could not run the trial (a launch or disk error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from hpo.analysis._diagnosis import Diagnoser
+from hpo.backends._preflight import predict
+from hpo.backends.verl import (
+    default_python,
+    resume_point,
+    scratch_dir,
+    verl_argv,
+    verl_cleanup,
+    verl_env,
+    verl_metrics_path,
+)
+from hpo.execution._devices import DevicePool
+from hpo.execution._runner import RunResult, TrialProcess, read_tail
+from hpo.experiment._objective import Scored
+from hpo.experiment._space import Space
+from hpo.study._checkpoints import clean_after
+from hpo.study._command import (
+    fresh_trial_dir,
+    total_steps,
+    trainer_overrides,
+    trial_command,
+    trial_env,
+    write_trial_files,
+)
+from hpo.study._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, seed_overrides
+from hpo.study._errors import DriverError, TrialFailed, TrialInterrupted, TrialLost
+from hpo.study._progress import Progress
+from hpo.study._recovery import queue_retry
+from hpo.study._retrying import STORAGE_ERRORS
+from hpo.study._slots import is_finished
+from hpo.study._watch import Watch
+
+# errors of the study's database (not of the disk or a launch): they go to the caller as they are
+DB_ERRORS: tuple[type[BaseException], ...] = (
+    *(e for e in STORAGE_ERRORS if e is not OSError), optuna.exceptions.StorageInternalError)
+STOPS = ("pruned", "converged", "collapsed", "plateau")  # a stop decided by the Watch (or ``collapsed:<label>``)
+
+
+class _TrialStop(threading.Event):
+    """Set when the driver stops or the trial is lost: what a trial process and a device wait watch."""
+
+    def __init__(self, stop: threading.Event, lost: threading.Event) -> None:
+        super().__init__()
+        self._events = (stop, lost)
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self._events)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._events[0].wait(0.05 if left is None else min(0.05, left))
+        return True
+
+
+def frozen_trial(study: optuna.Study, number: int) -> FrozenTrial:
+    return next(t for t in study.get_trials(deepcopy=True) if t.number == number)
+
+
+def _suggest(trial: Trial, p: Any) -> Any:
+    if p.type == "categorical":
+        return trial.suggest_categorical(p.name, list(p.choices))
+    if p.type == "int":
+        return trial.suggest_int(p.name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+    return trial.suggest_float(p.name, p.low, p.high, step=p.step, log=p.log)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """One attempt of a trial as decided before it waits for devices."""
+
+    values: dict[str, Any]  # the sampled parameters, by name
+    retry_of: int | None
+    trial_dir: Path
+    history: list[int]  # the retry chain's earlier trial numbers
+    metrics: Path
+    confirm_seed: Any
+    overrides: list[str]
+    argv: list[str]
+    total: int | None  # trainer.total_training_steps, when known
+
+
+class TrialRunner:
+    """Runs one asked trial to the state and values its driver tells (see the module docstring)."""
+
+    def __init__(self, space: Space, study: optuna.Study, trials_dir: Path, reporter: Progress,
+                 stop_event: threading.Event, cwd: str, identity: dict[str, Any], pool: DevicePool) -> None:
+        self.space = space
+        self.study = study
+        self.trials_dir = trials_dir
+        self.reporter = reporter
+        self.stop_event = stop_event
+        self.cwd = cwd
+        self.identity = identity
+        self.pool = pool
+
+    def run(self, trial: Trial, lost: threading.Event) -> tuple[TrialState, list[float] | None]:
+        """The trial's state and values, its checkpoints cleaned. TrialInterrupted, TrialLost and the database's
+        errors go to the caller; any other error abandons the trial (DriverError)."""
+        state, values = TrialState.COMPLETE, None
+        try:
+            out = self.objective(trial, lost)
+            values = list(out) if isinstance(out, list) else [out]
+        except optuna.TrialPruned:
+            state = TrialState.PRUNED
+        except TrialFailed:
+            state = TrialState.FAIL
+        except Exception as err:  # noqa: BLE001
+            if isinstance(err, (TrialInterrupted, TrialLost, UpdateFinishedTrialError, *DB_ERRORS)):
+                raise
+            self._abandon(trial, err)  # a launch or disk error (not the trial's doing): queued, never RUNNING
+        self._clean_checkpoints(trial, state, values)
+        return state, values
+
+    def objective(self, trial: Trial, lost: threading.Event) -> float | list[float]:
+        """Run one trial's process to its outcome: values to tell, or TrialPruned / TrialFailed /
+        TrialInterrupted / TrialLost (``lost``: another driver finished this trial, taking us for dead)."""
+        plan = self._plan(trial)
+        self.reporter.trial_started(trial.number, plan.values, plan.retry_of)
+        waited = time.monotonic()
+        devices = self.pool.acquire(_TrialStop(self.stop_event, lost))
+        entered = time.monotonic()
+        if self.space.trial.preflight and self.space.trial.is_default_command:
+            pred = predict(self.space, plan.overrides, devices)
+            if not pred.fits:
+                self.pool.release(devices)
+                (plan.trial_dir / "memory_estimate.txt").write_text(pred.table + "\n")
+                trial.set_user_attr("predicted_memory_gb", round(pred.total / 2**30, 4))
+                trial.set_user_attr("memory_budget_gb", round(pred.budget / 2**30, 4))
+                trial.set_user_attr("wall_time_s", round(time.monotonic() - entered, 3))
+                return fail_trial(trial, self.space, "predicted_oom",
+                                  f"predicted {pred.problem} ({pred.budget_source})", "")
+        try:
+            result, proc, watch = self._launch(trial, plan, devices, lost)
+        finally:
+            self.pool.release(devices)
+            if self.space.trial.is_verl:  # Ray's scratch dir (sockets, spilled objects) goes; its logs are kept
+                verl_cleanup(plan.trial_dir, len(plan.history), keep_logs=True)
+        if lost.is_set():
+            raise TrialLost(f"trial {trial.number} was finished by another driver while it ran here")
+        overhead = None if proc.spawned_at is None else proc.spawned_at - entered
+        for k, v in run_attrs(result, watch, overhead, entered - waited).items():
+            trial.set_user_attr(k, v)
+        if result.stop == "interrupted":
+            self._interrupt(trial)
+        return outcome(trial, self.space, result, watch, plan.trial_dir)
+
+    def _plan(self, trial: Trial) -> _Plan:
+        """Sample the parameters, make the trial directory, and record what the attempt will run."""
+        system = frozen_trial(self.study, trial.number).system_attrs
+        retry_of = system.get("failed_trial")
+        values = {p.name: _suggest(trial, p) for p in self.space.params}
+        if self.stop_event.is_set():
+            self._interrupt(trial)
+        trial_dir = fresh_trial_dir(self.trials_dir, self.study.study_name, trial.number, self.identity)
+        history = list(system.get("retry_history", []))
+        attempt = len(history)  # verl: each attempt its own metrics file (its FileLogger truncates)
+        metrics = verl_metrics_path(trial_dir, attempt) if self.space.trial.is_verl else trial_dir / "metrics.jsonl"
+        confirm_seed = system.get(ATTR_CONFIRM_SEED)
+        if confirm_seed is not None:  # a confirmation run: the top trial's values with a fresh seed
+            trial.set_user_attr("confirm_of", system.get(ATTR_CONFIRM_OF))
+            trial.set_user_attr("confirm_seed", confirm_seed)
+        overrides = trainer_overrides(self.space, values, trial_dir, None if confirm_seed is None else
+                                      seed_overrides(self.space, int(confirm_seed)))
+        argv = [*trial_command(self.space), "--config", self.space.config, "--metrics-file", str(metrics), *overrides]
+        trial.set_user_attr("trial_dir", str(trial_dir))
+        if retry_of is not None:
+            trial.set_user_attr("retry_of", retry_of)
+        return _Plan(values, retry_of, trial_dir, history, metrics, confirm_seed, overrides, argv,
+                     total_steps(self.space, overrides))
+
+    def _launch(self, trial: Trial, plan: _Plan, devices: list[str],
+                lost: threading.Event) -> tuple[RunResult, TrialProcess, Watch]:
+        """Write the trial's files and run its process on ``devices``, a :class:`Watch` reading its metrics."""
+        spec, attempt, total = self.space.trial, len(plan.history), plan.total
+        argv = plan.argv
+        env = trial_env(self.space, self.study.study_name, trial.number, self.identity, devices, plan.metrics)
+        point = None
+        if spec.is_verl:  # a retry continues from the chain's newest complete checkpoint (resume_path)
+            point = resume_point(self.trials_dir, plan.history)
+            argv = verl_argv(spec.python or default_python(self.cwd), self.space.config, plan.overrides,
+                             self.study.study_name, trial.number, plan.trial_dir, len(devices),
+                             None if point is None else point.checkpoint)
+            env = verl_env(env, plan.trial_dir, attempt)
+        write_trial_files(self.space, self.cwd, plan.trial_dir, argv, env, plan.overrides, plan.values)
+        mem = [0.0]
+
+        def on_eval(step: int, value: float) -> None:
+            self.reporter.trial_eval(trial.number, step, total, value, mem[0])
+
+        def on_tick(step: int | None, gb: float) -> None:
+            mem[0] = gb
+            self.reporter.trial_tick(trial.number, step, total, gb)
+
+        diag = self.space.diagnosis
+        diagnoser = Diagnoser(diag, self.space.objective.primary_metric,
+                              self.space.objective.direction_literal == "maximize") if diag.enabled else None
+        watch = Watch(trial, self.space, total, on_eval, diagnoser, prune=plan.confirm_seed is None)
+        if point is not None:  # the earlier attempts' curve up to the checkpoint: aggregate, pruner, diagnosis
+            replayed = point.records()
+            for step, data in replayed:
+                watch(step, data)  # its decisions are the live run's to make again at its next evaluation
+            trial.set_user_attr("resumed_from_step", point.step)
+            trial.set_user_attr("replayed_steps", len(replayed))
+        proc = TrialProcess(argv=argv, env=env, log_dir=plan.trial_dir, metrics_path=plan.metrics, cwd=self.cwd,
+                            timeout_s=spec.timeout_s, memory_limit_gb=spec.memory_limit_gb,
+                            on_metrics=watch, on_tick=on_tick, stop_event=_TrialStop(self.stop_event, lost),
+                            # verl's weight-sync sockets have fixed names under /tmp (issue 21 item 3)
+                            private_tmp=scratch_dir(plan.trial_dir, attempt) / "slash-tmp" if spec.is_verl else None)
+        return proc.run(), proc, watch
+
+    def _abandon(self, trial: Trial, err: Exception) -> None:
+        """The driver could not run this trial (its launch failed, the disk is full, ...): like an interrupt, its
+        parameters are queued for a later driver and it ends FAIL; then the driver stops with one line."""
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if isinstance(err, OSError) and err.strerror:
+            why = f"{err.strerror}" + (f": {err.filename}" if err.filename else "")
+        try:
+            queue_retry(self.study, frozen_trial(self.study, trial.number), max_retry=self.space.study.max_retry)
+            trial.set_user_attr("stop_reason", "driver_error")
+            trial.set_user_attr("error", why[:4000])
+            self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        except Exception:  # noqa: BLE001 - the storage may be the problem; recovery finds the trial later
+            pass
+        raise DriverError(f"trial {trial.number} could not be run: {type(err).__name__}: {why}") from err
+
+    def _interrupt(self, trial: Trial) -> None:
+        """Stopped by the user: the same parameters are queued first (so the slot stays held), then FAIL."""
+        queue_retry(self.study, frozen_trial(self.study, trial.number), max_retry=None)
+        trial.set_user_attr("interrupted", True)
+        trial.set_user_attr("stop_reason", "interrupted")
+        raise TrialInterrupted(f"trial {trial.number} interrupted")
+
+    def _clean_checkpoints(self, trial: Trial, state: TrialState, values: list[float] | None) -> None:
+        """A finished trial can no longer be resumed: its checkpoints (and its retry chain's) go, unless it is among
+        the ``trial.keep_checkpoints`` best (:mod:`hpo.study._checkpoints`). Recorded before the trial is told."""
+        keep = self.space.trial.keep_checkpoints
+        value = values[0] if state == TrialState.COMPLETE and values and not is_confirm(
+            frozen_trial(self.study, trial.number)) else None
+        finished = [t for t in self.study.get_trials(deepcopy=False) if is_finished(t)]
+        size_gb, kept, _ = clean_after(self.study, frozen_trial(self.study, trial.number), value, self.trials_dir,
+                                       keep, finished)
+        if size_gb > 0:
+            trial.set_user_attr("checkpoint_gb", round(size_gb, 6))
+            trial.set_user_attr("checkpoint_kept", kept)
+
+
+# ----------------------------------------------------------------------------- outcome mapping
+def run_attrs(result: RunResult, watch: Watch, launch_overhead_s: float | None,
+              device_wait_s: float) -> dict[str, Any]:
+    """The user attrs of a trial whose process ran (whatever its outcome)."""
+    attrs: dict[str, Any] = {
+        "peak_memory_gb": round(result.peak_memory_gb, 4), "wall_time_s": round(result.wall_time_s, 3),
+        "exit_code": result.exit_code, "last_step": result.last_step,
+        "first_metric_s": None if result.first_metric_s is None else round(result.first_metric_s, 3),
+        # driver time between a device being free and the trainer being spawned (files, config)
+        "launch_overhead_s": None if launch_overhead_s is None else round(launch_overhead_s, 4),
+        "device_wait_s": round(device_wait_s, 3),
+        # how the memory cap and peak were taken: cgroup-v2 | cgroup-v1 (kernel-enforced) | poll (VmHWM)
+        "memory_mechanism": result.memory_mechanism,
+        "cgroup_peak_gb": None if result.cgroup_peak_gb is None else round(result.cgroup_peak_gb, 4),
+        "leftovers_killed": result.leftovers_killed,
+    }
+    if result.metrics_bad_lines:  # skipped: not JSON, too long, no step in 0..2^31, ...
+        attrs["metrics_bad_lines"] = result.metrics_bad_lines
+    if watch.diagnoser is not None:
+        attrs.update(diagnosis=watch.diagnoser.label, diagnosis_labels=list(watch.diagnoser.labels),
+                     diagnosis_evidence=watch.diagnoser.evidence())
+    return attrs
+
+
+def outcome(trial: Trial, space: Space, result: RunResult, watch: Watch, trial_dir: Path) -> float | list[float]:
+    """The values to tell for a process that was not interrupted, or TrialPruned / TrialFailed (see the module
+    docstring)."""
+    if result.stop is not None and (result.stop in STOPS or result.stop.startswith("collapsed:")):
+        trial.set_user_attr("stop_reason", result.stop)
+        saved = watch.compute_saved_s(result.last_step, result.wall_time_s)
+        if saved is not None:
+            trial.set_user_attr("compute_saved_s", saved)
+        if result.stop == "pruned":
+            record_scores(trial, space, watch.scored)
+            raise optuna.TrialPruned(f"pruned at step {result.last_step}")
+        if watch.scored is None:  # collapsed before any finite evaluation: nothing to score but the worst
+            record_scores(trial, space, None)
+            if space.trial.on_failure == "fail":
+                raise TrialFailed(f"trial {trial.number}: {result.stop}")
+            return space.objective.worst
+        return _scored_values(trial, space, watch)
+    failure, error = result.failure, result.metrics_error
+    if failure is None and watch.scored is None:
+        failure = "crash"
+        names = ", ".join(space.objective.metrics)
+        error = (f"exited {result.exit_code} without finite values of {names}" if watch.value is None
+                 else f"an objective metric ({names}) is NaN or infinite")
+    if failure is None:
+        return _scored_values(trial, space, watch)
+    return fail_trial(trial, space, failure, error, read_tail(trial_dir / "stderr.log"))
+
+
+def record_scores(trial: Trial, space: Space, scored: Scored | None) -> None:
+    """Weighted-score parts as ``score/<term>`` user attrs; constraint violations (+inf when unknown)."""
+    if scored is not None:
+        for k, v in scored.parts.items():
+            trial.set_user_attr(k, v)
+    for name, v in space.objective.constraint_values(None if scored is None else scored.data).items():
+        trial.set_constraint(name, v)
+
+
+def _scored_values(trial: Trial, space: Space, watch: Watch) -> float | list[float]:
+    assert watch.scored is not None
+    record_scores(trial, space, watch.scored)
+    values = watch.scored.values
+    return values if space.objective.multi else values[0]
+
+
+def fail_trial(trial: Trial, space: Space, reason: str, error: str | None, stderr_tail: str) -> float | list[float]:
+    """Record why the trial failed: the worst value to tell, or TrialFailed with ``on_failure: fail``."""
+    trial.set_user_attr("fail_reason", reason)
+    if error:
+        trial.set_user_attr("error", error)
+    if stderr_tail:
+        trial.set_user_attr("stderr_tail", stderr_tail[-4000:])
+    record_scores(trial, space, None)
+    if space.trial.on_failure == "fail":
+        raise TrialFailed(f"trial {trial.number}: {reason}")
+    return space.objective.worst

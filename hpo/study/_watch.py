@@ -1,0 +1,136 @@
+"""One trial's live state: each metrics line's objective values go to Optuna, and the pruner, the plateau rule, the
+spread rule (``early_stopping``) and the run diagnosis decide whether the trial stops (the ``stop_reason``s of
+:mod:`hpo.study._trial`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from optuna.trial import Trial, TrialState
+
+from hpo.analysis._diagnosis import Diagnoser
+from hpo.execution._runner import is_finite
+from hpo.experiment._objective import Scored
+from hpo.experiment._space import EarlyStopping, Space
+
+
+@dataclasses.dataclass
+class Watch:
+    """Reports objective values to Optuna and decides pruning / convergence, one metrics line at a time."""
+
+    trial: Trial
+    space: Space
+    total_steps: int | None
+    on_eval: Callable[[int, float], None]
+    diagnoser: Diagnoser | None = None
+    prune: bool = True  # False for confirmation runs
+    value: float | None = None
+    streak: int = 0
+    step_times: list[float] = dataclasses.field(default_factory=list)
+    scored: Scored | None = None
+    curve: dict[int, float] = dataclasses.field(default_factory=dict)
+    # evaluations by step: (objective values, or None when one is NaN/inf; weighted-score parts; the line)
+    evals: dict[int, tuple[list[float] | None, dict[str, float], dict[str, Any]]] = dataclasses.field(
+        default_factory=dict)
+
+    @property
+    def history(self) -> list[list[float]]:
+        """The finite evaluations in step order (what the aggregate and the plateau rule read)."""
+        return [raw for _, (raw, _, _) in sorted(self.evals.items()) if raw is not None]
+
+    def __call__(self, step: int, data: dict[str, Any]) -> str | None:
+        t = data.get("timing_s/step")
+        if isinstance(t, (int, float)) and is_finite(t):
+            self.step_times.append(float(t))
+        decision = None
+        objective = self.space.objective
+        evaluated = objective.evaluate(data)
+        if evaluated is not None and step not in self.evals:  # a resumed trainer re-logs steps: count each once
+            raw, parts = evaluated
+            finite = all(is_finite(v) for v in raw)
+            self.evals[step] = ([float(v) for v in raw] if finite else None, parts, dict(data))
+            last = max(self.evals)  # the trial's last evaluation is its highest step, whatever the line order
+            last_raw, last_parts, last_data = self.evals[last]
+            history = self.history
+            if last_raw is not None:
+                values = objective.aggregated(history)
+                self.value = values[0]
+                self.scored = Scored(values, last_parts, last_data)
+            else:
+                self.value, self.scored = math.nan, None
+            if finite and step == last:
+                self.on_eval(step, values[0])
+                if self._report_and_prune(step, values[0]):
+                    decision = "pruned"
+        es: EarlyStopping = self.space.early_stopping
+        if decision is None and es.enabled and evaluated is not None and self._plateaued(es):
+            decision = "plateau"
+        if decision is None and es.enabled and es.metric in data and is_finite(data[es.metric]):
+            self.streak = self.streak + 1 if float(data[es.metric]) < es.threshold else 0
+            if self.streak >= es.patience and self.value is not None and math.isfinite(self.value):
+                decision = "converged" if self._reached_floor(self.value, es.min_value) else "collapsed"
+        if self.diagnoser is not None:
+            label = self.diagnoser.update(step, data)
+            if decision is None and label is not None:
+                decision = f"collapsed:{label}"
+        return decision
+
+    def _plateaued(self, es: EarlyStopping) -> bool:
+        """The last ``plateau_evals`` evaluations (first objective) did not beat the best before them by more
+        than ``plateau_min_delta``."""
+        n = es.plateau_evals
+        if n is None or len(self.history) <= n:
+            return False
+        sign = 1.0 if self.space.objective.direction_literal == "maximize" else -1.0
+        before = max(sign * h[0] for h in self.history[:-n])
+        recent = max(sign * h[0] for h in self.history[-n:])
+        return recent <= before + es.plateau_min_delta
+
+    def _reached_floor(self, value: float, floor: float) -> bool:
+        """A small spread at a good objective value is convergence; at a poor one, a collapsed policy."""
+        if self.space.objective.direction_literal == "maximize":
+            return value >= floor
+        return value <= floor
+
+    def _report_and_prune(self, step: int, value: float) -> bool:
+        """Record the intermediate value and ask the pruner. Single-objective: ``trial.report`` and
+        Optuna's pruner. Optuna cannot report multi-objective curves, so a pareto study records its first
+        objective's curve (user attr ``curve``) and prunes by the median rule: the trial's best value so
+        far against the median of finished trials' values at the same step."""
+        spec = self.space.study.pruner
+        self.curve[step] = value
+        warm = self.prune and len(self.history) > spec.n_warmup_evals
+        if not self.space.objective.multi:
+            self.trial.report(value, step)
+            return warm and spec.type != "none" and self.trial.should_prune()
+        self.trial.set_user_attr("curve", {str(k): v for k, v in sorted(self.curve.items())})
+        if not warm or step < spec.n_warmup_steps or spec.type != "median":
+            return False
+        finished = self.trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        complete = [t for t in finished if t.state == TrialState.COMPLETE]
+        if len(complete) < max(1, spec.n_startup_trials):
+            return False
+        others = [float(t.user_attrs["curve"][str(step)]) for t in finished
+                  if str(step) in t.user_attrs.get("curve", {})]
+        if not others:
+            return False
+        median = statistics.median(others)
+        if self.space.objective.direction_literal == "maximize":
+            return max(self.curve.values()) < median
+        return min(self.curve.values()) > median
+
+    def compute_saved_s(self, last_step: int | None, wall_s: float) -> float | None:
+        """Remaining steps x mean step time (measured by the trainer, else wall time per step)."""
+        if self.total_steps is None or last_step is None:
+            return None
+        left = max(0, self.total_steps - last_step)
+        if self.step_times:
+            per = sum(self.step_times) / len(self.step_times)
+        else:
+            per = wall_s / max(1, last_step)
+        return round(left * per, 3)
+

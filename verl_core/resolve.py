@@ -1,0 +1,36 @@
+"""Local paths for a config's model and data: ``builtin:`` models are built and ``builtin:`` tasks written once, in the
+cache. Torch-free, so ``python -m verl_core prepare`` on a ready cache returns in well under a second (the driver
+runs it before a study's first trial)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from verl_core.config import ConfigError
+
+
+def resolve_model_path(path: str, key: str) -> str:
+    """A local HF directory for ``path``; ``builtin:tiny_arith`` and ``builtin:smollm2`` are built (once, cached)."""
+    if path == "builtin:tiny_arith":
+        from verl_core.tiny_model import ensure_tiny_arith
+
+        return str(ensure_tiny_arith())
+    if path == "builtin:smollm2":
+        from verl_core.pretrained import ensure_smollm2
+
+        return str(ensure_smollm2())
+    if path.startswith("builtin:"):
+        raise ConfigError(f"{key}={path!r}: unknown built-in model (known: builtin:tiny_arith, builtin:smollm2)")
+    if not (Path(path).expanduser() / "config.json").is_file():
+        raise ConfigError(f"{key}={path!r}: not a local Hugging Face model directory (no config.json)")
+    return str(Path(path).expanduser())
+
+
+def resolve_data_path(path: str, key: str, split: str) -> str:
+    """A parquet path for ``path``; ``builtin:<task>`` (see ``verl_core.tasks.BUILTIN``) is written once."""
+    if path.startswith("builtin:"):
+        from verl_core.tasks import ensure_builtin_data
+        from verl_core.tiny_model import cache_root
+
+        return str(ensure_builtin_data(path.removeprefix("builtin:"), cache_root(), key)[0 if split == "train" else 1])
+    return path
