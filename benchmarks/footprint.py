@@ -53,7 +53,7 @@ def worker_start(repo: Path, work: Path, name: str) -> float:
     """Seconds from a worker's start to its first trial's spawn (the study's target raised by one)."""
     storage = f"sqlite:///{work / 'studies' / (name + '.db')}"
     study = optuna.load_study(study_name=name, storage=storage)
-    target = sum(t.state.name == "COMPLETE" for t in study.trials) + 1
+    target = len(study.trials) + 1  # every trial of the finished search counts (COMPLETE or PRUNED)
     study.set_user_attr("hpo:n_trials", target)
     before = {p.name for p in (work / "studies" / name / "trials").iterdir()}
     t0 = time.time()
@@ -92,10 +92,10 @@ def bench(before: Path | None, reps: int, smoke: bool) -> list[Row]:
     g = "driver footprint"
     note = f"kl_lr, {n_trials} trials of 6 steps; before = {before}" if before else f"kl_lr, {n_trials} trials"
     return [
-        make_row("driver peak RSS in a kl_lr search (goal <= 150 MB)", "MB", rss["after"], rss.get("before"),
+        make_row("footprint: driver peak RSS in a kl_lr search (goal <= 150 MB)", "MB", rss["after"], rss.get("before"),
                  higher_is_better=False, group=g, note=note),
-        make_row("worker start -> first trial launched (goal <= 3 s)", "s", start["after"], start.get("before"),
-                 higher_is_better=False, group=g, note="kl_lr study with its model built"),
+        make_row("footprint: worker start -> first trial launched (goal <= 3 s)", "s", start["after"],
+                 start.get("before"), higher_is_better=False, group=g, note="kl_lr study with its model built"),
     ]
 
 
@@ -105,9 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
-    for row in bench(args.before, 1 if args.smoke else args.reps, args.smoke):
+    rows = bench(args.before, 1 if args.smoke else args.reps, args.smoke)
+    for row in rows:
         print(f"{row.name}: ours {row.ours:.2f} (min {row.ours_min:.2f}, max {row.ours_max:.2f})"
               + (f", before {row.baseline:.2f}" if row.baseline is not None else "") + f" {row.unit}")
+    from benchmarks.memory_estimate import merge_into
+
+    merge_into(REPO / "benchmarks" / ("smoke" if args.smoke else ""), rows, {}, "python -m benchmarks.footprint "
+               + " ".join(argv if argv is not None else sys.argv[1:]), args.smoke, prefix="footprint:",
+               part="footprint")
     return 0
 
 
