@@ -223,12 +223,8 @@ def sigterm_and_resume(run: StudyRun, metric: str, timeout_s: float = 900.0, pol
     out.queued = any(t.state.name == "WAITING" and t.system_attrs.get("failed_trial") == out.trial
                      for t in run.trials())
     t2 = time.monotonic()
-    resume = run.start(run.resume)
-    try:
-        out.resume_exit = resume.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        resume.send_signal(signal.SIGTERM)
-        out.resume_exit, out.error = resume.wait(timeout=300), f"resume ran over {timeout_s:.0f} s"
+    out.resume_exit, late = _wait_or_stop(run.start(run.resume), timeout_s, "resume")
+    out.error = out.error or late
     out.resume_s = time.monotonic() - t2
     out.ray_left = ray_processes(started)
     out.trials = trial_facts(run, metric)
@@ -246,15 +242,20 @@ def sigterm_and_resume(run: StudyRun, metric: str, timeout_s: float = 900.0, pol
     return out
 
 
+def _wait_or_stop(proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> tuple[int, str]:
+    """``proc``'s exit code and "" (SIGTERMed, with an error text, when it runs over ``timeout_s``)."""
+    try:
+        return proc.wait(timeout=timeout_s), ""
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=300), f"{what} ran over {timeout_s:.0f} s"
+
+
 def run_pair(run: StudyRun, metric: str, timeout_s: float = 900.0) -> Pair:
     out = Pair()
     started, t0 = time.time(), time.monotonic()
-    driver = run.start(run.search)
-    try:
-        out.exit_code = driver.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        driver.send_signal(signal.SIGTERM)
-        out.exit_code, out.error = driver.wait(timeout=300), f"the search ran over {timeout_s:.0f} s"
+    out.exit_code, late = _wait_or_stop(run.start(run.search), timeout_s, "the search")
+    out.error = out.error or late
     out.seconds = time.monotonic() - t0
     out.ray_left = ray_processes(started)
     out.trials = trial_facts(run, metric)
