@@ -21,6 +21,10 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 MASK = "***"
 STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # fullmatch: ``$`` also matches before a final newline
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database file
+# A server that stops answering (a network partition) must fail a call, which the retries then ride out, rather
+# than block it for ever: PostgreSQL connections send TCP keepalives (a half-open connection is found dead in ~60 s;
+# a URL's own values win). redis-py >= 8 (pinned) already times out its reads and connects after 5 s.
+PG_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
 
 
 def check_study_name(name: str, what: str = "--study") -> str:
@@ -171,9 +175,12 @@ def open_storage(url: str, spec: StudySpec | None = None) -> RetryingStorage:
         engine_kwargs["connect_args"] = {"timeout": 60}
     else:
         engine_kwargs["pool_pre_ping"] = True  # a pooled connection the server dropped (a restart) is replaced
-        if url.startswith(("postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://")) \
-                and "connect_timeout=" not in url:
-            engine_kwargs["connect_args"] = {"connect_timeout": 10}  # libpq waits forever on an unreachable host
+        if url.startswith(("postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://")):
+            query = _query_keys(url)
+            connect = {k: v for k, v in PG_KEEPALIVES.items() if k not in query}
+            if "connect_timeout" not in query:
+                connect["connect_timeout"] = 10  # libpq waits forever on an unreachable host
+            engine_kwargs["connect_args"] = connect
     db = sqlite_path(url)
     if db is None:
         rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
@@ -188,6 +195,10 @@ def open_storage(url: str, spec: StudySpec | None = None) -> RetryingStorage:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         _serialize_sqlite(rdb.engine)
     return RetryingStorage(optuna.storages._CachedStorage(rdb), url, retry_s, reset=rdb.engine.dispose)
+
+
+def _query_keys(url: str) -> set[str]:
+    return {part.split("=", 1)[0] for part in urlsplit(url).query.split("&") if part}
 
 
 def _serialize_sqlite(engine: Any) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -323,6 +324,40 @@ def test_a_redis_restart_during_a_call_is_ridden_out(redis_server: RedisServer) 
     assert not errors, errors
     again = optuna.load_study(study_name="r", storage=open_storage(redis_server.url))
     assert [(t.state, t.value) for t in again.trials] == [(TrialState.COMPLETE, 0.5)]
+
+
+def test_a_redis_server_that_stops_answering_fails_calls_instead_of_hanging(
+        redis_server: RedisServer) -> None:
+    """A hung server (SIGSTOP: the port still accepts, nothing answers) must end a call with StorageUnavailable
+    once the retry window is over, not block the driver for ever (redis-py >= 8 times out its reads after 5 s)."""
+    from hpo.study._retrying import StorageUnavailable
+
+    storage = open_storage(redis_server.url, StudySpec(storage_retry_s=3))
+    study = optuna.create_study(study_name="hung", storage=storage)
+    assert redis_server.proc is not None
+    redis_server.proc.send_signal(signal.SIGSTOP)
+    errors: list[BaseException] = []
+    try:
+        th = threading.Thread(target=lambda: _catch(errors, study.get_trials), daemon=True)
+        th.start()
+        th.join(timeout=120)
+        assert not th.is_alive(), "a call to a hung Redis never returned"
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
+    assert len(errors) == 1 and isinstance(errors[0], StorageUnavailable), errors
+
+
+def test_postgresql_connections_send_keepalives() -> None:
+    """A PostgreSQL connection sends TCP keepalives (a half-open connection in a partition is found dead); a URL's
+    own values win."""
+    try:
+        storage = open_storage("postgresql+psycopg://postgres@127.0.0.1:5432/test?keepalives_idle=7")
+        with storage.inner._backend.engine.connect() as conn:  # type: ignore[attr-defined]
+            params = conn.connection.dbapi_connection.info.get_parameters()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"PostgreSQL on 127.0.0.1:5432 is not reachable ({type(err).__name__})")
+    assert params.get("keepalives") == "1" and params.get("keepalives_idle") == "7"
+    assert params.get("keepalives_count") == "3" and params.get("connect_timeout") == "10"
 
 
 def _catch(errors: list[BaseException], fn: Callable[..., object], *args: object) -> None:
