@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hpo.backends import load_checked_space
-from hpo.experiment._space import SPACES_DIR, Space, SpaceError
+from hpo.experiment._space import SPACES_DIR, Space, SpaceError, StudySpec
 from hpo.study._storage import mask_url
 
 EXIT_SIGNAL: dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
@@ -179,7 +179,9 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
     stop, got = threading.Event(), list[int]()
     with _stop_on_signals(stop, got):
         if space is None:
-            space, study = load_stored(study_name, storage_url, getattr(args, "n_trials", None))
+            # a worker (often started by a scheduler) waits for a database that is starting or restarting
+            wait_s = StudySpec().storage_retry_s if args.cmd == "worker" else 0.0
+            space, study = load_stored(study_name, storage_url, getattr(args, "n_trials", None), wait_s)
             check_stored_experiment(space, study_name, args.space, study.user_attrs.get(ATTR_SOURCE),
                                     args.trust_stored_experiment, study.user_attrs.get(ATTR_DIGEST))
             if getattr(args, "n_jobs", None) is not None:

@@ -123,11 +123,13 @@ def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:
     return study
 
 
-def load_stored(study_name: str, storage_url: str, n_trials: int | None) -> tuple[Space, optuna.Study]:
-    """The space a study was made from, and the study opened with a sampler reseeded for resume."""
+def load_stored(study_name: str, storage_url: str, n_trials: int | None,
+                wait_s: float = 0.0) -> tuple[Space, optuna.Study]:
+    """The space a study was made from, and the study opened with a sampler reseeded for resume (the storage
+    waited for up to ``wait_s`` seconds when it cannot be reached: ``verl-hpo worker``)."""
     from hpo.experiment._space import StudySpec
 
-    storage = open_storage(storage_url, StudySpec())
+    storage = open_storage(storage_url, StudySpec(), wait_s)
     if not study_exists(storage, study_name):
         raise SpaceError(f"no study {study_name!r} in {mask_url(storage_url)} (start one with verl-hpo search)")
     old = optuna.load_study(study_name=study_name, storage=storage)

@@ -227,6 +227,14 @@ class _Retrier:
             return out
 
 
+def opening(url: str, wait_s: float, make: Callable[[], Any], notify: Callable[[str], None] = _stderr) -> Any:
+    """``make()`` (opening a storage), retried like a storage call for ``wait_s`` seconds while the storage cannot be
+    reached (a wrong URL, a bad password or a missing table fail at once); tried once when ``wait_s`` is 0."""
+    if wait_s <= 0:
+        return make()
+    return _Retrier(url, wait_s, None, notify).call(True, make)
+
+
 class RetryingStorage(BaseStorage):
     """An Optuna storage whose calls ride out an outage (see the module docstring and :class:`_Retrier`)."""
 

@@ -154,22 +154,25 @@ def check_storage_url(url: str) -> None:
         check_sqlite_file(Path(db), url)
 
 
-def open_storage(url: str, spec: StudySpec | None = None) -> RetryingStorage:
+def open_storage(url: str, spec: StudySpec | None = None, wait_s: float = 0.0) -> RetryingStorage:
     """An Optuna storage, inside a :class:`RetryingStorage` (``spec.storage_retry_s``; default StudySpec's).
-    Opening is not retried: a wrong URL or a server that is not there fails at once.
+    Opening is retried only for ``wait_s`` seconds (``verl-hpo worker`` waits for a database that is starting or
+    restarting, as a scheduler's array job may start first); by default a wrong URL or a server that is not there
+    fails at once.
 
     Heartbeats and stale-trial recovery are the driver's own (:mod:`hpo.study._recovery`), the same on every
     storage, so Optuna's RDB-only heartbeat is not switched on. An RDB storage sits in Optuna's
     ``_CachedStorage`` (what ``optuna.load_study`` would wrap it in; it passes any other BaseStorage through),
     and the retries wrap that. A new SQLite file gets its schema under an exclusive lock (``<db>.lock``):
     drivers that start together on a fresh file would otherwise race to create the same tables."""
-    from hpo.study._retrying import RetryingStorage  # here: _retrying masks URLs with this module's helpers
+    from hpo.study._retrying import RetryingStorage, opening  # here: _retrying masks URLs with this module's helpers
 
     retry_s = (spec or StudySpec()).storage_retry_s
     if url.startswith(_REDIS_SCHEMES):
         from optuna.storages.journal import JournalRedisBackend, JournalStorage
 
-        return RetryingStorage(JournalStorage(JournalRedisBackend(url)), url, retry_s)
+        journal = opening(url, wait_s, lambda: JournalStorage(JournalRedisBackend(url)))
+        return RetryingStorage(journal, url, retry_s)
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         engine_kwargs["connect_args"] = {"timeout": 60}
@@ -183,7 +186,7 @@ def open_storage(url: str, spec: StudySpec | None = None) -> RetryingStorage:
             engine_kwargs["connect_args"] = connect
     db = sqlite_path(url)
     if db is None:
-        rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        rdb = opening(url, wait_s, lambda: optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs))
     else:
         check_sqlite_file(db, url)
         db.parent.mkdir(parents=True, exist_ok=True)

@@ -46,12 +46,13 @@ def test_lines_that_crashed_the_driver_are_skipped_and_the_study_resumes(tmp_pat
         {"write": deep + "\n"},                                               # RecursionError
         {"write": '{"step": 3, "data": {"eval/reward_mean": 1e999}}\n'},     # a value of inf: non-finite, no crash
         {"eval": 4, "value": 0.5},
-    ])
+    ], diagnosis={"enabled": False})  # else the inf value is a "nan" collapse, and whether the trial is stopped
+    # before step 4 is written depends on when the driver reads the file (a flaky -inf under load)
     res = run_cli(["search", "--space", str(space), "--study", "hostile"], studies)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Traceback" not in res.stderr
     t = only_trial(studies)
-    assert t.state.name == "COMPLETE" and t.value == 0.5
+    assert t.state.name == "COMPLETE" and t.value == 0.5, t.user_attrs
     assert t.user_attrs["metrics_bad_lines"] == 4
     assert t.user_attrs["last_step"] == 4
     assert sorted(t.intermediate_values) == [0, 4]

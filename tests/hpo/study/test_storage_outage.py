@@ -437,3 +437,33 @@ def test_three_workers_ride_out_two_database_restarts(pg: PgServer, tmp_path: Pa
           f"{len(done)} finished, others {dict(others)}; {took:.0f} s")
     print(outputs[0][1].strip())
     print(next(line for line in outputs[0][0].splitlines() if "storage unreachable for" in line))
+
+
+def test_a_worker_waits_for_a_database_that_is_not_up_yet(pg: PgServer, tmp_path: Path) -> None:
+    """``verl-hpo worker`` (often started by a scheduler before the database) waits for the storage to open
+    instead of failing at once; ``search``/``resume`` still fail at once on an unreachable URL."""
+    from tests.hpo.conftest import fake_space, run_cli
+
+    studies = tmp_path / "studies"
+    space = fake_space(tmp_path, name="waits", study={"n_trials": 1, "pruner": {"type": "none"},
+                                                      "heartbeat_interval": 1, "grace_period": 3})
+    assert run_cli(["search", "--space", str(space), "--storage", pg.url], studies).returncode == 0
+    pg.stop()
+    quick = run_cli(["resume", "--study", "waits", "--storage", pg.url], studies, timeout=120)
+    assert quick.returncode == 1 and "Traceback" not in quick.stderr, quick.stderr[-2000:]
+    from tests.hpo.conftest import PY, ROOT, cli_env
+
+    worker = subprocess.Popen([PY, "-m", "hpo", "worker", "--study", "waits", "--storage", pg.url, "--studies-dir",
+                               str(studies)], cwd=ROOT, env=cli_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stderr is not None
+        line = worker.stderr.readline()  # the worker says it waits (the first line it prints), then waits
+        assert "unreachable" in line and "retrying for up to" in line, line
+        assert worker.poll() is None
+        pg.start()
+        assert worker.wait(timeout=240) == 0, worker.stderr.read()[-2000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    study = optuna.load_study(study_name="waits", storage=open_storage(pg.url))
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE]  # the target was met: the worker ran none
