@@ -172,7 +172,7 @@ def apply_flags(spec: TrackingSpec, flags: Sequence[str], error: Callable[[str],
     for text in flags:
         name, sep, value = text.partition("=")
         name = name.strip().lower()
-        shown = f"--tracking {redact_uri(text)!r}"
+        shown = f"--tracking '{name}{sep}{redact_uri(value)}'"
         if name in ("off", "none") and not sep:
             spec = TrackingSpec(flush_s=spec.flush_s)
         elif name == "mlflow":

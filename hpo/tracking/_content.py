@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hpo.reporting._figures import plottable_copy
 from hpo.reporting._report import best_trial, outcome
 from hpo.study._confirm import ATTR_CONFIRM_OF, is_confirm
+from hpo.study._slots import is_finished
 
 ATTR_KEY = "hpo:tracking:key"  # study system attr: the study's tracking key (run ids derive from it)
 ATTR_RUN = "hpo:tracking:{root}"  # study system attr: {"mlflow": run id, "wandb": run id} of a chain
@@ -116,13 +117,18 @@ class StudyUpdate:
     best_trial: int | None = None
     best_params: dict[str, Any] = field(default_factory=dict)
     importances: dict[str, float] = field(default_factory=dict)
+    final: bool = False  # this driver is done: the study run ends FINISHED when the study reached its target
+
+    @property
+    def complete(self) -> bool:
+        return self.n_trials is not None and self.n_finished >= self.n_trials
 
 
-def study_update(study: optuna.Study, with_importances: bool) -> StudyUpdate:
+def study_update(study: optuna.Study, with_importances: bool, final: bool = False) -> StudyUpdate:
     trials = study.get_trials(deepcopy=False)
-    done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not is_confirm(t)]
+    done = [t for t in trials if is_finished(t) and not is_confirm(t)]
     target = study.user_attrs.get("hpo:n_trials")
-    upd = StudyUpdate(n_finished=len(done), n_trials=int(target) if isinstance(target, int) else None)
+    upd = StudyUpdate(n_finished=len(done), n_trials=int(target) if isinstance(target, int) else None, final=final)
     if len(study.directions) == 1:
         best = best_trial(study)
         if best is not None:

@@ -161,6 +161,10 @@ class MlflowSink:
             tags.append(RunTag(f"{TAG}best_trial", str(upd.best_trial)))
             tags += [RunTag(f"{TAG}best.{metric_key(k)}", str(v)[:8000]) for k, v in sorted(upd.best_params.items())]
         self.client.log_batch(run_id, metrics=metrics, tags=tags[:100])
+        if upd.final and upd.complete:
+            self.client.set_terminated(run_id, status="FINISHED")
+        elif not upd.final and self.client.get_run(run_id).info.status != "RUNNING":  # resumed or more trials
+            self.client.update_run(run_id, status="RUNNING")
 
     def upload_page(self, page: Path) -> None:
         self.client.log_artifact(self.study_run(), str(page))

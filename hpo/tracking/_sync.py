@@ -174,12 +174,12 @@ class Tracker:
         self._put(f"trial {t.number}: end", lambda s: lambda: s.finish_run(root, fin))
         self.update_study()
 
-    def update_study(self, force: bool = False) -> None:
+    def update_study(self, final: bool = False) -> None:
         now = time.monotonic()
-        with_imp = force or now - self._importances_at >= IMPORTANCE_EVERY_S
+        with_imp = final or now - self._importances_at >= IMPORTANCE_EVERY_S
         if with_imp:
             self._importances_at = now
-        upd = study_update(self.study, with_imp)
+        upd = study_update(self.study, with_imp, final)
         self._put("study run", lambda s: lambda: s.update_study(upd))
 
     def check_page(self, force: bool = False) -> None:
@@ -206,7 +206,7 @@ class Tracker:
                 self.finish(t)
             else:
                 self.active.pop(number)
-        self.update_study(force=True)
+        self.update_study(final=True)
         self.check_page(force=True)
 
     def pending(self) -> int:
