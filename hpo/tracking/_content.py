@@ -56,6 +56,7 @@ class ChainInfo:
     params: dict[str, Any]
     job_type: str
     worker: str
+    start_ms: int  # when this attempt started (a new run starts then, not when the tracker got to it)
 
 
 def chain_info(t: FrozenTrial) -> ChainInfo:
@@ -63,8 +64,9 @@ def chain_info(t: FrozenTrial) -> ChainInfo:
     attempts = tuple(h for h in history if isinstance(h, int)) if isinstance(history, list) else ()
     worker = t.user_attrs.get("worker")
     host = worker.get("host", "") if isinstance(worker, dict) else ""
+    start = t.datetime_start
     return ChainInfo(root=chain_root(t), trial=t.number, attempts=(*attempts, t.number), params=dict(t.params),
-                     job_type=job_type(t), worker=str(host))
+                     job_type=job_type(t), worker=str(host), start_ms=int(start.timestamp() * 1000) if start else 0)
 
 
 @dataclass(frozen=True)

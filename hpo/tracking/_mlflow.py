@@ -104,7 +104,8 @@ class MlflowSink:
             found = self._find(kind="trial", study_key=self.study_key, chain=str(chain.root))
             run_id = found[0].info.run_id if found else None
         if run_id is None:
-            run = self.client.create_run(self._experiment(), run_name=f"{self.study_name} #{chain.root}", tags={
+            run = self.client.create_run(self._experiment(), start_time=chain.start_ms or None,
+                                         run_name=f"{self.study_name} #{chain.root}", tags={
                 "mlflow.parentRunId": parent, f"{TAG}kind": "trial", f"{TAG}study": self.study_name,
                 f"{TAG}study_key": self.study_key, f"{TAG}chain": str(chain.root), f"{TAG}job_type": chain.job_type})
             run_id = run.info.run_id

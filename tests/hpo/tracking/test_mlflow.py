@@ -92,6 +92,7 @@ def test_one_nested_run_per_trial_with_params_curves_and_outcome(searched: dict[
         assert tags["mlflow.parentRunId"] == parent.info.run_id, "nested under the study's run"
         assert run.data.params == {"x": str(t.params["x"])}
         assert run.info.status == "FINISHED" and tags["verl_hpo.state"] == "COMPLETE"
+        assert run.info.start_time <= run.info.end_time, "the run spans the trial, not the tracker's lag"
         assert tags["verl_hpo.outcome"] == "ok" and tags["verl_hpo.diagnosis"] == "healthy"
         assert tags["verl_hpo.job_type"] == "tune" and tags["verl_hpo.attempts"] == str(t.number)
         # every metric of the metrics file is a curve by step, each step once
@@ -222,7 +223,7 @@ def test_a_server_outage_mid_study_loses_nothing(tmp_path: Path, studies: Path, 
 @pytest.mark.slow
 def test_the_mlflow_ui_lists_the_study_s_runs(searched: dict[str, Any], mlflow_server: MlflowServer) -> None:
     """Open the experiment in MLflow's own UI (real Chromium): the study's parent run and, expanded, its trial
-    runs are listed."""
+    runs are listed (the UI is served by the test's server on 127.0.0.1; every other host is unresolvable)."""
     from tests.hpo.reporting.test_dashboard import ARTIFACTS, CHROME_ARGS, _need_browser
 
     assert searched["res"].returncode == 0, searched["res"].stderr
@@ -230,14 +231,17 @@ def test_the_mlflow_ui_lists_the_study_s_runs(searched: dict[str, Any], mlflow_s
     parent, trials = runs(mlflow_server, searched["experiment"])
     url = f"{mlflow_server.uri}/#/experiments/{parent.info.experiment_id}/runs"
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=exe, headless=True, args=CHROME_ARGS)
+        args = [a for a in CHROME_ARGS if not a.startswith("--host-resolver-rules")]  # the server is on 127.0.0.1
+        browser = pw.chromium.launch(executable_path=exe, headless=True,
+                                     args=[*args, "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"])
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
             page.goto(url, wait_until="load", timeout=120_000)
-            page.get_by_text("fake", exact=True).first.wait_for(timeout=120_000)
-            expand = page.locator("[data-testid*='expand'], button[aria-label*='xpand']")
-            if not all(page.get_by_text(r.info.run_name, exact=True).count() for r in trials) and expand.count():
-                expand.first.click()
+            study_row = page.get_by_text("fake", exact=True).first
+            study_row.wait_for(timeout=120_000)
+            # the trial runs are nested under the study's run: expand it (the button in its run-name cell)
+            cell = study_row.locator("xpath=ancestor::div[@role='gridcell']")
+            cell.locator("button[data-component-id*='runnamecellrenderer']").click()
             for r in trials:
                 page.get_by_text(r.info.run_name, exact=True).first.wait_for(timeout=60_000)
             ARTIFACTS.mkdir(exist_ok=True)
