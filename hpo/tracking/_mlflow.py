@@ -128,8 +128,11 @@ class MlflowSink:
         return str(run_id)
 
     def log_steps(self, root: int, rows: Rows) -> None:
-        run_id, last = self._run(root), self.cursors.step(root)
+        last = self.cursors.step(root)
         new = [r for r in rows if r[0] > last]
+        if not new:
+            return
+        run_id = self._run(root)
         metrics: list[Metric] = []
         for step, data, ts in new:
             metrics += [Metric(metric_key(k), v, ts, step) for k, v in data.items()]
@@ -138,8 +141,7 @@ class MlflowSink:
             done = i + BATCH >= len(metrics)
             tags = [RunTag(f"{TAG}last_step", str(new[-1][0]))] if done else []
             self.client.log_batch(run_id, metrics=chunk, tags=tags)
-        if new:
-            self.cursors.advance(root, new[-1][0])
+        self.cursors.advance(root, new[-1][0])
 
     def finish_run(self, root: int, fin: Finished) -> None:
         run_id = self._run(root)

@@ -4,7 +4,7 @@
 It reads the driver's spool (:mod:`._spool`: trial start / finish / end), each running trial's metrics file (its
 curves: every metric by step) and the study's storage (parameters, outcome, best value, importances), and logs
 them to each tracker (:mod:`._mlflow`, :mod:`._wandb`) through a queue per tracker, in order. When a tracker is
-unreachable its queue waits (backoff 1 s doubling to 30 s) while the files go on being read; nothing is dropped
+unreachable its queue waits (backoff 1 s doubling to 15 s) while the files go on being read; nothing is dropped
 and, since every step is logged only past the chain's cursor, nothing is logged twice. The cursors and run ids
 are saved in ``<spool>.state.json`` (and run ids in the study's storage, :data:`._content.ATTR_RUN`).
 
@@ -39,7 +39,7 @@ from hpo.tracking._sink import Cursors, Sink
 from hpo.tracking._spool import SpoolReader, sidecar, spool_lock
 
 POLL_S = 0.5
-BACKOFF_S = (1.0, 30.0)
+BACKOFF_S = (1.0, 15.0)
 IMPORTANCE_EVERY_S = 30.0
 PAGE_EVERY_S = 10.0
 

@@ -60,12 +60,14 @@ class WandbSink:
         self._runs[chain.root] = run
 
     def log_steps(self, root: int, rows: Rows) -> None:
-        run, last = self._runs[root], self.cursors.step(root)
-        for step, data, _ in rows:
-            if step > last:
-                run.log(data, step=step)
-                last = step
-        self.cursors.advance(root, last)
+        last = self.cursors.step(root)
+        new = [(step, data) for step, data, _ in rows if step > last]
+        if not new:  # a retry's first steps, or a replay by verl-hpo track
+            return
+        run = self._runs[root]
+        for step, data in new:
+            run.log(data, step=step)
+        self.cursors.advance(root, new[-1][0])
 
     def finish_run(self, root: int, fin: Finished) -> None:
         run = self._runs.pop(root, None)

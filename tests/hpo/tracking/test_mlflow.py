@@ -41,9 +41,10 @@ def wait_for(what: str, cond: Callable[[], Any], timeout: float = 180.0) -> Any:
         time.sleep(0.3)
 
 
-def tracked_space(tmp_path: Path, server: MlflowServer, experiment: str, **sections: Any) -> Path:
+def tracked_space(tmp_path: Path, server: MlflowServer, experiment: str, flush_s: float = 120,
+                  **sections: Any) -> Path:
     return fake_space(tmp_path, tracking={"mlflow": {"uri": server.uri, "experiment": experiment},
-                                          "flush_s": 120}, **sections)
+                                          "flush_s": flush_s}, **sections)
 
 
 def runs(server: MlflowServer, experiment: str) -> tuple[Any, list[Any]]:
@@ -175,7 +176,7 @@ def test_a_server_outage_mid_study_loses_nothing(tmp_path: Path, studies: Path, 
     experiment = f"outage-{uuid.uuid4().hex[:6]}"
     gate = tmp_path / "gate"
     gate.touch()  # trial 0 waits at step 5 until the server is gone
-    space = tracked_space(tmp_path, mlflow_server, experiment, study={"n_trials": 4},
+    space = tracked_space(tmp_path, mlflow_server, experiment, flush_s=900, study={"n_trials": 4},  # a slow restart
                           overrides={"trainer.total_training_steps": 10, "trainer.test_freq": 2, "fake.step_s": 0.1,
                                      "fake.gate_at": 5, "fake.gate_file": str(gate)})
     proc = subprocess.Popen([PY, "-m", "hpo", "search", "--space", str(space), "--studies-dir", str(studies)],
@@ -196,7 +197,7 @@ def test_a_server_outage_mid_study_loses_nothing(tmp_path: Path, studies: Path, 
             t.state == TrialState.COMPLETE for t in load(studies, "fake").trials) >= 2 if db.exists() else False)
         down_s = time.monotonic() - stopped
         mlflow_server.start()
-        out, err = proc.communicate(timeout=600)
+        out, err = proc.communicate(timeout=1200)
     finally:
         if proc.poll() is None:
             proc.kill()

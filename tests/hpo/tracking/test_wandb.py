@@ -50,19 +50,17 @@ def test_offline_runs_per_trial_grouped_by_study(tmp_path: Path, studies: Path) 
     res = run_cli(["search", "--space", str(space)], studies, WANDB_SILENT="true")
     assert res.returncode == 0, res.stderr
     assert "W&B project hpo-test (offline)" in res.stdout
-    res = run_cli(["confirm", "--study", "fake", "--top", "1", "--seeds", "1"], studies, WANDB_SILENT="true")
-    assert res.returncode == 0, res.stderr
     study = load(studies, "fake")
-    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
     key = study._storage.get_study_system_attrs(study._study_id)["hpo:tracking:key"]
     dirs = {p.name.rsplit("-", 1)[-1]: p for p in (wandb_dir / "wandb").glob(f"offline-run-*-{key}-*")}
-    assert set(dirs) == {"t0", "t1", "t2", "study"}, sorted(dirs)
+    assert set(dirs) == {"t0", "t1", "study"}, sorted(dirs)
     for t in study.trials:
         got = read_run(dirs[f"t{t.number}"])
         run = got["run"]
         assert run["run_group"] == "fake" and run["project"] == "hpo-test"
         assert run["run_id"] == f"{key}-t{t.number}" and run["display_name"] == f"fake #{t.number}"
-        assert run["job_type"] == ("confirm" if t.number == 2 else "tune")
+        assert run["job_type"] == "tune"
         assert got["config"]["x"] == pytest.approx(t.params["x"])
         assert got["config"]["verl_hpo"]["chain"] == t.number
         steps = [s for s, item in got["history"] if "eval/reward_mean" in item]
@@ -75,7 +73,7 @@ def test_offline_runs_per_trial_grouped_by_study(tmp_path: Path, studies: Path) 
         assert summary["peak_memory_gb"] == pytest.approx(t.user_attrs["peak_memory_gb"])
         assert summary["verl_hpo/diagnosis"] == "healthy"
         assert got["exit"] and got["exit"][-1].get("exit_code", 0) == 0
-    best = max(study.trials[:2], key=lambda t: t.value)  # the search's trials (a confirmation run never is best)
+    best = study.best_trial
     study_run = read_run(dirs["study"])
     assert study_run["run"]["job_type"] == "study" and study_run["run"]["run_group"] == "fake"
     assert study_run["summary"]["best_value"] == pytest.approx(best.value)
