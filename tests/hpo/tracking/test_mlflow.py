@@ -220,6 +220,50 @@ def test_a_server_outage_mid_study_loses_nothing(tmp_path: Path, studies: Path, 
     print(json.dumps({"server_down_s": round(down_s, 1)}))
 
 
+@pytest.mark.slow
+def test_track_logs_later_what_a_driver_could_not(tmp_path: Path, studies: Path, mlflow_server: MlflowServer) -> None:
+    """The server is gone past ``tracking.flush_s``: the driver does not wait longer, says so in one line, and
+    ``verl-hpo track`` logs the rest once the server is back, continuing the runs it had begun (no step twice)."""
+    experiment = f"track-{uuid.uuid4().hex[:6]}"
+    gate = tmp_path / "gate"
+    gate.touch()
+    space = tracked_space(tmp_path, mlflow_server, experiment, flush_s=2, study={"n_trials": 2},
+                          overrides={"trainer.total_training_steps": 10, "trainer.test_freq": 2, "fake.step_s": 0.02,
+                                     "fake.gate_at": 5, "fake.gate_file": str(gate)})
+    proc = subprocess.Popen([PY, "-m", "hpo", "search", "--space", str(space), "--studies-dir", str(studies)],
+                            cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = mlflow.MlflowClient(mlflow_server.uri)
+    try:
+        def first_run_logging() -> bool:
+            exp = client.get_experiment_by_name(experiment)
+            found = [] if exp is None else client.search_runs([exp.experiment_id], "tags.`verl_hpo.kind` = 'trial'")
+            return bool(found) and int(found[0].data.tags.get("verl_hpo.last_step", -1)) >= 4
+
+        wait_for("the first trial's steps in MLflow", first_run_logging, timeout=300)
+        mlflow_server.stop()
+        gate.unlink()
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        mlflow_server.start()
+    assert proc.returncode == 0, err
+    left = [line for line in err.splitlines() if "not everything reached" in line]
+    assert len(left) == 1 and "verl-hpo track --study fake" in left[0], err
+    res = run_cli(["track", "--study", "fake"], studies, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert "1 of 1 spool(s) of study fake fully logged" in res.stdout
+    study = load(studies, "fake")
+    parent, trials = runs(mlflow_server, experiment)
+    assert len(trials) == 2 and parent.info.status == "FINISHED"
+    for run, t in zip(trials, study.trials, strict=True):
+        assert run.info.status == "FINISHED" and run.data.tags["verl_hpo.outcome"] == "ok"
+        assert run.data.params == {"x": str(t.params["x"])}
+        assert [s for s, _ in history(mlflow_server, run.info.run_id, "eval/reward_mean")] == EVAL_STEPS
+        assert [s for s, _ in history(mlflow_server, run.info.run_id, "critic/score/mean")] == list(range(11))
+    assert parent.data.metrics["best_value"] == pytest.approx(study.best_value)
+
+
 # ----------------------------------------------------------------------------- the MLflow UI
 @pytest.mark.slow
 def test_the_mlflow_ui_lists_the_study_s_runs(searched: dict[str, Any], mlflow_server: MlflowServer) -> None:
