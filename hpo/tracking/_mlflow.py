@@ -164,8 +164,8 @@ class MlflowSink:
             tags.append(RunTag(f"{TAG}best_trial", str(upd.best_trial)))
             tags += [RunTag(f"{TAG}best.{metric_key(k)}", str(v)[:8000]) for k, v in sorted(upd.best_params.items())]
         self.client.log_batch(run_id, metrics=metrics, tags=tags[:100])
-        if upd.final and upd.complete:
-            self.client.set_terminated(run_id, status="FINISHED")
+        if upd.final:  # KILLED: stopped short of its target (resume or another worker sets it RUNNING again)
+            self.client.set_terminated(run_id, status="FINISHED" if upd.complete else "KILLED")
         elif not upd.final and self.client.get_run(run_id).info.status != "RUNNING":  # resumed or more trials
             self.client.update_run(run_id, status="RUNNING")
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -221,7 +222,7 @@ def make_queues(spec: TrackingSpec, study: optuna.Study, studies_dir: Path, stat
     if spec.mlflow is not None:
         from hpo.tracking._mlflow import MlflowSink
 
-        uri = mlflow_uri(spec) or ""
+        uri = strip_credentials(mlflow_uri(spec) or "")
         queues.append(Queue(MlflowSink(uri, f"MLflow {redact_uri(uri)}", spec.mlflow.experiment, study.study_name,
                                        key, Cursors(sinks.setdefault("mlflow", {})), registry)))
     if spec.wandb is not None:
@@ -232,6 +233,18 @@ def make_queues(spec: TrackingSpec, study: optuna.Study, studies_dir: Path, stat
         queues.append(Queue(WandbSink(wb.project, wb.entity, wb.mode, directory, study.study_name, key,
                                       Cursors(sinks.setdefault("wandb", {})))))
     return queues
+
+
+def strip_credentials(uri: str) -> str:
+    """``http://user:pw@host`` -> ``http://host``, the user and password moved to ``MLFLOW_TRACKING_USERNAME`` /
+    ``MLFLOW_TRACKING_PASSWORD`` (MLflow's basic auth): MLflow prints and raises with its URI (run links, request
+    errors), and those lines go to the tracking log."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    os.environ["MLFLOW_TRACKING_USERNAME"] = unquote(parts.username or "")
+    os.environ["MLFLOW_TRACKING_PASSWORD"] = unquote(parts.password)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def _alive(pid: int | None) -> bool:

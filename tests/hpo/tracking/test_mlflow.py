@@ -24,6 +24,7 @@ from tests.hpo.tracking.conftest import MlflowServer
 
 mlflow = pytest.importorskip("mlflow")
 EVAL_STEPS = [0, 2, 4, 6, 8, 10]
+SECRET = "pw-5f1c9e"
 PROBE = ("import runpy, sys\nout = sys.argv.pop()\n"
          "try:\n    runpy.run_module('hpo', run_name='__main__')\n"
          "finally:\n    open(out, 'w').write(' '.join(m for m in ('mlflow', 'wandb', 'plotly', 'sklearn')"
@@ -73,8 +74,11 @@ def searched(tmp_path_factory: pytest.TempPathFactory, mlflow_server: MlflowServ
     experiment = f"study-{uuid.uuid4().hex[:6]}"
     space = tracked_space(tmp, mlflow_server, experiment)
     studies, loaded = tmp / "studies", tmp / "loaded.txt"
-    res = subprocess.run([PY, "-c", PROBE, "search", "--space", str(space), "--studies-dir", str(studies),
-                          str(loaded)], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
+    # the URI on the command line carries a password (the test server ignores basic auth): it must go nowhere
+    uri = mlflow_server.uri.replace("http://", f"http://me:{SECRET}@")
+    res = subprocess.run([PY, "-c", PROBE, "search", "--space", str(space), "--tracking", f"mlflow={uri}",
+                          "--studies-dir", str(studies), str(loaded)], cwd=ROOT, env=cli_env(), capture_output=True,
+                         text=True, timeout=600)
     return {"res": res, "experiment": experiment, "studies": studies, "loaded": loaded.read_text()}
 
 
@@ -82,7 +86,7 @@ def test_one_nested_run_per_trial_with_params_curves_and_outcome(searched: dict[
                                                                   mlflow_server: MlflowServer) -> None:
     res = searched["res"]
     assert res.returncode == 0, res.stderr
-    assert "tracking: MLflow http://127.0.0.1" in res.stdout and "not everything reached" not in res.stderr
+    assert "tracking: MLflow http://me:***@127.0.0.1" in res.stdout and "not everything reached" not in res.stderr
     study = load(searched["studies"], "fake")
     parent, trials = runs(mlflow_server, searched["experiment"])
     assert parent.info.run_name == "fake" and parent.data.tags["verl_hpo.study"] == "fake"
@@ -116,6 +120,16 @@ def test_one_nested_run_per_trial_with_params_curves_and_outcome(searched: dict[
     system = study._storage.get_study_system_attrs(study._study_id)
     assert {system[f"hpo:tracking:{r.data.tags['verl_hpo.chain']}"]["mlflow"] for r in trials} == \
         {r.info.run_id for r in trials}
+
+
+def test_a_password_in_the_uri_is_never_printed_or_stored(searched: dict[str, Any]) -> None:
+    res = searched["res"]
+    assert res.returncode == 0, res.stderr
+    assert "http://me:***@127.0.0.1" in res.stdout
+    assert SECRET not in res.stdout + res.stderr
+    for path in searched["studies"].rglob("*"):  # the study's database, spool, tracking log and state, W&B files
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
 
 
 def test_the_driver_never_loads_the_trackers(searched: dict[str, Any]) -> None:
