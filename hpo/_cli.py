@@ -1,4 +1,4 @@
-"""``verl-hpo search | resume | worker | confirm | validate | dashboard | best``.
+"""``verl-hpo search | resume | worker | confirm | validate | dashboard | track | best``.
 
 Exit codes: 0 done; 2 bad input (one ``error: ...`` line on stderr, no study created or touched);
 1 runtime error; 130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP (running trials queued for ``resume``;
@@ -18,12 +18,13 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
 from hpo.backends import load_checked_space
 from hpo.experiment._space import SPACES_DIR, Space, SpaceError, StudySpec
+from hpo.experiment._tracking import TRACKING_FLAG_HELP
 from hpo.study._storage import mask_url
 
 EXIT_SIGNAL: dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
@@ -49,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the stored experiment's commands, environment and user code even when no local "
                              "file matches (only for storages nobody else can write)")
 
+    def tracking_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--tracking", action="append", default=[], metavar="SPEC", help=TRACKING_FLAG_HELP)
+        sp.add_argument("--tracking-optional", action="store_true",
+                        help="a tracker whose package is missing or whose server does not answer is a warning and "
+                             "the study runs without it (default: an error before the study starts)")
+
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--storage", help="Optuna storage URL (default sqlite:///<studies-dir>/<study>.db); any "
                                           "SQLAlchemy URL, or redis://... (JournalStorage, needs redis)")
@@ -62,12 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="space field (study.n_trials=4, params.kl_coef.high=0.1, trial.timeout_s=60) or fixed "
                         "trainer override (trainer.total_training_steps=10); repeatable")
+    tracking_args(s)
     common(s)
 
     r = sub.add_parser("resume", help="continue a study until it has n_trials finished trials")
     r.add_argument("--study", required=True)
     r.add_argument("--n-trials", type=int, help="raise (or lower) the study's target")
     trust_args(r)
+    tracking_args(r)
     common(r)
 
     w = sub.add_parser("worker", help="join an existing study (its stored experiment) and run trials until the "
@@ -78,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--devices", default=None, metavar="0,1,..",
                    help="GPU ids this worker may use (default: the experiment's trial.devices, else detected)")
     trust_args(w)
+    tracking_args(w)
     common(w)
 
     c = sub.add_parser("confirm", help="re-run the top trials with fresh seeds (as tagged trials of the study); "
@@ -88,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seeds", type=int, default=None, metavar="S",
                    help="fresh seeds per configuration (default: study.confirm.seeds); never a tuning seed")
     trust_args(c)
+    tracking_args(c)
     common(c)
 
     v = sub.add_parser("validate", help="check an experiment file without running it: the space, every corner "
@@ -103,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--study", required=True)
     d.add_argument("--out", type=Path, help="default <studies-dir>/<study>/dashboard.html; any path of yours")
     common(d)
+
+    t = sub.add_parser("track", help="log to MLflow / W&B what this host's drivers of a study could not (a tracking "
+                                     "server that was down past tracking.flush_s)")
+    t.add_argument("--study", required=True)
+    t.add_argument("--tracking", action="append", default=[], metavar="SPEC", help=TRACKING_FLAG_HELP)
+    common(t)
 
     b = sub.add_parser("best", help="print the best trial as trainer overrides (pareto studies: the front); after "
                                     "confirm, the best confirmed mean")
@@ -177,7 +194,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
 
     quiet_optuna()
     stop, got = threading.Event(), list[int]()
-    with _stop_on_signals(stop, got):
+    with _stop_on_signals(stop, got), ExitStack() as closing:  # closing: the trackers' flush (hpo.tracking)
         if space is None:
             # a worker (often started by a scheduler) waits for a database that is starting or restarting
             wait_s = StudySpec().storage_retry_s if args.cmd == "worker" else 0.0
@@ -188,14 +205,17 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
                 space = dataclasses.replace(space, trial=dataclasses.replace(space.trial, n_jobs=args.n_jobs))
             devices = resolve_devices(space.trial, _device_list(getattr(args, "devices", None)))
             _check_verl_launch(space)
+            tracking = _tracking_spec(space, args)
         else:
             devices = resolve_devices(space.trial)
             _check_verl_launch(space)
             check_space_fits(space, devices)
+            tracking = _tracking_spec(space, args)
             study = open_study(space, study_name, storage_url)
         target = space.study.n_trials
         reporter = Reporter(sys.stdout, target, space.objective.direction_literal)
-        driver = Driver(space, study, studies_dir, reporter, stop, devices=devices)
+        progress = _start_tracking(tracking, study_name, storage_url, studies_dir, reporter, closing)
+        driver = Driver(space, study, studies_dir, progress, stop, devices=devices)
         confirming = args.cmd == "confirm"
         if confirming:
             from hpo.study._confirm import pending, queue_confirmations
@@ -253,6 +273,58 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             reporter.note(f"study {study_name} already has {done} finished trials (target {target})")
         print(summary(study, storage_url, str(driver.trials_dir)))
     return 0
+
+
+def _tracking_spec(space: Space, args: argparse.Namespace) -> Any:
+    """The experiment's ``tracking:`` section with ``--tracking`` applied, each tracker checked (package, server)
+    before the study starts: SpaceError, or with ``--tracking-optional`` a warning and that tracker dropped."""
+    from hpo.experiment._tracking import apply_flags
+
+    spec = apply_flags(space.tracking, getattr(args, "tracking", []), SpaceError)
+    if not spec.enabled:
+        return spec
+    from hpo.tracking._check import checked_tracking
+
+    return checked_tracking(spec, space.source, getattr(args, "tracking_optional", False),
+                            lambda line: print(line, file=sys.stderr))
+
+
+def _start_tracking(spec: Any, study_name: str, storage_url: str, studies_dir: Path, reporter: Any,
+                    closing: ExitStack) -> Any:
+    """The progress reporter the driver gets: ``reporter`` itself, or (trackers configured) one that also feeds this
+    driver's tracking process (:mod:`hpo.tracking`), which ``closing`` flushes at the end."""
+    if not spec.enabled:
+        return reporter
+    from hpo.execution._identity import driver_identity
+    from hpo.tracking import TrackingFeed, describe
+
+    feed = TrackingFeed(spec, study_name, storage_url, studies_dir, driver_identity())
+
+    def close() -> None:
+        line = feed.close()
+        if line:
+            print(line, file=sys.stderr)
+
+    closing.callback(close)
+    reporter.note(f"tracking: {describe(spec)} (log: {feed.log_path})")
+    return feed.wrap(reporter)
+
+
+def _track(study_name: str, storage_url: str, studies_dir: Path, flags: Sequence[str]) -> int:
+    """``verl-hpo track``: finish what this host's tracking processes of the study left (their spools)."""
+    from hpo.experiment._tracking import apply_flags
+    from hpo.study._optuna import load_stored, quiet_optuna
+    from hpo.tracking import catch_up
+    from hpo.tracking._check import checked_tracking
+
+    quiet_optuna()
+    space, _ = load_stored(study_name, storage_url, None)
+    spec = apply_flags(space.tracking, flags, SpaceError)
+    if not spec.enabled:
+        return _fail(f"study {study_name!r} has no tracking section; name a tracker with --tracking mlflow=URI "
+                     "or --tracking wandb")
+    spec = checked_tracking(spec, space.source, False, lambda line: None)
+    return catch_up(spec, study_name, storage_url, studies_dir)
 
 
 def _device_list(text: str | None) -> list[str] | None:
@@ -318,6 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return dashboard_command(args.study, storage_url, studies_dir, args.out)
         if args.cmd == "confirm":
             return _run(None, args.study, storage_url, studies_dir, args)
+        if args.cmd == "track":
+            return _track(args.study, storage_url, studies_dir, args.tracking)
         if args.cmd in ("resume", "worker"):
             if getattr(args, "n_jobs", None) is not None and args.n_jobs <= 0:
                 return _fail(f"--n-jobs {args.n_jobs}: must be positive")

@@ -26,6 +26,7 @@ import yaml
 
 from hpo.analysis._diagnosis import DiagnosisSpec
 from hpo.experiment._objective import Objective, check_metrics, parse_objective
+from hpo.experiment._tracking import TrackingSpec, parse_tracking
 
 SPACES_DIR = Path("search_spaces")
 DEFAULT_COMMAND = ("python", "-m", "verl_core", "train")
@@ -227,6 +228,7 @@ class Space:
     diagnosis: DiagnosisSpec = field(default_factory=DiagnosisSpec)
     study: StudySpec = field(default_factory=StudySpec)
     trial: TrialSpec = field(default_factory=TrialSpec)
+    tracking: TrackingSpec = field(default_factory=TrackingSpec)
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def param(self, name: str) -> Param:
@@ -242,7 +244,7 @@ class Space:
 _SECTIONS: dict[str, type] = {
     "early_stopping": EarlyStopping, "diagnosis": DiagnosisSpec, "study": StudySpec, "trial": TrialSpec,
 }
-_TOP_FIELDS = ("config", "overrides", "params", "objective", *_SECTIONS)
+_TOP_FIELDS = ("config", "overrides", "params", "objective", *_SECTIONS, "tracking")
 _PARAM_FIELDS = ("key", "type", "low", "high", "log", "step", "choices")
 
 
@@ -600,9 +602,10 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     for where, msg in sections["diagnosis"].validate():
         raise ctx.error(f"diagnosis.{where}", msg)
     _check_argv_sizes(fixed, params, trial, ctx)
+    tracking = parse_tracking(raw.get("tracking"), ctx.error)  # MLflow / W&B (hpo.experiment._tracking)
     return Space(name=name, source=source, config=config, overrides=dict(fixed), params=params,
                  objective=objective, early_stopping=early, diagnosis=sections["diagnosis"],
-                 study=sections["study"], trial=trial, raw=raw)
+                 study=sections["study"], trial=trial, tracking=tracking, raw=raw)
 
 
 def _check_argv_sizes(fixed: dict[str, Any], params: tuple[Param, ...], trial: TrialSpec, ctx: _Ctx) -> None:

@@ -1,5 +1,6 @@
 """What a person reads: live progress lines, tables and the summary (``_report``), ``best`` and its overrides, and
-the self-contained dashboard page (``_dashboard``). Experiment tracking (MLflow, W&B) belongs here too.
+the self-contained dashboard page (``_dashboard``). Experiment tracking (MLflow, W&B) is the layer above:
+:mod:`hpo.tracking`.
 
 May import: ``hpo.study`` and everything below it."""
 

@@ -24,6 +24,7 @@ Behaviour keys (all optional):
     fake.seed_noise     add seed_noise * u to the final value, u in [-1, 1] drawn from trainer.seed (default 0)
     fake.nan_at         actor/pg_loss is NaN from this step on (finite, 0.1, before)
     fake.peak_at        eval/reward_mean rises until this step and stays at that value after it
+    fake.gate_at        at this step, wait while the file fake.gate_file exists (a test holds a trial mid-run)
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def main(argv: list[str]) -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
             if str(step) == opts.get("fake.hang_at"):
                 time.sleep(3600)
+            if str(step) == opts.get("fake.gate_at"):
+                while os.path.exists(opts["fake.gate_file"]):
+                    time.sleep(0.05)
             if "fake.alloc_mb" in opts:
                 block = bytearray(int(float(opts["fake.alloc_mb"]) * 2**20))
                 block[:: 4096] = b"x" * len(block[:: 4096])

@@ -11,8 +11,8 @@ import pytest
 HPO = Path(__file__).resolve().parents[2] / "hpo"
 # rank of each subpackage: a module may import its own subpackage and lower ranks only; equal ranks are peers that
 # do not import each other
-LAYERS = {"analysis": 0, "experiment": 1, "execution": 1, "backends": 2, "study": 3, "reporting": 4}
-TOP = 5  # hpo/_cli.py, hpo/__init__.py, hpo/__main__.py
+LAYERS = {"analysis": 0, "experiment": 1, "execution": 1, "backends": 2, "study": 3, "reporting": 4, "tracking": 5}
+TOP = 6  # hpo/_cli.py, hpo/__init__.py, hpo/__main__.py
 
 
 def _package(module: str) -> str | None:

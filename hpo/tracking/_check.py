@@ -1,0 +1,97 @@
+"""Before a study starts: is each tracker of the experiment usable here? Its package installed (found without
+importing it: the driver never loads mlflow or wandb), the MLflow server answering ``/health``, a W&B key for
+online mode. Each problem is one line; ``--tracking-optional`` turns them into warnings and drops that tracker."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import importlib.util
+import netrc
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from urllib.parse import urlsplit, urlunsplit
+
+from hpo.experiment._space import SpaceError
+from hpo.experiment._tracking import TrackingSpec, redact_uri
+
+HEALTH_TIMEOUT_S = 5.0
+INSTALL = "pip install -e '.[tracking]'"
+
+
+def mlflow_uri(spec: TrackingSpec) -> str | None:
+    """The MLflow tracking URI in use: the experiment's / ``--tracking``'s, else ``$MLFLOW_TRACKING_URI``."""
+    if spec.mlflow is None:
+        return None
+    return spec.mlflow.uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+
+
+def _health(uri: str) -> str | None:
+    """None when ``<uri>/health`` answers 200; else why not (no secret in it)."""
+    parts = urlsplit(uri)
+    host = parts.netloc.rpartition("@")[2]
+    url = urlunsplit(parts._replace(netloc=host, path=parts.path.rstrip("/") + "/health", query="", fragment=""))
+    req = urllib.request.Request(url)
+    user = parts.username or os.environ.get("MLFLOW_TRACKING_USERNAME")
+    password = parts.password or os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=HEALTH_TIMEOUT_S) as resp:  # noqa: S310 - the user's own server
+            return None if resp.status == 200 else f"{url} answered HTTP {resp.status}"
+    except urllib.error.HTTPError as err:
+        return f"{url} answered HTTP {err.code}"
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        return f"{url} is unreachable ({reason})"
+
+
+def _wandb_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def tracker_problems(spec: TrackingSpec) -> dict[str, str]:
+    """``{"mlflow" | "wandb": one-line problem}`` for each tracker of ``spec`` that cannot be used here."""
+    out: dict[str, str] = {}
+    if spec.mlflow is not None:
+        uri = mlflow_uri(spec)
+        if importlib.util.find_spec("mlflow") is None:
+            out["mlflow"] = f"the mlflow package is not installed ({INSTALL})"
+        elif uri is None:
+            out["mlflow"] = "no tracking URI: set tracking.mlflow.uri, $MLFLOW_TRACKING_URI or --tracking mlflow=URI"
+        elif uri.lower().startswith(("http://", "https://")):
+            why = _health(uri)
+            if why is not None:
+                out["mlflow"] = f"MLflow server {redact_uri(uri)}: {why}"
+    if spec.wandb is not None:
+        if importlib.util.find_spec("wandb") is None:
+            out["wandb"] = f"the wandb package is not installed ({INSTALL})"
+        elif spec.wandb.mode == "online" and not _wandb_key():
+            out["wandb"] = ("W&B online needs an API key (WANDB_API_KEY or wandb login); or use tracking.wandb.mode: "
+                            "offline / --tracking wandb=offline")
+    return out
+
+
+def checked_tracking(spec: TrackingSpec, source: str, optional: bool,
+                     warn: Callable[[str], None]) -> TrackingSpec:
+    """``spec`` when every tracker is usable; else SpaceError with one line (``optional``: a warning, and the
+    tracker is dropped)."""
+    problems = tracker_problems(spec)
+    for name, why in problems.items():
+        line = f"{source}: tracking.{name}: {why}"
+        if not optional:
+            raise SpaceError(line + " (or run without it: --tracking off, or --tracking-optional)")
+        warn(f"warning: {line}; the study runs without {name} tracking")
+        spec = dataclasses.replace(spec, mlflow=None) if name == "mlflow" else dataclasses.replace(spec, wandb=None)
+    return spec
