@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the stored experiment's commands, environment and user code even when no local "
                              "file matches (only for storages nobody else can write)")
 
+    def ray_arg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--ray-address", default=None, metavar="URL",
+                        help="trial.executor ray: the cluster's dashboard (http://head:8265); default "
+                             "trial.ray.address, else $RAY_ADDRESS")
+
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--storage", help="Optuna storage URL (default sqlite:///<studies-dir>/<study>.db); any "
                                           "SQLAlchemy URL, or redis://... (JournalStorage, needs redis)")
@@ -62,11 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="space field (study.n_trials=4, params.kl_coef.high=0.1, trial.timeout_s=60) or fixed "
                         "trainer override (trainer.total_training_steps=10); repeatable")
+    ray_arg(s)
     common(s)
 
     r = sub.add_parser("resume", help="continue a study until it has n_trials finished trials")
     r.add_argument("--study", required=True)
     r.add_argument("--n-trials", type=int, help="raise (or lower) the study's target")
+    ray_arg(r)
     trust_args(r)
     common(r)
 
@@ -77,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "experiment's trial.n_jobs)")
     w.add_argument("--devices", default=None, metavar="0,1,..",
                    help="GPU ids this worker may use (default: the experiment's trial.devices, else detected)")
+    ray_arg(w)
     trust_args(w)
     common(w)
 
@@ -184,12 +192,16 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
                                     args.trust_stored_experiment, study.user_attrs.get(ATTR_DIGEST))
             if getattr(args, "n_jobs", None) is not None:
                 space = dataclasses.replace(space, trial=dataclasses.replace(space.trial, n_jobs=args.n_jobs))
-            devices = resolve_devices(space.trial, _device_list(getattr(args, "devices", None)))
+            space = _with_ray_address(space, getattr(args, "ray_address", None))
+            devices = [] if space.trial.executor == "ray" else resolve_devices(
+                space.trial, _device_list(getattr(args, "devices", None)))
             _check_verl_launch(space)
         else:
-            devices = resolve_devices(space.trial)
+            space = _with_ray_address(space, getattr(args, "ray_address", None))
+            devices = [] if space.trial.executor == "ray" else resolve_devices(space.trial)
             _check_verl_launch(space)
-            check_space_fits(space, devices)
+            if space.trial.executor != "ray":  # the memory pre-flight knows this host's devices, not the cluster's
+                check_space_fits(space, devices)
             study = open_study(space, study_name, storage_url)
         target = space.study.n_trials
         reporter = Reporter(sys.stdout, target, space.objective.direction_literal)
@@ -251,6 +263,17 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             reporter.note(f"study {study_name} already has {done} finished trials (target {target})")
         print(summary(study, storage_url, str(driver.trials_dir)))
     return 0
+
+
+def _with_ray_address(space: Space, address: str | None) -> Space:
+    """``--ray-address`` over ``trial.ray.address`` (not stored: each driver names the cluster as it reaches it)."""
+    if address is None:
+        return space
+    from hpo.experiment._ray_spec import parse_ray
+
+    ray = parse_ray({**space.raw.get("trial", {}).get("ray", {}), "address": address},
+                    lambda where, msg: SpaceError(f"--ray-address {address!r}: {msg}"))
+    return dataclasses.replace(space, trial=dataclasses.replace(space.trial, ray=ray))
 
 
 def _device_list(text: str | None) -> list[str] | None:
