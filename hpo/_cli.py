@@ -196,12 +196,14 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             devices = [] if space.trial.executor == "ray" else resolve_devices(
                 space.trial, _device_list(getattr(args, "devices", None)))
             _check_verl_launch(space)
+            _check_ray(space)
         else:
             space = _with_ray_address(space, getattr(args, "ray_address", None))
             devices = [] if space.trial.executor == "ray" else resolve_devices(space.trial)
             _check_verl_launch(space)
             if space.trial.executor != "ray":  # the memory pre-flight knows this host's devices, not the cluster's
                 check_space_fits(space, devices)
+            _check_ray(space)
             study = open_study(space, study_name, storage_url)
         target = space.study.n_trials
         reporter = Reporter(sys.stdout, target, space.objective.direction_literal)
@@ -265,6 +267,16 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
     return 0
 
 
+def _check_ray(space: Space) -> None:
+    """A Ray-job study's cluster must be named and answer before any trial is asked for (RayClusterError)."""
+    if space.trial.executor != "ray":
+        return
+    from hpo.execution.ray_jobs import cluster_view
+    from hpo.study._ray_trials import address
+
+    cluster_view(address(space.trial))
+
+
 def _with_ray_address(space: Space, address: str | None) -> Space:
     """``--ray-address`` over ``trial.ray.address`` (not stored: each driver names the cluster as it reaches it)."""
     if address is None:
@@ -272,7 +284,7 @@ def _with_ray_address(space: Space, address: str | None) -> Space:
     from hpo.experiment._ray_spec import parse_ray
 
     ray = parse_ray({**space.raw.get("trial", {}).get("ray", {}), "address": address},
-                    lambda where, msg: SpaceError(f"--ray-address {address!r}: {msg}"))
+                    lambda where, msg: SpaceError(f"--ray-address: {msg}"))
     return dataclasses.replace(space, trial=dataclasses.replace(space.trial, ray=ray))
 
 
@@ -348,6 +360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(scrub(str(err), storage_url) if storage_url else str(err))
     except STORAGE_ERRORS as err:  # StorageUnavailable (past study.storage_retry_s), StorageInternalError, ...
         return _fail(storage_error_line(err, storage_url), 1)
+    except RuntimeError as err:
+        from hpo.execution.ray_jobs import RayClusterError
+
+        if not isinstance(err, RayClusterError):
+            raise
+        return _fail(str(err), 1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -129,9 +129,14 @@ class Driver:
         """Ray-job studies: stop the study's jobs no trial follows (:func:`hpo.study._ray_trials.sweep_jobs`)."""
         if self.space.trial.executor != "ray":
             return
+        from hpo.execution.ray_jobs import RayClusterError
         from hpo.study._ray_trials import sweep_jobs
 
-        stopped = sweep_jobs(self.study, self.space.trial, final)
+        try:
+            stopped = sweep_jobs(self.study, self.space.trial, final)
+        except RayClusterError as err:  # the cluster is away: the next driver's sweep stops them
+            self.reporter.note(f"Ray jobs not swept: {err}")
+            return
         if stopped:
             self.reporter.note(f"stopped {stopped} Ray job(s) of the study that no running trial follows")
 

@@ -23,8 +23,9 @@ from hpo.execution.ray_jobs._cluster import (
     stop_and_wait,
     study_jobs,
 )
-from hpo.execution.ray_jobs._job import RayJob, job_env
+from hpo.execution.ray_jobs._job import ENTRY_PACKAGE, JobLog, RayJob, entry_package, job_env
 
-__all__ = ["META_STUDY", "META_TRIAL", "TERMINAL", "JobResources", "NodeView", "RayClusterError", "RayJob",
+__all__ = ["ENTRY_PACKAGE", "META_STUDY", "META_TRIAL", "TERMINAL", "JobLog", "JobResources", "NodeView",
+           "RayClusterError", "RayJob", "entry_package",
            "cluster_view", "dashboard_url", "fits_now", "job_client", "job_env", "packs", "stop_and_wait",
            "study_jobs"]

@@ -6,6 +6,7 @@ with ``trial.executor: ray`` pays for importing ray)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -144,6 +145,7 @@ def job_client(address: str) -> Any:
         from ray.job_submission import JobSubmissionClient
     except ImportError:
         raise RayClusterError("trial.executor: ray needs Ray's job client: pip install -e '.[ray]'") from None
+    logging.getLogger("ray").setLevel(logging.WARNING)  # not a line per uploaded package or closed log stream
     try:
         return JobSubmissionClient(dashboard_url(address))
     except (ConnectionError, RuntimeError, ValueError) as err:

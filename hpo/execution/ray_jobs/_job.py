@@ -66,6 +66,52 @@ def job_env(env: Mapping[str, str], base: Mapping[str, str] | None = None) -> di
     return {k: v for k, v in env.items() if base.get(k) != v and k != "CUDA_VISIBLE_DEVICES"}
 
 
+class JobLog:
+    """The driver's reading of a job's log text, chunk by chunk: metrics records (the entrypoint's prefixed lines,
+    parsed by :func:`parse_line` under the local tail's rules), bad lines counted, the entrypoint's end record, and
+    every other line written to ``out`` (the trial's ``stderr.log``)."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self.partial = ""
+        self.bad_lines = 0
+        self.end: dict[str, Any] | None = None
+
+    def feed(self, text: str) -> list[tuple[int, dict[str, float]]]:
+        lines = (self.partial + text).split("\n")
+        self.partial = lines.pop()
+        if len(self.partial) > MAX_LINE_BYTES:  # a line that never ends: dropped, counted if it was metrics
+            self.bad_lines += self.partial.startswith(_entry.PREFIX)
+            self.partial = ""
+        records = []
+        for line in lines:
+            if line.startswith(_entry.PREFIX):
+                payload = line[len(_entry.PREFIX):].encode("utf-8", "surrogateescape")
+                rec = None if len(payload) > MAX_LINE_BYTES else parse_line(payload)
+                if rec is None:
+                    self.bad_lines += 1
+                else:
+                    records.append(rec)
+            elif line.startswith(_entry.BAD):
+                self.bad_lines += 1
+            elif line.startswith(_entry.END):
+                try:
+                    end = json.loads(line[len(_entry.END):])
+                except ValueError:
+                    end = None
+                self.end = end if isinstance(end, dict) else None
+            else:
+                self.out.write(line + "\n")
+        self.out.flush()
+        return records
+
+    def close(self) -> None:
+        if self.partial:
+            self.out.write(self.partial + "\n")
+            self.partial = ""
+        self.out.flush()
+
+
 class _LogFollower(threading.Thread):
     """Follows a job's log in a thread: the websocket tail, reconnected (skipping what was read) if it drops while
     the job runs, completed from ``get_job_logs`` once the job is over."""
@@ -183,14 +229,14 @@ class RayJob:
         follower.start()
         stderr_path = self.log_dir / "stderr.log"
         reason: str | None = None
-        last_step = first_metric = end = None
-        bad = 0
-        partial = ""
+        last_step: int | None = None
+        first_metric: float | None = None
         status, info, next_status, next_tick = "PENDING", None, start, start
         ended_at: float | None = None
         last_pass = False
         try:
             with stderr_path.open("a", encoding="utf-8", errors="replace") as err:
+                log = JobLog(err)
                 while True:
                     now = time.monotonic()
                     if now >= next_status:
@@ -198,35 +244,13 @@ class RayJob:
                         status, next_status = str(info.status.value), now + STATUS_TICK_S
                         if status in TERMINAL and ended_at is None:
                             ended_at = now
-                    text = partial + follower.drain()
-                    lines = text.split("\n")
-                    partial = lines.pop()
-                    if len(partial) > MAX_LINE_BYTES:  # a line the log cut or that never ends
-                        partial, bad = "", bad + 1
-                    for line in lines:
-                        if line.startswith(_entry.PREFIX):
-                            payload = line[len(_entry.PREFIX):].encode("utf-8", "surrogateescape")
-                            rec = None if len(payload) > MAX_LINE_BYTES else parse_line(payload)
-                            if rec is None:
-                                bad += 1
-                                continue
-                            step, data = rec
-                            if first_metric is None:
-                                first_metric = time.monotonic() - start
-                            last_step = step
-                            decision = self.on_metrics(step, data) if self.on_metrics is not None else None
-                            if decision is not None and reason is None and status not in TERMINAL:
-                                reason = decision
-                        elif line.startswith(_entry.BAD):
-                            bad += 1
-                        elif line.startswith(_entry.END):
-                            try:
-                                end = json.loads(line[len(_entry.END):])
-                            except ValueError:
-                                end = None
-                        else:
-                            err.write(line + "\n")
-                    err.flush()
+                    for step, data in log.feed(follower.drain()):
+                        if first_metric is None:
+                            first_metric = time.monotonic() - start
+                        last_step = step
+                        decision = self.on_metrics(step, data) if self.on_metrics is not None else None
+                        if decision is not None and reason is None and status not in TERMINAL:
+                            reason = decision  # after the job ended, lines are only recorded
                     if reason is None and status not in TERMINAL:
                         if self.stop_event is not None and self.stop_event.is_set():
                             reason = "interrupted"
@@ -245,8 +269,7 @@ class RayJob:
                         next_tick = now + REPORT_TICK_S
                         self.on_tick(last_step, 0.0)
                     time.sleep(TICK_S)
-                if partial:
-                    err.write(partial + "\n")
+                log.close()
         except BaseException:
             if status not in TERMINAL:  # an exception in a callback, KeyboardInterrupt: the job must not run on
                 try:
@@ -257,7 +280,8 @@ class RayJob:
         finally:
             follower.closing.set()
         self.final_status = status
-        return self._result(info, status, reason, end, time.monotonic() - start, first_metric, last_step, bad)
+        return self._result(info, status, reason, log.end, time.monotonic() - start, first_metric, last_step,
+                            log.bad_lines)
 
     def _result(self, info: Any, status: str, reason: str | None, end: dict[str, Any] | None, wall: float,
                 first_metric: float | None, last_step: int | None, bad: int) -> RunResult:
