@@ -49,6 +49,7 @@ from hpo.experiment._space import TrialSpec
 ATTR_CLAIM = "hpo:ray_claim"
 POLL_S = 1.0  # admission re-checks this often (plus up to 50 % jitter)
 ENV_ADDRESS = "RAY_ADDRESS"
+_FITTED: set[str] = set()  # clusters that were big enough for a trial once: a lost node is waited for
 
 
 def address(spec: TrialSpec) -> str:
@@ -92,7 +93,13 @@ def admit(study: optuna.Study, trial: Trial, spec: TrialSpec, stop: threading.Ev
                 others.append((float(claim.get("at", 0)), t._trial_id, JobResources.from_claim(claim),
                                bool(claim.get("admitted"))))
         nodes, _ = cluster_view(where)
-        ok, why = fits_now(nodes, need, [o[2] for o in others])
+        try:
+            ok, why = fits_now(nodes, need, [o[2] for o in others])
+        except RayClusterError:
+            if where not in _FITTED:  # never big enough since this driver started: a mistake in trial.ray
+                raise
+            ok, why = False, "nodes it had are gone: waiting for them to come back"
+        _FITTED.add(where)
         if ok:
             storage.set_trial_system_attr(trial_id, ATTR_CLAIM, {**need.as_claim(), "at": claimed_at,
                                                                   "admitted": True})
