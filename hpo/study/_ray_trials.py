@@ -11,8 +11,9 @@ if everything it read fits. Two drivers that claim at once both see both claims;
 (set to null) so that the earlier goes first, and is made again on the next poll.
 
 Adoption. Jobs carry their study and trial number in their metadata. A retry of a trial whose driver died (its
-``retry_history``) first looks for a job of its chain that is still PENDING or RUNNING: it follows that job instead
-of submitting one (its log is read from the start, so its curve is the retry's). Otherwise it submits
+``retry_history``) first looks for a job of its chain that is still PENDING or RUNNING, or whose newest job SUCCEEDED
+while no driver watched: it follows that job instead of submitting one (its log is read from the start, so its
+curve and its end are the retry's). Otherwise it submits
 ``verl-hpo-<study>-<trial number>`` (a suffix when an older job, e.g. of a deleted study of the same name, has that
 id): Ray refuses a second job with one id, so a trial never has two.
 
@@ -119,12 +120,14 @@ def job_for(study: optuna.Study, number: int, history: list[int], spec: TrialSpe
     client = job_client(address(spec))
     jobs = study_jobs(client, study.study_name)
     chain = {str(n) for n in history}
-    alive = sorted((j for j in jobs if (j.metadata or {}).get(META_TRIAL) in chain
-                    and str(j.status.value) not in TERMINAL), key=lambda j: j.start_time or 0)
+    mine = sorted((j for j in jobs if (j.metadata or {}).get(META_TRIAL) in chain), key=lambda j: j.start_time or 0)
+    alive = [j for j in mine if str(j.status.value) not in TERMINAL]
     if alive:
         for extra in alive[:-1]:  # never happens unless someone else submitted one: only one runs on
             stop_and_wait(client, extra.submission_id, spec.ray.stop_timeout_s)
         return str(alive[-1].submission_id), True
+    if mine and str(mine[-1].status.value) == "SUCCEEDED":  # it ran to its end while no driver watched
+        return str(mine[-1].submission_id), True
     taken = {j.submission_id for j in client.list_jobs()}
     base = sid = f"verl-hpo-{study.study_name}-{number}"
     k = 0

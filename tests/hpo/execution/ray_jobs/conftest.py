@@ -58,8 +58,15 @@ def node_processes(mark: str) -> list[psutil.Process]:
 
 
 def kill_node(mark: str) -> int:
-    """SIGKILL every process of one node (as when its machine dies); the number killed."""
-    procs = node_processes(mark)
+    """SIGKILL every process of one node (as when its machine dies): those ``ray start`` started and all their
+    descendants (the raylet's agents and workers, a job's entrypoint and trainer); the number killed."""
+    procs = {p.pid: p for p in node_processes(mark)}
+    for p in list(procs.values()):
+        try:
+            procs.update((c.pid, c) for c in p.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    procs = list(procs.values())
     for p in procs:
         try:
             p.send_signal(signal.SIGKILL)
@@ -93,9 +100,13 @@ class RayCluster:
                "--dashboard-agent-listen-port", str(ports[2]), "--dashboard-agent-grpc-port", str(ports[3]),
                "--metrics-export-port", str(ports[4]), "--runtime-env-agent-port", str(ports[5]),
                "--min-worker-port", str(ports[6] + 1), "--max-worker-port", str(ports[6] + 60), *args]
-        res = subprocess.run(cmd, env={**self.env, MARK: mark}, capture_output=True, text=True,
-                             timeout=START_TIMEOUT_S)
-        assert res.returncode == 0, f"ray start ({name}) failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        for _attempt in range(3):  # `ray start` gives a raylet 30 s to register: not always enough on 2 busy cores
+            res = subprocess.run(cmd, env={**self.env, MARK: mark}, capture_output=True, text=True,
+                                 timeout=START_TIMEOUT_S)
+            if res.returncode == 0:
+                return
+            kill_node(mark)
+        raise AssertionError(f"ray start ({name}) failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
 
     def start_head(self) -> None:
         client_port = free_ports(1)[0]
