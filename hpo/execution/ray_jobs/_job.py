@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.execution._metrics import MAX_LINE_BYTES, parse_line
+from hpo.execution._process import ENV_DRIVER
 from hpo.execution._runner import CLASSIFY_TAIL_BYTES, REPORT_TICK_S, RunResult, final_exception, read_tail
 from hpo.execution.ray_jobs import _entry
 from hpo.execution.ray_jobs._cluster import TERMINAL, JobResources, job_client, stop_and_wait
@@ -61,9 +62,11 @@ def entry_package() -> Path:
 
 def job_env(env: Mapping[str, str], base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The trial's own environment entries (those the driver added to its own): what the job's ``env_vars`` carry.
-    The rest of the driver's environment (its PATH, HOME, ...) is not the node's; ``CUDA_VISIBLE_DEVICES`` is Ray's."""
+    The rest of the driver's environment (its PATH, HOME, ...) is not the node's; ``CUDA_VISIBLE_DEVICES`` is Ray's;
+    and the driver's identity tag stays out: a job outlives its driver, so the orphan sweep of a driver on the same
+    host (:func:`hpo.execution.sweep_orphans`) must not kill it (dead drivers' jobs are swept by the study)."""
     base = os.environ if base is None else base
-    return {k: v for k, v in env.items() if base.get(k) != v and k != "CUDA_VISIBLE_DEVICES"}
+    return {k: v for k, v in env.items() if base.get(k) != v and k not in ("CUDA_VISIBLE_DEVICES", ENV_DRIVER)}
 
 
 class JobLog:

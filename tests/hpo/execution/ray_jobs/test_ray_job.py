@@ -98,7 +98,8 @@ def test_the_entrypoint_passes_a_signal_death_on_and_enforces_the_memory_cap(tmp
 
 def test_job_env_carries_only_the_trials_own_entries() -> None:
     base = {"PATH": "/usr/bin", "HOME": "/root", "X": "1"}
-    env = {**base, "X": "2", "VERL_HPO_TRIAL": "3", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": "/fake"}
+    env = {**base, "X": "2", "VERL_HPO_TRIAL": "3", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": "/fake",
+           "VERL_HPO_DRIVER": "{}"}  # a driver's orphan sweep on the same host must never take a job for its orphan
     assert job_env(env, base) == {"X": "2", "VERL_HPO_TRIAL": "3", "PYTHONPATH": "/fake"}
 
 
