@@ -24,5 +24,5 @@ from hpo.execution._process import (
 from hpo.execution._runner import RunResult, TrialProcess, classify_exit, final_exception, is_finite, read_tail
 
 __all__ = ["ENV_DRIVER", "ENV_STUDY", "ENV_TRIAL", "MetricsFileError", "MetricsTail", "RunResult", "TrialExecutor",
-           "TrialProcess", "classify_exit", "final_exception", "is_finite", "kernel_oom_killed", "kill_tree", "metric_value",
-           "parse_line", "read_tail", "sweep_orphans", "tree", "tree_rss_bytes"]
+           "TrialProcess", "classify_exit", "final_exception", "is_finite", "kernel_oom_killed", "kill_tree",
+           "metric_value", "parse_line", "read_tail", "sweep_orphans", "tree", "tree_rss_bytes"]
