@@ -100,7 +100,7 @@ class RayCluster:
                "--dashboard-agent-listen-port", str(ports[2]), "--dashboard-agent-grpc-port", str(ports[3]),
                "--metrics-export-port", str(ports[4]), "--runtime-env-agent-port", str(ports[5]),
                "--min-worker-port", str(ports[6] + 1), "--max-worker-port", str(ports[6] + 60), *args]
-        for _attempt in range(3):  # `ray start` gives a raylet 30 s to register: not always enough on 2 busy cores
+        for _attempt in range(5):  # `ray start` gives a raylet 30 s to register: not always enough on 2 busy cores
             res = subprocess.run(cmd, env={**self.env, MARK: mark}, capture_output=True, text=True,
                                  timeout=START_TIMEOUT_S)
             if res.returncode == 0:
