@@ -41,6 +41,7 @@ ENTRY_PACKAGE = "verl_hpo_ray_entry"  # the entrypoint's module name on the node
 TICK_S = 0.2  # log lines are handled this often
 STATUS_TICK_S = 1.0  # the job's status is asked this often
 LOG_SETTLE_S = 30.0  # once the job is over, wait at most this long for its log to be complete
+DASHBOARD_GONE_S = 300.0  # a dashboard that does not answer this long fails the attempt (the job is stopped)
 _LOST = ("JOB_SUPERVISOR_ACTOR_DIED", "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE")
 _package_dir: Path | None = None
 _package_lock = threading.Lock()
@@ -236,6 +237,7 @@ class RayJob:
         first_metric: float | None = None
         status, info, next_status, next_tick = "PENDING", None, start, start
         ended_at: float | None = None
+        unreachable: float | None = None  # since when the job's status could not be read
         last_pass = False
         try:
             with stderr_path.open("a", encoding="utf-8", errors="replace") as err:
@@ -243,8 +245,14 @@ class RayJob:
                 while True:
                     now = time.monotonic()
                     if now >= next_status:
-                        info = client.get_job_info(self.submission_id)
-                        status, next_status = str(info.status.value), now + STATUS_TICK_S
+                        try:
+                            info = client.get_job_info(self.submission_id)
+                            status, unreachable = str(info.status.value), None
+                        except Exception:  # the dashboard restarts, the network hiccups: the job runs on
+                            unreachable = unreachable or now
+                            if now - unreachable > DASHBOARD_GONE_S:
+                                raise
+                        next_status = now + STATUS_TICK_S
                         if status in TERMINAL and ended_at is None:
                             ended_at = now
                     for step, data in log.feed(follower.drain()):
