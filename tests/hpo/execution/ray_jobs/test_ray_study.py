@@ -211,6 +211,7 @@ def test_a_verl_trial_runs_as_a_two_node_ray_job(ray_cluster: RayCluster, tmp_pa
     raw["params"] = {"fake_x": {"key": "+fake.x", "type": "float", "low": 0.0, "high": 1.0}}
     raw["study"] = {"n_trials": 1, "pruner": {"type": "none"}, "heartbeat_interval": 1, "grace_period": 5}
     raw["trial"] = {"backend": "verl", "python": str(VERL_PY), "timeout_s": 300, "executor": "ray",
+                    "keep_checkpoints": 1,
                     "ray": {"address": ray_cluster.address, "nodes": 2, "num_gpus": 2, "num_cpus": 1},
                     "env": {"PYTHONPATH": str(site), "FAKE_VERL_ALL_KEYS": "1", _verl.SKIP_INTERPRETER_CHECK: "1"}}
     space = tmp_path / "verl_ray.yaml"
