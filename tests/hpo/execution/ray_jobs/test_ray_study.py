@@ -72,14 +72,14 @@ def test_a_study_of_the_real_trainer_runs_its_trials_as_ray_jobs(ray_cluster: Ra
         "overrides": {"trainer.total_training_steps": 4, "trainer.test_freq": 2, "trainer.cpu_threads": 1},
         "params": {"kl_coef": {"key": "algorithm.kl_ctrl.kl_coef", "type": "float", "low": 0.01, "high": 0.2}},
         "early_stopping": {"enabled": False},
-        "study": {"n_trials": 2, "pruner": {"type": "none"}, "heartbeat_interval": 1, "grace_period": 5},
-        "trial": {"n_jobs": 2, "timeout_s": 300, "executor": "ray",
+        "study": {"n_trials": 1, "pruner": {"type": "none"}, "heartbeat_interval": 1, "grace_period": 5},
+        "trial": {"timeout_s": 300, "executor": "ray",  # one trial: the fake trainer's tests run several
                   "ray": {"address": ray_cluster.address, "num_gpus": 1, "num_cpus": 1}},
     }))
     res = run_cli(["search", "--space", str(space)], studies, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     trials = load(studies, "core").trials
-    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    assert [t.state for t in trials] == [TrialState.COMPLETE]
     jobs = {j.submission_id: j for j in ray_cluster.jobs("core")}
     assert sorted(jobs) == sorted(f"verl-hpo-core-{t.number}" for t in trials)  # one job per trial
     for t in trials:
