@@ -20,9 +20,11 @@ monitor): ``exit_code`` -9 (``killed``) and ``node_lost``, which the study retri
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
 import shlex
+import shutil
 import tempfile
 import threading
 import time
@@ -54,6 +56,7 @@ def entry_package() -> Path:
     with _package_lock:
         if _package_dir is None or not (_package_dir / "__main__.py").is_file():
             root = Path(tempfile.mkdtemp(prefix="verl-hpo-ray-entry-")) / ENTRY_PACKAGE
+            atexit.register(shutil.rmtree, root.parent, True)  # Ray keeps its uploaded copy
             root.mkdir()
             (root / "__init__.py").write_text("")
             (root / "__main__.py").write_text(Path(_entry.__file__).read_text())
