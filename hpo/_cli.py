@@ -56,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a tracker whose package is missing or whose server does not answer is a warning and "
                              "the study runs without it (default: an error before the study starts)")
 
+    def ray_arg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--ray-address", default=None, metavar="URL",
+                        help="trial.executor ray: the cluster's dashboard (http://head:8265); default "
+                             "trial.ray.address, else $RAY_ADDRESS")
+
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--storage", help="Optuna storage URL (default sqlite:///<studies-dir>/<study>.db); any "
                                           "SQLAlchemy URL, or redis://... (JournalStorage, needs redis)")
@@ -70,11 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="space field (study.n_trials=4, params.kl_coef.high=0.1, trial.timeout_s=60) or fixed "
                         "trainer override (trainer.total_training_steps=10); repeatable")
     tracking_args(s)
+    ray_arg(s)
     common(s)
 
     r = sub.add_parser("resume", help="continue a study until it has n_trials finished trials")
     r.add_argument("--study", required=True)
     r.add_argument("--n-trials", type=int, help="raise (or lower) the study's target")
+    ray_arg(r)
     trust_args(r)
     tracking_args(r)
     common(r)
@@ -86,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "experiment's trial.n_jobs)")
     w.add_argument("--devices", default=None, metavar="0,1,..",
                    help="GPU ids this worker may use (default: the experiment's trial.devices, else detected)")
+    ray_arg(w)
     trust_args(w)
     tracking_args(w)
     common(w)
@@ -203,13 +211,19 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
                                     args.trust_stored_experiment, study.user_attrs.get(ATTR_DIGEST))
             if getattr(args, "n_jobs", None) is not None:
                 space = dataclasses.replace(space, trial=dataclasses.replace(space.trial, n_jobs=args.n_jobs))
-            devices = resolve_devices(space.trial, _device_list(getattr(args, "devices", None)))
+            space = _with_ray_address(space, getattr(args, "ray_address", None))
+            devices = [] if space.trial.executor == "ray" else resolve_devices(
+                space.trial, _device_list(getattr(args, "devices", None)))
             _check_verl_launch(space)
             tracking = _tracking_spec(space, args)
+            _check_ray(space)
         else:
-            devices = resolve_devices(space.trial)
+            space = _with_ray_address(space, getattr(args, "ray_address", None))
+            devices = [] if space.trial.executor == "ray" else resolve_devices(space.trial)
             _check_verl_launch(space)
-            check_space_fits(space, devices)
+            if space.trial.executor != "ray":  # the memory pre-flight knows this host's devices, not the cluster's
+                check_space_fits(space, devices)
+            _check_ray(space)
             tracking = _tracking_spec(space, args)
             study = open_study(space, study_name, storage_url)
         target = space.study.n_trials
@@ -327,6 +341,27 @@ def _track(study_name: str, storage_url: str, studies_dir: Path, flags: Sequence
     return catch_up(spec, study_name, storage_url, studies_dir)
 
 
+def _check_ray(space: Space) -> None:
+    """A Ray-job study's cluster must be named and answer before any trial is asked for (RayClusterError)."""
+    if space.trial.executor != "ray":
+        return
+    from hpo.execution.ray_jobs import cluster_view
+    from hpo.study._ray_trials import address
+
+    cluster_view(address(space.trial))
+
+
+def _with_ray_address(space: Space, address: str | None) -> Space:
+    """``--ray-address`` over ``trial.ray.address`` (not stored: each driver names the cluster as it reaches it)."""
+    if address is None:
+        return space
+    from hpo.experiment._ray_spec import parse_ray
+
+    ray = parse_ray({**space.raw.get("trial", {}).get("ray", {}), "address": address},
+                    lambda where, msg: SpaceError(f"--ray-address: {msg}"))
+    return dataclasses.replace(space, trial=dataclasses.replace(space.trial, ray=ray))
+
+
 def _device_list(text: str | None) -> list[str] | None:
     if text is None:
         return None
@@ -401,6 +436,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(scrub(str(err), storage_url) if storage_url else str(err))
     except STORAGE_ERRORS as err:  # StorageUnavailable (past study.storage_retry_s), StorageInternalError, ...
         return _fail(storage_error_line(err, storage_url), 1)
+    except RuntimeError as err:
+        from hpo.execution.ray_jobs import RayClusterError
+
+        if not isinstance(err, RayClusterError):
+            raise
+        return _fail(str(err), 1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

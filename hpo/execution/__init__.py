@@ -4,10 +4,12 @@ the metrics file tail, kill and exit labels, GPU locks and the driver's identity
 ``_runner``: :class:`TrialProcess` (one run), :class:`RunResult` and the exit labels; ``_process``: the trial's
 process tree (find, measure, kill, orphans, the kernel's OOM kills); ``_watchdog``: the thread that samples its
 memory and enforces the cap, the timeout and the stop event; ``_trial_wrapper``: the wrapper process;
-``_cgroup``: the memory cgroup; ``_metrics``: the metrics file tail.
+``_cgroup``: the memory cgroup; ``_metrics``: the metrics file tail; ``_executor``: :class:`TrialExecutor`, the
+interface a local process and a Ray job (``ray_jobs/``, imported only by Ray-executor studies) share.
 
 May import: nothing of ``hpo`` but itself (a peer of ``hpo.experiment``)."""
 
+from hpo.execution._executor import TrialExecutor
 from hpo.execution._metrics import MetricsFileError, MetricsTail, metric_value, parse_line
 from hpo.execution._process import (
     ENV_DRIVER,
@@ -21,6 +23,6 @@ from hpo.execution._process import (
 )
 from hpo.execution._runner import RunResult, TrialProcess, classify_exit, final_exception, is_finite, read_tail
 
-__all__ = ["ENV_DRIVER", "ENV_STUDY", "ENV_TRIAL", "MetricsFileError", "MetricsTail", "RunResult", "TrialProcess",
-           "classify_exit", "final_exception", "is_finite", "kernel_oom_killed", "kill_tree", "metric_value",
-           "parse_line", "read_tail", "sweep_orphans", "tree", "tree_rss_bytes"]
+__all__ = ["ENV_DRIVER", "ENV_STUDY", "ENV_TRIAL", "MetricsFileError", "MetricsTail", "RunResult", "TrialExecutor",
+           "TrialProcess", "classify_exit", "final_exception", "is_finite", "kernel_oom_killed", "kill_tree",
+           "metric_value", "parse_line", "read_tail", "sweep_orphans", "tree", "tree_rss_bytes"]

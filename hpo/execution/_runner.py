@@ -160,6 +160,7 @@ class RunResult:
     final_exception: str | None = None  # final exception line of the last traceback in stderr
     cgroup_peak_gb: float | None = None  # the cgroup's own peak (includes page cache it was charged)
     leftovers_killed: int = 0  # descendants still alive when the trainer exited (killed by the wrapper)
+    node_lost: bool = False  # a Ray job whose node or supervisor died under it (retried, not the trial's fault)
 
     @property
     def failure(self) -> str | None:

@@ -26,6 +26,7 @@ import yaml
 
 from hpo.analysis._diagnosis import DiagnosisSpec
 from hpo.experiment._objective import Objective, check_metrics, parse_objective
+from hpo.experiment._ray_spec import EXECUTORS, RaySpec, parse_ray, split_ray
 from hpo.experiment._tracking import TrackingSpec, parse_tracking
 
 SPACES_DIR = Path("search_spaces")
@@ -167,6 +168,11 @@ class TrialSpec:
     keep_checkpoints: int = field(default=0, metadata=_meta(
         "backend verl: keep the final checkpoint of the best K finished trials; every other checkpoint is "
         "deleted once its trial can no longer be resumed (finished, not interrupted)."))
+    executor: str = field(default="local", metadata=_meta(
+        "Where trials run: local processes, or ray (each trial a job on a Ray cluster: trial.ray, docs/ray.md).",
+        EXECUTORS))
+    ray: RaySpec = field(default_factory=RaySpec, metadata=_meta(
+        "executor ray: address, per-trial nodes, num_gpus, num_cpus, resources, runtime_env (docs/ray.md)."))
 
     @property
     def is_default_command(self) -> bool:
@@ -567,7 +573,9 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
             raise ctx.error(f"params.{p.name}.key", f"{p.key!r} is also a fixed override ({fixed[p.key]!r})")
         seen[p.key] = p.name
     objective = parse_objective(raw.get("objective"), ctx.error)
-    sections = {s: _build(cls, raw.get(s), s, ctx) for s, cls in _SECTIONS.items()}
+    trial_raw, ray_raw = split_ray(raw.get("trial"))  # trial.ray is free-form in places: parsed on its own
+    sections = {s: _build(cls, trial_raw if s == "trial" else raw.get(s), s, ctx) for s, cls in _SECTIONS.items()}
+    sections["trial"] = dataclasses.replace(sections["trial"], ray=parse_ray(ray_raw, ctx.error))
     study: StudySpec = sections["study"]
     if study.grace_period < 2 * study.heartbeat_interval:
         raise ctx.error("study.grace_period", f"{study.grace_period} is under twice study.heartbeat_interval="

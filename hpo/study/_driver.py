@@ -29,7 +29,7 @@ from hpo.execution._process import sweep_orphans
 from hpo.experiment._space import Space, SpaceError, TrialSpec
 from hpo.study._command import prepare
 from hpo.study._confirm import is_confirm
-from hpo.study._errors import TrialInterrupted, TrialLost
+from hpo.study._errors import TrialInterrupted, TrialLost, TrialRetried
 from hpo.study._progress import Progress
 from hpo.study._recovery import Heartbeat, finish, record_result, recover_stale_trials
 from hpo.study._retrying import StorageUnavailable
@@ -91,6 +91,7 @@ class Driver:
         killed = sweep_orphans(self.study.study_name)
         if killed:
             self.reporter.note(f"killed {killed} leftover trial process(es) of a dead driver")
+        self._sweep_jobs(final=False)
         self.recover()
         if not self.confirming and n_finished(self.study) >= target:
             return 0
@@ -107,6 +108,8 @@ class Driver:
                 for t in threads:
                     while t.is_alive():
                         t.join(timeout=0.2)
+        if not self._errors and not self.stop_event.is_set():
+            self._sweep_jobs(final=True)
         if self._errors:
             gone = [e for e in self._errors if isinstance(e, StorageUnavailable)]  # the others stopped because of it
             interrupted = [e for e in self._errors if isinstance(e, TrialInterrupted)]
@@ -121,6 +124,21 @@ class Driver:
             return self.run(0, callbacks)
         finally:
             self.confirming = False
+
+    def _sweep_jobs(self, final: bool) -> None:
+        """Ray-job studies: stop the study's jobs no trial follows (:func:`hpo.study._ray_trials.sweep_jobs`)."""
+        if self.space.trial.executor != "ray":
+            return
+        from hpo.execution.ray_jobs import RayClusterError
+        from hpo.study._ray_trials import sweep_jobs
+
+        try:
+            stopped = sweep_jobs(self.study, self.space.trial, final)
+        except RayClusterError as err:  # the cluster is away: the next driver's sweep stops them
+            self.reporter.note(f"Ray jobs not swept: {err}")
+            return
+        if stopped:
+            self.reporter.note(f"stopped {stopped} Ray job(s) of the study that no running trial follows")
 
     def recover(self) -> None:
         spec = self.space.study
@@ -180,6 +198,10 @@ class Driver:
             except TrialInterrupted:
                 self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
                 raise
+            except TrialRetried as err:  # its Ray node died: FAIL, not counted; its retry is queued
+                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                self.reporter.note(str(err))
+                return None
             record_result(self.study, trial._trial_id, state, values)
             try:
                 self.study.tell(trial, values, state=state)

@@ -18,3 +18,7 @@ class DriverError(Exception):
 
 class TrialLost(Exception):
     """Another driver finished this driver's running trial (it took us for dead); we drop it and go on."""
+
+
+class TrialRetried(Exception):
+    """The trial's Ray node (or job supervisor) died under it: FAIL, not counted, and one retry queued."""

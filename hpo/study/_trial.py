@@ -50,9 +50,11 @@ from hpo.backends.verl import (
     verl_argv,
     verl_cleanup,
     verl_env,
+    verl_job_env,
     verl_metrics_path,
 )
 from hpo.execution._devices import DevicePool
+from hpo.execution._executor import TrialExecutor
 from hpo.execution._runner import RunResult, TrialProcess, read_tail
 from hpo.experiment._objective import Scored
 from hpo.experiment._space import Space
@@ -66,8 +68,9 @@ from hpo.study._command import (
     write_trial_files,
 )
 from hpo.study._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, seed_overrides
-from hpo.study._errors import DriverError, TrialFailed, TrialInterrupted, TrialLost
+from hpo.study._errors import DriverError, TrialFailed, TrialInterrupted, TrialLost, TrialRetried
 from hpo.study._progress import Progress
+from hpo.study._ray_trials import admit, job_for, ray_job
 from hpo.study._recovery import queue_retry
 from hpo.study._retrying import STORAGE_ERRORS
 from hpo.study._slots import is_finished
@@ -152,7 +155,7 @@ class TrialRunner:
         except TrialFailed:
             state = TrialState.FAIL
         except Exception as err:  # noqa: BLE001
-            if isinstance(err, (TrialInterrupted, TrialLost, UpdateFinishedTrialError, *DB_ERRORS)):
+            if isinstance(err, (TrialInterrupted, TrialLost, TrialRetried, UpdateFinishedTrialError, *DB_ERRORS)):
                 raise
             self._abandon(trial, err)  # a launch or disk error (not the trial's doing): queued, never RUNNING
         self._clean_checkpoints(trial, state, values)
@@ -164,9 +167,14 @@ class TrialRunner:
         plan = self._plan(trial)
         self.reporter.trial_started(trial.number, plan.values, plan.retry_of)
         waited = time.monotonic()
-        devices = self.pool.acquire(_TrialStop(self.stop_event, lost))
+        ray = self.space.trial.executor == "ray"  # devices: the cluster's (admission), not this host's pool
+        devices = [] if ray else self.pool.acquire(_TrialStop(self.stop_event, lost))
+        job = job_for(self.study, trial.number, plan.history, self.space.trial) if ray else None
+        if job is not None and not admit(self.study, trial, self.space.trial, _TrialStop(self.stop_event, lost),
+                                         job[1], self.reporter.note):
+            self._interrupt(trial)
         entered = time.monotonic()
-        if self.space.trial.preflight and self.space.trial.is_default_command:
+        if self.space.trial.preflight and self.space.trial.is_default_command and not ray:
             pred = predict(self.space, plan.overrides, devices)
             if not pred.fits:
                 self.pool.release(devices)
@@ -177,7 +185,7 @@ class TrialRunner:
                 return fail_trial(trial, self.space, "predicted_oom",
                                   f"predicted {pred.problem} ({pred.budget_source})", "")
         try:
-            result, proc, watch = self._launch(trial, plan, devices, lost)
+            result, proc, watch = self._launch(trial, plan, devices, lost, job)
         finally:
             self.pool.release(devices)
             if self.space.trial.is_verl:  # Ray's scratch dir (sockets, spilled objects) goes; its logs are kept
@@ -189,6 +197,11 @@ class TrialRunner:
             trial.set_user_attr(k, v)
         if result.stop == "interrupted":
             self._interrupt(trial)
+        if result.node_lost:  # the cluster's doing, not the trial's: FAIL, retried
+            queue_retry(self.study, frozen_trial(self.study, trial.number), max_retry=self.space.study.max_retry)
+            fail_trial(trial, dataclasses.replace(self.space, trial=dataclasses.replace(
+                self.space.trial, on_failure="worst")), "killed", "the Ray job lost its node", result.stderr_tail)
+            raise TrialRetried(f"trial {trial.number}: its Ray job lost its node; retry queued")
         return outcome(trial, self.space, result, watch, plan.trial_dir)
 
     def _plan(self, trial: Trial) -> _Plan:
@@ -215,8 +228,8 @@ class TrialRunner:
         return _Plan(values, retry_of, trial_dir, history, metrics, confirm_seed, overrides, argv,
                      total_steps(self.space, overrides))
 
-    def _launch(self, trial: Trial, plan: _Plan, devices: list[str],
-                lost: threading.Event) -> tuple[RunResult, TrialProcess, Watch]:
+    def _launch(self, trial: Trial, plan: _Plan, devices: list[str], lost: threading.Event,
+                job: tuple[str, bool] | None = None) -> tuple[RunResult, TrialExecutor, Watch]:
         """Write the trial's files and run its process on ``devices``, a :class:`Watch` reading its metrics."""
         spec, attempt, total = self.space.trial, len(plan.history), plan.total
         argv = plan.argv
@@ -225,9 +238,10 @@ class TrialRunner:
         if spec.is_verl:  # a retry continues from the chain's newest complete checkpoint (resume_path)
             point = resume_point(self.trials_dir, plan.history)
             argv = verl_argv(spec.python or default_python(self.cwd), self.space.config, plan.overrides,
-                             self.study.study_name, trial.number, plan.trial_dir, len(devices),
-                             None if point is None else point.checkpoint)
-            env = verl_env(env, plan.trial_dir, attempt)
+                             self.study.study_name, trial.number, plan.trial_dir,
+                             len(devices) if job is None else spec.ray.num_gpus,
+                             None if point is None else point.checkpoint, 1 if job is None else spec.ray.nodes)
+            env = verl_env(env, plan.trial_dir, attempt) if job is None else verl_job_env(env, plan.trial_dir, attempt)
         write_trial_files(self.space, self.cwd, plan.trial_dir, argv, env, plan.overrides, plan.values)
         mem = [0.0]
 
@@ -248,11 +262,13 @@ class TrialRunner:
                 watch(step, data)  # its decisions are the live run's to make again at its next evaluation
             trial.set_user_attr("resumed_from_step", point.step)
             trial.set_user_attr("replayed_steps", len(replayed))
-        proc = TrialProcess(argv=argv, env=env, log_dir=plan.trial_dir, metrics_path=plan.metrics, cwd=self.cwd,
-                            timeout_s=spec.timeout_s, memory_limit_gb=spec.memory_limit_gb,
-                            on_metrics=watch, on_tick=on_tick, stop_event=_TrialStop(self.stop_event, lost),
-                            # verl's weight-sync sockets have fixed names under /tmp (issue 21 item 3)
-                            private_tmp=scratch_dir(plan.trial_dir, attempt) / "slash-tmp" if spec.is_verl else None)
+        run: dict[str, Any] = {
+            "argv": argv, "env": env, "log_dir": plan.trial_dir, "metrics_path": plan.metrics, "cwd": self.cwd,
+            "timeout_s": spec.timeout_s, "memory_limit_gb": spec.memory_limit_gb, "on_metrics": watch,
+            "on_tick": on_tick, "stop_event": _TrialStop(self.stop_event, lost)}
+        proc: TrialExecutor = ray_job(self.study, trial, spec, job, **run) if job is not None else TrialProcess(
+            **run,  # verl's weight-sync sockets have fixed names under /tmp (issue 21 item 3)
+            private_tmp=scratch_dir(plan.trial_dir, attempt) / "slash-tmp" if spec.is_verl else None)
         return proc.run(), proc, watch
 
     def _abandon(self, trial: Trial, err: Exception) -> None:

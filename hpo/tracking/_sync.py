@@ -30,6 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo.backends.verl import verl_metrics_path
 from hpo.execution._metrics import MetricsFileError, MetricsTail
+from hpo.execution.ray_jobs._job import JOB_METRICS
 from hpo.experiment._tracking import TrackingSpec, redact_uri
 from hpo.study._optuna import ATTR_SPACE, quiet_optuna
 from hpo.study._storage import open_storage, scrub
@@ -124,6 +125,9 @@ class Tracker:
         space = study.user_attrs.get(ATTR_SPACE)
         self.is_verl = isinstance(space, dict) and isinstance(space.get("trial"), dict) and \
             space["trial"].get("backend") == "verl"
+        # a Ray job's metrics lines reach this host through its log: the driver keeps them in JOB_METRICS
+        self.is_ray_job = isinstance(space, dict) and isinstance(space.get("trial"), dict) and \
+            space["trial"].get("executor") == "ray"
         self.active: dict[int, tuple[int, MetricsTail]] = {}  # trial number -> (chain root, its metrics)
         self.ended = False
         self._page_mtime = 0.0
@@ -152,6 +156,8 @@ class Tracker:
         trial_dir = Path(str(t.user_attrs.get("trial_dir", "")))
         attempt = len(t.system_attrs.get("retry_history", []) or [])
         path = verl_metrics_path(trial_dir, attempt) if self.is_verl else trial_dir / "metrics.jsonl"
+        if self.is_ray_job:
+            path = trial_dir / JOB_METRICS
         self.active[t.number] = (chain.root, MetricsTail(path))
         self._put(f"trial {t.number}: open", lambda s: lambda: s.open_run(chain))
 

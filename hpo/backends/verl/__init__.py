@@ -43,6 +43,7 @@ from hpo.backends.verl._launch import (
     verl_argv,
     verl_cleanup,
     verl_env,
+    verl_job_env,
     verl_metrics_path,
     verl_overrides,
 )
@@ -65,6 +66,6 @@ __all__ = [
     "check_verl_space", "checkpoint_complete", "checkpoint_step", "compose_corners", "config_args", "default_python",
     "format_override", "format_value", "interpreter_problem", "is_config_path", "override_key", "replay_records",
     "resume_checkpoints", "resume_point", "resumed_from", "scratch_dir", "space_corners", "trial_base_env",
-    "val_core_metric", "verl_argv", "verl_cleanup", "verl_env", "verl_metric_examples", "verl_metric_ok",
-    "verl_metrics_path", "verl_overrides",
+    "val_core_metric", "verl_argv", "verl_cleanup", "verl_env", "verl_job_env", "verl_metric_examples",
+    "verl_metric_ok", "verl_metrics_path", "verl_overrides",
 ]

@@ -173,14 +173,15 @@ def _composed(info: dict[str, Any]) -> ComposedConfig:
 
 
 def compose_corners(python: str, config: str, corners: Sequence[Sequence[str]], n_gpus: int | None = 1,
-                    timeout_s: float = 600.0, env: Mapping[str, str] | None = None) -> ComposeReport:
+                    timeout_s: float = 600.0, env: Mapping[str, str] | None = None, nnodes: int = 1) -> ComposeReport:
     """Compose every corner (a list of hydra overrides) with verl's own configs in verl's interpreter, with
     verl's ``validate_config`` and the checks it lacks (``hpo/backends/verl/_compose.py``), all in one subprocess.
 
-    Each corner gets ``trainer.n_gpus_per_node=<n_gpus> trainer.nnodes=1`` last, as trials do (``n_gpus=None``:
-    the corner's own). The report holds per corner its :class:`ComposedConfig` or its :class:`VerlConfigError`
-    (one line; ``.corner``; ``.key``/``.value`` of the culprit where known). Raises :class:`VerlConfigError`
-    when ``python`` does not exist or has no verl, or the config does not exist.
+    Each corner gets ``trainer.n_gpus_per_node=<n_gpus> trainer.nnodes=<nnodes>`` last, as trials do
+    (``n_gpus=None``: the corner's own; a Ray-job study: ``trial.ray.num_gpus`` and ``trial.ray.nodes``). The
+    report holds per corner its :class:`ComposedConfig` or its :class:`VerlConfigError` (one line; ``.corner``;
+    ``.key``/``.value`` of the culprit where known). Raises :class:`VerlConfigError` when ``python`` does not exist
+    or has no verl, or the config does not exist.
     """
     config_dir, config_name = None, config
     if is_config_path(config):
@@ -189,7 +190,7 @@ def compose_corners(python: str, config: str, corners: Sequence[Sequence[str]], 
             raise VerlConfigError(f"config {config!r}: no such file", "config")
         config_dir, config_name = str(path.parent), path.stem
     gpus = [] if n_gpus is None else [format_override("trainer.n_gpus_per_node", max(1, n_gpus)),
-                                      format_override("trainer.nnodes", 1)]
+                                      format_override("trainer.nnodes", nnodes)]
     request = {"config_dir": config_dir, "config_name": config_name, "corners": [[*c, *gpus] for c in corners]}
     started = time.monotonic()
     try:
@@ -221,9 +222,9 @@ def compose_corners(python: str, config: str, corners: Sequence[Sequence[str]], 
 
 
 def check_space(python: str, config: str, corners: Sequence[Sequence[str]], n_gpus: int | None = 1,
-                timeout_s: float = 600.0) -> ComposeReport:
+                timeout_s: float = 600.0, nnodes: int = 1) -> ComposeReport:
     """:func:`compose_corners`, raising the :class:`VerlConfigError` of the first bad corner."""
-    report = compose_corners(python, config, corners, n_gpus, timeout_s)
+    report = compose_corners(python, config, corners, n_gpus, timeout_s, nnodes=nnodes)
     if report.first_error is not None:
         raise report.first_error
     return report
@@ -265,7 +266,7 @@ def check_verl_space(space: Space, python: str, n_gpus: int | None = None) -> Co
     corners = space_corners(space)
     try:
         report = check_space(python, space.config, [c.overrides for c in corners],
-                             space.trial.gpus_per_trial if n_gpus is None else n_gpus)
+                             trial_gpus(space) if n_gpus is None else n_gpus, nnodes=trial_nodes(space))
     except VerlConfigError as err:
         if err.corner is None:
             raise
@@ -349,6 +350,16 @@ def interpreter_problem(interpreter: Mapping[str, Any], info: ComposedConfig, py
     return None
 
 
+def trial_gpus(space: Space) -> int:
+    """GPUs per node of a trial: ``trial.ray.num_gpus`` for a Ray-job study, else ``trial.gpus_per_trial``."""
+    return space.trial.ray.num_gpus if space.trial.executor == "ray" else space.trial.gpus_per_trial
+
+
+def trial_nodes(space: Space) -> int:
+    """Nodes of a trial: ``trial.ray.nodes`` for a Ray-job study (``trainer.nnodes``), else 1."""
+    return space.trial.ray.nodes if space.trial.executor == "ray" else 1
+
+
 def trial_base_env(space: Space) -> dict[str, str]:
     """The environment a trial's interpreter starts from: the driver's plus ``trial.env``."""
     return {**os.environ, **space.trial.env}
@@ -364,7 +375,7 @@ def check_verl_launch(space: Space, python: str | None = None) -> None:
         return
     python = python or space.trial.python or default_python()
     report = compose_corners(python, space.config, [c.overrides for c in space_corners(space)],
-                             space.trial.gpus_per_trial, env=env)
+                             trial_gpus(space), env=env, nnodes=trial_nodes(space))
     for info in report.corners:
         problem = interpreter_problem(report.interpreter or {}, info, python)
         if problem is not None:

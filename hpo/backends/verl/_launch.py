@@ -13,7 +13,8 @@ What a verl trial is (:func:`verl_argv`, :func:`verl_env`):
   ``file`` added to the space's own loggers), ``trainer.project_name=<study>``,
   ``trainer.experiment_name=trial-<n>``, ``trainer.default_local_dir=<checkpoints>``,
   ``trainer.n_gpus_per_node=<the trial's GPUs, at least 1>``, ``trainer.nnodes=1`` (a multi-node run is tuned
-  shrunk to one node), ``trainer.resume_mode=auto`` (a retry: ``resume_path`` and ``trainer.resume_from_path``),
+  shrunk to one node; a Ray-job trial gets ``trial.ray.nodes`` x ``trial.ray.num_gpus``, docs/ray.md),
+  ``trainer.resume_mode=auto`` (a retry: ``resume_path`` and ``trainer.resume_from_path``),
   ``hydra.run.dir=<trial dir>/hydra`` (hydra's ``outputs/`` would otherwise land in
   the driver's working directory) and ``++ray_kwargs.ray_init.include_dashboard=false``.
 * GPUs on a CPU-only host: the driver hands out no devices (``CUDA_VISIBLE_DEVICES=""``) and verl gets
@@ -157,11 +158,12 @@ def _merged_loggers(overrides: Sequence[str]) -> tuple[list[str], str]:
 
 
 def verl_argv(python: str, config: str, overrides: Sequence[str], study: str, trial_number: int, trial_dir: Path,
-              n_gpus: int, resume_from: Path | None = None) -> list[str]:
+              n_gpus: int, resume_from: Path | None = None, nnodes: int = 1) -> list[str]:
     """The argv of one verl trial (see the module docstring for each driver key).
 
     ``overrides``: the space's fixed overrides and sampled parameters (:func:`verl_overrides`).
-    ``n_gpus``: devices handed to this trial; 0 (a CPU-only host) becomes 1, the least verl accepts.
+    ``n_gpus``: devices handed to this trial (per node); 0 (a CPU-only host) becomes 1, the least verl accepts.
+    ``nnodes``: 1 locally; ``trial.ray.nodes`` for a Ray job (``n_gpus`` is then ``trial.ray.num_gpus``).
     ``resume_from``: the ``global_step_N`` checkpoint a retry continues from (:func:`resume_checkpoints`):
     ``trainer.resume_mode=resume_path trainer.resume_from_path=<it>``; else ``resume_mode=auto``. Every
     attempt saves into its own ``<trial_dir>/checkpoints``.
@@ -175,7 +177,7 @@ def verl_argv(python: str, config: str, overrides: Sequence[str], study: str, tr
             format_override("trainer.experiment_name", f"trial-{trial_number}"),
             format_override("trainer.default_local_dir", str(trial_dir / "checkpoints")),
             format_override("trainer.n_gpus_per_node", max(1, n_gpus)),
-            format_override("trainer.nnodes", 1),
+            format_override("trainer.nnodes", nnodes),
             *resume,
             format_override("hydra.run.dir", str(trial_dir / "hydra"))]
     if not any(override_key(o) == RAY_DASHBOARD_KEY for o in rest):
@@ -241,6 +243,17 @@ def verl_env(base_env: Mapping[str, str], trial_dir: Path, attempt: int = 0) -> 
     env.setdefault("WANDB_DIR", str(trial_dir))  # wandb/ and tensorboard_log/ would land in the driver's cwd
     env.setdefault("TENSORBOARD_DIR", str(trial_dir / "tensorboard"))
     env["HYDRA_FULL_ERROR"] = "1"  # the real final exception on stderr, for the driver's failure labels
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def verl_job_env(base_env: Mapping[str, str], trial_dir: Path, attempt: int = 0) -> dict[str, str]:
+    """The environment of a verl trial run as a Ray job (``trial.executor: ray``): verl joins the job's cluster
+    (Ray's job supervisor sets ``RAY_ADDRESS``), so none of :func:`verl_env`'s isolation from other Ray clusters
+    applies; only its metrics file, full hydra errors and unbuffered output."""
+    env = dict(base_env)
+    env["VERL_FILE_LOGGER_PATH"] = str(verl_metrics_path(trial_dir.absolute(), attempt))
+    env["HYDRA_FULL_ERROR"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
