@@ -190,7 +190,7 @@ def bench(smoke: bool, workdir: Path | None = None, jobs: int = 2) -> tuple[list
         # seed-major order: an interrupted run leaves every setting measured on the same first seeds
         order = [(lab, kl, lr, s) for s in seeds for lab, kl, lr in settings]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            done = list(pool.map(lambda a: run_one(*a[:3], a[3], extra, runs_dir), order))
+            done = list(pool.map(lambda a: run_one(a[0], a[1], a[2], a[3], extra, runs_dir), order))
         runs = {(r.label, r.seed): r for r in done}
         labels = [lab for lab, _, _ in settings]
         res = analyse(runs, labels, seeds)

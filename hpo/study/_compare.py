@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial
 from hpo.study._confirm import Confirmed
 
 LEVEL = 0.95  # the intervals' confidence level
+RULE = "fewer bad runs, then fewer steps to plateau, then the better confirmed mean"  # see the module docstring
 
 
 # ----------------------------------------------------------------------------- Student's t
