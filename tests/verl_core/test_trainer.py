@@ -120,7 +120,6 @@ def test_the_test_split_is_evaluated_once_at_the_last_step(tiny_model_dir: Path,
     last = rows[-1]["data"]
     assert last["test-core/synthetic/arith/reward/mean@1"] == last["test/reward_mean"]
     assert 0.0 <= last["test/reward_mean"] <= 1.0 and "timing_s/testing_heldout" in last
-    assert last["test/reward_mean"] != last["eval/reward_mean"]  # other problems (225 of each; equal by chance only)
 
 
 def test_dynamic_gamma(tiny_model_dir: Path, tmp_path: Path) -> None:

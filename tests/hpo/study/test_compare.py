@@ -11,8 +11,14 @@ import pytest
 from optuna.distributions import FloatDistribution
 
 from hpo.study._compare import improvement, t_quantile, verdict, welch
-from hpo.study._confirm import ATTR_BASELINE, ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, BASELINE_OF, baseline_confirmed, \
-    confirmed
+from hpo.study._confirm import (
+    ATTR_BASELINE,
+    ATTR_CONFIRM_OF,
+    ATTR_CONFIRM_SEED,
+    BASELINE_OF,
+    baseline_confirmed,
+    confirmed,
+)
 
 DIST = {"lr": FloatDistribution(1e-7, 1e-2, log=True)}
 

@@ -23,6 +23,7 @@ def final_value(x: float, seed: int) -> float:
     return 1.0 - (x - 0.3) ** 2 + NOISE * random.Random(seed).uniform(-1, 1)
 
 
+@pytest.mark.slow  # make test-slow (CI runs it): two CLI runs, 9 fake trainer processes
 def test_confirm_runs_the_full_budget_on_the_test_split_and_against_the_baseline(tmp_path: Path,
                                                                                  studies: Path) -> None:
     space = fake_space(
@@ -107,11 +108,20 @@ def test_a_search_trial_of_the_default_trainer_never_evaluates_the_test_split(tm
     ("study", {"baseline": {"fake.x": {"a": 1}}}, "study.baseline.fake.x: expected a value, got a mapping"),
     ("study", {"baseline": []}, "study.baseline: expected a non-empty mapping"),
 ])
-def test_the_search_cannot_be_pointed_at_the_test_split(tmp_path: Path, studies: Path, section: str, value: object,
+def test_the_search_cannot_be_pointed_at_the_test_split(tmp_path: Path, section: str, value: object,
                                                          needle: str) -> None:
+    from hpo.experiment._space import SpaceError, load_space
+
     space = fake_space(tmp_path, **{section: value})
+    with pytest.raises(SpaceError) as err:
+        load_space(str(space), check=False)
+    assert str(err.value) == f"{space}: {needle}" or str(err.value).startswith(f"{space}: {needle}"), err.value
+
+
+def test_a_search_on_the_test_split_is_one_line_and_makes_no_study(tmp_path: Path, studies: Path) -> None:
+    space = fake_space(tmp_path, overrides={"data.test_files": "x.parquet"})
     res = run_cli(["search", "--space", str(space)], studies)
-    assert res.returncode == 2 and needle in res.stderr, res.stderr
+    assert res.returncode == 2 and "overrides.data.test_files: the held-out test split" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (studies / "fake.db").exists()
 
 
