@@ -24,6 +24,7 @@ be redone without training. Run alone: ``python -m benchmarks.noise [--smoke] [-
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -107,17 +108,27 @@ def run_one(label: str, kl: float, lr: float, seed: int, extra: list[str], runs_
     return run
 
 
+@functools.cache
+def _rule_space(rule: tuple[str, ...]) -> Any:
+    """kl_lr.yaml with its objective's aggregate (and ``k``) and plateau rule replaced by ``rule``."""
+    from hpo.experiment._space import SPACES_DIR, apply_overrides, parse_space, read_yaml
+
+    raw = read_yaml(SPACES_DIR / "kl_lr.yaml")
+    raw["objective"].pop("k", None)
+    apply_overrides(raw, list(rule))
+    return parse_space(raw, "kl_lr.yaml", "kl_lr")
+
+
 def recorded(run: Run, rule: tuple[str, ...]) -> tuple[float, int]:
     """What a kl_lr trial with ``rule`` would record for ``run`` (the driver's Watch, fed its lines until it decides
     to stop), and the step it stops at."""
     import optuna
 
     from hpo.analysis._diagnosis import Diagnoser
-    from hpo.experiment._space import load_space
     from hpo.study._watch import Watch
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    space = load_space("kl_lr", list(rule), check=False)
+    space = _rule_space(rule)
     trial = optuna.create_study(direction="maximize").ask()
     diag = Diagnoser(space.diagnosis, space.objective.primary_metric, True) if space.diagnosis.enabled else None
     watch = Watch(trial, space, 60, lambda s, v: None, diag, prune=False)
@@ -180,13 +191,19 @@ def analyse(runs: dict[tuple[str, int], Run], labels: list[str], seeds: list[int
     return out
 
 
-def bench(smoke: bool, workdir: Path | None = None, jobs: int = 2) -> tuple[list[Row], dict[str, Any]]:
+def bench(smoke: bool, workdir: Path | None = None, jobs: int = 2, cached_only: bool = False
+          ) -> tuple[list[Row], dict[str, Any]]:
+    """Train what is missing (``cached_only``: nothing; analyse the seeds every setting has finished) and analyse."""
     settings = SMOKE_SETTINGS if smoke else SETTINGS
     seeds = list(SMOKE_SEEDS if smoke else SEEDS)
     extra = SMOKE_STEPS if smoke else []
     with tempfile.TemporaryDirectory(prefix="bench_noise_") as tmp:
         runs_dir = (workdir or Path(tmp)) / ("runs_smoke" if smoke else "runs")
         runs_dir.mkdir(parents=True, exist_ok=True)
+        if cached_only:
+            seeds = [s for s in seeds if all((runs_dir / f"{lab}_seed{s}.done").exists() for lab, _, _ in settings)]
+            if len(seeds) < 2:
+                raise RuntimeError(f"{runs_dir}: fewer than 2 seeds finished for every setting")
         # seed-major order: an interrupted run leaves every setting measured on the same first seeds
         order = [(lab, kl, lr, s) for s in seeds for lab, kl, lr in settings]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -223,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help=f"{len(SMOKE_SETTINGS)} settings, seeds {SMOKE_SEEDS}, 4 steps")
     p.add_argument("--workdir", type=Path, default=None, help="keep (and reuse) the runs here")
     p.add_argument("--jobs", type=int, default=2, help="trainer runs at once (one torch thread each)")
+    p.add_argument("--cached-only", action="store_true",
+                   help="train nothing: analyse the seeds of --workdir that every setting has finished")
     args = p.parse_args(argv)
-    rows, details = bench(args.smoke, args.workdir, args.jobs)
+    rows, details = bench(args.smoke, args.workdir, args.jobs, args.cached_only)
     for r in rows:
         print(f"{r.name}: {r.ours:.4g} {r.unit} [{r.note}]")
     print(json.dumps({"rows": [r.to_json() for r in rows], "details": details}, default=str))
