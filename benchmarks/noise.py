@@ -1,203 +1,271 @@
-"""Objective noise of the default study (``search_spaces/kl_lr.yaml``): how much the final objective of ONE fixed
-configuration moves when only ``trainer.seed`` changes.
+"""Objective noise and rank consistency of what the default study (``search_spaces/kl_lr.yaml``) records.
 
-A search can only rank two settings whose objectives differ by more than this spread, so it is the resolution of
-every HPO result on the default task. Measured on both sides of the task redesign:
+A study does not record "the final reward": it records its objective's **aggregate** (``last``, ``best``,
+``mean_last_k``) over the evaluations a trial ran before **its own stopping rules** (``early_stopping``: the
+plateau rule and the spread rule; the diagnosis) ended it. This benchmark measures that recorded value's noise over
+trainer seeds, and how consistently it ranks settings, for each candidate default:
 
-* **before**: the old default (commit ``OLD_COMMIT``, run from a ``git worktree`` of this repository): 80 prompts
-  SAMPLED at temperature 1, model ``tiny_arith_v1`` (cached separately from v2), the old kl_lr overrides;
-* **after**: this checkout: greedy validation on 225 prompts, model ``tiny_arith_v2``, the current kl_lr overrides.
+1. ``SETTINGS`` (kl_coef, lr) of the kl_lr space, each trained for the full budget (60 steps, evaluations every 10)
+   on every seed of ``SEEDS`` (10 trainer seeds), with the held-out test split evaluated at the last step;
+2. each run's metric lines are replayed through the driver's own :class:`hpo.study._watch.Watch` (the real
+   aggregate, plateau rule, spread rule and diagnosis of kl_lr.yaml with one ``RULES`` override set): the value a
+   trial would have recorded and the step it would have stopped at (a stopped run's lines are a prefix of the full
+   run's: the trainer is deterministic for a seed);
+3. per rule: the seed std of the recorded value (pooled over settings, and per setting), the rank consistency
+   (Spearman rank correlation of the settings' ranking by mean over seed set A vs seed set B, and the mean over
+   all seed pairs of the single-seed rankings, which is what a one-seed search sees), how well the single-seed
+   ranking predicts the held-out test ranking, and the evaluations a trial runs (cost);
+4. the default to ship (:func:`choose`): a ranking that is consistent across seeds but disagrees with the held-out
+   test ranking is consistently wrong, so the score of a rule is the smaller of its mean single-seed rank
+   consistency (seed vs seed: the search ranks with one seed) and its mean agreement with the held-out test
+   ranking (seed vs test); among the rules within ``CLOSE`` of the best score, the one that runs the fewest
+   evaluations. (Consistency alone, the first rule tried, picks ``best, no plateau stop``, whose ranking agrees
+   least with the held-out test: ``best`` rewards an early peak the final policy does not keep.)
 
-Each side runs its own ``kl_lr.yaml`` ``overrides:`` plus a good fixed value of each tuned parameter
-(``BEFORE_PARAMS`` / ``AFTER_PARAMS``), once per seed, interleaved (before, after | after, before ...). The
-objective is ``eval/reward_mean`` at the last evaluation (what a trial reports); "mean of last 3 evaluations" is
-computed from the same runs. Cost rows: the trial's wall time and its summed validation time
-(``timing_s/testing``). A failing worktree step skips the before rows with a logged note.
-
-Run alone: ``python -m benchmarks.noise [--smoke]``; from ``benchmarks/run.py`` call :func:`bench`.
+Runs are cached in ``<workdir>/runs/`` (one metrics file each), so an interrupted run resumes and the analysis can
+be redone without training. Run alone: ``python -m benchmarks.noise [--smoke] [--workdir DIR] [--jobs N]``; from
+``benchmarks/run.py`` (part ``noise``) call :func:`bench`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
-import os
+import math
 import statistics
-import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from benchmarks._common import REPO, Row, log, main_python, make_row, run_measured, tail
 
-from benchmarks._common import REPO, Row, interleave, log, main_python, make_row, run_measured, tail
-
-GROUP = "objective noise"
-OLD_COMMIT = "48ed3e6"  # the last commit with the old default task (sampled validation on 80 prompts)
-# A good fixed value of each kl_lr parameter, by trainer key: the tiny_arith.yaml defaults of each side.
-BEFORE_PARAMS = {"algorithm.kl_ctrl.kl_coef": 0.05, "actor_rollout_ref.actor.optim.lr": 2e-4}
-AFTER_PARAMS = {"algorithm.kl_ctrl.kl_coef": 0.05, "actor_rollout_ref.actor.optim.lr": 1e-5}  # tiny_arith.yaml
-SEEDS = (1, 2, 3, 4, 5)
+GROUP = "objective noise and rank consistency"
+KL, LR = "algorithm.kl_ctrl.kl_coef", "actor_rollout_ref.actor.optim.lr"
+# (label, kl_coef, lr): the tiny_arith default and its neighbours, both sides of the good region, and verl's defaults
+SETTINGS: tuple[tuple[str, float, float], ...] = (
+    ("kl0.05_lr1e-5", 0.05, 1e-5), ("kl0.02_lr3e-5", 0.02, 3e-5), ("kl0.2_lr1e-5", 0.2, 1e-5),
+    ("kl0.05_lr1e-4", 0.05, 1e-4), ("kl0.05_lr3e-6", 0.05, 3e-6), ("kl0.001_lr1e-6", 0.001, 1e-6),
+)
+SEEDS = tuple(range(1, 11))  # set A = the first half, set B = the second
+SMOKE_SETTINGS = SETTINGS[:3]
 SMOKE_SEEDS = (1, 2)
-SMOKE_STEPS = ["trainer.total_training_steps=4", "trainer.test_freq=2"]  # evaluations at steps 0, 2, 4
+SMOKE_STEPS = ["trainer.total_training_steps=4", "trainer.test_freq=2"]
+# candidate defaults: (label, kl_lr.yaml overrides)
+RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("last, plateau 2 evals", ("objective.aggregate=last", "early_stopping.plateau_evals=2")),
+    ("last, no plateau stop", ("objective.aggregate=last", "early_stopping.plateau_evals=null")),
+    ("best, plateau 2 evals", ("objective.aggregate=best", "early_stopping.plateau_evals=2")),
+    ("best, no plateau stop", ("objective.aggregate=best", "early_stopping.plateau_evals=null")),
+    ("mean of last 3, plateau 2 evals", ("objective.aggregate=mean_last_k", "objective.k=3",
+                                         "early_stopping.plateau_evals=2")),
+    ("mean of last 3, no plateau stop", ("objective.aggregate=mean_last_k", "objective.k=3",
+                                         "early_stopping.plateau_evals=null")),
+    ("mean of last 3, plateau 3 evals", ("objective.aggregate=mean_last_k", "objective.k=3",
+                                         "early_stopping.plateau_evals=3")),
+)
 
 
-@dataclass(frozen=True)
-class Side:
-    """One checkout of the repository and the fixed configuration its trials run."""
+CLOSE = 0.02  # rank consistencies this close are a tie: the cheaper rule wins
 
-    label: str
-    root: Path
-    params: dict[str, float]
 
-    def overrides(self) -> list[str]:
-        """The ``overrides:`` of this checkout's ``search_spaces/kl_lr.yaml``, then the fixed parameters."""
-        space = yaml.safe_load((self.root / "search_spaces" / "kl_lr.yaml").read_text())
-        fixed = {k: v for k, v in space["overrides"].items() if k != "trainer.seed"}  # the seed is what varies
-        return [f"{k}={v}" for k, v in fixed.items()] + [f"{k}={v}" for k, v in self.params.items()]
+def choose(res: dict[str, Any]) -> str:
+    """The rule to ship (step 4 of the module docstring)."""
+    score = {name: min(statistics.fmean(res[name]["spearman_pairs"]), statistics.fmean(res[name]["spearman_vs_test"]))
+             for name, _ in RULES}
+    top = max(score.values())
+    return min((name for name in score if score[name] >= top - CLOSE), key=lambda n: (res[n]["evals"], -score[n]))
 
 
 @dataclass
 class Run:
-    """One finished trial: its evaluation stream ``{step: eval/reward_mean}``, wall time and validation time."""
+    """One full-budget run: its metric lines, the held-out test value at the last step, its wall time."""
 
+    label: str
     seed: int
-    curve: dict[int, float]
+    lines: list[tuple[int, dict[str, Any]]]
     wall_s: float
-    eval_s: float
 
     @property
-    def last(self) -> float:
-        return self.curve[max(self.curve)]
-
-    @property
-    def last3(self) -> float:
-        steps = sorted(self.curve)[-3:]
-        return statistics.fmean(self.curve[s] for s in steps)
+    def test(self) -> float:
+        return float(next(d["test/reward_mean"] for _, d in reversed(self.lines) if "test/reward_mean" in d))
 
 
-def run_trial(side: Side, seed: int, extra: list[str], work: Path) -> Run:
-    """The trainer of ``side`` on ``seed``, as a trial runs it (own session, one torch thread)."""
-    name = f"{side.label}_seed{seed}"
-    metrics = work / f"{name}.jsonl"
-    metrics.unlink(missing_ok=True)
-    argv = [main_python(), "-m", "verl_core", "train", "--config", "tiny_arith", "--metrics-file", str(metrics),
-            *side.overrides(), *extra, f"trainer.seed={seed}", "trainer.cpu_threads=1",
-            f"trainer.default_local_dir={work / ('ckpt_' + name)}", "trainer.save_freq=-1"]
-    m = run_measured(argv, env={"PYTHONPATH": str(side.root)}, cwd=side.root)
-    if m.returncode != 0:
-        raise RuntimeError(f"{side.label} trainer (seed {seed}) exited {m.returncode}:\n{tail(m.stderr)}")
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    curve = {r["step"]: r["data"]["eval/reward_mean"] for r in rows if "eval/reward_mean" in r["data"]}
-    eval_s = sum(r["data"].get("timing_s/testing", 0.0) for r in rows)
-    log(f"objective noise: {side.label} seed {seed}: {m.wall_s:.1f} s, eval {eval_s:.1f} s, "
-        f"curve {', '.join(f'{s}:{v:.3f}' for s, v in sorted(curve.items()))}")
-    return Run(seed, curve, m.wall_s, eval_s)
+def _space_overrides() -> list[str]:
+    import yaml
+
+    space = yaml.safe_load((REPO / "search_spaces" / "kl_lr.yaml").read_text())
+    return [f"{k}={v}" for k, v in space["overrides"].items() if k != "trainer.seed"]
 
 
-def old_worktree(dest: Path) -> Path | None:
-    """A detached worktree of ``OLD_COMMIT`` at ``dest``, or None (logged) when git cannot make one."""
-    try:
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(dest), OLD_COMMIT],
-                       check=True, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.SubprocessError) as err:
-        detail = getattr(err, "stderr", "") or err
-        log(f"objective noise: no worktree of {OLD_COMMIT} ({str(detail).strip()}); skipping the before rows")
-        return None
-    return dest
+def run_one(label: str, kl: float, lr: float, seed: int, extra: list[str], runs_dir: Path) -> Run:
+    """The trainer at one setting and seed for the full budget (cached in ``runs_dir``)."""
+    metrics = runs_dir / f"{label}_seed{seed}.jsonl"
+    done = runs_dir / f"{label}_seed{seed}.done"
+    if not done.exists():
+        metrics.unlink(missing_ok=True)
+        argv = [main_python(), "-m", "verl_core", "train", "--config", "tiny_arith", "--metrics-file", str(metrics),
+                *_space_overrides(), *extra, f"{KL}={kl}", f"{LR}={lr}", f"trainer.seed={seed}",
+                "trainer.cpu_threads=1", "data.test_files=builtin:arith", "trainer.logger=[file]",
+                f"trainer.default_local_dir={runs_dir / ('ckpt_' + label + str(seed))}", "trainer.save_freq=-1",
+                "trainer.resume_mode=disable"]
+        m = run_measured(["nice", "-n", "10", *argv], env={"PYTHONPATH": str(REPO)}, cwd=REPO)
+        if m.returncode != 0:
+            raise RuntimeError(f"{label} seed {seed}: trainer exited {m.returncode}:\n{tail(m.stderr)}")
+        done.write_text(json.dumps({"wall_s": m.wall_s}))
+    lines = [(int(r["step"]), r["data"]) for r in map(json.loads, metrics.read_text().splitlines()) if r]
+    run = Run(label, seed, lines, float(json.loads(done.read_text())["wall_s"]))
+    curve = {s: d["eval/reward_mean"] for s, d in lines if "eval/reward_mean" in d}
+    log(f"objective noise: {label} seed {seed}: {run.wall_s:.0f} s, curve "
+        f"{' '.join(f'{s}:{v:.3f}' for s, v in sorted(curve.items()))}, test {run.test:.3f}")
+    return run
 
 
-def prepare(side: Side) -> None:
-    """Build the side's model and data outside the measured runs."""
-    out = subprocess.run([main_python(), "-m", "verl_core", "prepare", "--config", "tiny_arith"], cwd=side.root,
-                         env={**os.environ, "PYTHONPATH": str(side.root)}, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"{side.label}: verl_core prepare exited {out.returncode}:\n{tail(out.stderr)}")
+@functools.cache
+def _rule_space(rule: tuple[str, ...]) -> Any:
+    """kl_lr.yaml with its objective's aggregate (and ``k``) and plateau rule replaced by ``rule``."""
+    from hpo.experiment._space import SPACES_DIR, apply_overrides, parse_space, read_yaml
+
+    raw = read_yaml(SPACES_DIR / "kl_lr.yaml")
+    raw["objective"].pop("k", None)
+    apply_overrides(raw, list(rule))
+    return parse_space(raw, "kl_lr.yaml", "kl_lr")
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"std": statistics.stdev(values) if len(values) > 1 else 0.0, "min": min(values), "max": max(values),
-            "mean": statistics.fmean(values)}
+def recorded(run: Run, rule: tuple[str, ...]) -> tuple[float, int]:
+    """What a kl_lr trial with ``rule`` would record for ``run`` (the driver's Watch, fed its lines until it decides
+    to stop), and the step it stops at."""
+    import optuna
+
+    from hpo.analysis._diagnosis import Diagnoser
+    from hpo.study._watch import Watch
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    space = _rule_space(rule)
+    trial = optuna.create_study(direction="maximize").ask()
+    diag = Diagnoser(space.diagnosis, space.objective.primary_metric, True) if space.diagnosis.enabled else None
+    watch = Watch(trial, space, 60, lambda s, v: None, diag, prune=False)
+    stop = run.lines[-1][0]
+    for step, data in run.lines:
+        if watch(step, data) is not None:
+            stop = step
+            break
+    assert watch.value is not None
+    return float(watch.value), stop
 
 
-def noise_row(name: str, values: list[float], seeds: list[int], before: list[float] | None, what: str) -> Row:
-    """Value = the std of ``values`` across seeds (lower is better); baseline = the before side's std."""
-    s = _spread(values)
-    note = (f"{what}; {len(values)} seeds {seeds}: mean {s['mean']:.3f}, min-max {s['min']:.3f}-{s['max']:.3f} "
-            f"(range {s['max'] - s['min']:.3f})")
-    base = [_spread(before)["std"]] if before else None
-    if base:
-        note += f"; baseline = the before std ({base[0]:.3f})"
-    return make_row(name, "std", [s["std"]], base, higher_is_better=False, group=GROUP, note=note,
-                    raw={"objectives": values, "seeds": seeds, **{k: round(v, 4) for k, v in s.items()}})
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2.0
+        i = j + 1
+    return ranks
 
 
-def bench(smoke: bool, workdir: Path | None = None) -> tuple[list[Row], dict[str, Any]]:
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); 0 when one side is constant."""
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    den = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return cov / den if den else 0.0
+
+
+def analyse(runs: dict[tuple[str, int], Run], labels: list[str], seeds: list[int]) -> dict[str, Any]:
+    """Per rule: recorded values, seed noise, rank consistency and cost (see the module docstring)."""
+    half = len(seeds) // 2
+    set_a, set_b = seeds[:half], seeds[half:]
+    test_mean = [statistics.fmean(runs[(lab, s)].test for s in seeds) for lab in labels]
+    out: dict[str, Any] = {"test_mean": dict(zip(labels, test_mean, strict=True))}
+    for name, rule in RULES:
+        rec = {(lab, s): recorded(runs[(lab, s)], rule) for lab in labels for s in seeds}
+        val = {k: v for k, (v, _) in rec.items()}
+        std = {lab: statistics.stdev([val[(lab, s)] for s in seeds]) for lab in labels}
+        pooled = math.sqrt(statistics.fmean(v * v for v in std.values()))
+        mean_a = [statistics.fmean(val[(lab, s)] for s in set_a) for lab in labels]
+        mean_b = [statistics.fmean(val[(lab, s)] for s in set_b) for lab in labels]
+        pairs = [spearman([val[(lab, s)] for lab in labels], [val[(lab, t)] for lab in labels])
+                 for s, t in itertools.combinations(seeds, 2)]
+        vs_test = [spearman([val[(lab, s)] for lab in labels], test_mean) for s in seeds]
+        out[name] = {
+            "pooled_std": pooled, "std": std, "mean": {lab: statistics.fmean(val[(lab, s)] for s in seeds)
+                                                       for lab in labels},
+            "spearman_sets": spearman(mean_a, mean_b), "spearman_pairs": pairs, "spearman_vs_test": vs_test,
+            "evals": statistics.fmean(sum(1 for st, d in runs[k].lines if "eval/reward_mean" in d and st <= stop)
+                                      for k, (_, stop) in rec.items()),
+            "values": {f"{lab}@{s}": v for (lab, s), v in val.items()},
+        }
+    return out
+
+
+def bench(smoke: bool, workdir: Path | None = None, jobs: int = 2, cached_only: bool = False
+          ) -> tuple[list[Row], dict[str, Any]]:
+    """Train what is missing (``cached_only``: nothing; analyse the seeds every setting has finished) and analyse."""
+    settings = SMOKE_SETTINGS if smoke else SETTINGS
     seeds = list(SMOKE_SEEDS if smoke else SEEDS)
     extra = SMOKE_STEPS if smoke else []
-    details: dict[str, Any] = {"old_commit": OLD_COMMIT, "seeds": seeds, "smoke": smoke}
     with tempfile.TemporaryDirectory(prefix="bench_noise_") as tmp:
-        work = workdir or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        after = Side("after", REPO, AFTER_PARAMS)
-        sides = [after]
-        tree = old_worktree(Path(tmp) / "old")
-        if tree is not None:
-            sides.insert(0, Side("before", tree, BEFORE_PARAMS))
-        try:
-            for side in list(sides):
-                try:
-                    prepare(side)
-                except RuntimeError as err:
-                    if side is after:
-                        raise
-                    log(f"objective noise: the old checkout cannot build its model ({err}); skipping the before rows")
-                    sides.remove(side)
-                    continue
-                details[f"{side.label}_overrides"] = side.overrides()
-            runs: dict[str, list[Run]] = {s.label: [] for s in sides}
-            by_label = {s.label: s for s in sides}
-            for rep, label in interleave(len(seeds), list(by_label)):
-                runs[label].append(run_trial(by_label[label], seeds[rep], extra, work))
-        finally:
-            if tree is not None:
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                               capture_output=True)
-    details["curves"] = {label: {r.seed: r.curve for r in rs} for label, rs in runs.items()}
+        runs_dir = (workdir or Path(tmp)) / ("runs_smoke" if smoke else "runs")
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        if cached_only:
+            seeds = [s for s in seeds if all((runs_dir / f"{lab}_seed{s}.done").exists() for lab, _, _ in settings)]
+            if len(seeds) < 2:
+                raise RuntimeError(f"{runs_dir}: fewer than 2 seeds finished for every setting")
+        # seed-major order: an interrupted run leaves every setting measured on the same first seeds
+        order = [(lab, kl, lr, s) for s in seeds for lab, kl, lr in settings]
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            done = list(pool.map(lambda a: run_one(a[0], a[1], a[2], a[3], extra, runs_dir), order))
+        runs = {(r.label, r.seed): r for r in done}
+        labels = [lab for lab, _, _ in settings]
+        res = analyse(runs, labels, seeds)
+    res["settings"] = [list(s) for s in settings]
+    res["seeds"] = seeds
+    res["chosen"] = choose(res)
+    half = len(seeds) // 2
     rows: list[Row] = []
-    before = runs.get("before")
-    b_last = [r.last for r in before] if before else None
-    if before:
-        rows.append(noise_row("objective noise before (old default: 80 prompts sampled at T=1, last evaluation)",
-                              b_last or [], seeds, None, f"kl_lr fixed overrides of {OLD_COMMIT} + {BEFORE_PARAMS}"))
-    a = runs["after"]
-    rows.append(noise_row("objective noise after (225 prompts greedy, last evaluation)", [r.last for r in a], seeds,
-                          b_last, f"kl_lr fixed overrides + {AFTER_PARAMS}"))
-    rows.append(noise_row("objective noise after, mean of last 3 evaluations", [r.last3 for r in a], seeds,
-                          b_last, "same runs as the row above"))
-    b_wall = [r.wall_s for r in before] if before else None
-    b_eval = [r.eval_s for r in before] if before else None
-    rows.append(make_row("objective noise: trial wall time (after vs before)", "s", [r.wall_s for r in a], b_wall,
-                         higher_is_better=False, group=GROUP,
-                         note="whole trainer process, one torch thread; baseline = the before side"))
-    rows.append(make_row("objective noise: validation time per trial (after vs before)", "s",
-                         [r.eval_s for r in a], b_eval, higher_is_better=False, group=GROUP,
-                         note="sum of timing_s/testing over the trial's evaluations; baseline = the before side"))
-    return rows, details
+    what = (f"{len(settings)} kl_lr settings x {len(seeds)} trainer seeds, full 60-step runs replayed through the "
+            f"driver's Watch with kl_lr.yaml's stopping rules")
+    for name, _ in RULES:
+        r = res[name]
+        pairs = r["spearman_pairs"]
+        chosen = " (CHOSEN: kl_lr.yaml's default)" if name == res["chosen"] else ""
+        rows.append(make_row(f"rank consistency, one seed vs another: {name}{chosen}", "Spearman", pairs, group=GROUP,
+                             note=f"{what}; median over the {len(pairs)} seed pairs of the Spearman correlation of "
+                                  f"the settings' single-seed rankings (what a one-seed search sees; mean "
+                                  f"{statistics.fmean(pairs):.3f}, min {min(pairs):.2f}); seed set "
+                                  f"{seeds[:half]} vs {seeds[half:]} (means): {r['spearman_sets']:.3f}; single seed "
+                                  f"vs held-out test ranking: mean {statistics.fmean(r['spearman_vs_test']):.3f}; "
+                                  f"{r['evals']:.1f} evaluations per trial",
+                             raw={k: v for k, v in r.items() if k != "values"}))
+        rows.append(make_row(f"objective noise (seed std of the recorded value): {name}", "reward",
+                             list(r["std"].values()), group=GROUP, higher_is_better=False,
+                             note=f"median over settings of the std over {len(seeds)} seeds (pooled "
+                                  f"{r['pooled_std']:.4f}); per setting: "
+                                  + ", ".join(f"{k} {v:.4f}" for k, v in r["std"].items())))
+    return rows, res
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.noise", description=__doc__.splitlines()[0])
-    p.add_argument("--smoke", action="store_true", help=f"seeds {SMOKE_SEEDS}, 4 steps")
-    p.add_argument("--workdir", type=Path, default=None, help="keep the metrics files here")
+    p.add_argument("--smoke", action="store_true", help=f"{len(SMOKE_SETTINGS)} settings, seeds {SMOKE_SEEDS}, 4 steps")
+    p.add_argument("--workdir", type=Path, default=None, help="keep (and reuse) the runs here")
+    p.add_argument("--jobs", type=int, default=2, help="trainer runs at once (one torch thread each)")
+    p.add_argument("--cached-only", action="store_true",
+                   help="train nothing: analyse the seeds of --workdir that every setting has finished")
     args = p.parse_args(argv)
-    rows, details = bench(args.smoke, args.workdir)
+    rows, details = bench(args.smoke, args.workdir, args.jobs, args.cached_only)
     for r in rows:
-        print(f"{r.name}: {r.ours:.4g} {r.unit}" + (f" (baseline {r.baseline:.4g}, ratio {r.ratio:.3g})"
-                                                    if r.baseline is not None and r.ratio is not None else "")
-              + f"  [{r.note}]")
+        print(f"{r.name}: {r.ours:.4g} {r.unit} [{r.note}]")
     print(json.dumps({"rows": [r.to_json() for r in rows], "details": details}, default=str))
     return 0
 

@@ -5,7 +5,8 @@ Parts (``--only``): ``trainer`` (ours vs TRL), ``overhead``, ``pruning``, ``sear
 ``rollout`` (HF vs vLLM), ``memory`` (memory estimate vs measured peak; ``benchmarks/memory_estimate.py``, also
 runnable alone), ``workers`` (3 vs 1 ``verl-hpo worker`` on one PostgreSQL study; ``benchmarks/workers.py``),
 ``footprint`` (the driver's peak RSS in a ``kl_lr`` search and a worker's start-up to its first trial;
-``--before DIR`` compares with another checkout; ``benchmarks/footprint.py``).
+``--before DIR`` compares with another checkout; ``benchmarks/footprint.py``), ``pays`` (the kl_lr study's confirmed
+pick against its baseline on the held-out test split, over 3 study seeds; ``benchmarks/pays.py``).
 ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/`` (or ``--out``), never over the real
 results.
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 from benchmarks._common import REPO, Row, all_versions, load_average, log, machine
 
-PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint")
+PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint", "pays")
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
@@ -179,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import footprint
 
         attempt("footprint", lambda: footprint.bench(args.before, 1 if args.smoke else 3, args.smoke))
+    if "pays" in parts:
+        from benchmarks import pays
+
+        attempt("pays", lambda: pays.bench(args.smoke))
     if "memory" in parts:
         from benchmarks import memory_estimate
 

@@ -275,7 +275,11 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
                 print(f"stopped by {signal.Signals(signum).name}: {left} confirmation run(s) left; run verl-hpo "
                       f"confirm --study {study_name} again to finish them", file=sys.stderr)
                 return EXIT_SIGNAL.get(signum, 130)
-            print(confirmed_table(study))
+            from hpo.reporting._verdict import verdict_lines
+
+            print(confirmed_table(study, space))
+            for line in verdict_lines(study, space):
+                print(line)
             return 0
         if (got or ran < 0) and done < target:
             signum = got[0] if got else signal.SIGINT
@@ -469,15 +473,20 @@ def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None 
         from hpo.study._confirm import confirmed
 
         ranked = confirmed(study)
-        if ranked:  # seed-confirmed: the best confirmed mean, not the luckiest tuning run
-            top = ranked[0]
+        if ranked:  # seed-confirmed: the best confirmed mean (or a tied, preferred one), not the luckiest tuning run
+            from hpo.reporting._verdict import study_verdict, verdict_lines
+
+            v = study_verdict(study, space)
+            top = ranked[0] if v is None else v.pick
+            test = f"; held-out test {top.test_mean:.4g} +- {top.test_std:.3g}" if top.test_values else ""
             print(f"# trial {top.trial.number} of study {study_name} ({space.objective.label}): confirmed mean "
                   f"{top.mean:.4g} +- {top.std:.3g} over {top.n} fresh seed(s) (min {min(top.values):.4g}, max "
-                  f"{max(top.values):.4g}; tuning run {top.trial.values[0]:.4g}); ranking by confirmed mean:",
+                  f"{max(top.values):.4g}; tuning run {top.trial.values[0]:.4g}){test}; ranking by confirmed mean:",
                   file=sys.stderr)
             from hpo.reporting._report import confirmed_table
 
-            print("\n".join(f"#   {line}" for line in confirmed_table(study).splitlines()), file=sys.stderr)
+            print("\n".join(f"#   {line}" for line in confirmed_table(study, space).splitlines()), file=sys.stderr)
+            print("\n".join(f"# {line}" for line in verdict_lines(study, space)), file=sys.stderr)
             print(render_best(space, top.trial, fmt))
             return 0
         trial = best_trial(study)

@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             resolve_model_path(cfg.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
             resolve_data_path(cfg.data.train_files, "data.train_files", "train")
             resolve_data_path(cfg.data.val_files, "data.val_files", "val")
+            if cfg.data.test_files:
+                resolve_data_path(cfg.data.test_files, "data.test_files", "test")
             print("ready", flush=True)
             return 0
         from transformers.utils import logging as hf_logging

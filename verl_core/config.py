@@ -66,6 +66,10 @@ class DataConfig:
         "extra_info); 'builtin:arith' generates the synthetic arithmetic task locally.",
     )
     val_files: str = _f("builtin:arith", "Validation parquet, same format; 'builtin:arith' as above.")
+    test_files: str | None = _f(
+        None, "Held-out test parquet, same format, evaluated once at the last step as test/* (test/reward_mean, "
+        "test-core/<source>/...); 'builtin:arith' is the built-in task's test split. A search never sets it "
+        "(verl-hpo confirm does); null = no test evaluation.")
     prompt_key: str = _f("prompt", "Column holding the chat-message prompt.")
     train_batch_size: int = _f(1024, "Prompts per PPO step (each sampled rollout.n times).")
     val_batch_size: int | None = _f(None, "Prompts per validation generation batch; null = all at once.")

@@ -27,10 +27,11 @@ def resolve_model_path(path: str, key: str) -> str:
 
 
 def resolve_data_path(path: str, key: str, split: str) -> str:
-    """A parquet path for ``path``; ``builtin:<task>`` (see ``verl_core.tasks.BUILTIN``) is written once."""
+    """A parquet path for ``path``; ``builtin:<task>`` (see ``verl_core.tasks.BUILTIN``) is written once and names
+    the task's ``split`` (train, val or test)."""
     if path.startswith("builtin:"):
-        from verl_core.tasks import ensure_builtin_data
+        from verl_core.tasks import builtin_split_path
         from verl_core.tiny_model import cache_root
 
-        return str(ensure_builtin_data(path.removeprefix("builtin:"), cache_root(), key)[0 if split == "train" else 1])
+        return str(builtin_split_path(path.removeprefix("builtin:"), cache_root(), split, key))
     return path

@@ -1,9 +1,11 @@
 """The built-in synthetic tasks, written as verl-format parquet (``data.train_files: builtin:<name>``).
 
 ``arith`` (for the tiny model): two-operand addition as bare ``a+b=`` prompts, operands
-0..``MAX_OPERAND`` (29): 900 problems, every ``VAL_EVERY``-th (4th) of a fixed shuffle held out,
-so 675 train and 225 validation prompts. 225 prompts decoded greedily (the trainer config's
-validation) give a deterministic objective per policy; its resolution is 1/225.
+0..``MAX_OPERAND`` (29): 900 problems in a fixed shuffle, split three ways by position ``i % VAL_EVERY`` (4):
+0 is validation (225 problems, the same as before the test split existed), 2 is the held-out **test** split
+(225, ``data.test_files: builtin:arith``; a search never sees it, ``verl-hpo confirm`` reports it), the rest
+train (450). 225 prompts decoded greedily (the trainer config's validation) give a deterministic objective
+per policy; its resolution is 1/225.
 
 A row is what verl's data preprocessing scripts write::
 
@@ -37,18 +39,33 @@ from verl_core.config import ConfigError
 
 DATA_SOURCE = "synthetic/arith"
 MAX_OPERAND = 29  # operands 0..MAX_OPERAND: 900 problems
-VAL_EVERY = 4  # 225 held-out validation problems
+VAL_EVERY = 4  # 225 held-out validation problems (position 0 of every 4) and 225 test problems (position 2)
+TEST_AT = 2  # the test split's position in each group of VAL_EVERY
+Problems = list[tuple[int, int]]
 
 
 def all_problems() -> list[tuple[int, int]]:
     return [(a, b) for a in range(MAX_OPERAND + 1) for b in range(MAX_OPERAND + 1)]
 
 
-def split_problems() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def three_way(probs: Problems, every: int) -> tuple[Problems, Problems, Problems]:
+    """(train, val, test) of an already shuffled list: position ``i % every`` 0 is validation, ``TEST_AT`` test."""
+    val = [p for i, p in enumerate(probs) if i % every == 0]
+    test = [p for i, p in enumerate(probs) if i % every == TEST_AT]
+    train = [p for i, p in enumerate(probs) if i % every not in (0, TEST_AT)]
+    return train, val, test
+
+
+def arith_splits() -> tuple[Problems, Problems, Problems]:
+    """The arith task's (train, val, test) problems: disjoint, the same on every call."""
     probs = all_problems()
     random.Random(1234).shuffle(probs)
-    val = [p for i, p in enumerate(probs) if i % VAL_EVERY == 0]
-    train = [p for i, p in enumerate(probs) if i % VAL_EVERY != 0]
+    return three_way(probs, VAL_EVERY)
+
+
+def split_problems() -> tuple[Problems, Problems]:
+    """(train, val) of the arith task (the test split is :func:`arith_splits`' third)."""
+    train, val, _ = arith_splits()
     return train, val
 
 
@@ -94,11 +111,16 @@ def addition_prompt(a: int, b: int) -> str:
     return f"What is {a} + {b}? Reply with only the number."
 
 
-def addition_split() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def addition_splits() -> tuple[Problems, Problems, Problems]:
+    """The addition task's (train 128, val 64, test 64) problems, split as :func:`arith_splits`."""
     probs = [(a, b) for a in range(ADDITION_MAX_OPERAND + 1) for b in range(ADDITION_MAX_OPERAND + 1)]
     random.Random(4321).shuffle(probs)
-    val = [p for i, p in enumerate(probs) if i % ADDITION_VAL_EVERY == 0]
-    train = [p for i, p in enumerate(probs) if i % ADDITION_VAL_EVERY != 0]
+    return three_way(probs, ADDITION_VAL_EVERY)
+
+
+def addition_split() -> tuple[Problems, Problems]:
+    """(train, val) of the addition task."""
+    train, val, _ = addition_splits()
     return train, val
 
 
@@ -116,13 +138,15 @@ def addition_rows(problems: list[tuple[int, int]], split: str) -> list[dict[str,
 
 
 # ----------------------------------------------------------------------------- registry
-Split = Callable[[], tuple[list[tuple[int, int]], list[tuple[int, int]]]]
-Rows = Callable[[list[tuple[int, int]], str], list[dict[str, Any]]]
+Split = Callable[[], tuple[Problems, Problems, Problems]]
+Rows = Callable[[Problems, str], list[dict[str, Any]]]
 # name -> (cache directory name, problem split, row writer); bump the directory's version when rows change
+# (v3 / v2: the test split was carved out of the training problems)
 BUILTIN: dict[str, tuple[str, Split, Rows]] = {
-    "arith": ("arith_v2", split_problems, make_rows),
-    "addition": ("addition_v1", addition_split, addition_rows),
+    "arith": ("arith_v3", arith_splits, make_rows),
+    "addition": ("addition_v2", addition_splits, addition_rows),
 }
+SPLITS = ("train", "val", "test")
 
 
 def builtin_val_size(name: str) -> int | None:
@@ -130,16 +154,22 @@ def builtin_val_size(name: str) -> int | None:
     return len(BUILTIN[name][1]()[1]) if name in BUILTIN else None
 
 
-def ensure_builtin_data(name: str, cache_dir: Path, key: str = "data.train_files") -> tuple[Path, Path]:
-    """Write (once) and return the train/val parquet paths of ``builtin:<name>``."""
+def builtin_split_path(name: str, cache_dir: Path, split: str, key: str = "data.train_files") -> Path:
+    """Write (once) every split of ``builtin:<name>`` and return the parquet path of ``split`` (train, val or
+    test)."""
     if name not in BUILTIN:
         known = ", ".join(f"builtin:{n}" for n in BUILTIN)
         raise ConfigError(f"{key}='builtin:{name}': unknown built-in dataset (known: {known})")
-    dirname, split, rows = BUILTIN[name]
+    dirname, splits, rows = BUILTIN[name]
     out = cache_dir / "data" / dirname
-    train_p, val_p = out / "train.parquet", out / "val.parquet"
-    if not (train_p.is_file() and val_p.is_file()):
-        train, val = split()
-        write_parquet(rows(train, "train"), train_p)
-        write_parquet(rows(val, "val"), val_p)
-    return train_p, val_p
+    paths = {s: out / f"{s}.parquet" for s in SPLITS}
+    if not all(p.is_file() for p in paths.values()):
+        for s, problems in zip(SPLITS, splits(), strict=True):
+            write_parquet(rows(problems, s), paths[s])
+    return paths[split]
+
+
+def ensure_builtin_data(name: str, cache_dir: Path, key: str = "data.train_files") -> tuple[Path, Path]:
+    """Write (once) and return the train/val parquet paths of ``builtin:<name>`` (the test split is written
+    beside them: :func:`builtin_split_path`)."""
+    return builtin_split_path(name, cache_dir, "train", key), builtin_split_path(name, cache_dir, "val", key)

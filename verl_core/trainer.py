@@ -35,7 +35,7 @@ from verl_core.resolve import resolve_data_path, resolve_model_path
 from verl_core.rewards import build_reward, token_level_scores
 from verl_core.rollout import SamplingParams, build_rollout
 from verl_core.tracking import Tracking, default_metrics_path
-from verl_core.validation import Validator
+from verl_core.validation import Validator, heldout_metrics
 from verl_core.workers import Actor, Critic, Policy
 
 STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
@@ -181,6 +181,12 @@ class PPOTrainer:
         self.seqs = Sequences(self.tokenizer, self.pad_id, self.eos_id, self.device, self.reward_fn)
         self.text_evaluators = build_text_evaluators(cfg.evaluation, self.device)
         self.validator = Validator(cfg, self.val_data, self.rollout, self.seqs, self.text_evaluators, self.device)
+        self.tester = None  # data.test_files: the held-out split, evaluated once at the last step (test/*)
+        if d.test_files:
+            test_data = load_examples(resolve_data_path(d.test_files, "data.test_files", "test"), "data.test_files",
+                                      self.tokenizer, d.prompt_key, d.max_prompt_length)
+            self.tester = Validator(cfg, test_data, self.rollout, self.seqs, self.text_evaluators, self.device,
+                                    latency=False)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = algos.get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.reward_vars: deque[float] = deque(maxlen=cfg.algorithm.dynamic_gamma.window)
@@ -275,6 +281,8 @@ class PPOTrainer:
                 is_last = step == t.total_training_steps
                 if t.test_freq > 0 and (step % t.test_freq == 0 or is_last):
                     metrics.update(self.validate(step))
+                if is_last and self.tester is not None:
+                    metrics.update(heldout_metrics(self.tester(step)))
                 if t.save_freq > 0 and (step % t.save_freq == 0 or is_last):
                     save_checkpoint(self, Path(t.default_local_dir), step)
                 metrics["training/global_step"] = step

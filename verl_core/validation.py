@@ -1,6 +1,8 @@
 """Validation: the current policy answers the validation prompts (``rollout.val_kwargs``), scored by the reward and
 the text evaluators, with the same sampling draw at every evaluation. Metrics: ``eval/*``, verl's per-source
-``val-core/*`` and ``val-aux/*``, ``timing_s/testing``."""
+``val-core/*`` and ``val-aux/*``, ``timing_s/testing``. The held-out test split (``data.test_files``) is validated
+the same way once, at the last step, and logged as ``test/*``, ``test-core/*``, ``test-aux/*``
+(:func:`heldout_metrics`)."""
 
 from __future__ import annotations
 
@@ -38,12 +40,31 @@ def validation_metrics(scores: np.ndarray, sources: list[str]) -> dict[str, floa
     return m
 
 
+TEST_PREFIXES = {"eval/": "test/", "val-core/": "test-core/", "val-aux/": "test-aux/",
+                 "timing_s/testing": "timing_s/testing_heldout"}
+
+
+def heldout_metric_name(name: str) -> str:
+    """The name a validation metric has when measured on the test split (``eval/reward_mean`` ->
+    ``test/reward_mean``); the driver's copy is ``hpo.experiment.test_metric``."""
+    for old, new in TEST_PREFIXES.items():
+        if name.startswith(old):
+            return new + name[len(old):]
+    return "test/" + name
+
+
+def heldout_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A validation of the test split, renamed (:func:`heldout_metric_name`)."""
+    return {heldout_metric_name(k): v for k, v in metrics.items()}
+
+
 class Validator:
     """Validates the policy behind ``rollout`` on ``data`` (see the module docstring)."""
 
     def __init__(self, cfg: Config, data: list[Example], rollout: Any, seqs: Sequences,
-                 text_evaluators: list[Any], device: torch.device) -> None:
+                 text_evaluators: list[Any], device: torch.device, latency: bool = True) -> None:
         self.cfg = cfg
+        self.latency = latency
         self.data = data
         self.rollout = rollout
         self.seqs = seqs
@@ -80,7 +101,7 @@ class Validator:
             extra: dict[str, float] = {}
             for evaluator in self.text_evaluators:
                 extra.update(evaluator(prompts, texts, examples))
-            if self.cfg.evaluation.latency.enable:
+            if self.latency and self.cfg.evaluation.latency.enable:
                 extra.update(self._latency(params))
         arr = np.asarray(scores, dtype=np.float64)
         m: dict[str, Any] = {"eval/reward_mean": float(arr.mean()), "eval/reward_std": float(arr.std()),

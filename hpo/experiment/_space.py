@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from hpo.analysis._diagnosis import DiagnosisSpec
+from hpo.experiment._heldout import check_no_test_split, parse_baseline
 from hpo.experiment._objective import Objective, check_metrics, parse_objective
 from hpo.experiment._ray_spec import EXECUTORS, RaySpec, parse_ray, split_ray
 from hpo.experiment._tracking import TrackingSpec, parse_tracking
@@ -124,6 +125,15 @@ class ConfirmSpec:
     seed_key: str | None = field(default=None, metadata=_meta(
         "Trainer key of the run's seed; null = trainer.seed (verl_core) or data.seed (verl)."))
     seed_base: int = field(default=1000, metadata=_meta("First confirmation seed."))
+    test_files: str | None = field(default=None, metadata=_meta(
+        "Held-out test data of confirmation runs (never seen by the search). verl_core: data.test_files, evaluated "
+        "once at the last step (test/*); null = the built-in task's test split when data.val_files is builtin:<task>, "
+        "else none. verl: replaces data.val_files in confirmation runs, whose values are then measured on it; "
+        "null = none."))
+    early_stopping: bool = field(default=False, metadata=_meta(
+        "Confirmation runs stop early by the early_stopping rules (plateau, spread) as search trials do; false = "
+        "they run the full budget, so the confirmed value measures the setting, not the stopping rule (never "
+        "pruned either way; the diagnosis still stops a collapsed run)."))
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,10 @@ class StudySpec:
         "heartbeat_interval."))
     max_retry: int | None = field(default=3, metadata=_meta("Retries of an interrupted trial; null = unlimited."))
     confirm: ConfirmSpec = field(default_factory=ConfirmSpec, metadata=_meta("verl-hpo confirm defaults."))
+    baseline: dict[str, Any] = field(default_factory=dict, metadata=_meta(
+        "The setting a user would run without a search, as trainer overrides on top of the fixed ones (e.g. the "
+        "framework's defaults of the tuned keys); verl-hpo confirm runs it on the same fresh seeds and best "
+        "reports the improvement over it; empty = none."))
     storage_retry_s: float = field(default=300.0, metadata=_meta(
         "Ride out an unreachable storage (a database restart, a full disk) this long (s): storage calls are "
         "retried with backoff and running trials go on; past it the driver exits with one line."))
@@ -573,9 +587,16 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
             raise ctx.error(f"params.{p.name}.key", f"{p.key!r} is also a fixed override ({fixed[p.key]!r})")
         seen[p.key] = p.name
     objective = parse_objective(raw.get("objective"), ctx.error)
+    check_no_test_split(fixed, {p.key: p.name for p in params}, objective.metrics, ctx.error)
+    study_raw = raw.get("study")
+    baseline = parse_baseline(study_raw.get("baseline"), ctx.error) if isinstance(study_raw, dict) else {}
     trial_raw, ray_raw = split_ray(raw.get("trial"))  # trial.ray is free-form in places: parsed on its own
-    sections = {s: _build(cls, trial_raw if s == "trial" else raw.get(s), s, ctx) for s, cls in _SECTIONS.items()}
+    section_raw = {"trial": trial_raw, "study": {k: v for k, v in study_raw.items() if k != "baseline"}
+                   if isinstance(study_raw, dict) else study_raw}
+    sections = {s: _build(cls, section_raw[s] if s in section_raw else raw.get(s), s, ctx)
+                for s, cls in _SECTIONS.items()}
     sections["trial"] = dataclasses.replace(sections["trial"], ray=parse_ray(ray_raw, ctx.error))
+    sections["study"] = dataclasses.replace(sections["study"], baseline=baseline)
     study: StudySpec = sections["study"]
     if study.grace_period < 2 * study.heartbeat_interval:
         raise ctx.error("study.grace_period", f"{study.grace_period} is under twice study.heartbeat_interval="
@@ -672,6 +693,14 @@ def check_trainer(space: Space, origin: dict[str, str] | None = None) -> None:
     except ConfigError as err:
         bad = next((k for k in space.overrides if f"'{k}" in str(err) or f"{k}=" in str(err)), None)
         raise ctx.error(f"overrides.{bad}" if bad else "overrides", str(err)) from None
+    for k, v in space.study.baseline.items():
+        if k not in keys:
+            raise ctx.error(f"study.baseline.{k}", f"unknown trainer key (value {v!r})")
+    if space.study.baseline:
+        try:
+            load_config(space.config, [*fixed, *(f"{k}={format_value(v)}" for k, v in space.study.baseline.items())])
+        except ConfigError as err:
+            raise ctx.error("study.baseline", f"rejected by the trainer: {err}") from None
     from verl_core.config import eval_metric_names, produces_metric
 
     check_metrics(space.objective, lambda m: produces_metric(base, m), eval_metric_names(base), ctx.error)

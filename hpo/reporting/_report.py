@@ -16,7 +16,7 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.experiment._space import Space, format_value
-from hpo.study._confirm import confirmed, is_confirm
+from hpo.study._confirm import Confirmed, baseline_confirmed, confirmed, is_confirm
 from hpo.study._retrying import storage_downtime, storage_outages
 from hpo.study._storage import mask_url
 
@@ -188,19 +188,35 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
-def confirmed_table(study: optuna.Study) -> str:
-    """Confirmed trials (``verl-hpo confirm``), best first: tuning value, confirmed mean +- std (n), min..max,
-    parameters."""
+def confirmed_table(study: optuna.Study, space: Space | None = None) -> str:
+    """Confirmed trials (``verl-hpo confirm``), best first: tuning value, confirmed mean +- std (n), min..max, the
+    held-out test mean +- std where measured, parameters; then ``study.baseline`` (given ``space``) on the same
+    seeds."""
     ranked = confirmed(study)
     if not ranked:
         return "no confirmation runs have finished yet"
+    base = baseline_confirmed(study) if space is not None and space.study.baseline else None
     names = sorted({k for c in ranked for k in c.trial.params})
-    rows = [["trial", "tuning value", "confirmed mean", "std", "n", "min", "max", *names]]
+    tested = any(c.test_values for c in [*ranked, *([base] if base else [])])
+    rows = [["trial", "tuning value", "confirmed mean", "std", "n", "min", "max",
+             *(["test mean", "test std"] if tested else []), *names]]
+
+    def test_cells(c: Confirmed) -> list[str]:
+        if not tested:
+            return []
+        return [fmt_value(c.test_mean), fmt_value(c.test_std)] if c.test_values else ["-", "-"]
+
     for c in ranked:
         rows.append([str(c.trial.number), fmt_value(c.trial.values[0] if c.trial.values else None),
                      fmt_value(c.mean), fmt_value(c.std), str(c.n), fmt_value(min(c.values)), fmt_value(max(c.values)),
+                     *test_cells(c),
                      *(fmt_value(c.trial.params[n]) if isinstance(c.trial.params.get(n), float)
                        else str(c.trial.params.get(n, "-")) for n in names)])
+    if base is not None and space is not None:
+        by_name = {p.name: k for p in space.params for k in space.study.baseline if k.lstrip("+") == p.key}
+        rows.append(["baseline", "-", fmt_value(base.mean), fmt_value(base.std), str(base.n),
+                     fmt_value(min(base.values)), fmt_value(max(base.values)), *test_cells(base),
+                     *(fmt_value(space.study.baseline[by_name[n]]) if n in by_name else "(config)" for n in names)])
     return _table(rows)
 
 

@@ -18,6 +18,7 @@ import yaml
 
 from hpo.backends.verl._launch import verl_overrides
 from hpo.execution import ENV_DRIVER, ENV_STUDY, ENV_TRIAL, TrialProcess
+from hpo.experiment._heldout import TEST_KEY
 from hpo.experiment._space import Space, SpaceError, format_value
 from hpo.study._checkpoints import TRIAL_MARKER
 from hpo.study._errors import DriverError, TrialInterrupted
@@ -57,6 +58,8 @@ def trainer_overrides(space: Space, values: dict[str, Any], trial_dir: Path,
     overrides = space.trainer_overrides(values) + [f"{k}={format_value(v)}" for k, v in extra.items()]
     if space.trial.is_default_command:
         overrides.append(f"trainer.default_local_dir={trial_dir / 'checkpoints'}")
+        if TEST_KEY not in extra:  # a search trial never evaluates the held-out split, whatever the config says
+            overrides.append(f"{TEST_KEY}=null")
     return overrides
 
 

@@ -14,6 +14,10 @@ tuned seed parameter could take. A confirmation run sets every seed key of the r
 (:func:`seed_overrides`): ``trainer.seed`` for verl_core; for verl every seed of its default path
 (``verl._compose.SEED_KEYS``: the train sampler ``data.seed``, vLLM's ``actor_rollout_ref.rollout.seed``, the
 actor's and critic's mini-batch shuffling ``*.data_loader_seed``); ``study.confirm.seed_key`` names one key instead.
+Confirmation runs go to the full budget (the early-stopping rules are off unless ``study.confirm.early_stopping``;
+never pruned) and evaluate the held-out test split once at their last step (:func:`heldout_overrides`); their user
+attr ``test_value`` is its value of the objective's metric. ``study.baseline`` (the setting a user would run without
+a search) is confirmed on the same seeds, as runs tagged ``hpo:baseline`` (``hpo:confirm_of`` = -1, no parameters).
 Re-running ``confirm`` queues only what is missing (a trial already has a
 queued, running or finished run with that seed), so an interrupted confirmation resumes where it stopped.
 """
@@ -29,16 +33,70 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.backends.verl._compose import SEED_KEYS as VERL_SEED_KEYS
+from hpo.experiment._heldout import TEST_KEY, heldout_metric
 from hpo.experiment._space import Space
 
 ATTR_CONFIRM_OF = "hpo:confirm_of"
 ATTR_CONFIRM_SEED = "hpo:confirm_seed"
+ATTR_BASELINE = "hpo:baseline"
+BASELINE_OF = -1  # hpo:confirm_of of a baseline run (no trial of the search)
 MAX_TUNED_SEEDS = 100_000  # a tuned integer seed range larger than this is treated as "any seed" (refused)
 
 
 def is_confirm(t: FrozenTrial) -> bool:
     """A confirmation run (queued by ``verl-hpo confirm``)."""
     return ATTR_CONFIRM_OF in t.system_attrs
+
+
+def is_baseline(t: FrozenTrial) -> bool:
+    """A confirmation run of ``study.baseline``."""
+    return bool(t.system_attrs.get(ATTR_BASELINE))
+
+
+def heldout_overrides(space: Space) -> dict[str, Any]:
+    """What a confirmation run adds to be measured on the held-out test split (:mod:`hpo.experiment._heldout`):
+    verl_core ``data.test_files`` (``study.confirm.test_files``, else the built-in task's test split when
+    ``data.val_files`` is ``builtin:<task>``); verl: ``data.val_files`` replaced by ``study.confirm.test_files``."""
+    files = space.study.confirm.test_files
+    if space.trial.is_verl:
+        return {"data.val_files": files} if files else {}
+    if files:
+        return {TEST_KEY: files}
+    if space.trial.is_default_command:
+        from verl_core.config import load_config
+
+        val = load_config(space.config, space.trainer_overrides({})).data.val_files
+        if val.startswith("builtin:"):
+            return {TEST_KEY: val}
+    return {}
+
+
+def heldout_note(space: Space) -> str:
+    """One line on where confirmation runs measure the held-out value ("" when they do not)."""
+    extra = heldout_overrides(space)
+    if not extra:
+        return ""
+    if space.trial.is_verl:
+        return (f"confirmation runs validate on the test file {extra['data.val_files']} (data.val_files swapped): "
+                "their values are held-out test values")
+    return f"confirmation runs also evaluate the held-out test split {extra[TEST_KEY]} at their last step"
+
+
+def heldout_metric_of(space: Space) -> str | None:
+    """The metric a confirmation run's held-out value is read from: verl_core's ``test/...`` twin of the objective's
+    metric; verl's objective metric itself when ``data.val_files`` is swapped for the test file; None without a
+    held-out split."""
+    extra = heldout_overrides(space)
+    if not extra:
+        return None
+    primary = space.objective.primary_metric
+    return primary if space.trial.is_verl else heldout_metric(primary)
+
+
+def confirm_overrides(space: Space, seed: int, baseline: bool = False) -> dict[str, Any]:
+    """Everything a confirmation run sets beyond the tuned values: the baseline's overrides (baseline runs), every
+    seed key, the held-out split."""
+    return {**(space.study.baseline if baseline else {}), **seed_overrides(space, seed), **heldout_overrides(space)}
 
 
 # verl 0.9.1's defaults of its seed keys (verl/trainer/config/_generated_ppo_trainer.yaml); data.seed is null.
@@ -144,6 +202,13 @@ def queue_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: 
                 state=TrialState.WAITING, params=t.params, distributions=t.distributions,
                 system_attrs={ATTR_CONFIRM_OF: t.number, ATTR_CONFIRM_SEED: seed}))
             queued.append((t.number, seed))
+    if space.study.baseline:  # the same seeds for the setting a user would have run anyway
+        for seed in seeds:
+            if (BASELINE_OF, seed) not in present:
+                study.add_trial(optuna.create_trial(
+                    state=TrialState.WAITING, params={}, distributions={},
+                    system_attrs={ATTR_CONFIRM_OF: BASELINE_OF, ATTR_CONFIRM_SEED: seed, ATTR_BASELINE: True}))
+                queued.append((BASELINE_OF, seed))
     return queued
 
 
@@ -160,6 +225,16 @@ class Confirmed:
     trial: FrozenTrial
     values: tuple[float, ...]
     seeds: tuple[int, ...]
+    runs: tuple[FrozenTrial, ...] = ()  # the confirmation runs, by seed
+    test_values: tuple[float, ...] = ()  # their held-out test values (user attr test_value), where measured
+
+    @property
+    def test_mean(self) -> float:
+        return statistics.fmean(self.test_values) if self.test_values else math.nan
+
+    @property
+    def test_std(self) -> float:
+        return statistics.stdev(self.test_values) if len(self.test_values) > 1 else 0.0
 
     @property
     def n(self) -> int:
@@ -178,15 +253,36 @@ def confirmed(study: optuna.Study) -> list[Confirmed]:
     """The confirmed search trials, best confirmed mean first (ties: the tuning value, then the number). A
     confirmation run that failed completed with the worst value and drags its mean there: a setting that
     crashes under another seed is not confirmed."""
-    by_trial: dict[int, list[tuple[int, float]]] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if is_confirm(t) and t.values is not None:  # a failed run completes with the worst value: it counts
-            by_trial.setdefault(int(t.system_attrs[ATTR_CONFIRM_OF]), []).append(
-                (int(t.system_attrs.get(ATTR_CONFIRM_SEED, -1)), float(t.values[0])))
+    by_trial = _runs_by_trial(study)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    out = [Confirmed(trials[n], tuple(v for _, v in sorted(runs)), tuple(s for s, _ in sorted(runs)))
-           for n, runs in by_trial.items() if n in trials]
+    out = [_confirmed(trials[n], runs) for n, runs in by_trial.items() if n in trials]
     sign = _sign(study)
     tuned = [(-sign * float(c.trial.values[0]) if c.trial.values else 0.0) for c in out]
     order = sorted(range(len(out)), key=lambda i: (-sign * out[i].mean, tuned[i], out[i].trial.number))
     return [out[i] for i in order]
+
+
+def _runs_by_trial(study: optuna.Study) -> dict[int, list[FrozenTrial]]:
+    """COMPLETE confirmation runs by the trial they confirm (baseline runs under :data:`BASELINE_OF`), by seed. A
+    failed run completes with the worst value: it counts."""
+    by_trial: dict[int, list[FrozenTrial]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if is_confirm(t) and t.values is not None:
+            by_trial.setdefault(int(t.system_attrs[ATTR_CONFIRM_OF]), []).append(t)
+    for runs in by_trial.values():
+        runs.sort(key=lambda r: (int(r.system_attrs.get(ATTR_CONFIRM_SEED, -1)), r.number))
+    return by_trial
+
+
+def _confirmed(trial: FrozenTrial, runs: list[FrozenTrial]) -> Confirmed:
+    tests = tuple(float(r.user_attrs["test_value"]) for r in runs
+                  if isinstance(r.user_attrs.get("test_value"), (int, float)))
+    return Confirmed(trial, tuple(float(r.values[0]) for r in runs),
+                     tuple(int(r.system_attrs.get(ATTR_CONFIRM_SEED, -1)) for r in runs), tuple(runs), tests)
+
+
+def baseline_confirmed(study: optuna.Study) -> Confirmed | None:
+    """The baseline's confirmation runs (``study.baseline``), or None before any finished; its ``trial`` is its
+    first run."""
+    runs = _runs_by_trial(study).get(BASELINE_OF)
+    return _confirmed(runs[0], runs) if runs else None

@@ -67,7 +67,14 @@ from hpo.study._command import (
     trial_env,
     write_trial_files,
 )
-from hpo.study._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, seed_overrides
+from hpo.study._confirm import (
+    ATTR_BASELINE,
+    ATTR_CONFIRM_OF,
+    ATTR_CONFIRM_SEED,
+    confirm_overrides,
+    heldout_metric_of,
+    is_confirm,
+)
 from hpo.study._errors import DriverError, TrialFailed, TrialInterrupted, TrialLost, TrialRetried
 from hpo.study._progress import Progress
 from hpo.study._ray_trials import admit, job_for, ray_job
@@ -208,7 +215,8 @@ class TrialRunner:
         """Sample the parameters, make the trial directory, and record what the attempt will run."""
         system = frozen_trial(self.study, trial.number).system_attrs
         retry_of = system.get("failed_trial")
-        values = {p.name: _suggest(trial, p) for p in self.space.params}
+        baseline = bool(system.get(ATTR_BASELINE))  # study.baseline's overrides instead of tuned values
+        values = {} if baseline else {p.name: _suggest(trial, p) for p in self.space.params}
         if self.stop_event.is_set():
             self._interrupt(trial)
         trial_dir = fresh_trial_dir(self.trials_dir, self.study.study_name, trial.number, self.identity)
@@ -217,10 +225,10 @@ class TrialRunner:
         metrics = verl_metrics_path(trial_dir, attempt) if self.space.trial.is_verl else trial_dir / "metrics.jsonl"
         confirm_seed = system.get(ATTR_CONFIRM_SEED)
         if confirm_seed is not None:  # a confirmation run: the top trial's values with a fresh seed
-            trial.set_user_attr("confirm_of", system.get(ATTR_CONFIRM_OF))
+            trial.set_user_attr("confirm_of", "baseline" if baseline else system.get(ATTR_CONFIRM_OF))
             trial.set_user_attr("confirm_seed", confirm_seed)
         overrides = trainer_overrides(self.space, values, trial_dir, None if confirm_seed is None else
-                                      seed_overrides(self.space, int(confirm_seed)))
+                                      confirm_overrides(self.space, int(confirm_seed), baseline))
         argv = [*trial_command(self.space), "--config", self.space.config, "--metrics-file", str(metrics), *overrides]
         trial.set_user_attr("trial_dir", str(trial_dir))
         if retry_of is not None:
@@ -255,7 +263,10 @@ class TrialRunner:
         diag = self.space.diagnosis
         diagnoser = Diagnoser(diag, self.space.objective.primary_metric,
                               self.space.objective.direction_literal == "maximize") if diag.enabled else None
-        watch = Watch(trial, self.space, total, on_eval, diagnoser, prune=plan.confirm_seed is None)
+        confirming = plan.confirm_seed is not None  # full budget unless study.confirm.early_stopping
+        watch = Watch(trial, self.space, total, on_eval, diagnoser, prune=not confirming,
+                      early_stop=not confirming or self.space.study.confirm.early_stopping,
+                      test_metric=heldout_metric_of(self.space) if confirming else None)
         if point is not None:  # the earlier attempts' curve up to the checkpoint: aggregate, pruner, diagnosis
             replayed = point.records()
             for step, data in replayed:
@@ -323,6 +334,8 @@ def run_attrs(result: RunResult, watch: Watch, launch_overhead_s: float | None,
         "cgroup_peak_gb": None if result.cgroup_peak_gb is None else round(result.cgroup_peak_gb, 4),
         "leftovers_killed": result.leftovers_killed,
     }
+    if watch.test_value is not None:  # a confirmation run's held-out value (hpo.study._confirm)
+        attrs.update(test_value=watch.test_value, test_metric=watch.test_metric)
     if result.metrics_bad_lines:  # skipped: not JSON, too long, no step in 0..2^31, ...
         attrs["metrics_bad_lines"] = result.metrics_bad_lines
     if watch.diagnoser is not None:

@@ -28,6 +28,9 @@ class Watch:
     on_eval: Callable[[int, float], None]
     diagnoser: Diagnoser | None = None
     prune: bool = True  # False for confirmation runs
+    early_stop: bool = True  # the early_stopping rules (plateau, spread); False: confirmation runs' full budget
+    test_metric: str | None = None  # a confirmation run's held-out metric (its last value: test_value)
+    test_value: float | None = None
     value: float | None = None
     streak: int = 0
     step_times: list[float] = dataclasses.field(default_factory=list)
@@ -48,6 +51,8 @@ class Watch:
             self.step_times.append(float(t))
         decision = None
         objective = self.space.objective
+        if self.test_metric is not None and is_finite(data.get(self.test_metric)):
+            self.test_value = float(data[self.test_metric])
         evaluated = objective.evaluate(data)
         if evaluated is not None and step not in self.evals:  # a resumed trainer re-logs steps: count each once
             raw, parts = evaluated
@@ -67,6 +72,8 @@ class Watch:
                 if self._report_and_prune(step, values[0]):
                     decision = "pruned"
         es: EarlyStopping = self.space.early_stopping
+        if not self.early_stop:
+            es = dataclasses.replace(es, enabled=False)
         if decision is None and es.enabled and evaluated is not None and self._plateaued(es):
             decision = "plateau"
         if decision is None and es.enabled and es.metric in data and is_finite(data[es.metric]):

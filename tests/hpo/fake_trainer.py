@@ -25,6 +25,8 @@ Behaviour keys (all optional):
     fake.nan_at         actor/pg_loss is NaN from this step on (finite, 0.1, before)
     fake.peak_at        eval/reward_mean rises until this step and stays at that value after it
     fake.gate_at        at this step, wait while the file fake.gate_file exists (a test holds a trial mid-run)
+    data.test_files     when set (not null): test/reward_mean = the final value + fake.test_offset (default -0.05) at
+                        the last step, as verl_core logs its held-out split
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ def main(argv: list[str]) -> int:
                 data["eval/reward_std"] = std
                 data["eval/toxicity_mean"] = float(opts.get("fake.tox", 0.1))
                 data["eval/latency_p95"] = float(opts.get("fake.lat", 0.5))
+            if step == total and opts.get("data.test_files", "null") != "null":
+                data["test/reward_mean"] = final + float(opts.get("fake.test_offset", -0.05))
             fh.write(json.dumps({"step": step, "data": data}) + "\n")
             fh.flush()
     if "fake.log_file" in opts:

@@ -53,9 +53,22 @@ def test_model_config_and_warm_start(tiny_model_dir: Path) -> None:
     assert 0.1 < share(sampled, 0) < 0.5  # sampling finds the right answer: a reward signal for PPO
 
 
-def test_task_split_is_disjoint_and_fixed() -> None:
-    train, val = tasks.split_problems()
-    assert len(train) == 675 and len(val) == 225
+def test_task_split_is_disjoint_and_fixed(tmp_path: Path) -> None:
+    """Three disjoint splits of the 900 problems, the same on every call; validation is the split it was before the
+    test split existed; the parquet files hold them."""
+    train, val, test = tasks.arith_splits()
+    assert (len(train), len(val), len(test)) == (450, 225, 225)
     assert tasks.builtin_val_size("arith") == 225
-    assert not set(train) & set(val)
-    assert tasks.split_problems() == (train, val)
+    assert not set(train) & set(val) and not set(train) & set(test) and not set(val) & set(test)
+    assert set(train) | set(val) | set(test) == set(tasks.all_problems())
+    assert tasks.arith_splits() == (train, val, test) and tasks.split_problems() == (train, val)
+    import random
+
+    probs = tasks.all_problems()
+    random.Random(1234).shuffle(probs)
+    assert val == probs[::4]  # the 225 validation problems of every earlier measurement
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tasks.builtin_split_path("arith", tmp_path, "test")).to_pylist()
+    assert [r["prompt"][0]["content"] for r in rows] == [tasks.prompt_text(a, b) for a, b in test]
+    assert {r["extra_info"]["split"] for r in rows} == {"test"}

@@ -109,6 +109,19 @@ def test_grpo_with_kl_loss_and_filter(tiny_model_dir: Path, tmp_path: Path) -> N
     assert rows[-1]["data"]["actor/kl_loss"] > 0.0  # the filtered tokens keep their KL loss
 
 
+def test_the_test_split_is_evaluated_once_at_the_last_step(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """data.test_files: the held-out split is validated once, at the last step, as test/* beside eval/*; the
+    validation metrics are the run's own."""
+    out = run_trainer(["train", "--metrics-file", "m.jsonl", *FAST, "trainer.total_training_steps=2",
+                       "trainer.test_freq=1", "data.test_files=builtin:arith"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = read_metrics(tmp_path / "m.jsonl")
+    assert sorted(eval_curve(rows)) == [1, 2] and sorted(eval_curve(rows, "test/reward_mean")) == [2]
+    last = rows[-1]["data"]
+    assert last["test-core/synthetic/arith/reward/mean@1"] == last["test/reward_mean"]
+    assert 0.0 <= last["test/reward_mean"] <= 1.0 and "timing_s/testing_heldout" in last
+
+
 def test_dynamic_gamma(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = run_trainer(["train", "--metrics-file", "m.jsonl", "trainer.total_training_steps=2", *FAST,
                        "algorithm.dynamic_gamma.enable=true", "algorithm.dynamic_gamma.var_threshold=0.001",

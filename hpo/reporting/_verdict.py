@@ -1,0 +1,101 @@
+"""What ``confirm`` and ``best`` say about confirmed settings beyond the table: where the held-out value comes from,
+which settings cannot be told apart and which one is preferred (:mod:`hpo.study._compare`), and the improvement over
+``study.baseline`` on the same seeds."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+
+from hpo.experiment._space import Space, format_value
+from hpo.study._compare import RULE, Difference, Verdict, improvement, verdict
+from hpo.study._confirm import Confirmed, baseline_confirmed, confirmed, heldout_note
+
+
+def _maximize(study: optuna.Study) -> bool:
+    return study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+
+
+def tolerance(space: Space, ranked: list[Confirmed]) -> float:
+    """How close to its best a run must come to count as on its plateau: ``early_stopping.plateau_min_delta``, else
+    1% of the best confirmed mean."""
+    delta = space.early_stopping.plateau_min_delta
+    if delta > 0:
+        return delta
+    top = abs(ranked[0].mean) if ranked and math.isfinite(ranked[0].mean) else 0.0
+    return 0.01 * top or 1e-12
+
+
+def study_verdict(study: optuna.Study, space: Space) -> Verdict | None:
+    """The verdict on the confirmed settings (None before any confirmation run finished)."""
+    ranked = confirmed(study)
+    if not ranked:
+        return None
+    return verdict(ranked, _maximize(study), tolerance(space, ranked))
+
+
+def _steps(v: float) -> str:
+    return "-" if not math.isfinite(v) else f"{v:.0f}"
+
+
+def verdict_lines(study: optuna.Study, space: Space) -> list[str]:
+    """The lines ``confirm`` prints under its table and ``best`` prints (as comments) above the overrides."""
+    out: list[str] = []
+    note = heldout_note(space)
+    if note:
+        out.append(f"held-out: {note}; only validation values rank and choose")
+    v = study_verdict(study, space)
+    if v is None:
+        return out
+    top = v.top.trial.number
+    for c in confirmed(study)[1:]:
+        d = v.gaps.get(c.trial.number)
+        gap = "n/a (fewer than 2 runs)" if d is None else f"{d.text()}"
+        tied = c.trial.number in {t.trial.number for t in v.tied}
+        out.append(f"trial {top} vs trial {c.trial.number}: confirmed difference {gap} (Welch 95%): "
+                   + ("cannot be told apart" if tied else f"trial {top} is better"))
+    if v.tied:
+        names = ", ".join(str(c.trial.number) for c in (v.top, *v.tied))
+        why = ", ".join(f"trial {c.trial.number}: {v.bad[c.trial.number]} bad run(s), "
+                        f"{_steps(v.plateau_steps[c.trial.number])} steps to plateau, mean {c.mean:.4g}"
+                        for c in (v.top, *v.tied))
+        out.append(f"trials {names} cannot be told apart at the confirmed spread; preferring trial "
+                   f"{v.pick.trial.number} by the rule {RULE} ({why})")
+    else:
+        out.append(f"trial {top} is better than every other confirmed setting (Welch 95% intervals exclude 0)")
+    out += baseline_lines(study, space, v.pick)
+    return out
+
+
+def baseline_lines(study: optuna.Study, space: Space, pick: Confirmed) -> list[str]:
+    """The pick against ``study.baseline`` on the same seeds: difference of means and its Welch interval, on the
+    validation values and on the held-out test values."""
+    if not space.study.baseline:
+        return []
+    shown = " ".join(f"{k}={format_value(val)}" for k, val in space.study.baseline.items())
+    base = baseline_confirmed(study)
+    if base is None:
+        return [f"baseline ({shown}): no finished run yet (verl-hpo confirm runs it on the same seeds)"]
+    maximize = _maximize(study)
+    val = improvement(pick.values, base.values, maximize)
+    test = improvement(pick.test_values, base.test_values, maximize) if pick.test_values and base.test_values \
+        else None
+    parts = [f"validation {_diff(val)}"] + ([f"held-out test {_diff(test)}"] if test is not None else [])
+    decisive = test if test is not None else val
+    if decisive is None:
+        word = "too few runs to tell"
+    elif decisive.low > 0:
+        word = "the search pays: the interval excludes 0"
+    elif decisive.high < 0:
+        word = "the baseline is better"
+    else:
+        word = "cannot be told apart from the baseline at this spread"
+    same = sorted(set(pick.seeds) & set(base.seeds))
+    return [f"improvement of trial {pick.trial.number} over the baseline ({shown}; mean {base.mean:.4g} +- "
+            f"{base.std:.3g}" + (f", test {base.test_mean:.4g} +- {base.test_std:.3g}" if base.test_values else "")
+            + f") on seeds {', '.join(map(str, same)) or '-'}: {'; '.join(parts)} (Welch 95%): {word}"]
+
+
+def _diff(d: Difference | None) -> str:
+    return "n/a (fewer than 2 runs)" if d is None else d.text()
