@@ -67,6 +67,7 @@ from hpo.study._command import (
 )
 from hpo.study._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, seed_overrides
 from hpo.study._errors import DriverError, TrialFailed, TrialInterrupted, TrialLost
+from hpo.study._population import is_segment_attrs, segment_overrides
 from hpo.study._progress import Progress
 from hpo.study._recovery import queue_retry
 from hpo.study._retrying import STORAGE_ERRORS
@@ -124,6 +125,7 @@ class _Plan:
     overrides: list[str]
     argv: list[str]
     total: int | None  # trainer.total_training_steps, when known
+    resume_from: Path | None = None  # pbt, verl backend: the segment's start checkpoint (resume_path)
 
 
 class TrialRunner:
@@ -208,12 +210,16 @@ class TrialRunner:
             trial.set_user_attr("confirm_seed", confirm_seed)
         overrides = trainer_overrides(self.space, values, trial_dir, None if confirm_seed is None else
                                       seed_overrides(self.space, int(confirm_seed)))
+        resume_from = None
+        if is_segment_attrs(system):  # pbt: its step range and start checkpoint (hpo.study._population)
+            extra, resume_from = segment_overrides(self.space, system, trial)
+            overrides += extra
         argv = [*trial_command(self.space), "--config", self.space.config, "--metrics-file", str(metrics), *overrides]
         trial.set_user_attr("trial_dir", str(trial_dir))
         if retry_of is not None:
             trial.set_user_attr("retry_of", retry_of)
         return _Plan(values, retry_of, trial_dir, history, metrics, confirm_seed, overrides, argv,
-                     total_steps(self.space, overrides))
+                     total_steps(self.space, overrides), resume_from)
 
     def _launch(self, trial: Trial, plan: _Plan, devices: list[str],
                 lost: threading.Event) -> tuple[RunResult, TrialProcess, Watch]:
@@ -226,7 +232,7 @@ class TrialRunner:
             point = resume_point(self.trials_dir, plan.history)
             argv = verl_argv(spec.python or default_python(self.cwd), self.space.config, plan.overrides,
                              self.study.study_name, trial.number, plan.trial_dir, len(devices),
-                             None if point is None else point.checkpoint)
+                             plan.resume_from if point is None else point.checkpoint)
             env = verl_env(env, plan.trial_dir, attempt)
         write_trial_files(self.space, self.cwd, plan.trial_dir, argv, env, plan.overrides, plan.values)
         mem = [0.0]
@@ -280,6 +286,8 @@ class TrialRunner:
     def _clean_checkpoints(self, trial: Trial, state: TrialState, values: list[float] | None) -> None:
         """A finished trial can no longer be resumed: its checkpoints (and its retry chain's) go, unless it is among
         the ``trial.keep_checkpoints`` best (:mod:`hpo.study._checkpoints`). Recorded before the trial is told."""
+        if self.space.study.strategy == "pbt":  # reachable checkpoints are kept: hpo.study._population
+            return
         keep = self.space.trial.keep_checkpoints
         value = values[0] if state == TrialState.COMPLETE and values and not is_confirm(
             frozen_trial(self.study, trial.number)) else None
