@@ -9,8 +9,10 @@ members may be at different steps):
 * **rollback**: the segment was stopped by a collapse (``stop_reason=collapsed:<label>``, :mod:`hpo.analysis`):
   restart from the checkpoint it started from (the member's last healthy one) with the label's rule applied
   (:func:`rollback_rules`: lower learning rate, higher KL / entropy weight), at most ``max_rollbacks`` times in a
-  row; past that, or for another failure without a checkpoint (crash, timeout, pruned, early-stopped), the member
-  exploits a healthy top member, else restarts from its own start checkpoint (``retry``) while rollbacks are left.
+  row. A member with no healthy checkpoint of its own (its first segment collapsed) exploits a healthy member
+  instead, or rolls back to a fresh start when there is none yet. Past ``max_rollbacks``, or after another failure
+  without a checkpoint (crash, timeout, pruned, early-stopped), the member exploits a healthy top member, else
+  restarts from its own start checkpoint (``retry``) while rollbacks are left.
 * **exploit**: the member is in the bottom ``quantile`` of the members ranked by their latest finished segment's
   value (after ``burn_in_steps``): it continues a top-``quantile`` member's newest checkpoint (the donor's step
   count included) with the donor's parameters perturbed by :func:`explore`.
@@ -208,7 +210,7 @@ def decide(seg: Segment, segments: Sequence[Segment], params: Sequence[Param], s
         return Decision("continue", seg.end, min(seg.end + interval, total), dict(seg.params), source=seg.number)
     # no checkpoint at the segment's end: a collapse rolls back, anything else exploits or retries
     healthy = [s for s in ranked(segments, maximize) if s.member != seg.member]
-    if seg.collapse is not None and seg.rollbacks < spec.max_rollbacks:
+    if seg.collapse is not None and seg.rollbacks < spec.max_rollbacks and (seg.checkpoint is not None or not healthy):
         rule = rollback_rules(params, spec).get(seg.collapse, [])
         new = apply_rule(seg.params, rule, params)
         moved = {n: new[n] for n in new if new[n] != seg.params.get(n)}

@@ -148,9 +148,7 @@ class Population:
         segs = segments_of(trials, self.space.study.max_retry)
         if not segs:
             rng = random.Random(f"pbt-init:{self.spec.seed}")
-            for m in range(self.spec.population):
-                self._queue(m, 0, Decision("start", 0, min(self.spec.interval_steps, self.total),
-                                           sample(self.space.params, rng)), None)
+            self.queue_initial([sample(self.space.params, rng) for _ in range(self.spec.population)])
             return False
         done = True
         newest = latest(segs)
@@ -169,6 +167,11 @@ class Population:
             self._seen_finished = finished
             self.retain(trials)
         return done
+
+    def queue_initial(self, values: list[dict[str, Any]]) -> None:
+        """Queue the first segment of members 0..len(values)-1 with these parameters (by name)."""
+        for m, v in enumerate(values):
+            self._queue(m, 0, Decision("start", 0, min(self.spec.interval_steps, self.total), dict(v)), None)
 
     def _queue(self, member: int, seq: int, d: Decision, parent: Segment | None) -> bool:
         """Queue one segment (its start checkpoint copied first); False when the source checkpoint is gone (the
