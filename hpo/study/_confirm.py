@@ -180,7 +180,9 @@ def confirmed(study: optuna.Study) -> list[Confirmed]:
     crashes under another seed is not confirmed."""
     by_trial: dict[int, list[tuple[int, float]]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if is_confirm(t) and t.values is not None:  # a failed run completes with the worst value: it counts
+        if is_confirm(t) and t.values is not None and not (  # a failed run completes with the worst value: it counts
+                t.system_attrs.get("pbt:intermediate") and not t.user_attrs.get("stop_reason")
+                and "fail_reason" not in t.user_attrs):  # a pbt schedule's chain: its last segment's value
             by_trial.setdefault(int(t.system_attrs[ATTR_CONFIRM_OF]), []).append(
                 (int(t.system_attrs.get(ATTR_CONFIRM_SEED, -1)), float(t.values[0])))
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}

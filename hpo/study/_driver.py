@@ -30,7 +30,7 @@ from hpo.experiment._space import Space, SpaceError, TrialSpec
 from hpo.study._command import prepare
 from hpo.study._confirm import is_confirm
 from hpo.study._errors import TrialInterrupted, TrialLost
-from hpo.study._population import Population, pbt_total
+from hpo.study._population import Population, pbt_total, schedule_confirms
 from hpo.study._progress import Progress
 from hpo.study._recovery import Heartbeat, finish, record_result, recover_stale_trials
 from hpo.study._retrying import StorageUnavailable
@@ -140,10 +140,14 @@ class Driver:
                 with self._ask_lock:  # this driver's jobs ask one at a time: none asks for a slot another just took
                     trials = self.study.get_trials(deepcopy=False)
                     if self.confirming:
+                        if self.population is not None and schedule_confirms(self.study, self.space, self.study_dir,
+                                                                             trials):
+                            trials = self.study.get_trials(deepcopy=False)  # a schedule's next step range
                         if not any(is_confirm(t) and t.state == TrialState.WAITING for t in trials):
                             return
                         slots = None
                     elif self.population is not None:  # pbt: done when the population is; asks only its queue
+                        schedule_confirms(self.study, self.space, self.study_dir, trials)
                         if self.population.schedule(trials):
                             return
                         slots = None

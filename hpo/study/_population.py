@@ -57,6 +57,7 @@ A_MEMBER, A_SEQ, A_GEN = "pbt:member", "pbt:seq", "pbt:generation"
 A_START, A_END, A_ACTION = "pbt:start", "pbt:end", "pbt:action"
 A_PARENT, A_DONOR, A_SOURCE, A_CHECKPOINT = "pbt:parent_trial", "pbt:donor", "pbt:source", "pbt:checkpoint"
 A_ROLLBACKS, A_WHY = "pbt:rollbacks", "pbt:why"
+A_SCHEDULE, A_INDEX, A_INTERMEDIATE = "pbt:schedule", "pbt:schedule_index", "pbt:intermediate"  # confirm chains
 COPIES = "pbt"  # <study dir>/pbt: the start checkpoints of queued segments
 ORPHAN_AGE_S = 600.0  # a copy no trial references yet may be a decision being queued: kept this long
 
@@ -66,8 +67,13 @@ def is_segment(t: FrozenTrial) -> bool:
 
 
 def is_segment_attrs(system: dict[str, Any]) -> bool:
-    """A trial's system attrs are those of a pbt segment."""
+    """A trial's system attrs are those of a pbt segment (of the population)."""
     return A_MEMBER in system
+
+
+def runs_steps(system: dict[str, Any]) -> bool:
+    """A segment of the population or of a schedule's confirmation chain: it runs a step range."""
+    return A_START in system
 
 
 def link_tree(src: Path, dst: Path) -> None:
@@ -259,6 +265,99 @@ def segment_overrides(space: Space, system: dict[str, Any], trial: Trial) -> tup
     out += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}"] if ckpt else \
         ["trainer.resume_mode=disable"]
     return out, None if not ckpt else Path(ckpt)
+
+
+# ----------------------------------------------------------------------------- confirming a schedule
+def queue_schedule_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: int
+                                 ) -> list[tuple[int, int]]:
+    """``verl-hpo confirm`` of a pbt study: re-run the ``top_k`` best final segments' schedules from scratch with
+    fresh seeds, each as a chain of segments (one per step range of the schedule, each continuing the previous
+    one's checkpoint with the range's values). Every segment is a confirmation trial (``hpo:confirm_of`` = the
+    final segment, ``hpo:confirm_seed``); intermediate ones carry ``pbt:intermediate`` and only count in the
+    confirmed mean when they stopped early (a schedule that collapses under another seed is not confirmed).
+    Returns the (trial, seed) chains queued."""
+    from hpo.study._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, confirm_seeds
+
+    trials = study.get_trials(deepcopy=False)
+    seeds = confirm_seeds(space, n_seeds)
+    present = {(t.system_attrs[ATTR_CONFIRM_OF], t.system_attrs.get(ATTR_CONFIRM_SEED)) for t in trials
+               if is_confirm(t) and t.system_attrs.get(A_INDEX) == 0 and t.state != TrialState.FAIL}
+    sign = -1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else 1.0
+    total = pbt_total(space)
+    finals = [s for s in segments_of(trials) if s.finished and s.reached_end and s.end >= total
+              and s.value is not None]
+    finals.sort(key=lambda s: (sign * float(s.value), s.number))  # type: ignore[arg-type]
+    queued: list[tuple[int, int]] = []
+    seen: list[list[dict[str, Any]]] = []
+    for final in finals:
+        sched = schedule(lineage(segments_of(trials), final.number))
+        if sched in seen:
+            continue
+        seen.append(sched)
+        for seed in seeds:
+            if (final.number, seed) not in present:
+                _queue_chain(study, space, {ATTR_CONFIRM_OF: final.number, ATTR_CONFIRM_SEED: seed}, sched, 0, None)
+                queued.append((final.number, seed))
+        if len(seen) == top_k:
+            break
+    return queued
+
+
+def _queue_chain(study: optuna.Study, space: Space, tag: dict[str, Any], sched: list[dict[str, Any]], index: int,
+                 checkpoint: str | None) -> None:
+    step = sched[index]
+    system = {**tag, A_SCHEDULE: sched, A_INDEX: index, A_START: step["start"], A_END: step["end"],
+              A_CHECKPOINT: checkpoint, A_INTERMEDIATE: index < len(sched) - 1}
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.WAITING, params=step["params"],
+        distributions={p.name: p.distribution() for p in space.params}, system_attrs=system))
+
+
+def schedule_confirms(study: optuna.Study, space: Space, study_dir: Path, trials: list[FrozenTrial]) -> int:
+    """Queue the next segment of every confirmation chain whose newest segment ran to its end (its checkpoint
+    hard-linked into ``<study>/pbt`` first, then deleted from the finished segment, as are the copies finished
+    segments started from: a confirmation run keeps no checkpoint). Returns how many were queued."""
+    from hpo.study._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED
+
+    chains: dict[tuple[Any, Any], FrozenTrial] = {}
+    for t in trials:
+        if not is_confirm(t) or A_INDEX not in t.system_attrs or t.user_attrs.get("stop_reason") == "surplus":
+            continue
+        key = (t.system_attrs[ATTR_CONFIRM_OF], t.system_attrs.get(ATTR_CONFIRM_SEED))
+        cur = chains.get(key)
+        if cur is None or (t.system_attrs[A_INDEX], t.number) > (cur.system_attrs[A_INDEX], cur.number):
+            chains[key] = t
+    queued = 0
+    for t in chains.values():
+        s, sched = t.system_attrs, t.system_attrs[A_SCHEDULE]
+        if t.state != TrialState.COMPLETE:
+            continue
+        own = Path(str(t.user_attrs.get("trial_dir", ""))) / CHECKPOINTS
+        seg = to_segment_like(t)
+        if seg and s[A_INDEX] < len(sched) - 1:
+            src = own / f"global_step_{s[A_END]}"
+            dst = study_dir / COPIES / f"c{t.number}-{uuid.uuid4().hex[:8]}" / f"global_step_{s[A_END]}"
+            try:
+                link_tree(src, dst)
+            except FileNotFoundError:
+                continue
+            (dst.parent / TRIAL_MARKER).write_text(json.dumps({"pbt_copy_of": str(src)}) + "\n")
+            _queue_chain(study, space, {ATTR_CONFIRM_OF: s[ATTR_CONFIRM_OF], ATTR_CONFIRM_SEED: s[ATTR_CONFIRM_SEED]},
+                         sched, s[A_INDEX] + 1, str(dst))
+            queued += 1
+        if own.is_dir() and (own.parent / TRIAL_MARKER).is_file() and not own.is_symlink():
+            shutil.rmtree(own, ignore_errors=True)
+        ck = s.get(A_CHECKPOINT)
+        if ck and Path(ck).parent.parent == study_dir / COPIES and (Path(ck).parent / TRIAL_MARKER).is_file():
+            shutil.rmtree(Path(ck).parent, ignore_errors=True)
+    return queued
+
+
+def to_segment_like(t: FrozenTrial) -> bool:
+    """A finished chain segment that ran to its end (no stop, no failure, its last step reached)."""
+    u = t.user_attrs
+    return (t.state == TrialState.COMPLETE and not u.get("stop_reason") and "fail_reason" not in u
+            and u.get("last_step") == t.system_attrs.get(A_END))
 
 
 # ----------------------------------------------------------------------------- reporting

@@ -67,7 +67,7 @@ from hpo.study._command import (
 )
 from hpo.study._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, seed_overrides
 from hpo.study._errors import DriverError, TrialFailed, TrialInterrupted, TrialLost
-from hpo.study._population import is_segment_attrs, segment_overrides
+from hpo.study._population import runs_steps, segment_overrides
 from hpo.study._progress import Progress
 from hpo.study._recovery import queue_retry
 from hpo.study._retrying import STORAGE_ERRORS
@@ -211,7 +211,7 @@ class TrialRunner:
         overrides = trainer_overrides(self.space, values, trial_dir, None if confirm_seed is None else
                                       seed_overrides(self.space, int(confirm_seed)))
         resume_from = None
-        if is_segment_attrs(system):  # pbt: its step range and start checkpoint (hpo.study._population)
+        if runs_steps(system):  # pbt: its step range and start checkpoint (hpo.study._population)
             extra, resume_from = segment_overrides(self.space, system, trial)
             overrides += extra
         argv = [*trial_command(self.space), "--config", self.space.config, "--metrics-file", str(metrics), *overrides]

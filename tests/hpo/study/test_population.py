@@ -165,3 +165,48 @@ def test_link_tree_copies_when_links_fail(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         link_tree(tmp_path / "missing", tmp_path / "c")
     assert not list((tmp_path / "b").glob(".*tmp*"))
+
+
+def test_confirming_a_schedule_reruns_it_from_scratch_with_fresh_seeds(
+        setup: tuple[Space, optuna.Study, Population]) -> None:
+    from hpo.study._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, confirmed
+    from hpo.study._population import A_INDEX, queue_schedule_confirmations, schedule_confirms
+
+    space, study, pop = setup
+    pop.schedule(study.get_trials())
+    for values in ({0: 0.1, 1: 0.5, 2: 0.6, 3: 0.9}, {0: 0.95, 1: 0.4, 2: 0.7, 3: 0.8},
+                   {0: 0.97, 1: 0.5, 2: 0.72, 3: 0.81}):
+        run_waiting(study, pop, values)
+        pop.schedule(study.get_trials())
+    best = best_final(study)
+    assert best is not None
+    sched = schedule_of(study.get_trials(), best.number)
+    queued = queue_schedule_confirmations(study, space, top_k=1, n_seeds=2)
+    assert [n for n, _ in queued] == [best.number, best.number] and queued[0][1] != queued[1][1]
+    assert queue_schedule_confirmations(study, space, top_k=1, n_seeds=2) == []  # already queued: nothing more
+    chain0 = [t for t in study.get_trials() if t.system_attrs.get(A_INDEX) == 0]
+    assert all(t.params == sched[0]["params"] and t.system_attrs["pbt:checkpoint"] is None for t in chain0)
+
+    def run_confirms(value: float) -> None:
+        while study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            trial = study.ask()
+            s = study._storage.get_trial(trial._trial_id).system_attrs
+            d = pop.trials_dir / str(trial.number)
+            ck = d / "checkpoints" / f"global_step_{s['pbt:end']}"
+            ck.mkdir(parents=True)
+            (d / TRIAL_MARKER).write_text("{}\n")
+            (ck / "state.pt").write_bytes(b"y")
+            trial.set_user_attr("trial_dir", str(d))
+            trial.set_user_attr("last_step", s["pbt:end"])
+            study.tell(trial, value + s[ATTR_CONFIRM_SEED] / 10_000)
+            schedule_confirms(study, space, pop.study_dir, study.get_trials())
+
+    run_confirms(0.9)
+    runs = [t for t in study.get_trials() if t.system_attrs.get(ATTR_CONFIRM_OF) == best.number]
+    assert len(runs) == 2 * len(sched)
+    nexts = [t for t in runs if t.system_attrs[A_INDEX] == 1]
+    assert all(t.system_attrs["pbt:start"] == sched[1]["start"] and t.params == sched[1]["params"] for t in nexts)
+    assert all(Path(t.system_attrs["pbt:checkpoint"]).name == f"global_step_{sched[0]['end']}" for t in nexts)
+    top = confirmed(study)[0]
+    assert top.trial.number == best.number and top.n == 2  # the chains' last segments only
+    assert not [p for p in pop.trials_dir.glob("*/checkpoints") if int(p.parent.name) in {t.number for t in runs}]
