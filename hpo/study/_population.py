@@ -260,8 +260,12 @@ def segment_overrides(space: Space, system: dict[str, Any], trial: Trial) -> tup
         trial.set_user_attr("pbt_" + k[len(P):], system.get(k))
     trial.set_user_attr("pbt_step_range", [start, end])
     out = [f"trainer.total_training_steps={end}", f"trainer.save_freq={end}"]
-    if space.trial.is_verl:  # verl_argv adds resume_mode=resume_path and resume_from_path
-        return out, None if not ckpt else Path(ckpt)
+    if space.trial.is_verl:  # verl_argv adds resume_mode=resume_path and resume_from_path; the weights only, so
+        if not ckpt:         # that the config's learning rate wins over the restored optimizer's (_launch)
+            return out, None
+        from hpo.backends.verl._launch import weights_only_overrides
+
+        return out + weights_only_overrides(), Path(ckpt)
     out += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}"] if ckpt else \
         ["trainer.resume_mode=disable"]
     return out, None if not ckpt else Path(ckpt)
