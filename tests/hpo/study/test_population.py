@@ -73,6 +73,8 @@ def run_waiting(study: optuna.Study, pop: Population, values: dict[int, float | 
             trial.set_user_attr("stop_reason", why)
             trial.set_user_attr("last_step", sys_["pbt:start"] + 1)
         v = values.get(member)
+        if v is not None:
+            trial.report(v, end if why is None else sys_["pbt:start"] + 1)
         study.tell(trial, v if v is not None else float("-inf"))
         ran.append(trial.number)
     return ran
