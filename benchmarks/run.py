@@ -5,7 +5,8 @@ Parts (``--only``): ``trainer`` (ours vs TRL), ``overhead``, ``pruning``, ``sear
 ``rollout`` (HF vs vLLM), ``memory`` (memory estimate vs measured peak; ``benchmarks/memory_estimate.py``, also
 runnable alone), ``workers`` (3 vs 1 ``verl-hpo worker`` on one PostgreSQL study; ``benchmarks/workers.py``),
 ``footprint`` (the driver's peak RSS in a ``kl_lr`` search and a worker's start-up to its first trial;
-``--before DIR`` compares with another checkout; ``benchmarks/footprint.py``).
+``--before DIR`` compares with another checkout; ``benchmarks/footprint.py``), ``pbt`` (population-based training vs
+TPE and random at equal trainer steps; ``benchmarks/pbt.py``).
 ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/`` (or ``--out``), never over the real
 results.
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 from benchmarks._common import REPO, Row, all_versions, load_average, log, machine
 
-PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint")
+PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint", "pbt")
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
@@ -179,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import footprint
 
         attempt("footprint", lambda: footprint.bench(args.before, 1 if args.smoke else 3, args.smoke))
+    if "pbt" in parts:
+        from benchmarks import pbt
+
+        attempt("pbt", lambda: pbt.bench(args.smoke))
     if "memory" in parts:
         from benchmarks import memory_estimate
 
