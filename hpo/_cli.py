@@ -193,6 +193,11 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             check_space_fits(space, devices)
             study = open_study(space, study_name, storage_url)
         target = space.study.n_trials
+        if space.study.strategy == "pbt":  # shown as the segments of the plan (rollbacks add some)
+            from hpo.study._population import pbt_total
+
+            pbt = space.study.pbt
+            target = pbt.population * -(-pbt_total(space) // pbt.interval_steps)
         reporter = Reporter(sys.stdout, target, space.objective.direction_literal)
         driver = Driver(space, study, studies_dir, reporter, stop, devices=devices)
         confirming = args.cmd == "confirm"
@@ -247,7 +252,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
                 return EXIT_SIGNAL.get(signum, 130)
             print(confirmed_table(study))
             return 0
-        if (got or ran < 0) and done < target:
+        if (got or ran < 0) and (done < target or space.study.strategy == "pbt"):
             signum = got[0] if got else signal.SIGINT
             print(f"stopped by {signal.Signals(signum).name}: {done}/{target} trials finished; "
                   f"interrupted trials are queued: verl-hpo resume --study {study_name}"

@@ -46,7 +46,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from hpo.experiment._space import ROLLBACK_LABELS, Space
+from hpo.experiment._space import ROLLBACK_LABELS, Space, SpaceError
 from hpo.study._checkpoints import CHECKPOINTS, TRIAL_MARKER, checkpoint_dirs, dir_bytes
 from hpo.study._confirm import is_confirm
 from hpo.study._pbt import Decision, Segment, decide, latest, lineage, sample, schedule
@@ -395,5 +395,6 @@ def pbt_total(space: Space) -> int:
 
     n = total_steps(space, space.trainer_overrides({}))
     if n is None:
-        raise ValueError("study.pbt.total_steps is needed: the trainer's total_training_steps is not known here")
+        raise SpaceError(f"{space.source}: study.pbt.total_steps: needed (null), since the trainer's "
+                         "trainer.total_training_steps is not among the overrides")
     return int(n)
