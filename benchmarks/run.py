@@ -6,7 +6,8 @@ Parts (``--only``): ``trainer`` (ours vs TRL), ``overhead``, ``pruning``, ``sear
 runnable alone), ``workers`` (3 vs 1 ``verl-hpo worker`` on one PostgreSQL study; ``benchmarks/workers.py``),
 ``footprint`` (the driver's peak RSS in a ``kl_lr`` search and a worker's start-up to its first trial;
 ``--before DIR`` compares with another checkout; ``benchmarks/footprint.py``), ``pays`` (the kl_lr study's confirmed
-pick against its baseline on the held-out test split, over 3 study seeds; ``benchmarks/pays.py``).
+pick against its baseline on the held-out test split, over 3 study seeds; ``benchmarks/pays.py``), ``pbt``
+(population-based training vs TPE and random at equal trainer steps; ``benchmarks/pbt.py``).
 ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/`` (or ``--out``), never over the real
 results.
 """
@@ -24,7 +25,8 @@ from typing import Any
 
 from benchmarks._common import REPO, Row, all_versions, load_average, log, machine
 
-PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint", "pays")
+PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint", "pays",
+         "pbt")
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
@@ -184,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import pays
 
         attempt("pays", lambda: pays.bench(args.smoke))
+    if "pbt" in parts:
+        from benchmarks import pbt
+
+        attempt("pbt", lambda: pbt.bench(args.smoke))
     if "memory" in parts:
         from benchmarks import memory_estimate
 

@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("best", help="print the best trial as trainer overrides (pareto studies: the front); after "
                                     "confirm, the best confirmed mean")
     b.add_argument("--study", required=True)
-    b.add_argument("--format", choices=("overrides", "yaml", "command"), default="overrides")
+    b.add_argument("--format", choices=("overrides", "yaml", "command", "schedule"), default="overrides",
+                   help="schedule: a pbt study's winning lineage and hyperparameter schedule as JSON")
     b.add_argument("--trial", type=int, default=None, help="print this trial's overrides instead of the best")
     common(b)
     return p
@@ -227,6 +228,11 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             tracking = _tracking_spec(space, args)
             study = open_study(space, study_name, storage_url)
         target = space.study.n_trials
+        if space.study.strategy == "pbt":  # shown as the segments of the plan (rollbacks add some)
+            from hpo.study._population import pbt_total
+
+            pbt = space.study.pbt
+            target = pbt.population * -(-pbt_total(space) // pbt.interval_steps)
         reporter = Reporter(sys.stdout, target, space.objective.direction_literal)
         progress = _start_tracking(tracking, study_name, storage_url, studies_dir, reporter, closing)
         driver = Driver(space, study, studies_dir, progress, stop, devices=devices)
@@ -239,7 +245,12 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             top_k = args.top or space.study.confirm.top_k
             n_seeds = args.seeds or space.study.confirm.seeds
             try:
-                queued = queue_confirmations(study, space, top_k, n_seeds)
+                if space.study.strategy == "pbt":  # the winning schedules, re-run from scratch
+                    from hpo.study._population import queue_schedule_confirmations
+
+                    queued = queue_schedule_confirmations(study, space, top_k, n_seeds)
+                else:
+                    queued = queue_confirmations(study, space, top_k, n_seeds)
             except ValueError as err:
                 raise SpaceError(str(err)) from None
             reporter.note(f"study {study_name}: confirming the top {top_k} configuration(s) with {n_seeds} fresh "
@@ -281,7 +292,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             for line in verdict_lines(study, space):
                 print(line)
             return 0
-        if (got or ran < 0) and done < target:
+        if (got or ran < 0) and (done < target or space.study.strategy == "pbt"):
             signum = got[0] if got else signal.SIGINT
             print(f"stopped by {signal.Signals(signum).name}: {done}/{target} trials finished; "
                   f"interrupted trials are queued: verl-hpo resume --study {study_name}"
@@ -457,6 +468,18 @@ def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None 
 
     quiet_optuna()
     space, study = load_stored(study_name, storage_url, None)
+    if space.study.strategy == "pbt":  # the winning lineage and its schedule
+        from hpo.reporting._pbt import best_lineage, render_pbt_best
+
+        found = best_lineage(space, study, trial_number)
+        if found is None:
+            return _fail(f"study {study_name!r} has no segment with a value yet", 1)
+        header, out = render_pbt_best(space, found, fmt)
+        print(header, file=sys.stderr)
+        print(out)
+        return 0
+    if fmt == "schedule":
+        return _fail(f"--format schedule: study {study_name!r} is not a pbt study (study.strategy: pbt)")
     if space.objective.multi and trial_number is None:
         front = pareto_front(study)
         if not front:

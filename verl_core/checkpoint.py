@@ -6,6 +6,17 @@ directory continues exactly where it stopped. The actor is also saved as a Huggi
 Face model (``actor/huggingface``) that ``actor_rollout_ref.model.path`` can load.
 Writes go to a temporary directory renamed into place: a crash never leaves a
 half-written checkpoint that resume would pick up.
+
+Two ways to resume (``trainer.resume_mode``):
+
+* ``auto``: the run's own newest checkpoint in ``default_local_dir``, restored exactly (the same run, continued).
+* ``resume_path``: the checkpoint ``trainer.resume_from_path`` (any run's, e.g. another population member's in
+  population-based training), with **this run's config winning** over what the checkpoint restores
+  (:func:`apply_config_hyperparameters`): the optimizers' learning rates (the LR schedule's base rate; its
+  position, the warm-up step, stays the checkpoint's), weight decay and betas, and the KL controller's current
+  coefficient. Everything else read from the config at each step (entropy coefficient, clip ratios, KL loss
+  coefficient, ...) is not in a checkpoint and wins anyway. The weights, Adam moments, data position, RNG states
+  and step number are the checkpoint's: the run continues at step N + 1 and logs into its own metrics file.
 """
 
 from __future__ import annotations
@@ -56,6 +67,26 @@ def load_checkpoint(trainer: Any, path: Path) -> int:
     """
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     return int(trainer.load_state_dict(state))
+
+
+def apply_config_hyperparameters(trainer: Any) -> None:
+    """After a ``resume_path`` restore: the config's optimizer hyperparameters and KL coefficient replace the
+    restored ones (see the module docstring). ``actor/lr`` logged at the next step is the new rate."""
+    cfg = trainer.cfg
+    workers = [(trainer.actor, cfg.actor_rollout_ref.actor.optim)]
+    if trainer.critic is not None:
+        workers.append((trainer.critic, cfg.critic.optim))
+    for worker, optim in workers:
+        sched = worker.scheduler
+        sched.base_lrs = [float(optim.lr) for _ in sched.base_lrs]
+        factors = [fn(sched.last_epoch) for fn in sched.lr_lambdas]  # the schedule's position: the checkpoint's
+        for group, factor in zip(worker.optimizer.param_groups, factors, strict=True):
+            group["initial_lr"] = float(optim.lr)
+            group["lr"] = float(optim.lr) * factor
+            group["weight_decay"] = float(optim.weight_decay)
+            group["betas"] = tuple(float(b) for b in optim.betas)
+        sched._last_lr = [g["lr"] for g in worker.optimizer.param_groups]
+    trainer.kl_ctrl.value = float(cfg.algorithm.kl_ctrl.kl_coef)
 
 
 def truncate_metrics(path: Path, step: int) -> None:

@@ -295,8 +295,11 @@ class TrainerConfig:
     val_before_train: bool = _f(True, "Validate at step 0 before training.")
     save_freq: int = _f(-1, "Checkpoint every N steps (and at the last step); <= 0 disables.")
     default_local_dir: str = _f("checkpoints/verl_hpo/run", "Checkpoint directory.")
-    resume_mode: str = _f("auto", "auto: continue from the newest checkpoint in default_local_dir; disable.",
-                          ("auto", "disable"))
+    resume_mode: str = _f("auto", "auto: continue from the newest checkpoint in default_local_dir; disable; "
+                          "resume_path: start from the checkpoint resume_from_path (another run's, as verl) with this "
+                          "config's hyperparameters winning over the restored ones (learning rates, KL and entropy "
+                          "coefficients; see verl_core/checkpoint.py).", ("auto", "disable", "resume_path"))
+    resume_from_path: str | None = _f(None, "resume_mode=resume_path: a global_step_<N> checkpoint directory.")
     device: str = _f("auto", "auto (cuda if available), cpu or cuda.", ("auto", "cpu", "cuda"))
     seed: int = _f(1, "Seed of data order, sampling and initialisation.")
     cpu_threads: int = _f(0, "torch intra-op threads on CPU (0 = torch's default).")
@@ -602,6 +605,9 @@ def validate(cfg: Config) -> DerivedSizes:
            f"actor_rollout_ref.rollout.val_kwargs.temperature={vk.temperature} must be > 0 with "
            f"val_kwargs.do_sample=true (greedy validation: do_sample=false)")
     _check(vk.n > 0, f"actor_rollout_ref.rollout.val_kwargs.n={vk.n} must be positive")
+    t = cfg.trainer
+    _check(t.resume_mode != "resume_path" or bool(t.resume_from_path),
+           "trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_<N> directory)")
     _check(0 < r.top_p <= 1, f"actor_rollout_ref.rollout.top_p={r.top_p} must be in (0, 1]")
     _check(a.clip_ratio_c > 1, f"actor_rollout_ref.actor.clip_ratio_c={a.clip_ratio_c} must be > 1")
     _check(cfg.reward_model.temperature > 0,

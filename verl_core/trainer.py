@@ -26,7 +26,13 @@ import torch
 
 from verl_core import algos
 from verl_core.batches import Sequences, compute_advantages, data_metrics
-from verl_core.checkpoint import find_latest, load_checkpoint, save_checkpoint, truncate_metrics
+from verl_core.checkpoint import (
+    apply_config_hyperparameters,
+    find_latest,
+    load_checkpoint,
+    save_checkpoint,
+    truncate_metrics,
+)
 from verl_core.config import Config, ConfigError, derive_sizes
 from verl_core.data import PromptSampler, load_examples
 from verl_core.evaluators import build_text_evaluators
@@ -269,6 +275,13 @@ class PPOTrainer:
                 truncate_metrics(self.metrics_file, self.global_step)
                 resumed = True
                 print(f"resumed from {latest} at step {self.global_step}", flush=True)
+        elif t.resume_mode == "resume_path":  # another run's checkpoint, this config's hyperparameters
+            path = Path(str(t.resume_from_path))
+            if not (path / "state.pt").is_file():
+                raise FileNotFoundError(f"trainer.resume_from_path={path}: no checkpoint there (state.pt)")
+            self.global_step = load_checkpoint(self, path)
+            apply_config_hyperparameters(self)
+            print(f"resumed from {path} at step {self.global_step} with this config's hyperparameters", flush=True)
         tracking = Tracking(t.logger, self.metrics_file, append=resumed)
         last: dict[str, Any] = {}
         try:

@@ -137,6 +137,41 @@ class ConfirmSpec:
 
 
 @dataclass(frozen=True)
+class PbtSpec:
+    """``study.strategy: pbt``: population-based training (Jaderberg et al. 2017) over the study's trials
+    (:mod:`hpo.study._pbt`). Each interval of ``interval_steps`` trainer steps of a member is one trial; when it
+    ends, a member in the bottom ``quantile`` of the population's latest results takes a top member's checkpoint
+    and perturbed hyperparameters (exploit + explore), otherwise it continues its own. A segment stopped by a
+    collapse (``collapsed:nan|kl_blowup|entropy_collapse``) restarts from the checkpoint it started from with
+    the ``rollback`` rules applied."""
+
+    population: int = field(default=4, metadata=_meta("Members trained side by side."))
+    interval_steps: int = field(default=10, metadata=_meta(
+        "Trainer steps per segment (one trial); a multiple of trainer.test_freq, so each segment ends with an "
+        "evaluation."))
+    total_steps: int | None = field(default=None, metadata=_meta(
+        "Trainer steps of each member; null = the config's trainer.total_training_steps."))
+    burn_in_steps: int = field(default=0, metadata=_meta("No exploit before a member has trained this many steps."))
+    quantile: float = field(default=0.25, metadata=_meta(
+        "Bottom fraction that exploits, top fraction it copies from (0 < quantile <= 0.5)."))
+    resample_probability: float = field(default=0.25, metadata=_meta(
+        "Explore: each explored parameter is drawn afresh from its distribution with this probability, else "
+        "perturbed (floats: times perturb_down or perturb_up, in log space for log parameters; ints and "
+        "categoricals: a neighbouring value)."))
+    perturb_down: float = field(default=0.8, metadata=_meta("Explore: the factor below 1."))
+    perturb_up: float = field(default=1.25, metadata=_meta("Explore: the factor above 1."))
+    explore: tuple[str, ...] | None = field(default=None, metadata=_meta(
+        "Parameter names perturbed by explore; null = all (the others are inherited from the donor)."))
+    max_rollbacks: int = field(default=2, metadata=_meta(
+        "Rollbacks of one member in a row; past it the member exploits a healthy one."))
+    rollback: dict[str, str] | None = field(default=None, metadata=_meta(
+        "Per collapse label (nan, kl_blowup, entropy_collapse), the parameters to move: 'lr*0.5 kl*2' (parameter "
+        "name * factor, clipped to its range); null = lower every learning-rate parameter (optim.lr keys) x0.5, and "
+        "raise KL coefficients (kl_coef, kl_loss_coef) x2 on kl_blowup and entropy_coeff x2 on entropy_collapse."))
+    seed: int = field(default=0, metadata=_meta("Seed of the initial population and of explore."))
+
+
+@dataclass(frozen=True)
 class StudySpec:
     n_trials: int = field(default=10, metadata=_meta("Finished trials the study runs to."))
     sampler: SamplerSpec = field(default_factory=SamplerSpec, metadata=_meta("Sampler."))
@@ -151,6 +186,10 @@ class StudySpec:
         "The setting a user would run without a search, as trainer overrides on top of the fixed ones (e.g. the "
         "framework's defaults of the tuned keys); verl-hpo confirm runs it on the same fresh seeds and best "
         "reports the improvement over it; empty = none."))
+    strategy: str = field(default="optuna", metadata=_meta(
+        "optuna: the sampler suggests each trial's parameters; pbt: population-based training (study.pbt).",
+        ("optuna", "pbt")))
+    pbt: PbtSpec = field(default_factory=PbtSpec, metadata=_meta("strategy pbt: the population and its rules."))
     storage_retry_s: float = field(default=300.0, metadata=_meta(
         "Ride out an unreachable storage (a database restart, a full disk) this long (s): storage calls are "
         "retried with backoff and running trials go on; past it the driver exits with one line."))
@@ -450,7 +489,7 @@ def _build(cls: type, raw: Any, where: str, ctx: _Ctx) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and f.name not in (
             "seed", "n_warmup_steps", "n_startup_trials", "max_retry", "gpus_per_trial", "threshold", "min_value",
             "preflight_margin", "n_warmup_evals", "min_delta", "seed_base", "hacking_min_drop", "plateau_min_delta",
-            "keep_checkpoints",
+            "keep_checkpoints", "burn_in_steps", "resample_probability", "max_rollbacks",
         ):
             raise ctx.error(sub, f"must be positive, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 and f.name != "min_value":
@@ -632,9 +671,57 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
         raise ctx.error(f"diagnosis.{where}", msg)
     _check_argv_sizes(fixed, params, trial, ctx)
     tracking = parse_tracking(raw.get("tracking"), ctx.error)  # MLflow / W&B (hpo.experiment._tracking)
+    if study.strategy == "pbt":
+        _check_pbt(study.pbt, params, objective.multi, trial, ctx)
     return Space(name=name, source=source, config=config, overrides=dict(fixed), params=params,
                  objective=objective, early_stopping=early, diagnosis=sections["diagnosis"],
                  study=sections["study"], trial=trial, tracking=tracking, raw=raw)
+
+
+def _check_pbt(pbt: PbtSpec, params: tuple[Param, ...], multi: bool, trial: TrialSpec, ctx: _Ctx) -> None:
+    """study.strategy pbt: the knobs' ranges, explored and rollback parameters that exist (hpo.study._pbt)."""
+    names = {p.name for p in params}
+    if multi:
+        raise ctx.error("study.strategy", "pbt needs a single objective (it ranks members by one value)")
+    if not (trial.is_default_command or trial.is_verl):
+        raise ctx.error("study.strategy", "pbt needs the verl_core or verl trainer (it resumes their checkpoints)")
+    if pbt.population < 2:
+        raise ctx.error("study.pbt.population", f"at least 2 members, got {pbt.population}")
+    if not 0 < pbt.quantile <= 0.5:
+        raise ctx.error("study.pbt.quantile", f"must be in (0, 0.5], got {pbt.quantile}")
+    if pbt.resample_probability > 1:
+        raise ctx.error("study.pbt.resample_probability", f"must be in [0, 1], got {pbt.resample_probability}")
+    if not pbt.perturb_down < 1 < pbt.perturb_up:
+        raise ctx.error("study.pbt", f"perturb_down={pbt.perturb_down} must be < 1 < perturb_up={pbt.perturb_up}")
+    for n in pbt.explore or ():
+        if n not in names:
+            raise ctx.error("study.pbt.explore", f"{n!r} is not a parameter (known: {', '.join(sorted(names))})")
+    for label, rule in (pbt.rollback or {}).items():
+        where = f"study.pbt.rollback.{label}"
+        if label not in ROLLBACK_LABELS:
+            raise ctx.error(where, f"unknown collapse label (value {rule!r}); known: {', '.join(ROLLBACK_LABELS)}")
+        try:
+            terms = parse_rollback_rule(rule)
+        except ValueError:
+            raise ctx.error(where, f"expected 'name*factor ...' with positive factors, got {rule!r}") from None
+        for n, _ in terms:
+            if n not in names:
+                raise ctx.error(where, f"{n!r} is not a parameter (known: {', '.join(sorted(names))})")
+
+
+ROLLBACK_LABELS = ("nan", "kl_blowup", "entropy_collapse")
+
+
+def parse_rollback_rule(rule: str) -> list[tuple[str, float]]:
+    """``'lr*0.5 kl*2'`` -> [('lr', 0.5), ('kl', 2.0)]; ValueError when malformed or a factor is not > 0."""
+    out = []
+    for term in rule.replace(",", " ").split():
+        name, star, factor = term.partition("*")
+        value = float(factor) if star else math.nan
+        if not name or not math.isfinite(value) or value <= 0:
+            raise ValueError(term)
+        out.append((name, value))
+    return out
 
 
 def _check_argv_sizes(fixed: dict[str, Any], params: tuple[Param, ...], trial: TrialSpec, ctx: _Ctx) -> None:

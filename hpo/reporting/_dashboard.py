@@ -250,7 +250,9 @@ def _page(study: optuna.Study, storage_url: str, out_dir: Path, studies_dir: Pat
 
     names = objective_names(study)
     params = param_names(study, study.get_trials(deepcopy=False))
-    panels = build_panels(study)
+    from hpo.reporting._pbt import pbt_panels, pbt_table_html
+
+    panels = build_panels(study) + pbt_panels(study)  # pbt: the lineage tree, members' curves, the schedule
     plots = "\n".join(panel_html(p, i) for i, p in enumerate(panels))
     figures = {f"plot-{i}": p.figure for i, p in enumerate(panels) if p.figure is not None}
     db = mask_url(storage_url) if storage_url.startswith("sqlite:///") else "<storage URL>"
@@ -267,6 +269,7 @@ style-src 'unsafe-inline'; img-src data: blob:; font-src data:">
 {plots}
 </div>
 {confirmed_html(study)}
+{pbt_table_html(study)}
 {table_html(study, names, params, out_dir, studies_dir)}
 <footer>Written by <code>verl-hpo dashboard</code>; a snapshot: run it again (or let search/resume rewrite it)
 to refresh. Live alternative: <code>pip install optuna-dashboard; optuna-dashboard {_e(db)}</code>. On SQLite,

@@ -267,7 +267,9 @@ def _runs_by_trial(study: optuna.Study) -> dict[int, list[FrozenTrial]]:
     failed run completes with the worst value: it counts."""
     by_trial: dict[int, list[FrozenTrial]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if is_confirm(t) and t.values is not None:
+        if is_confirm(t) and t.values is not None and not (
+                t.system_attrs.get("pbt:intermediate") and not t.user_attrs.get("stop_reason")
+                and "fail_reason" not in t.user_attrs):  # a pbt schedule's chain: its last segment's value
             by_trial.setdefault(int(t.system_attrs[ATTR_CONFIRM_OF]), []).append(t)
     for runs in by_trial.values():
         runs.sort(key=lambda r: (int(r.system_attrs.get(ATTR_CONFIRM_SEED, -1)), r.number))

@@ -30,6 +30,7 @@ from hpo.experiment._space import Space, SpaceError, TrialSpec
 from hpo.study._command import prepare
 from hpo.study._confirm import is_confirm
 from hpo.study._errors import TrialInterrupted, TrialLost, TrialRetried
+from hpo.study._population import Population, pbt_total, schedule_confirms
 from hpo.study._progress import Progress
 from hpo.study._recovery import Heartbeat, finish, record_result, recover_stale_trials
 from hpo.study._retrying import StorageUnavailable
@@ -79,6 +80,9 @@ class Driver:
         self.heartbeat: Heartbeat | None = None
         self.ran = 0
         self.confirming = False  # run_confirm: only the queued confirmation trials
+        # study.strategy pbt: the population queues every trial itself (hpo.study._population)
+        self.population = Population(space, study, self.study_dir, pbt_total(space)) \
+            if space.study.strategy == "pbt" else None
         self._errors: list[BaseException] = []
         self._count_lock = threading.Lock()
         self._ask_lock = threading.Lock()
@@ -93,7 +97,7 @@ class Driver:
             self.reporter.note(f"killed {killed} leftover trial process(es) of a dead driver")
         self._sweep_jobs(final=False)
         self.recover()
-        if not self.confirming and n_finished(self.study) >= target:
+        if not self.confirming and self.population is None and n_finished(self.study) >= target:
             return 0
         prepare(self.space, self.study_dir, self.cwd, self.reporter, self.stop_event)
         n_jobs = self.space.trial.n_jobs
@@ -154,7 +158,15 @@ class Driver:
                 with self._ask_lock:  # this driver's jobs ask one at a time: none asks for a slot another just took
                     trials = self.study.get_trials(deepcopy=False)
                     if self.confirming:
+                        if self.population is not None and schedule_confirms(self.study, self.space, self.study_dir,
+                                                                             trials):
+                            trials = self.study.get_trials(deepcopy=False)  # a schedule's next step range
                         if not any(is_confirm(t) and t.state == TrialState.WAITING for t in trials):
+                            return
+                        slots = None
+                    elif self.population is not None:  # pbt: done when the population is; asks only its queue
+                        schedule_confirms(self.study, self.space, self.study_dir, trials)
+                        if self.population.schedule(trials):
                             return
                         slots = None
                     else:
@@ -162,6 +174,8 @@ class Driver:
                     if slots is not None and slots.finished >= target:
                         return
                     full = slots is not None and not slots.waiting and len(slots.held) >= target
+                    if self.population is not None and not self.confirming:
+                        full = not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
                     trial = None if full else self.study.ask()
                 if trial is None:
                     self.stop_event.wait(WAIT_S)  # running trials (ours or others') hold the rest; they may die
@@ -184,7 +198,9 @@ class Driver:
         it was surplus or lost."""
         frozen = frozen_trial(self.study, trial.number)
         queued = "failed_trial" in frozen.system_attrs or is_confirm(frozen)  # requested work: never surplus
-        if not queued and (self.confirming or not Slots.count(
+        if self.population is not None and not self.confirming:  # pbt: its own segments, each once
+            queued = not self.population.is_surplus(frozen, self.study.get_trials(deepcopy=False))
+        if not queued and (self.confirming or self.population is not None or not Slots.count(
                 self.study.get_trials(deepcopy=False), self.space.study.max_retry).admits(trial.number, target)):
             trial.set_user_attr("stop_reason", "surplus")
             finish(self.study, trial._trial_id, TrialState.FAIL, None)

@@ -76,6 +76,7 @@ from hpo.study._confirm import (
     is_confirm,
 )
 from hpo.study._errors import DriverError, TrialFailed, TrialInterrupted, TrialLost, TrialRetried
+from hpo.study._population import runs_steps, segment_overrides
 from hpo.study._progress import Progress
 from hpo.study._ray_trials import admit, job_for, ray_job
 from hpo.study._recovery import queue_retry
@@ -134,6 +135,7 @@ class _Plan:
     overrides: list[str]
     argv: list[str]
     total: int | None  # trainer.total_training_steps, when known
+    resume_from: Path | None = None  # pbt, verl backend: the segment's start checkpoint (resume_path)
 
 
 class TrialRunner:
@@ -229,12 +231,16 @@ class TrialRunner:
             trial.set_user_attr("confirm_seed", confirm_seed)
         overrides = trainer_overrides(self.space, values, trial_dir, None if confirm_seed is None else
                                       confirm_overrides(self.space, int(confirm_seed), baseline))
+        resume_from = None
+        if runs_steps(system):  # pbt: its step range and start checkpoint (hpo.study._population)
+            extra, resume_from = segment_overrides(self.space, system, trial)
+            overrides += extra
         argv = [*trial_command(self.space), "--config", self.space.config, "--metrics-file", str(metrics), *overrides]
         trial.set_user_attr("trial_dir", str(trial_dir))
         if retry_of is not None:
             trial.set_user_attr("retry_of", retry_of)
         return _Plan(values, retry_of, trial_dir, history, metrics, confirm_seed, overrides, argv,
-                     total_steps(self.space, overrides))
+                     total_steps(self.space, overrides), resume_from)
 
     def _launch(self, trial: Trial, plan: _Plan, devices: list[str], lost: threading.Event,
                 job: tuple[str, bool] | None = None) -> tuple[RunResult, TrialExecutor, Watch]:
@@ -248,7 +254,8 @@ class TrialRunner:
             argv = verl_argv(spec.python or default_python(self.cwd), self.space.config, plan.overrides,
                              self.study.study_name, trial.number, plan.trial_dir,
                              len(devices) if job is None else spec.ray.num_gpus,
-                             None if point is None else point.checkpoint, 1 if job is None else spec.ray.nodes)
+                             plan.resume_from if point is None else point.checkpoint,
+                             1 if job is None else spec.ray.nodes)
             env = verl_env(env, plan.trial_dir, attempt) if job is None else verl_job_env(env, plan.trial_dir, attempt)
         write_trial_files(self.space, self.cwd, plan.trial_dir, argv, env, plan.overrides, plan.values)
         mem = [0.0]
@@ -307,6 +314,8 @@ class TrialRunner:
     def _clean_checkpoints(self, trial: Trial, state: TrialState, values: list[float] | None) -> None:
         """A finished trial can no longer be resumed: its checkpoints (and its retry chain's) go, unless it is among
         the ``trial.keep_checkpoints`` best (:mod:`hpo.study._checkpoints`). Recorded before the trial is told."""
+        if self.space.study.strategy == "pbt":  # reachable checkpoints are kept: hpo.study._population
+            return
         keep = self.space.trial.keep_checkpoints
         value = values[0] if state == TrialState.COMPLETE and values and not is_confirm(
             frozen_trial(self.study, trial.number)) else None

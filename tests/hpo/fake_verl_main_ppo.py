@@ -22,8 +22,10 @@ exact argv of ``hpo.backends.verl._launch.verl_argv`` runs on a CPU where real v
   the tracker file (verl's ``get_checkpoint_tracker_filename``). Resume as verl's ``_load_checkpoint``:
   ``resume_mode=auto`` through verl's ``find_latest_ckpt_path``, ``resume_path`` with ``resume_from_path``; the
   shards are opened with ``torch.load`` as ``FSDPCheckpointManager.load_checkpoint`` opens them (a missing one is
-  the same ``FileNotFoundError``), ``data.pt`` when it is there; a resumed run's ``val_before_train`` logs at
-  that step.
+  the same ``FileNotFoundError``), only the parts ``*.checkpoint.load_contents`` names, ``data.pt`` when it is
+  there; a resumed run's ``val_before_train`` logs at that step. ``actor/lr`` is logged as verl does: the config's,
+  unless the actor's optimizer or extra state was loaded (then the checkpoint's, as ``FSDPCheckpointManager``
+  restores the optimizer's param_groups and the scheduler's base_lrs).
 * Ray: writes ``$RAY_TMPDIR/ray/session_latest/logs/raylet.out`` (where Ray keeps its logs) and, with
   ``+fake.ray_child=true``, starts a sleeping "raylet" in its own session, as Ray's processes are.
 * hydra: writes ``<hydra.run.dir>/.hydra/overrides.yaml``.
@@ -62,6 +64,8 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.rollout.val_kwargs.n": 1,
     "actor_rollout_ref.model.path": "~/models/deepseek-llm-7b-chat", "critic.data_loader_seed": 42,
     "reward.custom_reward_function.path": None, "reward.custom_reward_function.name": "compute_score",
+    "actor_rollout_ref.actor.checkpoint.load_contents": ["model", "optimizer", "extra"],
+    "critic.checkpoint.load_contents": ["model", "optimizer", "extra"],
 }
 N_VAL = 100  # built-in validation problems when data.val_files does not exist
 
@@ -226,15 +230,15 @@ def make_role_saver(max_keep: Any) -> Any:
             self.previous_saved_paths: list[str] = []
             self.previous_global_step = None
 
-        def save(self, local_path: str, step: int, world: int) -> None:
+        def save(self, local_path: str, step: int, world: int, lr: float = 0.0) -> None:
             import torch
 
             self.previous_global_step = step
             self.ensure_checkpoint_capacity(max_keep)
             os.makedirs(os.path.join(local_path, "huggingface"), exist_ok=True)
             for rank in range(world):
-                for kind in ("model", "optim", "extra_state"):
-                    torch.save({"step": step, "rank": rank},
+                for kind in ("model", "optim", "extra_state"):  # the optimizer's and scheduler's learning rate
+                    torch.save({"step": step, "rank": rank, "lr": lr},
                                os.path.join(local_path, f"{kind}_world_size_{world}_rank_{rank}.pt"))
             self.register_checkpoint(local_path, max_keep)
 
@@ -248,7 +252,7 @@ def save_checkpoint(cfg: dict[str, Any], savers: dict[str, Any], step: int) -> N
 
     root = str(cfg["trainer.default_local_dir"])
     folder = os.path.join(root, f"global_step_{step}")
-    savers["actor"].save(os.path.join(folder, "actor"), step, world_size(cfg))
+    savers["actor"].save(os.path.join(folder, "actor"), step, world_size(cfg), float(cfg["actor/lr"]))
     if str(step) == str(cfg.get("fake.kill_after_actor_save")):
         os.kill(os.getpid(), signal.SIGKILL)
     if "critic" in savers:
@@ -281,8 +285,14 @@ def load_checkpoint(cfg: dict[str, Any], use_critic: bool) -> int:
     step = int(step_folder.split("global_step_")[-1])
     print(f"Resuming from {step_folder}, setting global step to {step}")
     for role in ["actor"] + (["critic"] if use_critic else []):
-        for kind in ("model", "optim", "extra_state"):  # rank 0's shards, as FSDPCheckpointManager opens them
-            torch.load(os.path.join(step_folder, role, f"{kind}_world_size_{world_size(cfg)}_rank_0.pt"))
+        contents = cfg[f"{'actor_rollout_ref.actor' if role == 'actor' else 'critic'}.checkpoint.load_contents"]
+        kinds = {"model": "model", "optim": "optimizer", "extra_state": "extra"}
+        for kind, part in kinds.items():  # rank 0's shards, as FSDPCheckpointManager opens them (load_contents)
+            if part not in contents:
+                continue
+            shard = torch.load(os.path.join(step_folder, role, f"{kind}_world_size_{world_size(cfg)}_rank_0.pt"))
+            if role == "actor" and kind in ("optim", "extra_state") and "lr" in shard:
+                cfg["actor/lr"] = shard["lr"]  # the optimizer's param_groups / the scheduler's base_lrs: it wins
     data = os.path.join(step_folder, "data.pt")
     if os.path.exists(data):
         torch.load(data)
@@ -321,6 +331,7 @@ def main(argv: list[str]) -> int:
     validator = Validator(cfg)
     total = int(cfg["trainer.total_training_steps"])
     test_freq, save_freq = int(cfg["trainer.test_freq"]), int(cfg["trainer.save_freq"])
+    cfg["actor/lr"] = float(cfg["actor_rollout_ref.actor.optim.lr"])  # the config's, unless a checkpoint's wins
     global_steps = load_checkpoint(cfg, use_critic)
     if cfg["trainer.val_before_train"]:
         tracker.log(data=validator.metrics(score(cfg, global_steps, total)), step=global_steps)
@@ -340,6 +351,7 @@ def main(argv: list[str]) -> int:
         data: dict[str, Any] = {"critic/score/mean": score(cfg, step, total),
                                 "actor/pg_loss": math.nan if nan else -0.01,
                                 "actor/grad_norm": math.inf if nan else 0.5, "actor/entropy": 0.5,
+                                "actor/lr": float(cfg["actor/lr"]),
                                 "response_length/mean": 100.0, "timing_s/step": step_s,
                                 "training/global_step": step, "training/epoch": 0}
         if test_freq > 0 and (last or step % test_freq == 0):

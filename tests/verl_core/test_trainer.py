@@ -302,3 +302,36 @@ def test_checkpoint_loads_onto_any_device(tiny_model_dir: Path, tmp_path: Path) 
     assert torch.equal(torch.get_rng_state(), saved_rng)
     for k, v in trainer.actor.model.state_dict().items():
         assert v.device.type == "cpu" and torch.equal(v, weights[k]), k
+
+
+def test_resume_from_path_with_new_hyperparameters(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """resume_mode=resume_path: another run's checkpoint, the step numbering continued, and this run's learning
+    rates and KL coefficient used (``actor/lr``, ``critic/lr`` and the KL penalty coefficient of the next steps),
+    not the restored optimizer's; the weights are the checkpoint's (its step-3 validation is reproduced)."""
+    src = run_trainer(["train", "--metrics-file", "a.jsonl", "trainer.default_local_dir=ck_a",
+                       "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.test_freq=2", *FAST,
+                       "actor_rollout_ref.actor.optim.lr=1e-5", "algorithm.kl_ctrl.kl_coef=0.05"], tmp_path)
+    assert src.returncode == 0, src.stderr[-2000:]
+    ckpt = tmp_path / "ck_a" / "global_step_2"
+    out = run_trainer(["train", "--metrics-file", "b.jsonl", "trainer.default_local_dir=ck_b",
+                       "trainer.total_training_steps=4", "trainer.save_freq=4", "trainer.test_freq=2", *FAST,
+                       "trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}",
+                       "actor_rollout_ref.actor.optim.lr=3e-4", "critic.optim.lr=2e-3",
+                       "algorithm.kl_ctrl.kl_coef=0.2"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = read_metrics(tmp_path / "b.jsonl")
+    assert [r["step"] for r in rows] == [3, 4]
+    for r in rows:
+        assert r["data"]["actor/lr"] == pytest.approx(3e-4)
+        assert r["data"]["critic/lr"] == pytest.approx(2e-3)
+        assert r["data"]["actor/reward_kl_penalty_coeff"] == pytest.approx(0.2)
+    first = read_metrics(tmp_path / "a.jsonl")
+    assert all(r["data"]["actor/lr"] == pytest.approx(1e-5) for r in first)
+    assert (tmp_path / "ck_b" / "global_step_4" / "state.pt").is_file()
+    assert not (tmp_path / "ck_b" / "global_step_2").exists()
+
+
+def test_resume_path_needs_a_path(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = run_trainer(["train", "--metrics-file", "m.jsonl", "trainer.resume_mode=resume_path", *FAST], tmp_path)
+    assert out.returncode != 0
+    assert "trainer.resume_from_path" in out.stderr

@@ -185,6 +185,21 @@ def verl_argv(python: str, config: str, overrides: Sequence[str], study: str, tr
     return argv
 
 
+# Continuing another run's checkpoint with new hyperparameters (study.strategy pbt). verl 0.9.1's
+# FSDPCheckpointManager.load_checkpoint restores the optimizer's state dict (its param_groups' lr and initial_lr) and
+# the LR scheduler's (its base_lrs), so on resume the checkpoint's learning rate wins over the config's at every later
+# step. Loading the weights only (checkpoint.load_contents=[model]; the data position in data.pt is restored by the
+# trainer either way) leaves the optimizer and scheduler as the config built them: the new learning rate is used
+# from the first step, and Adam's moments (and a warm-up) start afresh. Checked with verl's own checkpoint manager
+# in tests/hpo/backends/test_verl_pbt.py.
+WEIGHTS_ONLY_KEYS = ("actor_rollout_ref.actor.checkpoint.load_contents", "critic.checkpoint.load_contents")
+
+
+def weights_only_overrides() -> list[str]:
+    """The overrides that make a resumed verl run use its config's optimizer hyperparameters (see above)."""
+    return [format_override(k, ["model"]) for k in WEIGHTS_ONLY_KEYS]
+
+
 def default_python(cwd: str | os.PathLike[str] = ".") -> str:
     """verl's interpreter when ``trial.python`` is not set, the first that exists under ``cwd``:
     ``.venv-gpu-verl/bin/python`` (``make install-verl-gpu``, what GPU trials need),
