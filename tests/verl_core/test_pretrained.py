@@ -30,8 +30,9 @@ def test_addition_score(response: str, score: float) -> None:
 def test_addition_split_is_deterministic_and_disjoint(tmp_path: Path) -> None:
     train, val = tasks.addition_split()
     test = tasks.addition_splits()[2]
-    assert len(train) == 128 and len(val) == 64 == len(test) == tasks.builtin_val_size("addition")
+    assert len(train) == 192 and len(val) == 64 == len(test) == tasks.builtin_val_size("addition")
     assert not set(train) & set(val) and not (set(train) | set(val)) & set(test)
+    assert all(max(p) > tasks.ADDITION_MAX_OPERAND for p in test)  # held out: operands training never sees
     assert tasks.addition_split() == (train, val)
     train_p, val_p = tasks.ensure_builtin_data("addition", tmp_path)
     import pyarrow.parquet as pq
