@@ -183,26 +183,40 @@ def test_a_retried_trial_continues_its_run(tmp_path: Path, studies: Path, mlflow
 
 
 # ----------------------------------------------------------------------------- a server outage
+def search_until_logging(tmp_path: Path, studies: Path, mlflow_server: MlflowServer, experiment: str, flush_s: float,
+                         n_trials: int, step_s: float) -> tuple[subprocess.Popen[str], Path]:
+    """Start a search whose trial 0 waits at step 5 while ``<tmp>/gate`` exists; return it (and the gate) once that
+    trial's first steps are in MLflow."""
+    gate = tmp_path / "gate"
+    gate.touch()
+    space = tracked_space(tmp_path, mlflow_server, experiment, flush_s=flush_s, study={"n_trials": n_trials},
+                          overrides={"trainer.total_training_steps": 10, "trainer.test_freq": 2, "fake.step_s": step_s,
+                                     "fake.gate_at": 5, "fake.gate_file": str(gate)})
+    proc = subprocess.Popen([PY, "-m", "hpo", "search", "--space", str(space), "--studies-dir", str(studies)],
+                            cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = mlflow.MlflowClient(mlflow_server.uri)
+
+    def first_run_logging() -> bool:
+        exp = client.get_experiment_by_name(experiment)
+        found = [] if exp is None else client.search_runs([exp.experiment_id], "tags.`verl_hpo.kind` = 'trial'")
+        return bool(found) and int(found[0].data.tags.get("verl_hpo.last_step", -1)) >= 4
+
+    try:
+        wait_for("the first trial's steps in MLflow", first_run_logging, timeout=300)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, gate
+
+
 @pytest.mark.slow
 def test_a_server_outage_mid_study_loses_nothing(tmp_path: Path, studies: Path, mlflow_server: MlflowServer) -> None:
     """The server stops while trials run and comes back (same port, same database) after trials finished without
     it: the study never waits, and every trial's run, curve and outcome reach MLflow once, none twice."""
     experiment = f"outage-{uuid.uuid4().hex[:6]}"
-    gate = tmp_path / "gate"
-    gate.touch()  # trial 0 waits at step 5 until the server is gone
-    space = tracked_space(tmp_path, mlflow_server, experiment, flush_s=900, study={"n_trials": 4},  # a slow restart
-                          overrides={"trainer.total_training_steps": 10, "trainer.test_freq": 2, "fake.step_s": 0.1,
-                                     "fake.gate_at": 5, "fake.gate_file": str(gate)})
-    proc = subprocess.Popen([PY, "-m", "hpo", "search", "--space", str(space), "--studies-dir", str(studies)],
-                            cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    client = mlflow.MlflowClient(mlflow_server.uri)
+    # trial 0 waits at step 5 until the server is gone; flush_s: a slow restart
+    proc, gate = search_until_logging(tmp_path, studies, mlflow_server, experiment, 900, 4, 0.1)
     try:
-        def first_run_logging() -> bool:
-            exp = client.get_experiment_by_name(experiment)
-            found = [] if exp is None else client.search_runs([exp.experiment_id], "tags.`verl_hpo.kind` = 'trial'")
-            return bool(found) and int(found[0].data.tags.get("verl_hpo.last_step", -1)) >= 4
-
-        wait_for("the first trial's steps in MLflow", first_run_logging, timeout=300)
         mlflow_server.stop()
         stopped = time.monotonic()
         gate.unlink()
@@ -239,21 +253,8 @@ def test_track_logs_later_what_a_driver_could_not(tmp_path: Path, studies: Path,
     """The server is gone past ``tracking.flush_s``: the driver does not wait longer, says so in one line, and
     ``verl-hpo track`` logs the rest once the server is back, continuing the runs it had begun (no step twice)."""
     experiment = f"track-{uuid.uuid4().hex[:6]}"
-    gate = tmp_path / "gate"
-    gate.touch()
-    space = tracked_space(tmp_path, mlflow_server, experiment, flush_s=2, study={"n_trials": 2},
-                          overrides={"trainer.total_training_steps": 10, "trainer.test_freq": 2, "fake.step_s": 0.02,
-                                     "fake.gate_at": 5, "fake.gate_file": str(gate)})
-    proc = subprocess.Popen([PY, "-m", "hpo", "search", "--space", str(space), "--studies-dir", str(studies)],
-                            cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    client = mlflow.MlflowClient(mlflow_server.uri)
+    proc, gate = search_until_logging(tmp_path, studies, mlflow_server, experiment, 2, 2, 0.02)
     try:
-        def first_run_logging() -> bool:
-            exp = client.get_experiment_by_name(experiment)
-            found = [] if exp is None else client.search_runs([exp.experiment_id], "tags.`verl_hpo.kind` = 'trial'")
-            return bool(found) and int(found[0].data.tags.get("verl_hpo.last_step", -1)) >= 4
-
-        wait_for("the first trial's steps in MLflow", first_run_logging, timeout=300)
         mlflow_server.stop()
         gate.unlink()
         _, err = proc.communicate(timeout=600)
