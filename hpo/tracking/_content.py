@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hpo.reporting._figures import plottable_copy
 from hpo.reporting._report import best_trial, outcome
 from hpo.study._confirm import ATTR_CONFIRM_OF, is_confirm
+from hpo.study._population import A_MEMBER
 from hpo.study._slots import is_finished
 
 ATTR_KEY = "hpo:tracking:key"  # study system attr: the study's tracking key (run ids derive from it)
@@ -39,11 +40,14 @@ def chain_root(t: FrozenTrial) -> int:
 
 
 def job_type(t: FrozenTrial) -> str:
-    """``tune``, ``confirm`` (a seed-confirmation run) or what system attr ``hpo:job_type`` says (``pbt``)."""
+    """``tune``, ``confirm`` (a seed-confirmation run, a PBT schedule's included), ``pbt`` (a segment of a
+    population member, :mod:`hpo.study._population`) or what system attr ``hpo:job_type`` says."""
     named = t.system_attrs.get(ATTR_JOB_TYPE)
     if isinstance(named, str) and re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", named):
         return named
-    return "confirm" if is_confirm(t) or ATTR_CONFIRM_OF in t.system_attrs else "tune"
+    if is_confirm(t) or ATTR_CONFIRM_OF in t.system_attrs:
+        return "confirm"
+    return "pbt" if A_MEMBER in t.system_attrs else "tune"
 
 
 @dataclass(frozen=True)

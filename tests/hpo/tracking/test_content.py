@@ -33,6 +33,8 @@ def test_job_types_tune_confirm_and_named() -> None:
     assert job_type(_trial(1, system={ATTR_CONFIRM_OF: 0, "hpo:confirm_seed": 1000})) == "confirm"
     assert job_type(_trial(2, system={ATTR_JOB_TYPE: "pbt"})) == "pbt"
     assert job_type(_trial(3, system={ATTR_JOB_TYPE: "Bad Name!"})) == "tune"
+    assert job_type(_trial(4, system={"pbt:member": 2, "pbt:seq": 1})) == "pbt"  # a population member's segment
+    assert job_type(_trial(5, system={"pbt:member": 2, ATTR_CONFIRM_OF: 4})) == "confirm"  # a schedule's confirmation
 
 
 def test_the_outcome_at_the_end() -> None:
