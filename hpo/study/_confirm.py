@@ -230,11 +230,11 @@ class Confirmed:
 
     @property
     def test_mean(self) -> float:
-        return statistics.fmean(self.test_values) if self.test_values else math.nan
+        return _mean(self.test_values)
 
     @property
     def test_std(self) -> float:
-        return statistics.stdev(self.test_values) if len(self.test_values) > 1 else 0.0
+        return _std(self.test_values)
 
     @property
     def n(self) -> int:
@@ -242,11 +242,20 @@ class Confirmed:
 
     @property
     def mean(self) -> float:
-        return statistics.fmean(self.values) if self.values else math.nan
+        return _mean(self.values)
 
     @property
     def std(self) -> float:
-        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+        return _std(self.values)
+
+
+def _mean(xs: tuple[float, ...]) -> float:
+    return statistics.fmean(xs) if xs else math.nan
+
+
+def _std(xs: tuple[float, ...]) -> float:
+    """The sample standard deviation; 0 for fewer than two values."""
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
 def confirmed(study: optuna.Study) -> list[Confirmed]:

@@ -163,19 +163,17 @@ class Driver:
                             trials = self.study.get_trials(deepcopy=False)  # a schedule's next step range
                         if not any(is_confirm(t) and t.state == TrialState.WAITING for t in trials):
                             return
-                        slots = None
+                        full = False
                     elif self.population is not None:  # pbt: done when the population is; asks only its queue
                         schedule_confirms(self.study, self.space, self.study_dir, trials)
                         if self.population.schedule(trials):
                             return
-                        slots = None
+                        full = not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
                     else:
                         slots = Slots.count(trials, self.space.study.max_retry)
-                    if slots is not None and slots.finished >= target:
-                        return
-                    full = slots is not None and not slots.waiting and len(slots.held) >= target
-                    if self.population is not None and not self.confirming:
-                        full = not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                        if slots.finished >= target:
+                            return
+                        full = not slots.waiting and len(slots.held) >= target
                     trial = None if full else self.study.ask()
                 if trial is None:
                     self.stop_event.wait(WAIT_S)  # running trials (ours or others') hold the rest; they may die

@@ -8,17 +8,17 @@ import fcntl
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import optuna
 
 from hpo.experiment._space import SpaceError, StudySpec
+from hpo.experiment._tracking import MASK, redact_uri, uri_password
 
 if TYPE_CHECKING:
     from hpo.study._retrying import RetryingStorage
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-MASK = "***"
 STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # fullmatch: ``$`` also matches before a final newline
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database file
 # A server that stops answering (a network partition) must fail a call, which the retries then ride out, rather
@@ -41,12 +41,7 @@ def mask_url(url: str) -> str:
     """``url`` with its password replaced by ``***`` (SQLAlchemy URLs and ``redis://user:pw@host``); shown
     wherever a storage URL is printed or rendered. Unparsable URLs are masked between ``:`` and ``@``."""
     if url.startswith(_REDIS_SCHEMES):
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.netloc.rpartition("@")[2]
-        return urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{host}"))
+        return redact_uri(url)
     try:
         from sqlalchemy.engine import make_url
 
@@ -62,7 +57,7 @@ def url_password(url: str) -> str | None:
     """The password in a storage URL, to scrub from error texts (None when there is none)."""
     try:
         if url.startswith(_REDIS_SCHEMES):
-            return urlsplit(url).password
+            return uri_password(url)
         from sqlalchemy.engine import make_url
 
         pw = make_url(url).password
