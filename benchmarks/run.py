@@ -57,6 +57,10 @@ def render(rows: list[Row], meta: dict[str, Any]) -> str:
            "Each cell: median over interleaved repetitions (min–max). Ratio = ours / baseline, oriented so that "
            "**> 1 means ours is better** (for seconds and GB it is baseline / ours); its min–max are over the "
            "per-repetition ratios.", ""]
+    for u in meta.get("updates", []):
+        out += [f"Groups measured again {u['date']} (load {u['load_start']} -> {u['load_end']}, "
+                f"{u['elapsed_min']:.1f} min; `{u['command']}`): " + ", ".join(f"\"{g}\"" for g in u["groups"]) + ".",
+                ""]
     groups: dict[str, list[Row]] = {}
     for r in rows:
         groups.setdefault(r.group or "other", []).append(r)
@@ -68,6 +72,8 @@ def render(rows: list[Row], meta: dict[str, Any]) -> str:
                        f"{_fmt(r.baseline, r.unit)}{_spread(r.baseline_min, r.baseline_max)} | "
                        f"{_fmt(r.ratio)}{_spread(r.ratio_min, r.ratio_max)} | {r.repetitions} | {r.note} |")
         out.append("")
+        if meta.get("group_notes", {}).get(g):
+            out += [meta["group_notes"][g], ""]
     if meta.get("errors"):
         out += ["## errors", ""] + [f"- `{k}`: {v}" for k, v in meta["errors"].items()] + [""]
     out += ["## versions", ""]
@@ -112,6 +118,39 @@ def merge(dirs: list[Path], out_dir: Path) -> int:
     return 1 if meta["errors"] else 0
 
 
+def update(dirs: list[Path], out_dir: Path, notes: dict[str, str] | None = None) -> int:
+    """``out_dir``'s results with the groups measured in ``dirs`` replaced (each new group's rows where the old
+    ones stood, groups it did not have at the end), their details replaced, and a line per run saying what was
+    measured again, when and under what load. ``notes``: a paragraph shown under a group's table."""
+    base = json.loads((out_dir / "results.json").read_text())
+    meta, rows, details = base["meta"], _rows(base), base.get("details", {})
+    for d in dirs:
+        doc = json.loads((d / "results.json").read_text())
+        new = _rows(doc)
+        groups = list(dict.fromkeys(r.group for r in new))
+        merged: list[Row] = []
+        for r in rows:
+            if r.group in groups:
+                if r.group not in {m.group for m in merged}:
+                    merged += [n for n in new if n.group == r.group]
+            else:
+                merged.append(r)
+        merged += [n for n in new if n.group not in {m.group for m in merged}]
+        rows = merged
+        details.update(doc.get("details", {}))
+        m = doc["meta"]
+        meta.setdefault("updates", []).append({"date": m["machine"]["date"], "load_start": m["load_start"],
+                                               "load_end": m["load_end"], "elapsed_min": m["elapsed_min"],
+                                               "command": m["command"], "groups": groups})
+        meta["errors"] = {**meta.get("errors", {}), **m.get("errors", {})}
+    meta.setdefault("group_notes", {}).update(notes or {})
+    (out_dir / "results.json").write_text(json.dumps(
+        {"meta": meta, "rows": [r.to_json() for r in rows], "details": details}, indent=1, default=str) + "\n")
+    (out_dir / "RESULTS.md").write_text(render(rows, meta))
+    log(f"updated {out_dir / 'RESULTS.md'} with {len(dirs)} runs")
+    return 1 if meta["errors"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="one repetition, tiny sizes, results under benchmarks/smoke/")
@@ -126,7 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="output directory (default benchmarks/ or benchmarks/smoke/)")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="DIR",
                    help="combine the results.json of earlier runs (e.g. parts run separately) into --out")
+    p.add_argument("--update", nargs="+", type=Path, default=None, metavar="DIR",
+                   help="replace the groups measured in these runs' results.json in --out's (default benchmarks/)")
+    p.add_argument("--group-note", nargs=2, action="append", default=[], metavar=("GROUP", "FILE"),
+                   help="with --update: FILE's text under GROUP's table")
     args = p.parse_args(argv)
+    if args.update:
+        return update(args.update, args.out or REPO / "benchmarks",
+                      {g: Path(f).read_text().strip() for g, f in args.group_note})
     if args.merge:
         return merge(args.merge, args.out or REPO / "benchmarks")
     out_dir = args.out or (REPO / "benchmarks" / ("smoke" if args.smoke else ""))
