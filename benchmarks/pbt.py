@@ -1,38 +1,72 @@
-"""Population-based training against TPE and random search at equal total trainer steps on the default task.
+"""Population-based training against TPE and random search at equal total trainer steps, on the default task and
+on a variant where a schedule should beat every constant.
 
 Every method searches ``kl_coef`` in [0.01, 2] and ``actor_lr`` in [1e-7, 3e-3] (both log; ``kl_lr``'s ranges) for
-a policy trained ``HORIZON`` steps (``trainer.test_freq`` = ``INTERVAL``), with pruning and early stopping off so
-that each method spends exactly its budget of trainer steps:
+a policy trained ``task.horizon`` steps (``trainer.test_freq`` = ``task.interval``), with pruning and early stopping
+off so that each method spends exactly its budget of trainer steps:
 
-* PBT: ``search_spaces/pbt_kl_lr.yaml``, ``POPULATION`` members x ``HORIZON`` steps in segments of ``INTERVAL``.
-* TPE and random: ``search_spaces/kl_lr.yaml``, ``2 x POPULATION`` trials x ``HORIZON`` steps; their best after the
-  first ``POPULATION`` trials is the equal-budget figure, after all of them twice PBT's budget.
+* PBT: ``search_spaces/pbt_kl_lr.yaml``, ``POPULATION`` members x ``horizon`` steps in segments of ``interval``.
+* TPE and random: ``search_spaces/kl_lr.yaml`` scored by its last evaluation, ``2 x POPULATION`` trials x
+  ``horizon`` steps; their best after the first ``POPULATION`` trials is the equal-budget figure, after all of
+  them twice PBT's budget.
 
-The value of a method is the best final objective (greedy accuracy at step ``HORIZON``) of a trial (TPE, random)
+The value of a method is the best final objective (greedy accuracy at step ``horizon``) of a trial (TPE, random)
 or of a member that reached the last step (PBT); the trainer steps used are summed over the trials (segments)
 from each one's first step to its last. Over ``SEEDS`` search seeds (sampler seed, PBT seed; the trainer seed stays
 1), median and min-max. Goal (issue 24): PBT matches TPE's median best with at most 60% of its trainer steps, or
 beats it at equal budget.
+
+Tasks (``TASKS``): ``default`` (tiny_arith), and ``noisy``, the same with 40% of the training rewards flipped
+(``benchmarks/noisy_reward.py``), where a large learning rate learns fast but stalls at a noise floor and a small
+one averages the noise but is slow.
+
+Run alone: ``python -m benchmarks.pbt [--smoke] [default] [noisy]``; from ``benchmarks/run.py`` (part ``pbt``).
 """
 
 from __future__ import annotations
 
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import REPO, Row, log, main_python, make_row, run_measured, tail
 
-HORIZON, INTERVAL, POPULATION = 20, 5, 4
+POPULATION = 4
 SEEDS = (0, 1, 2)
-COMMON = [f"trainer.total_training_steps={HORIZON}", f"trainer.test_freq={INTERVAL}", "early_stopping.enabled=false",
-          "study.pruner.type=none", "trial.n_jobs=2", "trainer.cpu_threads=1"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task the methods are compared on: trainer overrides, each member's / trial's steps, the PBT interval
+    (also the evaluation period, so every segment ends with an evaluation)."""
+
+    name: str
+    what: str
+    horizon: int
+    interval: int
+    overrides: tuple[str, ...] = ()
+
+
+TASKS = {
+    "default": Task("default", "default task", 20, 5),
+    "noisy": Task("noisy", "noisy-reward variant: 40% of training rewards flipped (benchmarks/noisy_reward.py)", 20, 4,
+                  (f"custom_reward_function.path={REPO / 'benchmarks' / 'noisy_reward.py'}",)),
+}
+SMOKE_TASK = Task("smoke", "smoke", 4, 2)
+
+
+def common(task: Task) -> list[str]:
+    """Every method's overrides: the task's, its budget, no pruning or early stopping (each method spends exactly its
+    budget), and the final evaluation as the value (``aggregate: last``, what PBT's members are compared by)."""
+    return [*task.overrides, f"trainer.total_training_steps={task.horizon}", f"trainer.test_freq={task.interval}",
+            "early_stopping.enabled=false", "study.pruner.type=none", "trial.n_jobs=2", "trainer.cpu_threads=1"]
 
 
 def _run(studies: Path, study: str, space: str, overrides: list[str]) -> list[Any]:
     argv = [main_python(), "-m", "hpo", "search", "--space", space, "--study", study, "--studies-dir", str(studies)]
-    for o in [*COMMON, *overrides]:
+    for o in overrides:
         argv += ["--override", o]
     m = run_measured(argv, env={"PYTHONPATH": str(REPO)}, cwd=str(REPO), rss_children=False)
     if m.returncode != 0:
@@ -47,21 +81,22 @@ def _steps(t: Any) -> int:
     return int(t.user_attrs.get("last_step") or 0) - int(t.system_attrs.get("pbt:start", 0))
 
 
-def pbt_once(studies: Path, seed: int, population: int) -> dict[str, Any]:
-    trials = _run(studies, f"pbt-{population}-{seed}", "search_spaces/pbt_kl_lr.yaml",
-                  [f"study.pbt.population={population}", f"study.pbt.interval_steps={INTERVAL}",
-                   f"study.pbt.burn_in_steps={INTERVAL}", f"study.pbt.seed={seed}"])
+def pbt_once(studies: Path, task: Task, seed: int, population: int) -> dict[str, Any]:
+    trials = _run(studies, f"{task.name}-pbt-{population}-{seed}", "search_spaces/pbt_kl_lr.yaml",
+                  [*common(task), f"study.pbt.population={population}", f"study.pbt.interval_steps={task.interval}",
+                   f"study.pbt.burn_in_steps={task.interval}", f"study.pbt.seed={seed}"])
     finals = [t.values[0] for t in trials if t.state.name == "COMPLETE" and t.values
-              and t.system_attrs.get("pbt:end") == HORIZON and t.user_attrs.get("last_step") == HORIZON]
+              and t.system_attrs.get("pbt:end") == task.horizon and t.user_attrs.get("last_step") == task.horizon]
     exploits = sum(t.system_attrs.get("pbt:action") == "exploit" for t in trials)
     rollbacks = sum(t.system_attrs.get("pbt:action") == "rollback" for t in trials)
     return {"best": max(finals) if finals else None, "steps": sum(_steps(t) for t in trials),
             "segments": len(trials), "exploits": exploits, "rollbacks": rollbacks}
 
 
-def optuna_once(studies: Path, seed: int, sampler: str, n_trials: int) -> dict[str, Any]:
-    trials = _run(studies, f"{sampler}-{seed}", "kl_lr",
-                  [f"study.sampler.type={sampler}", f"study.sampler.seed={seed}", f"study.n_trials={n_trials}"])
+def optuna_once(studies: Path, task: Task, seed: int, sampler: str, n_trials: int) -> dict[str, Any]:
+    trials = _run(studies, f"{task.name}-{sampler}-{seed}", "kl_lr",
+                  [*common(task), "objective.aggregate=last", "objective.k=null", f"study.sampler.type={sampler}",
+                   f"study.sampler.seed={seed}", f"study.n_trials={n_trials}"])
     trials = [t for t in trials if t.user_attrs.get("stop_reason") != "surplus"]
 
     def best(upto: int) -> float | None:
@@ -72,47 +107,70 @@ def optuna_once(studies: Path, seed: int, sampler: str, n_trials: int) -> dict[s
             "steps_half": sum(_steps(t) for t in trials[: n_trials // 2]), "steps": sum(_steps(t) for t in trials)}
 
 
-def bench(smoke: bool, workdir: Path | None = None) -> tuple[list[Row], dict[str, Any]]:
-    seeds = SEEDS[:1] if smoke else SEEDS
-    global HORIZON, INTERVAL, COMMON
-    if smoke:  # the plumbing only: 2 members / 4 trials x 4 steps
-        HORIZON, INTERVAL = 4, 2
-        COMMON = [c.replace("=20", "=4").replace("test_freq=5", "test_freq=2") for c in COMMON]
-    pop = 2 if smoke else POPULATION
+def compare(task: Task, seeds: tuple[int, ...], pop: int, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
+    """PBT, TPE and random on ``task`` for each search seed, and their rows."""
     runs: dict[str, list[dict[str, Any]]] = {"pbt": [], "tpe": [], "random": []}
-    with tempfile.TemporaryDirectory(prefix="bench-pbt-", dir=workdir) as tmp:
-        for seed in seeds:
-            for kind in ("pbt", "tpe", "random"):
-                log(f"pbt bench: {kind} seed {seed}")
-                res = pbt_once(Path(tmp), seed, pop) if kind == "pbt" else optuna_once(Path(tmp), seed, kind, 2 * pop)
-                log(f"  {res}")
-                runs[kind].append(res)
-    g = "population-based training (default task)"
+    for seed in seeds:
+        for kind in ("pbt", "tpe", "random"):
+            log(f"pbt bench: {task.name}: {kind} seed {seed}")
+            res = pbt_once(tmp, task, seed, pop) if kind == "pbt" else optuna_once(tmp, task, seed, kind, 2 * pop)
+            log(f"  {res}")
+            runs[kind].append(res)
+    g = f"population-based training ({task.what})"
 
     def col(kind: str, key: str) -> list[float]:
         return [float(r[key]) for r in runs[kind] if r[key] is not None]
 
-    budget = statistics.median(col("pbt", "steps")) if col("pbt", "steps") else 0
-    note_eq = (f"{pop} members x {HORIZON} steps (segments of {INTERVAL}) vs the first {pop} trials x {HORIZON} steps; "
-               f"search seeds {', '.join(map(str, seeds))}")
+    def per_seed(kind: str, key: str) -> str:
+        return " / ".join("-" if r[key] is None else f"{r[key]:.3f}" for r in runs[kind])
+
+    pbt_best, tpe_half, tpe_all = col("pbt", "best"), col("tpe", "best_half"), col("tpe", "best")
+    share = statistics.median(col("pbt", "steps")) / max(statistics.median(col("tpe", "steps")), 1)
+    med = statistics.median
+    met = (pbt_best and tpe_all and med(pbt_best) >= med(tpe_all) and share <= 0.6) or \
+        (pbt_best and tpe_half and med(pbt_best) > med(tpe_half))
+    note_eq = (f"{pop} members x {task.horizon} steps (segments of {task.interval}, Latin-hypercube start) vs the "
+               f"first {pop} trials x {task.horizon} steps; value = the evaluation at step {task.horizon}; search "
+               f"seeds {', '.join(map(str, seeds))}")
     rows = [
-        make_row("best final objective at equal trainer steps: PBT vs TPE", "acc", col("pbt", "best"),
-                 col("tpe", "best_half"), group=g, note=note_eq),
-        make_row("best final objective at equal trainer steps: PBT vs random", "acc", col("pbt", "best"),
-                 col("random", "best_half"), group=g, note=note_eq),
-        make_row("best final objective: PBT vs TPE with twice the steps", "acc", col("pbt", "best"), col("tpe", "best"),
-                 group=g, note=f"TPE: {2 * pop} trials x {HORIZON} steps; PBT uses "
-                               f"{budget / max(statistics.median(col('tpe', 'steps')) or 1, 1):.0%} of its steps"),
+        make_row("best final objective at equal trainer steps: PBT vs TPE", "acc", pbt_best, tpe_half, group=g,
+                 note=f"{note_eq}; per seed PBT {per_seed('pbt', 'best')}, TPE {per_seed('tpe', 'best_half')} (TPE's "
+                      f"first {pop} trials are its random start-up: at this budget it is random search)"),
+        make_row("best final objective at equal trainer steps: PBT vs random", "acc", pbt_best,
+                 col("random", "best_half"), group=g, note=f"{note_eq}; per seed random "
+                                                            f"{per_seed('random', 'best_half')}"),
+        make_row("best final objective: PBT vs TPE with twice the steps", "acc", pbt_best, tpe_all, group=g,
+                 note=f"TPE: {2 * pop} trials x {task.horizon} steps, per seed {per_seed('tpe', 'best')}; PBT uses "
+                      f"{share:.0%} of its steps; goal (PBT's median >= TPE's with <= 60% of its steps, or PBT's "
+                      f"median above TPE's at equal budget): {'met' if met else 'NOT met'}"),
         make_row("trainer steps used: PBT vs TPE (equal budget)", "steps", col("pbt", "steps"),
                  col("tpe", "steps_half"), higher_is_better=False, group=g,
-                 note=f"PBT exploits per run {col('pbt', 'exploits')}, rollbacks {col('pbt', 'rollbacks')}"),
+                 note=f"PBT segments per run {col('pbt', 'segments')}, exploits {col('pbt', 'exploits')}, rollbacks "
+                      f"{col('pbt', 'rollbacks')}; an exploit resumes at the donor's step, so PBT can use more than "
+                      f"{pop} x {task.horizon}"),
     ]
-    return rows, {"runs": runs, "horizon": HORIZON, "interval": INTERVAL, "population": pop}
+    return rows, {"runs": runs, "task": task.name, "horizon": task.horizon, "interval": task.interval,
+                  "population": pop, "goal_met": bool(met)}
+
+
+def bench(smoke: bool, workdir: Path | None = None, tasks: tuple[str, ...] = tuple(TASKS)
+          ) -> tuple[list[Row], dict[str, Any]]:
+    seeds = SEEDS[:1] if smoke else SEEDS
+    pop = 2 if smoke else POPULATION  # smoke: the plumbing only, 2 members / 4 trials x 4 steps
+    rows: list[Row] = []
+    details: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-pbt-", dir=workdir) as tmp:
+        for name in (("smoke",) if smoke else tasks):
+            task = SMOKE_TASK if smoke else TASKS[name]
+            r, d = compare(task, seeds, pop, Path(tmp))
+            rows += r
+            details[name] = d
+    return rows, details
 
 
 if __name__ == "__main__":
     import json
     import sys
 
-    rows, details = bench("--smoke" in sys.argv)
+    rows, details = bench("--smoke" in sys.argv, tasks=tuple(a for a in sys.argv[1:] if a in TASKS) or tuple(TASKS))
     print(json.dumps({"rows": [r.to_json() for r in rows], "details": details}, indent=1, default=str))

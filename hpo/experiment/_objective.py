@@ -264,16 +264,16 @@ def parse_objective(raw: Any, error: ErrorFn) -> Objective:
     mode = _str(raw, "mode", "objective", error, MODES, default="single")
     misplaced = {"single": ("terms", "objectives"), "weighted": ("metric", "objectives"),
                  "pareto": ("metric", "direction", "terms")}[mode]
-    for k in misplaced:
-        if k in raw:
-            raise error(f"objective.{k}", f"not used with mode {mode} (value {raw[k]!r})")
+    for key in misplaced:
+        if key in raw:
+            raise error(f"objective.{key}", f"not used with mode {mode} (value {raw[key]!r})")
     constraints = tuple(_parse_constraint(c, i, error) for i, c in enumerate(raw.get("constraints") or []))
     if "constraints" in raw and not isinstance(raw["constraints"], list):
         raise error("objective.constraints", f"expected a list, got {raw['constraints']!r}")
     _unique([c.name for c in constraints], "objective.constraints", error)
     aggregate = _str(raw, "aggregate", "objective", error, AGGREGATES, default="last")
-    k = raw.get("k", 3)
-    if aggregate != "mean_last_k" and "k" in raw:
+    k = 3 if raw.get("k") is None else raw["k"]  # null = unset (so an override can switch the aggregate away)
+    if aggregate != "mean_last_k" and raw.get("k") is not None:
         raise error("objective.k", f"only with aggregate mean_last_k (value {k!r})")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise error("objective.k", f"expected a positive integer, got {k!r}")

@@ -168,6 +168,11 @@ class PbtSpec:
         "Per collapse label (nan, kl_blowup, entropy_collapse), the parameters to move: 'lr*0.5 kl*2' (parameter "
         "name * factor, clipped to its range); null = lower every learning-rate parameter (optim.lr keys) x0.5, and "
         "raise KL coefficients (kl_coef, kl_loss_coef) x2 on kl_blowup and entropy_coeff x2 on entropy_collapse."))
+    init: str = field(default="lhs", metadata=_meta(
+        "How the initial population is drawn: lhs = a Latin hypercube (each parameter's range, in log space for log "
+        "parameters, cut into `population` equal strata with one member in each; categoricals cycled evenly), so a "
+        "small population cannot start with every member in the same region; random = each member drawn "
+        "independently.", ("lhs", "random")))
     seed: int = field(default=0, metadata=_meta("Seed of the initial population and of explore."))
 
 

@@ -44,7 +44,9 @@ def make_sampler(spec: SamplerSpec, n_existing: int, joining: bool = False) -> o
     if spec.type == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if spec.type == "gp":  # imports torch (CPU) into the driver: only when asked for
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=spec.n_startup_trials)
+        from hpo.study._gp import PrunedAwareGPSampler
+
+        return PrunedAwareGPSampler(seed=seed, n_startup_trials=spec.n_startup_trials)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
 
 

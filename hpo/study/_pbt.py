@@ -12,10 +12,13 @@ members may be at different steps):
   row. A member with no healthy checkpoint of its own (its first segment collapsed) exploits a healthy member
   instead, or rolls back to a fresh start when there is none yet. Past ``max_rollbacks``, or after another failure
   without a checkpoint (crash, timeout, pruned, early-stopped), the member exploits a healthy top member, else
-  restarts from its own start checkpoint (``retry``) while rollbacks are left.
+  restarts from its own start checkpoint (``retry``) while rollbacks are left. Every failed segment in a row counts
+  (rollbacks, exploits and retries after a failure): past ``max_rollbacks + 1`` of them the member stops, so a
+  member whose segments keep failing (a trainer that crashes on resume, a broken donor checkpoint) cannot loop.
 * **exploit**: the member is in the bottom ``quantile`` of the members ranked by their latest finished segment's
   value (after ``burn_in_steps``): it continues a top-``quantile`` member's newest checkpoint (the donor's step
-  count included) with the donor's parameters perturbed by :func:`explore`.
+  count included) with the donor's parameters perturbed by :func:`explore`. A donor must have steps left (a member
+  that already reached ``total`` gives no segment to continue).
 * **continue**: otherwise its own checkpoint, same parameters.
 
 Randomness comes from the ``random.Random`` the caller passes (seeded per decision), so a decision is
@@ -77,6 +80,33 @@ class Decision:
 def sample(params: Sequence[Param], rng: random.Random) -> dict[str, Any]:
     """An initial member's parameters: each drawn from its distribution (log-uniform for log params)."""
     return {p.name: _draw(p, rng) for p in params}
+
+
+def initial_population(params: Sequence[Param], n: int, rng: random.Random, init: str = "lhs"
+                       ) -> list[dict[str, Any]]:
+    """``n`` members' starting parameters. ``random``: each drawn independently (:func:`sample`). ``lhs``: a Latin
+    hypercube: each numeric parameter's range (its log for log parameters) cut into ``n`` equal strata, member i
+    drawn uniformly inside stratum ``perm[i]`` of an independent random permutation per parameter, so every stratum
+    holds exactly one member (on an int or step grid, rounding can merge neighbours); a categorical's choices are
+    dealt in turn (each appears ``n // len(choices)`` or one more times), in a shuffled order."""
+    if init == "random":
+        return [sample(params, rng) for _ in range(n)]
+    cols: dict[str, list[Any]] = {}
+    for p in params:
+        perm = list(range(n))
+        rng.shuffle(perm)
+        if p.type == "categorical":
+            choices = list(p.choices or ())
+            cols[p.name] = [choices[k % len(choices)] for k in perm]
+            continue
+        assert p.low is not None and p.high is not None
+        lo, hi = (math.log(p.low), math.log(p.high)) if p.log else (float(p.low), float(p.high))
+        if p.type == "int" and not p.log:  # strata of the integer range, each integer equally likely overall
+            lo, hi = lo - 0.5, hi + 0.5
+        u = [(k + rng.random()) / n for k in perm]
+        x = [lo + v * (hi - lo) for v in u]
+        cols[p.name] = [_clip(p, math.exp(v) if p.log else v) for v in x]
+    return [{p.name: cols[p.name][i] for p in params} for i in range(n)]
 
 
 def _draw(p: Param, rng: random.Random) -> Any:
@@ -200,7 +230,7 @@ def decide(seg: Segment, segments: Sequence[Segment], params: Sequence[Param], s
         order = ranked(segments, maximize, spec.burn_in_steps)
         k = max(1, int(len(order) * spec.quantile)) if len(order) >= 2 else 0
         bottom = {s.member for s in order[len(order) - k:]} if k else set()
-        top = [s for s in order[:k] if s.member != seg.member]
+        top = [s for s in order[:k] if s.member != seg.member and s.end < total]  # a donor with steps left
         if seg.member in bottom and top and seg.end >= spec.burn_in_steps:
             donor = rng.choice(top)
             new = explore(donor.params, params, spec, rng)
@@ -208,20 +238,24 @@ def decide(seg: Segment, segments: Sequence[Segment], params: Sequence[Param], s
                             donor=donor.number, why=f"bottom {k}/{len(order)}: value {seg.value} vs donor "
                             f"{donor.value}")
         return Decision("continue", seg.end, min(seg.end + interval, total), dict(seg.params), source=seg.number)
-    # no checkpoint at the segment's end: a collapse rolls back, anything else exploits or retries
-    healthy = [s for s in ranked(segments, maximize) if s.member != seg.member]
+    # no checkpoint at the segment's end: a collapse rolls back, anything else exploits or retries, at most
+    # max_rollbacks + 1 failed segments in a row (rollbacks, exploits and retries all count: a member whose every
+    # segment fails, a broken donor checkpoint or a trainer that crashes on resume, must not loop for ever)
+    healthy = [s for s in ranked(segments, maximize) if s.member != seg.member and s.end < total]
     if seg.collapse is not None and seg.rollbacks < spec.max_rollbacks and (seg.checkpoint is not None or not healthy):
         rule = rollback_rules(params, spec).get(seg.collapse, [])
         new = apply_rule(seg.params, rule, params)
         moved = {n: new[n] for n in new if new[n] != seg.params.get(n)}
         return Decision("rollback", seg.start, seg.end, new, source=seg.source, checkpoint=seg.checkpoint,
                         rollbacks=seg.rollbacks + 1, why=f"collapsed:{seg.collapse}", moved=moved)
+    if seg.rollbacks > spec.max_rollbacks:
+        return None
     if healthy:
         k = max(1, int(len(healthy) * spec.quantile))
         donor = rng.choice(healthy[:k])
         new = explore(donor.params, params, spec, rng)
         return Decision("exploit", donor.end, min(donor.end + interval, total), new, source=donor.number,
-                        donor=donor.number, why=f"no checkpoint at step {seg.end}"
+                        donor=donor.number, rollbacks=seg.rollbacks + 1, why=f"no checkpoint at step {seg.end}"
                         + (f" (collapsed:{seg.collapse}, {seg.rollbacks} rollbacks)" if seg.collapse else ""))
     if seg.rollbacks < spec.max_rollbacks:
         return Decision("retry", seg.start, seg.end, dict(seg.params), source=seg.source, checkpoint=seg.checkpoint,

@@ -49,7 +49,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from hpo.experiment._space import ROLLBACK_LABELS, Space, SpaceError
 from hpo.study._checkpoints import CHECKPOINTS, TRIAL_MARKER, checkpoint_dirs, dir_bytes
 from hpo.study._confirm import is_confirm
-from hpo.study._pbt import Decision, Segment, decide, latest, lineage, sample, schedule
+from hpo.study._pbt import Decision, Segment, decide, initial_population, latest, lineage, schedule
 from hpo.study._slots import is_finished
 
 P = "pbt:"
@@ -154,7 +154,7 @@ class Population:
         segs = segments_of(trials, self.space.study.max_retry)
         if not segs:
             rng = random.Random(f"pbt-init:{self.spec.seed}")
-            self.queue_initial([sample(self.space.params, rng) for _ in range(self.spec.population)])
+            self.queue_initial(initial_population(self.space.params, self.spec.population, rng, self.spec.init))
             return False
         done = True
         newest = latest(segs)

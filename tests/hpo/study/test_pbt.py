@@ -16,6 +16,7 @@ from hpo.study._pbt import (
     apply_rule,
     decide,
     explore,
+    initial_population,
     lineage,
     perturb,
     ranked,
@@ -148,6 +149,39 @@ def test_a_crash_without_checkpoint_exploits_or_retries() -> None:
     assert d is not None and d.action == "retry" and d.checkpoint == "/c/z" and d.params == crashed.params
 
 
+def test_no_segment_continues_a_donor_that_has_no_steps_left() -> None:
+    """Found by the benchmark's smoke run: the only healthy member had reached the last step, and a member whose
+    segment collapsed past its rollbacks 'exploited' it with a zero-length segment (start = end = total) that
+    crashed, over and over. A donor must have steps left, in both exploit branches."""
+    total = 40
+    done = seg(3, 3, total, 0.9, start=30, seq=3)
+    collapsed = seg(7, 0, 40, None, collapse="nan", rollbacks=2, source=5, checkpoint="/c/x", start=30, seq=5)
+    d = decide(collapsed, [done, collapsed], PARAMS, SPEC, total, True, random.Random(0))
+    assert d is None or d.end > d.start
+    behind = seg(8, 1, 30, 0.1, start=20, seq=2)
+    d = decide(behind, [done, behind, seg(9, 2, 30, 0.5, start=20, seq=2)], PARAMS, SPEC, total, True,
+               random.Random(0))
+    assert d is not None and d.action == "continue" and (d.start, d.end) == (30, 40)
+
+
+def test_failed_segments_in_a_row_are_bounded() -> None:
+    """A member whose every segment fails (say its trainer crashes on resume) exploits at most max_rollbacks + 1
+    times in a row, then stops: the population cannot loop for ever."""
+    pop = population()
+    spec = PbtSpec(population=4, interval_steps=10, max_rollbacks=2)
+    failed = seg(10, 0, 10, None)  # crashed: no value, no collapse label
+    segments = [*pop[1:], failed]
+    decisions = []
+    for n in range(11, 30):
+        d = decide(failed, segments, PARAMS, spec, 40, True, random.Random(n))
+        if d is None:
+            break
+        decisions.append(d.action)
+        failed = seg(n, 0, d.end, None, start=d.start, seq=failed.seq + 1, rollbacks=d.rollbacks, source=d.source)
+        segments.append(failed)
+    assert decisions == ["exploit"] * 3
+
+
 def test_explore_moves() -> None:
     spec = PbtSpec(resample_probability=0.0)
     assert perturb(EPOCHS, 4, True, spec) == 5 and perturb(EPOCHS, 1, False, spec) == 1
@@ -165,6 +199,39 @@ def test_explore_moves() -> None:
     draws = [sample(PARAMS, rng)["lr"] for _ in range(400)]
     below = sum(math.log10(x) < -4 for x in draws) / len(draws)  # half of [1e-6, 1e-2] in log space
     assert 0.4 < below < 0.6
+
+
+@pytest.mark.parametrize("n", [2, 4, 7])
+def test_latin_hypercube_puts_one_member_in_each_stratum(n: int) -> None:
+    """init lhs: each log range cut into n equal strata (in log space) holds exactly one member; ints cover their
+    range evenly; a categorical's choices are dealt in turn; the same seed gives the same population."""
+    params = (LR, KL, EPOCHS, ADV)
+    for seed in range(20):
+        pop = initial_population(params, n, random.Random(seed))
+        assert pop == initial_population(params, n, random.Random(seed))
+        for p in (LR, KL):
+            lo, hi = math.log(p.low), math.log(p.high)  # type: ignore[arg-type]
+            strata = sorted(int((math.log(m[p.name]) - lo) / (hi - lo) * n) for m in pop)
+            assert strata == list(range(n)), (p.name, seed, strata)
+        epochs = [m["epochs"] for m in pop]
+        assert all(1 <= e <= 8 and isinstance(e, int) for e in epochs)
+        assert max(epochs) - min(epochs) >= (8 - 1) * (n - 2) / n  # spread over the range, not clumped
+        counts = [sum(m["adv"] == c for m in pop) for c in ("gae", "grpo", "rloo")]
+        assert max(counts) - min(counts) <= 1
+
+
+def test_latin_hypercube_spreads_where_independent_draws_clump() -> None:
+    """The failure the Latin hypercube removes: over 200 seeds, independent draws put all 4 members in one half of
+    the learning-rate range (log space) one time in 8; the hypercube never does."""
+    def clumped(init: str) -> int:
+        bad = 0
+        for seed in range(200):
+            lrs = [m["lr"] for m in initial_population(PARAMS, 4, random.Random(seed), init)]
+            below = sum(math.log10(x) < -4 for x in lrs)
+            bad += below in (0, 4)
+        return bad
+    assert clumped("lhs") == 0
+    assert clumped("random") > 10
 
 
 def test_lineage_and_schedule() -> None:

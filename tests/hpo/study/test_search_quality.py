@@ -11,7 +11,7 @@ import pytest
 from optuna.trial import TrialState
 
 from hpo.experiment._objective import Objective
-from hpo.experiment._space import PrunerSpec, SamplerSpec
+from hpo.experiment._space import PrunerSpec, SamplerSpec, SpaceError, load_space
 from hpo.study._optuna import make_pruner, make_sampler
 from tests.hpo.conftest import fake_space, load, run_cli
 
@@ -62,6 +62,14 @@ def test_bad_aggregate_is_one_line(tmp_path: Path, studies: Path, bad: dict, nee
     assert res.returncode == 2
     assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert not studies.exists() or not any(studies.iterdir())
+
+
+def test_an_override_can_switch_the_aggregate_away_from_mean_last_k() -> None:
+    """kl_lr ships mean_last_k with k: 3; `objective.k=null` unsets k, so `objective.aggregate=last` is accepted."""
+    space = load_space("kl_lr", overrides=["objective.aggregate=last", "objective.k=null"])
+    assert space.objective.aggregate == "last"
+    with pytest.raises(SpaceError, match="objective.k: only with aggregate mean_last_k"):
+        load_space("kl_lr", overrides=["objective.aggregate=last"])
 
 
 @pytest.mark.parametrize("warmup", [0, 3, 100])
