@@ -128,12 +128,20 @@ SEARCH_SPACE = "kl_lr_clip"  # the 3-parameter space of the search-efficiency an
 OFF = ["study.pruner.type=none", "early_stopping.enabled=false", "diagnosis.enabled=false"]
 
 
+REUSE: dict[str, Any] = {}  # study name -> an earlier run's result for it (run.py --reuse-studies): not re-run
+
+
 def _studies(kind: str, seeds: list[int], n_trials: int, extra: list[str], workdir: Path, space: str,
              details: dict[str, Any]) -> list[list[dict[str, Any]]]:
     """One study per sampler seed (``kind`` names it); returns each study's trials."""
     out = []
     for seed in seeds:
         name = f"{kind}_{seed}"
+        if name in REUSE:
+            log(f"{kind}: sampler seed {seed}: reusing the earlier run's study")
+            details[name] = {**REUSE[name], "reused": True}
+            out.append(REUSE[name]["trials"])
+            continue
         log(f"{kind}: sampler seed {seed} ({n_trials} trials of {space})")
         res = search(workdir / name, name, [f"study.n_trials={n_trials}", f"study.sampler.seed={seed}", *extra], space)
         details[name] = res

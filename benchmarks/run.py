@@ -169,7 +169,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="replace the groups measured in these runs' results.json in --out's (default benchmarks/)")
     p.add_argument("--group-note", nargs=2, action="append", default=[], metavar=("GROUP", "FILE"),
                    help="with --update: FILE's text under GROUP's table")
+    p.add_argument("--reuse-studies", type=Path, default=None, metavar="RESULTS_JSON",
+                   help="search/pruning: take the studies of RESULTS_JSON's details.driver.search instead of running "
+                        "them, except those of --rerun (e.g. after a change to one sampler)")
+    p.add_argument("--rerun", nargs="+", default=[], metavar="KIND",
+                   help="with --reuse-studies: the study kinds run again (random, tpe, gp, tpe_off)")
     args = p.parse_args(argv)
+    if args.reuse_studies is not None:
+        from benchmarks import driver as _driver
+
+        stored = json.loads(args.reuse_studies.read_text())["details"]["driver"]["search"]
+        _driver.REUSE.update({k: v for k, v in stored.items() if k.rsplit("_", 1)[0] not in args.rerun})
     if args.update:
         return update(args.update, args.out or REPO / "benchmarks",
                       {g: Path(f).read_text().strip() for g, f in args.group_note})
