@@ -7,8 +7,10 @@ path), ``hpo:space_sha256`` (:func:`hpo.experiment._trust.experiment_digest`) an
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
 import warnings
 from typing import Any
 
@@ -47,7 +49,16 @@ def make_sampler(spec: SamplerSpec, n_existing: int, joining: bool = False) -> o
         from hpo.study._gp import PrunedAwareGPSampler
 
         return PrunedAwareGPSampler(seed=seed, n_startup_trials=spec.n_startup_trials)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
+    kwargs: dict[str, Any] = {}
+    if spec.gamma is not None:
+        kwargs["gamma"] = functools.partial(tpe_gamma, spec.gamma)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True, **kwargs)
+
+
+def tpe_gamma(fraction: float, n: int) -> int:
+    """TPE's good-group size for ``n`` finished trials: ``ceil(fraction * n)``, at least 1, at most 25 (Optuna's
+    cap)."""
+    return max(1, min(math.ceil(fraction * n), 25))
 
 
 def make_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
