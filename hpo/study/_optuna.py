@@ -7,10 +7,8 @@ path), ``hpo:space_sha256`` (:func:`hpo.experiment._trust.experiment_digest`) an
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
-import math
 import warnings
 from typing import Any
 
@@ -49,16 +47,7 @@ def make_sampler(spec: SamplerSpec, n_existing: int, joining: bool = False) -> o
         from hpo.study._gp import PrunedAwareGPSampler
 
         return PrunedAwareGPSampler(seed=seed, n_startup_trials=spec.n_startup_trials)
-    kwargs: dict[str, Any] = {}
-    if spec.gamma is not None:
-        kwargs["gamma"] = functools.partial(tpe_gamma, spec.gamma)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True, **kwargs)
-
-
-def tpe_gamma(fraction: float, n: int) -> int:
-    """TPE's good-group size for ``n`` finished trials: ``ceil(fraction * n)``, at least 1, at most 25 (Optuna's
-    cap)."""
-    return max(1, min(math.ceil(fraction * n), 25))
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
 
 
 def make_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
@@ -75,7 +64,8 @@ def make_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
 def _base_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
     if spec.type == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=spec.n_startup_trials,
-                                           n_warmup_steps=spec.n_warmup_steps, interval_steps=spec.interval_steps)
+                                           n_warmup_steps=spec.n_warmup_steps, interval_steps=spec.interval_steps,
+                                           n_min_trials=spec.n_min_trials)
     if spec.type == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=spec.min_resource,
                                               max_resource=spec.max_resource or "auto",

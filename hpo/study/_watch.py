@@ -123,7 +123,7 @@ class Watch:
             return False
         others = [float(t.user_attrs["curve"][str(step)]) for t in finished
                   if str(step) in t.user_attrs.get("curve", {})]
-        if not others:
+        if len(others) < max(1, spec.n_min_trials):
             return False
         median = statistics.median(others)
         if self.space.objective.direction_literal == "maximize":

@@ -100,9 +100,31 @@ def _study_with_two_good_trials(pruner: optuna.pruners.BasePruner) -> optuna.Stu
     return study
 
 
+def test_median_pruner_needs_several_trials_at_a_step() -> None:
+    """Plateau stopping ends the fast learners early, so at a late step one slower trial may be the only one with a
+    value: a trial is not pruned for being below that one (n_min_trials: 3 by default), only below a real median."""
+    def pruned_at_late_step(spec: PrunerSpec, late_reporters: int) -> bool:
+        study = optuna.create_study(direction="maximize", pruner=make_pruner(spec))
+        for i in range(4):  # four finished trials; only the first `late_reporters` reached step 6
+            t = study.ask()
+            for step in (0, 2, 4):
+                t.report(0.5, step)
+            if i < late_reporters:
+                t.report(0.95, 6)
+            study.tell(t, 0.95 if i < late_reporters else 0.5)
+        t = study.ask()
+        for step, v in ((0, 0.6), (2, 0.7), (4, 0.8)):
+            t.report(v, step)  # above the median so far
+        t.report(0.94, 6)  # its best, 0.94, within the noise of the one trial still there at step 6
+        return t.should_prune()
+    assert pruned_at_late_step(PrunerSpec(type="median", n_startup_trials=2, n_min_trials=1), 1)
+    assert not pruned_at_late_step(PrunerSpec(type="median", n_startup_trials=2), 1)
+    assert pruned_at_late_step(PrunerSpec(type="median", n_startup_trials=2), 3)  # a median of three: pruned
+
+
 def test_patient_pruner_spares_a_trial_that_keeps_improving() -> None:
-    plain = make_pruner(PrunerSpec(type="median", n_startup_trials=1))
-    patient = make_pruner(PrunerSpec(type="median", n_startup_trials=1, patience=2))
+    plain = make_pruner(PrunerSpec(type="median", n_startup_trials=1, n_min_trials=1))
+    patient = make_pruner(PrunerSpec(type="median", n_startup_trials=1, n_min_trials=1, patience=2))
     assert isinstance(patient, optuna.pruners.PatientPruner)
     for pruner, expect_pruned in ((plain, True), (patient, False)):
         study = _study_with_two_good_trials(pruner)
