@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=None, help="trainer repetitions (default 5; smoke 1)")
     p.add_argument("--steps", type=int, default=None, help="trainer steps per run incl. warm-up (default 7; smoke 2)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default benchmarks/ or benchmarks/smoke/)")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="pays, pbt: keep their studies here (e.g. to run verl-hpo best on them afterwards)")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="DIR",
                    help="combine the results.json of earlier runs (e.g. parts run separately) into --out")
     p.add_argument("--update", nargs="+", type=Path, default=None, metavar="DIR",
@@ -241,11 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     if "pays" in parts:
         from benchmarks import pays
 
-        attempt("pays", lambda: pays.bench(args.smoke))
+        attempt("pays", lambda: pays.bench(args.smoke, args.workdir))
     if "pbt" in parts:
         from benchmarks import pbt
 
-        attempt("pbt", lambda: pbt.bench(args.smoke))
+        attempt("pbt", lambda: pbt.bench(args.smoke, args.workdir))
     if "memory" in parts:
         from benchmarks import memory_estimate
 
