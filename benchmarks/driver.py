@@ -203,6 +203,7 @@ def search_and_pruning(seeds: list[int], n_trials: int, workdir: Path, space: st
     note = (f"{space} space, TPE, {n_trials} trials per study, 2 in parallel, sampler seeds {seeds}; ours = median "
             "pruner (+ patience / warm-up as shipped), early stopping and collapse stopping on; baseline = all off")
     on_s, off_s = [trial_seconds(t) for t in on], [trial_seconds(t) for t in off]
+    steps_on, steps_off = ([float(sum(int(x.get("last_step") or 0) for x in t)) for t in side] for side in (on, off))
     best_on = [best_value(t) or float("nan") for t in on]
     best_off = [best_value(t) or float("nan") for t in off]
     rows += [
@@ -210,6 +211,11 @@ def search_and_pruning(seeds: list[int], n_trials: int, workdir: Path, space: st
         make_row("compute saved by pruning + early stopping + collapse stopping", "%",
                  [100 * (1 - a / b) for a, b in zip(on_s, off_s)], group=g,
                  note="1 - trial-seconds(on) / trial-seconds(off), per seed; goal >= 40%"),
+        make_row("trainer steps run (on vs off)", "steps", steps_on, steps_off, higher_is_better=False, group=g,
+                 note="the sum of each trial's last step: what the trial-seconds rows measure, without the machine's "
+                      "load (studies run at different times share the CPU with different neighbours)"),
+        make_row("compute saved, in trainer steps", "%", [100 * (1 - a / b) for a, b in zip(steps_on, steps_off)],
+                 group=g, note="1 - steps(on) / steps(off), per seed"),
         make_row("best value reached (on vs off)", "reward", best_on, best_off, group=g,
                  note="best COMPLETE trial per seed; goal: within 0.02 of off"),
         make_row("best value gap (off - on)", "reward", [b - a for a, b in zip(best_on, best_off)], group=g,

@@ -1,7 +1,8 @@
 """Population-based training end to end with the real trainer (``python -m verl_core train``) through the driver:
 a population of 4 on the default task, a collapse rolled back, an exploit continuing another member's checkpoint
 with the new learning rate in force (read from ``actor/lr``), the driver SIGKILLed mid-segment and ``resume``,
-lineage and schedule in ``best``, and only the members' final checkpoints left on disk."""
+lineage and schedule in ``best``, only the members' final checkpoints left on disk, and the winning schedule
+confirmed from scratch on a fresh seed, range by range."""
 
 from __future__ import annotations
 
@@ -135,6 +136,28 @@ def test_population_exploits_rolls_back_survives_sigkill_and_resume(tmp_path: Pa
     sched = json.loads(best.stdout)
     assert sched["schedule"][0]["start"] == 0 and sched["schedule"][-1]["end"] == 4
     assert sched["trial"] in finals and Path(sched["checkpoint"]).is_dir()
+
+    # confirmation: the winning schedule re-run from scratch on a fresh seed with the real trainer, one segment per
+    # step range of the schedule, each continuing the previous one's checkpoint and training with its range's
+    # learning rate (actor/lr) from the range's first step on; a confirmation run keeps no checkpoint
+    res = run_cli(["confirm", "--study", "pbt", "--top", "1", "--seeds", "1"], studies, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    trials = load(studies, "pbt").trials
+    chain = sorted((t for t in trials if t.system_attrs.get("hpo:confirm_of") == sched["trial"]),
+                   key=lambda t: t.system_attrs["pbt:schedule_index"])
+    assert [t.system_attrs["pbt:schedule_index"] for t in chain] == list(range(len(sched["schedule"])))
+    assert all(t.state == TrialState.COMPLETE for t in chain), [(t.number, t.state) for t in chain]
+    assert len({t.system_attrs["hpo:confirm_seed"] for t in chain}) == 1 and chain[0].system_attrs[
+        "hpo:confirm_seed"] != 1  # trainer.seed of the tuning runs
+    for t, rng in zip(chain, sched["schedule"], strict=True):
+        assert (t.system_attrs["pbt:start"], t.system_attrs["pbt:end"]) == (rng["start"], rng["end"])
+        rows = metrics(t)
+        assert rows[0]["step"] == rng["start"] + 1 and t.user_attrs["last_step"] == rng["end"], t.number
+        assert all(r["data"]["actor/lr"] == pytest.approx(rng["params"]["actor_lr"]) for r in rows
+                   if "actor/lr" in r["data"]), t.number
+    assert chain[0].system_attrs["pbt:checkpoint"] is None  # from scratch
+    assert all(t.system_attrs["pbt:checkpoint"] for t in chain[1:])
+    assert not list(Path(chain[-1].user_attrs["trial_dir"]).glob("checkpoints/global_step_*"))
 
 
 def _cmdline(p: psutil.Process) -> list[str]:
