@@ -129,14 +129,14 @@ def update(dirs: list[Path], out_dir: Path, notes: dict[str, str] | None = None)
         new = _rows(doc)
         groups = list(dict.fromkeys(r.group for r in new))
         merged: list[Row] = []
+        placed: set[str] = set()
         for r in rows:
-            if r.group in groups:
-                if r.group not in {m.group for m in merged}:
-                    merged += [n for n in new if n.group == r.group]
-            else:
+            if r.group not in groups:
                 merged.append(r)
-        merged += [n for n in new if n.group not in {m.group for m in merged}]
-        rows = merged
+            elif r.group not in placed:  # the new group's rows where its old ones began
+                merged += [n for n in new if n.group == r.group]
+                placed.add(r.group)
+        rows = merged + [n for n in new if n.group not in placed]
         details.update(doc.get("details", {}))
         m = doc["meta"]
         meta.setdefault("updates", []).append({"date": m["machine"]["date"], "load_start": m["load_start"],

@@ -46,7 +46,7 @@ class _PrunedAsCompleted:
         if states is None or TrialState.COMPLETE not in states:
             return self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
         wanted = (*[s for s in TrialState if s in states], TrialState.PRUNED)
-        out = []
+        out = []  # in the storage's order (by number), like the study's own
         for t in self._study._get_trials(deepcopy=deepcopy, states=wanted, use_cache=use_cache):
             if t.state == TrialState.PRUNED and TrialState.PRUNED not in states:
                 c = as_completed(t)
@@ -54,7 +54,7 @@ class _PrunedAsCompleted:
                     out.append(c)
             else:
                 out.append(t)
-        return sorted(out, key=lambda t: t.number)
+        return out
 
 
 class PrunedAwareGPSampler(optuna.samplers.GPSampler):
