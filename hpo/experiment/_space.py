@@ -89,7 +89,11 @@ class SamplerSpec:
 
     type: str = field(default="tpe", metadata=_meta("Sampler.", ("tpe", "gp", "random")))
     seed: int | None = field(default=0, metadata=_meta("Base seed; + number of existing trials on resume."))
-    n_startup_trials: int = field(default=4, metadata=_meta("TPE / GP: random trials before modelling."))
+    n_startup_trials: int = field(default=4, metadata=_meta("TPE / GP: start-up trials before modelling."))
+    startup: str = field(default="lhs", metadata=_meta(
+        "TPE / GP: how the start-up trials are drawn. lhs: a Latin hypercube from the base seed (each parameter's "
+        "range cut into n_startup_trials strata, one trial in each; shared by every driver of the study); random: "
+        "independent draws (Optuna's own).", ("lhs", "random")))
 
 
 @dataclass(frozen=True)

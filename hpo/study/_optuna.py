@@ -10,12 +10,13 @@ import dataclasses
 import hashlib
 import json
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
 
 from hpo.execution._identity import driver_identity
-from hpo.experiment._space import PrunerSpec, SamplerSpec, Space, SpaceError, space_from_stored
+from hpo.experiment._space import Param, PrunerSpec, SamplerSpec, Space, SpaceError, space_from_stored
 from hpo.experiment._trust import experiment_digest
 from hpo.study._storage import mask_url, open_storage, study_exists
 
@@ -37,17 +38,27 @@ def sampler_seed(base: int | None, n_existing: int, joining: bool) -> int | None
     return seed % 2**32
 
 
-def make_sampler(spec: SamplerSpec, n_existing: int, joining: bool = False) -> optuna.samplers.BaseSampler:
+def make_sampler(spec: SamplerSpec, n_existing: int, joining: bool = False,
+                 params: Sequence[Param] = ()) -> optuna.samplers.BaseSampler:
     """Seeded by :func:`sampler_seed`. TPE imputes running trials' values (``constant_liar``; Optuna 5 makes
-    it multivariate always), so parallel workers spread out instead of sampling the same point."""
+    it multivariate always), so parallel workers spread out instead of sampling the same point. With
+    ``spec.startup == "lhs"`` and the space's ``params`` given, TPE's and GP's start-up trials are a Latin hypercube
+    drawn from the base seed (:class:`hpo.study._startup.LatinStartSampler`)."""
     seed = sampler_seed(spec.seed, n_existing, joining)
     if spec.type == "random":
         return optuna.samplers.RandomSampler(seed=seed)
+    model: optuna.samplers.BaseSampler
     if spec.type == "gp":  # imports torch (CPU) into the driver: only when asked for
         from hpo.study._gp import PrunedAwareGPSampler
 
-        return PrunedAwareGPSampler(seed=seed, n_startup_trials=spec.n_startup_trials)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
+        model = PrunedAwareGPSampler(seed=seed, n_startup_trials=spec.n_startup_trials)
+    else:
+        model = optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
+    if spec.startup != "lhs" or not params:
+        return model
+    from hpo.study._startup import LatinStartSampler
+
+    return LatinStartSampler(model, params, spec.n_startup_trials, spec.seed)
 
 
 def make_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
@@ -110,7 +121,8 @@ def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:
     study = optuna.create_study(study_name=study_name, storage=storage,
                                 directions=[optuna.study.StudyDirection[d.upper()] for d in directions],
                                 load_if_exists=True,
-                                sampler=make_sampler(space.study.sampler, n_existing, joining=n_existing > 0),
+                                sampler=make_sampler(space.study.sampler, n_existing, joining=n_existing > 0,
+                                                     params=space.params),
                                 pruner=make_pruner(space.study.pruner))
     # each attribute on its own: a search that died half-way through creating the study is repaired by the next
     attrs = study.user_attrs
@@ -144,7 +156,8 @@ def load_stored(study_name: str, storage_url: str, n_trials: int | None,
     space = dataclasses.replace(space, study=dataclasses.replace(space.study, n_trials=target))
     storage = open_storage(storage_url, space.study)
     study = optuna.load_study(study_name=study_name, storage=storage,
-                              sampler=make_sampler(space.study.sampler, len(old.trials), joining=True),
+                              sampler=make_sampler(space.study.sampler, len(old.trials), joining=True,
+                                                   params=space.params),
                               pruner=make_pruner(space.study.pruner))
     if n_trials is not None:
         study.set_user_attr(ATTR_TARGET, target)
