@@ -445,6 +445,7 @@ def test_bad_corners_are_one_line_errors_naming_key_and_value() -> None:
 
 
 @needs_verl
+@pytest.mark.slow  # a real verl (or stand-in) process: ~20-60 s; make test-slow / CI
 def test_check_verl_space_names_the_parameter_and_the_value() -> None:
     actor_lr = read_yaml(SPACE_FILE)["params"]["actor_lr"]
     bad = load_verl_space(params={"actor_lr": actor_lr, "mini_batch": {
@@ -491,6 +492,7 @@ def test_a_search_with_verl_s_cpu_interpreter_is_refused_unless_trials_run_the_s
 
 
 @needs_verl
+@pytest.mark.slow  # a real verl (or stand-in) process: ~20-60 s; make test-slow / CI
 def test_verl_search_with_a_cpu_interpreter_exits_2_naming_the_fix(tmp_path: Path) -> None:
     raw = read_yaml(SPACE_FILE)
     raw["overrides"]["actor_rollout_ref.actor.ppo_mini_batch_size"] = 16
@@ -506,6 +508,7 @@ def test_verl_search_with_a_cpu_interpreter_exits_2_naming_the_fix(tmp_path: Pat
 
 
 @needs_verl
+@pytest.mark.slow  # a real verl (or stand-in) process: ~20-60 s; make test-slow / CI
 def test_verl_s_composed_config_has_every_seed_that_confirm_varies() -> None:
     from hpo.study._confirm import seed_overrides
 
@@ -533,6 +536,7 @@ def space_corner0(space: Space, extra: dict[str, Any]) -> list[str]:
 
 
 @needs_verl
+@pytest.mark.slow  # a real verl (or stand-in) process: ~20-60 s; make test-slow / CI
 def test_the_core_metric_of_a_custom_reward_function_is_found_by_calling_it(tmp_path: Path) -> None:
     from hpo.backends.verl._data import write_parquet
 
@@ -679,6 +683,7 @@ def run_until(argv: list[str], env: dict[str, str], tracker: Path, step: str) ->
     return proc
 
 
+@pytest.mark.slow  # a real verl (or stand-in) process: ~20-60 s; make test-slow / CI
 def test_stand_in_speaks_the_contract(fake_verl: dict[str, str], tmp_path: Path) -> None:
     trials, cwd = tmp_path / "trials", tmp_path / "cwd"
     cwd.mkdir()
@@ -713,6 +718,7 @@ def test_stand_in_speaks_the_contract(fake_verl: dict[str, str], tmp_path: Path)
     assert res.returncode == 1 and "use +fake.y=1" in res.stderr
 
 
+@pytest.mark.slow  # a real verl (or stand-in) process: ~20-60 s; make test-slow / CI
 def test_a_custom_reward_without_acc_keeps_reward_as_the_core_metric(fake_verl: dict[str, str],
                                                                      tmp_path: Path) -> None:
     """verl names val-core after `acc` when the reward function's result has it (a float counts as acc too), else
@@ -729,6 +735,7 @@ def test_a_custom_reward_without_acc_keeps_reward_as_the_core_metric(fake_verl: 
     assert "val-aux/openai/gsm8k/format/mean@1" in last and VAL not in last
 
 
+@pytest.mark.slow  # a real verl (or stand-in) process: ~20-60 s; make test-slow / CI
 def test_kill_then_retry_resumes_from_the_last_checkpoint(fake_verl: dict[str, str], tmp_path: Path) -> None:
     """Three attempts: the first is killed after its checkpoint at step 6, the second resumes from it, saves
     step 9 in its own directory and is killed; the third continues from step 9 (the newest checkpoint of the
@@ -762,6 +769,7 @@ def test_kill_then_retry_resumes_from_the_last_checkpoint(fake_verl: dict[str, s
     assert curve == {**{s: d[VAL] for s, d in MetricsTail(whole).read() if VAL in d}, 9: pytest.approx(0.72)}
 
 
+@pytest.mark.slow  # a real verl (or stand-in) process: ~20-60 s; make test-slow / CI
 def test_a_half_deleted_checkpoint_is_not_resumed(fake_verl: dict[str, str], tmp_path: Path) -> None:
     """verl removes the previous step's actor/ (max_actor_ckpt_to_keep=1) before it rewrites the tracker: killed
     in between, the tracker names a step whose actor/ is gone. Resuming it would crash as verl's loader does;

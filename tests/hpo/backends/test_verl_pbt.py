@@ -33,6 +33,7 @@ def run_segment(env: dict[str, str], trials: Path, number: int, end: int, lr: fl
     return MetricsTail(verl_metrics_path(trial_dir, 0)).read()
 
 
+@pytest.mark.slow  # a real verl (or stand-in) process: ~20-60 s; make test-slow / CI
 def test_a_segment_continues_another_members_checkpoint_with_its_own_lr(fake_verl: dict[str, str],  # noqa: F811
                                                                        tmp_path: Path) -> None:
     trials = tmp_path / "trials"
