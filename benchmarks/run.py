@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="output directory (default benchmarks/ or benchmarks/smoke/)")
     p.add_argument("--workdir", type=Path, default=None,
                    help="pays, pbt: keep their studies here (e.g. to run verl-hpo best on them afterwards)")
+    p.add_argument("--pbt-tasks", nargs="+", default=None, metavar="TASK",
+                   help="pbt: the tasks to compare on (default all: default noisy)")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="DIR",
                    help="combine the results.json of earlier runs (e.g. parts run separately) into --out")
     p.add_argument("--update", nargs="+", type=Path, default=None, metavar="DIR",
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     if "pbt" in parts:
         from benchmarks import pbt
 
-        attempt("pbt", lambda: pbt.bench(args.smoke, args.workdir))
+        attempt("pbt", lambda: pbt.bench(args.smoke, args.workdir, tuple(args.pbt_tasks or pbt.TASKS)))
     if "memory" in parts:
         from benchmarks import memory_estimate
 
