@@ -137,7 +137,11 @@ def update(dirs: list[Path], out_dir: Path, notes: dict[str, str] | None = None)
                 merged += [n for n in new if n.group == r.group]
                 placed.add(r.group)
         rows = merged + [n for n in new if n.group not in placed]
-        details.update(doc.get("details", {}))
+        for part, det in doc.get("details", {}).items():  # one level deep: a part run for some of its tasks
+            if isinstance(det, dict) and isinstance(details.get(part), dict):  # (pbt --pbt-tasks default) keeps
+                details[part] = {**details[part], **det}                      # the others' details
+            else:
+                details[part] = det
         m = doc["meta"]
         meta.setdefault("updates", []).append({"date": m["machine"]["date"], "load_start": m["load_start"],
                                                "load_end": m["load_end"], "elapsed_min": m["elapsed_min"],

@@ -39,6 +39,7 @@ def run_py(code: str, *args: str, timeout: float = 120) -> Any:
 
 # ----------------------------------------------------------------------------- the whole plan on CPU
 @pytest.mark.timeout(900)
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_dry_run_prints_the_table(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -45,6 +45,7 @@ def test_hf_toxicity_model_scores_the_toxic_label(tiny_model_dir: Path, tmp_path
         ToxicityEvaluator(ToxicityConfig(model=str(tmp_path / "tox"), label="hateful"), torch.device("cpu"))
 
 
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_latency_grows_with_response_length(tiny_model_dir: Path, tmp_path: Path) -> None:
     """An untrained model rarely emits EOS, so max_response_length sets the answer length."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer

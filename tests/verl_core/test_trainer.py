@@ -51,6 +51,7 @@ def test_default_run_learns(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert "step:1 - " in out.stdout  # verl's console format
 
 
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_same_seed_same_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
     runs = []
     for name in ("a", "b"):
@@ -65,6 +66,7 @@ def test_same_seed_same_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert [_non_timing(r) for r in read_metrics(tmp_path / "c.jsonl")] != runs[0]
 
 
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_resume_after_kill_matches_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
     args = ["trainer.total_training_steps=6", "trainer.save_freq=2", "trainer.test_freq=3", *FAST]
     ref = run_trainer(["train", "--metrics-file", "ref.jsonl", "trainer.default_local_dir=ck_ref", *args], tmp_path)
@@ -134,6 +136,7 @@ def test_dynamic_gamma(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert rows[-1]["data"]["critic/grad_norm_nonfinite_steps"] == 0.0
 
 
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_on_policy_grpo_skips_the_old_log_prob_pass(tiny_model_dir: Path, tmp_path: Path) -> None:
     """One epoch x one mini-batch, no KL in reward: the update's forward supplies old log-probs and entropy."""
     on_policy = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", "algorithm.use_kl_in_reward=false",

@@ -36,6 +36,7 @@ def test_confirmation_seeds_never_overlap_tuning_seeds(tmp_path: Path) -> None:
     assert confirm_seeds(other, 2) == [7, 8]
 
 
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_confirm_reruns_the_top_trials_with_fresh_seeds_and_best_ranks_by_the_mean(tmp_path: Path,
                                                                                     studies: Path) -> None:
     log = tmp_path / "runs.jsonl"

@@ -182,6 +182,7 @@ def _recover(url: str, name: str, ready: Any, out: Any) -> None:
 
 
 @pytest.mark.parametrize("url", [PG_URL, REDIS_URL], ids=["postgresql", "redis"])
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_drivers_recovering_at_once_queue_one_retry(url: str, study_name: str) -> None:
     _need(url)
     study = optuna.create_study(study_name=study_name, storage=open_storage(url))
@@ -279,6 +280,7 @@ def test_heartbeats_keep_a_trial_alive_and_survive_storage_errors(study_name: st
 
 
 # ----------------------------------------------------------------------------- 5 + 6. seeds and the target
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_joining_workers_draw_different_parameters_and_hit_the_target(tmp_path: Path, studies: Path,
                                                                       study_name: str) -> None:
     _need(PG_URL)
@@ -299,6 +301,7 @@ def test_joining_workers_draw_different_parameters_and_hit_the_target(tmp_path: 
     assert len(log.read_text().splitlines()) == 3  # surplus trials never ran a process
 
 
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_drivers_starting_together_on_a_fresh_sqlite_file(tmp_path: Path, studies: Path) -> None:
     space = fake_space(tmp_path, study={"n_trials": 4})
     drivers = [start(["search", "--space", str(space)], studies, "s") for _ in range(3)]
@@ -310,6 +313,7 @@ def test_drivers_starting_together_on_a_fresh_sqlite_file(tmp_path: Path, studie
 
 
 # ----------------------------------------------------------------------------- 8. GPUs on one host
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_two_drivers_never_share_a_gpu(tmp_path: Path, studies: Path, study_name: str) -> None:
     _need(PG_URL)
     log = tmp_path / "runs.jsonl"

@@ -244,6 +244,7 @@ def test_stale_trial_of_another_host_is_retried_by_heartbeat(tmp_path: Path, stu
     assert len(finished(trials)) == 2
 
 
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_one_driver_with_parallel_jobs_never_asks_for_a_surplus_trial(tmp_path: Path, studies: Path) -> None:
     """Its jobs ask one at a time and only while the target has room, so the study holds exactly n_trials trials,
     none of them a surplus FAIL, and the summary counts no interrupted trial (issue 20, item 10)."""

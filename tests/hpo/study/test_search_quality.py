@@ -153,6 +153,7 @@ def test_gp_sampler_runs_a_search(tmp_path: Path, studies: Path) -> None:
     assert len({t.params["x"] for t in trials}) == 5
 
 
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_collapse_stops_a_trial_with_its_label(tmp_path: Path, studies: Path) -> None:
     """A NaN loss at step 5 of 40: stopped at once as collapsed:nan, completing with the evaluations it had;
     a healthy trial runs to the end labelled healthy."""

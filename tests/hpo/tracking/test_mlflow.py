@@ -82,6 +82,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory, mlflow_server: MlflowServ
     return {"res": res, "experiment": experiment, "studies": studies, "loaded": loaded.read_text()}
 
 
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_one_nested_run_per_trial_with_params_curves_and_outcome(searched: dict[str, Any],
                                                                   mlflow_server: MlflowServer) -> None:
     res = searched["res"]

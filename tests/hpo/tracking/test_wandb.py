@@ -43,6 +43,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
             "exit": [r["exit"] for r in recs if r["type"] == "exit"]}
 
 
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_offline_runs_per_trial_grouped_by_study(tmp_path: Path, studies: Path) -> None:
     wandb_dir = tmp_path / "wb"
     space = fake_space(tmp_path, study={"n_trials": 2},
