@@ -16,7 +16,8 @@ from each one's first step to its last. Over ``SEEDS`` search seeds (sampler see
 1), median and min-max. Goal (issue 24): PBT matches TPE's median best with at most 60% of its trainer steps, or
 beats it at equal budget.
 
-Tasks (``TASKS``): ``default`` (tiny_arith), and ``noisy``, the same with 40% of the training rewards flipped
+Tasks (``TASKS``): ``default`` (tiny_arith); ``late``, the same with no exploit before step 10 (half the run);
+and ``noisy``, the same with 40% of the training rewards flipped
 (``benchmarks/noisy_reward.py``), where a large learning rate learns fast but stalls at a noise floor and a small
 one averages the noise but is slow.
 
@@ -49,10 +50,13 @@ class Task:
     overrides: tuple[str, ...] = ()
     confirm: bool = True  # PBT's and TPE's picks confirmed on fresh seeds, scored on the held-out test split
     confirm_seeds: int = 3  # fresh trainer seeds per confirmed pick
+    burn_in: int | None = None  # steps before a member may exploit (None: one interval)
 
 
 TASKS = {
     "default": Task("default", "default task", 20, 5),
+    # The default task with exploits from half-way on: does a later first selection keep the slow, better starters?
+    "late": Task("late", "default task, exploits from step 10 on (burn-in 10)", 20, 5, burn_in=10),
     "noisy": Task("noisy", "noisy-reward variant: 40% of training rewards flipped (benchmarks/noisy_reward.py)", 20, 4,
                   (f"custom_reward_function.path={REPO / 'benchmarks' / 'noisy_reward.py'}",)),
 }
@@ -115,7 +119,7 @@ def _steps(t: Any) -> int:
 def pbt_once(studies: Path, task: Task, seed: int, population: int, confirm: bool = True) -> dict[str, Any]:
     trials = _run(studies, f"{task.name}-pbt-{population}-{seed}", "search_spaces/pbt_kl_lr.yaml",
                   [*common(task), f"study.pbt.population={population}", f"study.pbt.interval_steps={task.interval}",
-                   f"study.pbt.burn_in_steps={task.interval}", f"study.pbt.seed={seed}"])
+                   f"study.pbt.burn_in_steps={task.burn_in or task.interval}", f"study.pbt.seed={seed}"])
     finals = [t.values[0] for t in trials if t.state.name == "COMPLETE" and t.values
               and t.system_attrs.get("pbt:end") == task.horizon and t.user_attrs.get("last_step") == task.horizon]
     exploits = sum(t.system_attrs.get("pbt:action") == "exploit" for t in trials)
@@ -181,7 +185,8 @@ def compare(task: Task, seeds: tuple[int, ...], pop: int, tmp: Path) -> tuple[li
     med = statistics.median
     met = (pbt_best and tpe_all and med(pbt_best) >= med(tpe_all) and share <= 0.6) or \
         (pbt_best and tpe_half and med(pbt_best) > med(tpe_half))
-    note_eq = (f"{pop} members x {task.horizon} steps (segments of {task.interval}, Latin-hypercube start) vs the "
+    note_eq = (f"{pop} members x {task.horizon} steps (segments of {task.interval}, exploits from step "
+               f"{task.burn_in or task.interval}, Latin-hypercube start) vs the "
                f"first {pop} trials x {task.horizon} steps; value = the evaluation at step {task.horizon}; search "
                f"seeds {', '.join(map(str, seeds))}")
     rows = [
