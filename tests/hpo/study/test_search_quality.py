@@ -73,6 +73,7 @@ def test_an_override_can_switch_the_aggregate_away_from_mean_last_k() -> None:
 
 
 @pytest.mark.parametrize("warmup", [0, 3, 100])
+@pytest.mark.slow  # three real-trainer studies, ~20 s each: make test-slow (CI runs it)
 def test_pruning_warmup_counts_evaluations(tmp_path: Path, studies: Path, warmup: int) -> None:
     space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 20, "trainer.test_freq": 2,
                                             "fake.step_s": 0.1},
