@@ -176,6 +176,17 @@ def run_measured(argv: Sequence[str], *, env: Mapping[str, str] | None = None, c
     return Measured(proc.returncode, out, err, time.perf_counter() - t0, sampler.peak / 2**30)
 
 
+def hpo_cli(args: Sequence[str], studies: Path, *, nice: bool = False, timeout_s: float | None = None) -> float:
+    """``python -m hpo ARGS --studies-dir STUDIES`` with the main venv from the repo root; its wall seconds. A
+    non-zero exit raises with the tail of its stderr. ``nice``: below the trials' priority."""
+    argv = [*(["nice", "-n", "10"] if nice else []), main_python(), "-m", "hpo", *args, "--studies-dir", str(studies)]
+    m = run_measured(argv, env={"PYTHONPATH": str(REPO)}, cwd=str(REPO), rss_children=False,
+                     **({"timeout_s": timeout_s} if timeout_s is not None else {}))
+    if m.returncode != 0:
+        raise RuntimeError(f"verl-hpo {' '.join(args[:3])} failed (exit {m.returncode}):\n{tail(m.stderr)}")
+    return float(m.wall_s)
+
+
 def last_json_line(text: str) -> dict[str, Any]:
     """The last stdout line that parses as a JSON object (benchmark scripts print their result there)."""
     for line in reversed(text.strip().splitlines()):

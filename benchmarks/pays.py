@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import REPO, Row, log, main_python, make_row, run_measured, tail
+from benchmarks._common import Row, hpo_cli, log, make_row
 
 GROUP = "a search pays: kl_lr's pick vs its baseline (verl's defaults)"
 SEEDS = (0, 1, 2)
@@ -37,11 +37,8 @@ TOP_K = 3  # settings confirmed per study, as kl_lr ships (study.confirm.top_k)
 
 
 def _cli(args: list[str], studies: Path) -> None:
-    argv = ["nice", "-n", "10", main_python(), "-m", "hpo", *args, "--studies-dir", str(studies)]
-    m = run_measured(argv, env={"PYTHONPATH": str(REPO)}, cwd=str(REPO), rss_children=False, timeout_s=7200)
-    if m.returncode != 0:
-        raise RuntimeError(f"verl-hpo {' '.join(args[:3])} failed (exit {m.returncode}):\n{tail(m.stderr)}")
-    log(f"pays: verl-hpo {' '.join(args)}: {m.wall_s:.0f} s")
+    wall = hpo_cli(args, studies, nice=True, timeout_s=7200)
+    log(f"pays: verl-hpo {' '.join(args)}: {wall:.0f} s")
 
 
 def one_study(seed: int, studies: Path, smoke: bool, with_baseline: bool) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import REPO, Row, log, main_python, make_row, run_measured, tail
+from benchmarks._common import REPO, Row, hpo_cli, log, make_row
 
 POPULATION = 4
 SEEDS = (0, 1, 2)
@@ -70,37 +70,27 @@ def common(task: Task) -> list[str]:
             "early_stopping.enabled=false", "study.pruner.type=none", "trial.n_jobs=2", "trainer.cpu_threads=1"]
 
 
-def _run(studies: Path, study: str, space: str, overrides: list[str]) -> list[Any]:
-    argv = [main_python(), "-m", "hpo", "search", "--space", space, "--study", study, "--studies-dir", str(studies)]
-    for o in overrides:
-        argv += ["--override", o]
-    m = run_measured(argv, env={"PYTHONPATH": str(REPO)}, cwd=str(REPO), rss_children=False)
-    if m.returncode != 0:
-        raise RuntimeError(f"verl-hpo search {study} failed (exit {m.returncode}):\n{tail(m.stderr)}")
+def _study(studies: Path, study: str) -> Any:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    return list(optuna.load_study(study_name=study, storage=f"sqlite:///{studies / (study + '.db')}").trials)
+    return optuna.load_study(study_name=study, storage=f"sqlite:///{studies / (study + '.db')}")
 
 
-def _cli(studies: Path, args: list[str]) -> None:
-    argv = [main_python(), "-m", "hpo", *args, "--studies-dir", str(studies)]
-    m = run_measured(argv, env={"PYTHONPATH": str(REPO)}, cwd=str(REPO), rss_children=False)
-    if m.returncode != 0:
-        raise RuntimeError(f"verl-hpo {' '.join(args[:3])} failed (exit {m.returncode}):\n{tail(m.stderr)}")
+def _run(studies: Path, study: str, space: str, overrides: list[str]) -> list[Any]:
+    hpo_cli(["search", "--space", space, "--study", study, *(a for o in overrides for a in ("--override", o))],
+            studies)
+    return list(_study(studies, study).trials)
 
 
 def confirm_pick(studies: Path, study: str, seeds: int) -> dict[str, Any]:
     """``verl-hpo confirm --top 1 --seeds SEEDS`` on the study's pick (the best search trial; for PBT the
     winning lineage's schedule, re-run from scratch), and that pick's confirmed validation and held-out test means:
     the value a user gets, free of the selection bias of the best of several noisy evaluations."""
-    import optuna
-
     from hpo.study._confirm import confirmed, top_trials
 
-    _cli(studies, ["confirm", "--study", study, "--top", "1", "--seeds", str(seeds)])
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    st = optuna.load_study(study_name=study, storage=f"sqlite:///{studies / (study + '.db')}")
+    hpo_cli(["confirm", "--study", study, "--top", "1", "--seeds", str(seeds)], studies)
+    st = _study(studies, study)
     top = top_trials(st, 1)
     done = {c.trial.number: c for c in confirmed(st)}
     c = done.get(top[0].number) if top else None
@@ -116,7 +106,7 @@ def _steps(t: Any) -> int:
     return int(t.user_attrs.get("last_step") or 0) - int(t.system_attrs.get("pbt:start", 0))
 
 
-def pbt_once(studies: Path, task: Task, seed: int, population: int, confirm: bool = True) -> dict[str, Any]:
+def pbt_once(studies: Path, task: Task, seed: int, population: int) -> dict[str, Any]:
     trials = _run(studies, f"{task.name}-pbt-{population}-{seed}", "search_spaces/pbt_kl_lr.yaml",
                   [*common(task), f"study.pbt.population={population}", f"study.pbt.interval_steps={task.interval}",
                    f"study.pbt.burn_in_steps={task.burn_in or task.interval}", f"study.pbt.seed={seed}"])
@@ -126,7 +116,7 @@ def pbt_once(studies: Path, task: Task, seed: int, population: int, confirm: boo
     rollbacks = sum(t.system_attrs.get("pbt:action") == "rollback" for t in trials)
     out = {"best": max(finals) if finals else None, "steps": sum(_steps(t) for t in trials),
            "segments": len(trials), "exploits": exploits, "rollbacks": rollbacks}
-    if confirm:
+    if task.confirm:
         out["confirmed"] = confirm_pick(studies, f"{task.name}-pbt-{population}-{seed}", task.confirm_seeds)
     return out
 
@@ -143,12 +133,9 @@ def optuna_once(studies: Path, task: Task, seed: int, sampler: str, n_trials: in
     if confirm:
         _run(studies, name, "kl_lr", [*over, f"study.n_trials={n_trials // 2}"])
         picks["confirmed_half"] = confirm_pick(studies, name, task.confirm_seeds)
-        _cli(studies, ["resume", "--study", name, "--n-trials", str(n_trials)])
+        hpo_cli(["resume", "--study", name, "--n-trials", str(n_trials)], studies)
         picks["confirmed"] = confirm_pick(studies, name, task.confirm_seeds)
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.ERROR)
-        trials = list(optuna.load_study(study_name=name, storage=f"sqlite:///{studies / (name + '.db')}").trials)
+        trials = list(_study(studies, name).trials)
     else:
         trials = _run(studies, name, "kl_lr", [*over, f"study.n_trials={n_trials}"])
     trials = [t for t in trials if t.user_attrs.get("stop_reason") != "surplus" and "confirm_of" not in t.user_attrs]
@@ -168,7 +155,7 @@ def compare(task: Task, seeds: tuple[int, ...], pop: int, tmp: Path) -> tuple[li
     for seed in seeds:
         for kind in ("pbt", "tpe", "random"):
             log(f"pbt bench: {task.name}: {kind} seed {seed}")
-            res = (pbt_once(tmp, task, seed, pop, confirm=task.confirm) if kind == "pbt" else
+            res = (pbt_once(tmp, task, seed, pop) if kind == "pbt" else
                    optuna_once(tmp, task, seed, kind, 2 * pop, confirm=task.confirm and kind == "tpe"))
             log(f"  {res}")
             runs[kind].append(res)
