@@ -182,7 +182,10 @@ class PbtSpec:
         "parameters, cut into `population` equal strata with one member in each; categoricals cycled evenly), so a "
         "small population cannot start with every member in the same region; random = each member drawn "
         "independently.", ("lhs", "random")))
-    seed: int = field(default=0, metadata=_meta("Seed of the initial population and of explore."))
+    seed: int = field(default=0, metadata=_meta(
+        "Seed of the initial population and of explore. With init lhs the initial population is the Latin "
+        "hypercube that TPE and GP start from with study.sampler.seed set to the same value and n_startup_trials = "
+        "population, so a PBT study and a sampler study of one seed start from the same points."))
 
 
 @dataclass(frozen=True)

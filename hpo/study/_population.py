@@ -153,7 +153,7 @@ class Population:
         when a segment finished since the last call. True when the population is done."""
         segs = segments_of(trials, self.space.study.max_retry)
         if not segs:
-            rng = random.Random(f"pbt-init:{self.spec.seed}")
+            rng = random.Random(self.spec.seed)  # the seed's design is TPE's / GP's start-up (hpo.study._startup)
             self.queue_initial(initial_population(self.space.params, self.spec.population, rng, self.spec.init))
             return False
         done = True

@@ -212,3 +212,27 @@ def test_confirming_a_schedule_reruns_it_from_scratch_with_fresh_seeds(
     top = confirmed(study)[0]
     assert top.trial.number == best.number and top.n == 2  # the chains' last segments only
     assert not [p for p in pop.trials_dir.glob("*/checkpoints") if int(p.parent.name) in {t.number for t in runs}]
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_the_initial_population_is_the_samplers_start_up_design(setup: tuple[Space, optuna.Study, Population],
+                                                                 seed: int) -> None:
+    """With init lhs, PBT's first segments take the Latin hypercube TPE and GP start from for the same seed (and
+    n_startup_trials = population): a PBT study and a sampler study of one seed start from the same points."""
+    import dataclasses
+
+    from hpo.study._startup import LatinStartSampler
+
+    space, study, pop = setup
+    pop.spec = dataclasses.replace(pop.spec, seed=seed)
+    pop.schedule(study.get_trials(deepcopy=False))
+    firsts = sorted(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)),
+                    key=lambda t: t.system_attrs[A_MEMBER])
+    assert [t.system_attrs[A_SEQ] for t in firsts] == [0] * 4
+    got = [dict(t.params or t.system_attrs["fixed_params"]) for t in firsts]
+
+    def same(design: list[dict[str, Any]]) -> bool:
+        return all(g.keys() == d.keys() and all(g[k] == pytest.approx(d[k]) for k in d) for g, d in zip(got, design))
+
+    assert same(LatinStartSampler(optuna.samplers.RandomSampler(), space.params, 4, seed).design)
+    assert not same(LatinStartSampler(optuna.samplers.RandomSampler(), space.params, 4, seed + 1).design)
