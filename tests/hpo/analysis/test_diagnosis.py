@@ -335,7 +335,7 @@ def test_validate_names_the_field_and_value(changes: dict[str, Any], problem: tu
 
 # ----------------------------------------------------------------------------- the real trainer
 @pytest.mark.parametrize(("overrides", "label", "labels"), [
-    ([], HEALTHY, ()),
+    pytest.param([], HEALTHY, (), marks=pytest.mark.slow),  # ~19 s: make test-slow (CI runs it)
     # lr 0.5 (tiny_arith uses 1e-5): ppo_kl ~16 nats from step 1, then a deterministic policy (entropy 0). Whether
     # that policy also answers with max_response_length tokens within 12 steps (length_clipping) depends on the
     # locally built model's last bits (seen both ways on two machines), so that label is not required

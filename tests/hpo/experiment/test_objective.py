@@ -141,6 +141,7 @@ def test_weighted_study_stores_parts_and_respects_constraints(tmp_path: Path, st
     assert out.returncode == 0 and f"trial {best.number}" in out.stderr
 
 
+@pytest.mark.slow  # ~20 s of real trials: make test-slow (CI runs it)
 def test_pareto_study_front_pruning_and_failures(tmp_path: Path, studies: Path) -> None:
     path = _space(
         tmp_path, "p", PARETO,

@@ -157,7 +157,8 @@ def _trial_procs(tag: str) -> list[psutil.Process]:
     return out
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(("sig", "code"), [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),  # ~17 s each:
+                                           (signal.SIGTERM, 143)])  # SIGINT in make test-slow (CI runs it)
 def test_signal_stops_trials_and_resume_retries_them(tmp_path: Path, studies: Path, sig: int, code: int) -> None:
     space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 10, "fake.step_s": 0.3},
                        study={"n_trials": 2})

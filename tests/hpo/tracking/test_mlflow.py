@@ -123,6 +123,7 @@ def test_one_nested_run_per_trial_with_params_curves_and_outcome(searched: dict[
         {r.info.run_id for r in trials}
 
 
+@pytest.mark.slow  # its fixture starts an MLflow server and runs a search (~40 s): make test-slow (CI runs it)
 def test_a_password_in_the_uri_is_never_printed_or_stored(searched: dict[str, Any]) -> None:
     res = searched["res"]
     assert res.returncode == 0, res.stderr
