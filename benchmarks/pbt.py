@@ -27,7 +27,7 @@ step 8 (``benchmarks/late_noise_reward.py``): a schedule (large learning rate fo
 should beat every constant, which :func:`constants_vs_schedule` checks first (a grid of constants and the schedule
 on 3 trainer seeds).
 
-Run alone: ``python -m benchmarks.pbt [--smoke] [default] [noisy]``; from ``benchmarks/run.py`` (part ``pbt``).
+Run alone: ``python -m benchmarks.pbt [--smoke] [TASK ...]``; from ``benchmarks/run.py`` (part ``pbt``).
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=None,
                    help="pays, pbt: keep their studies here (e.g. to run verl-hpo best on them afterwards)")
     p.add_argument("--pbt-tasks", nargs="+", default=None, metavar="TASK",
-                   help="pbt: the tasks to compare on (default all: default noisy)")
+                   help="pbt: the tasks to compare on (default all: default late noisy late_noise)")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="DIR",
                    help="combine the results.json of earlier runs (e.g. parts run separately) into --out")
     p.add_argument("--update", nargs="+", type=Path, default=None, metavar="DIR",
