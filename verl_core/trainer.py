@@ -150,17 +150,25 @@ class PPOTrainer:
             torch.set_num_threads(cfg.trainer.cpu_threads)
         self.device = resolve_device(cfg.trainer.device)
         self.cuda = self.device.type == "cuda"
-        seed_everything(cfg.trainer.seed)
-        arr = cfg.actor_rollout_ref
+        arr, d = cfg.actor_rollout_ref, cfg.data
+        # Every path first: resolving a builtin one builds the cached model or data in this process on a machine's
+        # first run (an SFT run that draws from the global RNG), so seeding before it made that first run train
+        # differently from every later one with the same seed.
         model_path = resolve_model_path(arr.model.path, "actor_rollout_ref.model.path")
+        critic_path = cfg.critic.model.path or model_path
+        if critic_path != model_path:
+            critic_path = resolve_model_path(critic_path, "critic.model.path")
+        train_path = resolve_data_path(d.train_files, "data.train_files", "train")
+        val_path = resolve_data_path(d.val_files, "data.val_files", "val")
+        test_path = resolve_data_path(d.test_files, "data.test_files", "test") if d.test_files else None
+        seed_everything(cfg.trainer.seed)
         self.tokenizer = load_tokenizer(model_path)
         self.pad_id = int(self.tokenizer.pad_token_id)
         self.eos_id = int(self.tokenizer.eos_token_id)
-        d = cfg.data
-        self.train_data = load_examples(resolve_data_path(d.train_files, "data.train_files", "train"),
-                                        "data.train_files", self.tokenizer, d.prompt_key, d.max_prompt_length)
-        self.val_data = load_examples(resolve_data_path(d.val_files, "data.val_files", "val"), "data.val_files",
-                                      self.tokenizer, d.prompt_key, d.max_prompt_length)[: d.val_max_samples]
+        self.train_data = load_examples(train_path, "data.train_files", self.tokenizer, d.prompt_key,
+                                        d.max_prompt_length)
+        self.val_data = load_examples(val_path, "data.val_files", self.tokenizer, d.prompt_key,
+                                      d.max_prompt_length)[: d.val_max_samples]
         self.sampler = PromptSampler(len(self.train_data), d.train_batch_size, cfg.trainer.seed, d.shuffle)
 
         temp, ckpt = arr.rollout.temperature, arr.model.enable_gradient_checkpointing
@@ -175,9 +183,6 @@ class PPOTrainer:
         self.use_critic = cfg.algorithm.adv_estimator == "gae"
         self.critic = None
         if self.use_critic:
-            critic_path = cfg.critic.model.path or model_path
-            if critic_path != model_path:
-                critic_path = resolve_model_path(critic_path, "critic.model.path")
             self.critic = Critic(load_critic(critic_path, self.device, ckpt), cfg.critic, self.autocast)
         self.rollout = build_rollout(arr.rollout.name, self.actor.model, self.pad_id, self.eos_id, self.autocast,
                                      model_path=model_path, rollout_cfg=arr.rollout,
@@ -188,9 +193,8 @@ class PPOTrainer:
         self.text_evaluators = build_text_evaluators(cfg.evaluation, self.device)
         self.validator = Validator(cfg, self.val_data, self.rollout, self.seqs, self.text_evaluators, self.device)
         self.tester = None  # data.test_files: the held-out split, evaluated once at the last step (test/*)
-        if d.test_files:
-            test_data = load_examples(resolve_data_path(d.test_files, "data.test_files", "test"), "data.test_files",
-                                      self.tokenizer, d.prompt_key, d.max_prompt_length)
+        if test_path is not None:
+            test_data = load_examples(test_path, "data.test_files", self.tokenizer, d.prompt_key, d.max_prompt_length)
             self.tester = Validator(cfg, test_data, self.rollout, self.seqs, self.text_evaluators, self.device,
                                     latency=False)
         kc = cfg.algorithm.kl_ctrl

@@ -182,6 +182,31 @@ def test_critic_has_no_dropout(tiny_model_dir: Path) -> None:
         assert torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
+def test_a_run_that_builds_the_cached_model_trains_like_later_runs(tiny_model_dir: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first run on a machine builds the builtin model in-process while resolving its path (an SFT run drawing
+    from the global RNG); the trainer seeds after every path is resolved, so that run's randomly initialised
+    weights (the critic's value head) and rollouts are those of every later run with the same seed."""
+    import verl_core.trainer as trainer_mod
+    from verl_core.config import load_config
+
+    def heads() -> list[torch.Tensor]:
+        t = trainer_mod.PPOTrainer(load_config("tiny_arith", ["trainer.total_training_steps=1"]))
+        assert t.critic is not None
+        return [p.detach().clone() for n, p in t.critic.model.named_parameters() if "score" in n]
+
+    cached = heads()
+    real = trainer_mod.resolve_model_path
+
+    def building(path: str, key: str) -> str:
+        torch.rand(1000)  # what a build in this process draws
+        return real(path, key)
+
+    monkeypatch.setattr(trainer_mod, "resolve_model_path", building)
+    built = heads()
+    assert cached and all(torch.equal(a, b) for a, b in zip(cached, built))
+
+
 def test_custom_reward_function_and_reward_temperature(tiny_model_dir: Path, tmp_path: Path) -> None:
     fn = tmp_path / "my_reward.py"
     fn.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
