@@ -38,14 +38,11 @@ _state: dict[str, Any] = {}
 
 def _run_shape() -> tuple[int, int]:
     """(step this process started from, training rows per step), from the trainer's argv."""
+    from verl_core.cli import _parser  # the trainer's own argv parser: the same config and overrides it read
     from verl_core.config import load_config
 
-    argv = sys.argv[1:]
-    config = "tiny_arith"
-    if "--config" in argv:
-        config = argv[argv.index("--config") + 1]
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    cfg = load_config(config, overrides)
+    args = _parser().parse_args(sys.argv[1:])
+    cfg = load_config(args.config, args.overrides)
     start = 0
     if cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path:
         m = re.search(r"global_step_(\d+)", str(cfg.trainer.resume_from_path))
