@@ -29,7 +29,7 @@ from optuna.study._frozen import FrozenStudy
 from optuna.study._study_direction import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.study._storage import mask_url, scrub
+from hpo.study._urls import mask_url, scrub
 
 # what a storage call raises when the storage (not the caller) is at fault: the CLI maps each to one line
 STORAGE_ERRORS: tuple[type[BaseException], ...] = (OSError, optuna.exceptions.StorageInternalError)

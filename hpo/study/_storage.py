@@ -1,24 +1,22 @@
 """Storage URLs: SQLite by default, any Optuna RDB URL, ``redis://`` through JournalStorage (optional). Study names and
 URLs are checked before anything is created, passwords are masked wherever a URL is shown, and every storage is
-opened inside a :class:`~hpo.study._retrying.RetryingStorage` (riding out outages: :mod:`hpo.study._retrying`)."""
+opened inside a :class:`~hpo.study._retrying.RetryingStorage` (riding out outages: :mod:`hpo.study._retrying`).
+Masking lives in :mod:`hpo.study._urls` (re-exported here)."""
 
 from __future__ import annotations
 
 import fcntl
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import optuna
 
 from hpo.experiment._space import SpaceError, StudySpec
-from hpo.experiment._tracking import MASK, redact_uri, uri_password
+from hpo.study._retrying import RetryingStorage, opening
+from hpo.study._urls import REDIS_SCHEMES, mask_url, scrub
 
-if TYPE_CHECKING:
-    from hpo.study._retrying import RetryingStorage
-
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # fullmatch: ``$`` also matches before a final newline
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database file
 # A server that stops answering (a network partition) must fail a call, which the retries then ride out, rather
@@ -37,51 +35,14 @@ def check_study_name(name: str, what: str = "--study") -> str:
     return name
 
 
-def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (SQLAlchemy URLs and ``redis://user:pw@host``); shown
-    wherever a storage URL is printed or rendered. Unparsable URLs are masked between ``:`` and ``@``."""
-    if url.startswith(_REDIS_SCHEMES):
-        return redact_uri(url)
-    try:
-        from sqlalchemy.engine import make_url
-
-        parsed = make_url(url)
-        if parsed.password is None:
-            return url
-        return str(parsed.render_as_string(hide_password=True))
-    except Exception:  # noqa: BLE001 - a malformed URL is still masked by pattern
-        return re.sub(r"(//[^:/@]*:)[^@]*@", rf"\1{MASK}@", url)
-
-
-def url_password(url: str) -> str | None:
-    """The password in a storage URL, to scrub from error texts (None when there is none)."""
-    try:
-        if url.startswith(_REDIS_SCHEMES):
-            return uri_password(url)
-        from sqlalchemy.engine import make_url
-
-        pw = make_url(url).password
-        return None if pw is None else str(pw)
-    except Exception:  # noqa: BLE001
-        m = re.search(r"//[^:/@]*:([^@]*)@", url)
-        return m.group(1) if m else None
-
-
-def scrub(text: str, url: str) -> str:
-    """``text`` (an error message) with the URL masked and any copy of its password replaced."""
-    text = text.replace(url, mask_url(url))
-    pw = url_password(url)
-    if pw:
-        text = text.replace(pw, MASK)
-    return text
-
-
 def default_storage_url(studies_dir: Path, study: str) -> str:
     return f"sqlite:///{(studies_dir / f'{study}.db').resolve()}"
 
 
 def _sqlite_database(url: str) -> str | None:
-    """The ``database`` part of an SQLite URL (``""`` for in-memory ones); None for other URLs."""
+    """The ``database`` part of an SQLite URL (``""`` for in-memory ones); None for other URLs. SpaceError for
+    SQLite's URI mode (``?uri=true``): its ``file:...`` names are not paths (``sqlite:///file:/etc/passwd?uri=true``
+    opens ``/etc/passwd`` while the checks and the lock would look at ``./file:/etc/passwd``)."""
     if not url.startswith("sqlite"):
         return None
     from sqlalchemy.engine import make_url
@@ -95,11 +56,17 @@ def _sqlite_database(url: str) -> str | None:
         return None
     db = parsed.database or ""
     memory = db == ":memory:" or db.startswith("file::memory:") or parsed.query.get("mode") == "memory"
-    return "" if memory else db
+    if memory:
+        return ""
+    uri = parsed.query.get("uri")
+    if uri is not None and not (isinstance(uri, str) and uri.strip().lower() in ("false", "no", "off", "n", "f", "0")):
+        raise SpaceError(f"--storage {mask_url(url)}: SQLite URI filenames (uri=true) are not supported; "
+                         "give a path (sqlite:///path/to/study.db)")
+    return db
 
 
 def sqlite_path(url: str) -> Path | None:
-    """The database file of an SQLite URL (None for other URLs and in-memory SQLite)."""
+    """The database file of an SQLite URL (None for other URLs and in-memory SQLite; SpaceError in URI mode)."""
     db = _sqlite_database(url)
     return Path(db) if db else None
 
@@ -122,9 +89,9 @@ def check_sqlite_file(db: Path, url: str) -> None:
 
 def check_storage_url(url: str) -> None:
     """Reject a malformed URL, a missing database driver, an in-memory SQLite database (a study that dies
-    with its driver and can never be resumed) or an SQLite path that is another kind of file, before
-    anything is created."""
-    if url.startswith(_REDIS_SCHEMES):
+    with its driver and can never be resumed), SQLite's URI mode or an SQLite path that is another kind of file,
+    before anything is created."""
+    if url.startswith(REDIS_SCHEMES):
         try:
             import redis  # noqa: F401
         except ImportError:
@@ -160,10 +127,8 @@ def open_storage(url: str, spec: StudySpec | None = None, wait_s: float = 0.0) -
     ``_CachedStorage`` (what ``optuna.load_study`` would wrap it in; it passes any other BaseStorage through),
     and the retries wrap that. A new SQLite file gets its schema under an exclusive lock (``<db>.lock``):
     drivers that start together on a fresh file would otherwise race to create the same tables."""
-    from hpo.study._retrying import RetryingStorage, opening  # here: _retrying masks URLs with this module's helpers
-
     retry_s = (spec or StudySpec()).storage_retry_s
-    if url.startswith(_REDIS_SCHEMES):
+    if url.startswith(REDIS_SCHEMES):
         from optuna.storages.journal import JournalRedisBackend, JournalStorage
 
         journal = opening(url, wait_s, lambda: JournalStorage(JournalRedisBackend(url)))

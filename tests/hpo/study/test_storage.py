@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 
 from hpo.experiment._space import StudySpec
 from hpo.study._storage import open_storage
-from tests.hpo.conftest import fake_space, run_cli
+from tests.hpo.conftest import PY, cli_env, fake_space, run_cli
 
 PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -158,6 +158,33 @@ def test_an_sqlite_path_that_is_another_file_is_refused_and_nothing_is_made_besi
     optuna.create_study(study_name="e", storage=open_storage(f"sqlite:///{empty}"))  # SQLite makes it a database
     assert empty.read_bytes()[:16] == b"SQLite format 3\x00"
     open_storage(f"sqlite:///{empty}")  # and a real SQLite file is accepted
+
+
+@pytest.mark.parametrize("url", ["sqlite:///file:/etc/passwd?uri=true", "sqlite+pysqlite:///file:s.db?mode=rwc&uri=1",
+                                 "sqlite:///file:s.db?uri=false&uri=true"])
+def test_sqlite_uri_mode_is_refused_and_nothing_is_created(tmp_path: Path, url: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's URI mode names no path (``file:/etc/passwd`` opens /etc/passwd, while the checks and the
+    ``<db>.lock`` would look at ``./file:/etc/passwd`` in the working directory): one line, exit 2, and nothing is
+    created in the working directory or the studies directory."""
+    from hpo.experiment._space import SpaceError
+    from hpo.study._storage import check_storage_url
+
+    cwd, studies = tmp_path / "cwd", tmp_path / "studies"
+    cwd.mkdir()
+    space = fake_space(tmp_path)
+    res = subprocess.run([PY, "-m", "hpo", "search", "--space", str(space), "--storage", url,
+                          "--studies-dir", str(studies)], cwd=cwd, env=cli_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "URI" in res.stderr and "sqlite:///path/to/study.db" in res.stderr, res.stderr
+    monkeypatch.chdir(cwd)
+    with pytest.raises(SpaceError, match="URI filenames"):
+        check_storage_url(url)
+    with pytest.raises(SpaceError, match="URI filenames"):
+        open_storage(url)
+    assert list(cwd.iterdir()) == [] and (not studies.exists() or list(studies.iterdir()) == [])
+    check_storage_url(f"sqlite:///{tmp_path / 's.db'}?uri=false")  # a plain path with URI mode off is a path
 
 
 @pytest.mark.parametrize("url", ["sqlite:///:memory:", "sqlite://", "sqlite:///file::memory:?uri=true",
