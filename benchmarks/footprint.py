@@ -24,6 +24,7 @@ from pathlib import Path
 import optuna
 
 from benchmarks._common import REPO, Row, log, main_python, make_row
+from benchmarks._results import merge_into
 
 PROBE = ("import runpy, sys\nout = sys.argv.pop()\n"
          "try:\n    runpy.run_module('hpo', run_name='__main__')\n"
@@ -109,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row.name}: ours {row.ours:.2f} (min {row.ours_min:.2f}, max {row.ours_max:.2f})"
               + (f", before {row.baseline:.2f}" if row.baseline is not None else "") + f" {row.unit}")
-    from benchmarks.memory_estimate import merge_into
-
     merge_into(REPO / "benchmarks" / ("smoke" if args.smoke else ""), rows, {}, "python -m benchmarks.footprint "
                + " ".join(argv if argv is not None else sys.argv[1:]), args.smoke, prefix="footprint:",
                part="footprint")

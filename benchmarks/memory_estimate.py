@@ -18,7 +18,6 @@ runs it as a part. ``--smoke``: the tiny-model cases only, results under ``bench
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import subprocess
@@ -29,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import REPO, Row, all_versions, load_average, log, machine, main_python, make_row
+from benchmarks._common import REPO, Row, log, main_python, make_row
+from benchmarks._results import merge_into
 
 GROUP = "memory estimate (CPU, peak RSS)"
 STEPS = 2
@@ -128,31 +128,6 @@ def bench(smoke: bool = False, only: tuple[str, ...] = ("tiny", "smollm2")) -> t
                                  raw={"command": cmd, "wall_s": wall}))
             details[case.name] = {"estimate": parts, "measured_gib": peak, "wall_s": wall, "command": cmd}
     return rows, details
-
-
-def merge_into(out_dir: Path, rows: list[Row], details: dict[str, Any], command: str, smoke: bool,
-               prefix: str = "memory estimate:", part: str = "memory") -> None:
-    """Replace the rows named ``prefix...`` of ``out_dir/results.json`` (kept otherwise) with ``rows``, file
-    ``details`` under ``part``, and re-render RESULTS.md (also used by ``benchmarks/workers.py``)."""
-    from benchmarks.run import render
-
-    path = out_dir / "results.json"
-    if path.exists():
-        doc = json.loads(path.read_text())
-    else:
-        doc = {"meta": {"machine": machine(), "load_start": load_average(), "smoke": smoke, "command": "",
-                        "parts": [], "errors": {}, "elapsed_min": 0.0, "versions": all_versions()},
-               "rows": [], "details": {}}
-    meta = doc["meta"]
-    kept = [Row(**r) for r in doc["rows"] if not r["name"].startswith(prefix)]
-    meta["command"] = "\n".join(x for x in (meta.get("command", ""), command) if x)
-    meta["parts"] = [p for p in meta.get("parts", []) if p != part] + [part]
-    doc["details"] = {**doc.get("details", {}), part: {**details, "load_average_end": load_average()}}
-    all_rows = kept + rows
-    doc["rows"] = [r.to_json() for r in all_rows]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    (out_dir / "RESULTS.md").write_text(render(all_rows, meta))
 
 
 def main(argv: list[str] | None = None) -> int:

