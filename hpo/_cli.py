@@ -22,6 +22,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hpo.analysis import FileRefused, check_regular
 from hpo.backends import load_checked_space
 from hpo.experiment._space import SPACES_DIR, Space, SpaceError, StudySpec
 from hpo.experiment._tracking import TRACKING_FLAG_HELP
@@ -30,6 +31,8 @@ from hpo.study._storage import mask_url
 EXIT_SIGNAL: dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
 ENV_STUDIES_DIR = "VERL_HPO_STUDIES_DIR"
 ENV_SPACES_DIR = "VERL_HPO_SPACES_DIR"
+MAX_METRICS_BYTES = 256 << 20  # validate --metrics: a long verl run's metrics file is tens of MB
+MAX_ERROR_CHARS = 2000
 
 
 class _Parser(argparse.ArgumentParser):
@@ -144,6 +147,8 @@ def _studies_dir(arg: Path | None) -> Path:
 
 
 def _fail(msg: str, code: int = 2) -> int:
+    if len(msg) > MAX_ERROR_CHARS:  # a value echoed from hostile input: the line stays readable
+        msg = f"{msg[:MAX_ERROR_CHARS]}... ({len(msg)} characters)"
     print(f"error: {msg}", file=sys.stderr)
     return code
 
@@ -409,10 +414,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from verl_core.config import ConfigError
                 from verl_core.memory_verl import read_sequence_lengths
 
-                try:
+                try:  # a regular file (not a FIFO, not /dev/zero) of bounded size, then verl_core reads it
+                    check_regular(args.metrics.expanduser(), f"--metrics {args.metrics}", MAX_METRICS_BYTES)
                     lengths = read_sequence_lengths(args.metrics)
-                except ConfigError as err:
+                except (ConfigError, FileRefused) as err:
                     return _fail(str(err))
+                except OSError as err:
+                    return _fail(f"--metrics {args.metrics}: unreadable ({err.strerror or err})")
             return validate_space(space, resolve_devices(space.trial, launching=False), sys.stdout, lengths=lengths)
         if args.cmd == "search":
             overrides = list(args.override)

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpo.analysis import _files
 from hpo.execution import _cgroup
 from hpo.execution._metrics import MetricsFileError, MetricsTail
 from hpo.execution._process import KILL_GRACE_S, global_oom_kills, kernel_oom_killed, kill_tree
@@ -128,13 +129,11 @@ def classify_exit(exit_code: int | None, stderr_tail: str, kernel_oom: bool = Fa
 
 
 def read_tail(path: Path, lines: int = STDERR_TAIL_LINES, max_bytes: int = 16384) -> str:
+    """The last lines of a log in the trial's directory; "" unless it is a regular file (the trial may have put a
+    FIFO or a link to ``/dev/zero`` in its place)."""
     try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
+        text = _files.read_tail(path, max_bytes).decode("utf-8", "replace")
+    except (OSError, _files.FileRefused):
         return ""
     return "\n".join(text.splitlines()[-lines:])
 
@@ -272,7 +271,7 @@ class TrialProcess:
                                 break
                             if first_metric is None:
                                 first_metric = time.monotonic() - start
-                            last_step = step
+                            last_step = step if last_step is None else max(last_step, step)  # the highest
                             decision = self.on_metrics(step, data) if self.on_metrics is not None else None
                             if rc is None and decision is not None:  # after a clean exit lines are only recorded
                                 dog.stop(decision)
@@ -306,7 +305,7 @@ class TrialProcess:
             stop = "memory"  # the kernel enforced the driver's cap (even if the trainer survived a child's kill)
         peak, maxrss, leftovers = dog.peak_bytes, 0, 0
         try:
-            status = json.loads(status_path.read_text())
+            status = json.loads(_files.read_bounded(status_path, str(status_path), 4096))  # the trial's dir
             maxrss, leftovers = int(status["maxrss_kb"]) * 1024, int(status["leftovers"])
             status_path.unlink()
         except (OSError, ValueError, KeyError, TypeError):

@@ -472,7 +472,10 @@ def main(argv: list[str]) -> None:
         _rmdir(cgroup_dir)
     if "status" in opts:
         try:
-            with open(opts["status"], "w") as fh:
+            # in the trial's directory: never through a link the trial made, never blocking on its FIFO
+            fd = os.open(opts["status"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as fh:
                 fh.write(f'{{"maxrss_kb": {reaper.maxrss_kb}, "leftovers": {leftovers or 0}}}')  # (no json: start-up)
         except OSError:
             pass

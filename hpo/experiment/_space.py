@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import re
 import types
 import typing
@@ -25,6 +26,7 @@ from typing import Any
 import yaml
 
 from hpo.analysis._diagnosis import DiagnosisSpec
+from hpo.analysis._files import MAX_FILE_BYTES, FileRefused, check_regular, read_bounded
 from hpo.experiment._heldout import check_no_test_split, parse_baseline
 from hpo.experiment._objective import Objective, check_metrics, parse_objective
 from hpo.experiment._ray_spec import EXECUTORS, RaySpec, parse_ray, split_ray
@@ -338,21 +340,26 @@ def format_value(value: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- YAML
-MAX_FILE_BYTES = 1 << 20  # an experiment file is a few KB; a larger one is refused before it is parsed
 MAX_YAML_NODES = 100_000  # scalars, sequences and mappings once every alias is expanded ("billion laughs")
 MAX_ARG_BYTES = 128 * 1024 - 1  # Linux MAX_ARG_STRLEN: the longest single argv entry execve accepts
 MAX_ARGV_BYTES = 512 * 1024  # argv + the trial's own env entries: well under ARG_MAX (2 MiB by default)
 
 
+class YamlTooComplex(yaml.composer.ComposerError):
+    """A document refused by :class:`_StrictLoader` before anything is built from it: too large once its aliases
+    are expanded, or an alias inside the value it names (a cycle)."""
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader (no object construction) that rejects duplicate mapping keys and refuses a document that
-    expands past :data:`MAX_YAML_NODES` nodes through its aliases (each alias counts its whole subtree), before
-    anything is built from it."""
+    """SafeLoader (no object construction) that rejects duplicate mapping keys, an alias inside the value its
+    anchor names (``&a [*a]``: a cycle that every later walk of the value would follow for ever), and a document
+    that expands past :data:`MAX_YAML_NODES` nodes through its aliases (each alias counts its whole subtree)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._expanded = 0
         self._sizes: dict[int, int] = {}
+        self._open: list[str] = []  # anchors of the collections being composed (the current node's ancestors)
 
     def _size(self, node: yaml.Node) -> int:
         known = self._sizes.get(id(node))
@@ -367,15 +374,24 @@ class _StrictLoader(yaml.SafeLoader):
         return n
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) and event.anchor in self.anchors:
-            self._expanded += self._size(self.anchors[event.anchor])
+        event: Any = self.peek_event()
+        anchor: str | None = getattr(event, "anchor", None)
+        mark: Any = event.start_mark
+        if isinstance(event, yaml.AliasEvent) and anchor in self._open:
+            raise YamlTooComplex(None, None, f"alias *{anchor} inside the value of &{anchor} (a cycle)", mark)
+        if isinstance(event, yaml.AliasEvent) and anchor in self.anchors:
+            self._expanded += self._size(self.anchors[anchor])
         else:
             self._expanded += 1
         if self._expanded > MAX_YAML_NODES:
-            raise yaml.composer.ComposerError(
-                None, None, f"more than {MAX_YAML_NODES} values once its aliases are expanded", event.start_mark)
+            raise YamlTooComplex(
+                None, None, f"more than {MAX_YAML_NODES} values once its aliases are expanded", mark)
+        opened = anchor is not None and isinstance(event, yaml.CollectionStartEvent)
+        if anchor is not None and opened:
+            self._open.append(anchor)
         node = super().compose_node(parent, index)  # type: ignore[no-untyped-call]
+        if opened:
+            self._open.pop()
         assert node is not None
         return node
 
@@ -402,23 +418,36 @@ def resolve_space_path(name_or_path: str, spaces_dir: Path = SPACES_DIR) -> Path
     return spaces_dir / f"{name_or_path}.yaml"
 
 
+def load_yaml_text(text: str) -> Any:
+    """Parse YAML with :class:`_StrictLoader`: yaml.YAMLError, :class:`YamlTooComplex` for a bomb or a cycle."""
+    return yaml.load(text, Loader=_StrictLoader)
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f" line {mark.line + 1}:" if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{where} invalid YAML ({problem})"
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
+    """An experiment file as a mapping: a regular file of at most :data:`MAX_FILE_BYTES` (never a FIFO or a device,
+    even through a symlink), strict YAML (:class:`_StrictLoader`); SpaceError otherwise."""
     try:
-        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
-            raise SpaceError(f"{path}: {path.stat().st_size} bytes; an experiment file may have at most "
-                             f"{MAX_FILE_BYTES} bytes")
-        text = path.read_text()
+        data = read_bounded(path, str(path), MAX_FILE_BYTES)
     except FileNotFoundError:
         raise SpaceError(f"{path}: no such experiment file") from None
+    except FileRefused as err:
+        raise SpaceError(f"{err}; an experiment file must be a regular file of at most {MAX_FILE_BYTES} bytes") \
+            from None
     except OSError as err:
         raise SpaceError(f"{path}: cannot read ({err.strerror})") from None
     try:
-        raw = yaml.load(text, Loader=_StrictLoader)
+        raw = load_yaml_text(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise SpaceError(f"{path}: not UTF-8 text (byte {err.start})") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}:" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpaceError(f"{path}:{where} invalid YAML ({problem})") from None
+        raise SpaceError(f"{path}:{_yaml_problem(err)}") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -427,6 +456,16 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- parsing
+MAX_SHOWN_OVERRIDE = 60  # characters of an --override text an error line repeats
+
+
+def shown_override(text: str) -> str:
+    """An ``--override`` text as an error line shows it: a long one cut, with its size."""
+    if len(text) <= MAX_SHOWN_OVERRIDE:
+        return text
+    return f"{text[:MAX_SHOWN_OVERRIDE]}... ({len(text.encode('utf-8', 'surrogateescape'))} bytes)"
+
+
 class _Ctx:
     """Names the origin of a field in error messages (the file, or the --override that set it)."""
 
@@ -437,7 +476,7 @@ class _Ctx:
     def error(self, where: str, msg: str) -> SpaceError:
         for path, text in self.overridden.items():
             if where == path or where.startswith(path + ".") or path.startswith(where + "."):
-                return SpaceError(f"--override '{text}': {where}: {msg}")
+                return SpaceError(f"--override '{shown_override(text)}': {where}: {msg}")
         return SpaceError(f"{self.source}: {where}: {msg}" if where else f"{self.source}: {msg}")
 
 
@@ -595,9 +634,11 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
         key, sep, rhs = text.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise SpaceError(f"--override '{text}': expected key=value")
+            raise SpaceError(f"--override '{shown_override(text)}': expected key=value")
         try:
-            value = yaml.safe_load(rhs) if rhs.strip() else ""
+            value = load_yaml_text(rhs) if rhs.strip() else ""
+        except (YamlTooComplex, yaml.constructor.ConstructorError) as err:  # a bomb, a cycle, a duplicate key
+            raise SpaceError(f"--override '{shown_override(text)}':{_yaml_problem(err)}") from None
         except yaml.YAMLError:
             value = rhs
         head = key.split(".")[0]
@@ -687,6 +728,7 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     for where, msg in sections["diagnosis"].validate():
         raise ctx.error(f"diagnosis.{where}", msg)
     _check_argv_sizes(fixed, params, trial, ctx)
+    _check_code_files(fixed, ctx)
     tracking = parse_tracking(raw.get("tracking"), ctx.error)  # MLflow / W&B (hpo.experiment._tracking)
     if study.strategy == "pbt":
         _check_pbt(study.pbt, params, objective.multi, trial, ctx)
@@ -744,35 +786,49 @@ def parse_rollback_rule(rule: str) -> list[tuple[str, float]]:
 def _check_argv_sizes(fixed: dict[str, Any], params: tuple[Param, ...], trial: TrialSpec, ctx: _Ctx) -> None:
     """Every trial must be launchable: no argument over Linux's 128 KiB per-argument limit, and the trainer's argv
     (with the longest choice of each parameter) plus the trial's own environment well under ``ARG_MAX``;
-    otherwise ``execve`` fails with "Argument list too long" only once a study exists."""
+    otherwise ``execve`` fails with "Argument list too long" only once a study exists. The errors give sizes and
+    the field, never the (long) value."""
     def size(text: str) -> int:
         return len(text.encode("utf-8", "surrogateescape")) + 1
 
-    total = 0
+    sizes: list[tuple[int, str, str]] = []  # (bytes, field, what a single one of them may have)
     for k, v in fixed.items():
-        n = size(f"{k}={format_value(v)}")
-        if n > MAX_ARG_BYTES:
-            raise ctx.error(f"overrides.{k}", f"the override is {n} bytes; one argument of a trial may have at most "
-                            f"{MAX_ARG_BYTES} (Linux MAX_ARG_STRLEN)")
-        total += n
+        sizes.append((size(f"{k}={format_value(v)}"), f"overrides.{k}", "one argument of a trial"))
     for p in params:
         longest = max((size(f"{p.key}={format_value(c)}") for c in p.choices), default=0) if p.choices else 64
-        if longest > MAX_ARG_BYTES:
-            raise ctx.error(f"params.{p.name}.choices", f"a choice makes a {longest}-byte argument; one argument of a "
-                            f"trial may have at most {MAX_ARG_BYTES} (Linux MAX_ARG_STRLEN)")
-        total += longest
-    for i, c in enumerate(trial.command):
-        if size(c) > MAX_ARG_BYTES:
-            raise ctx.error(f"trial.command[{i}]", f"{size(c)} bytes; one argument may have at most {MAX_ARG_BYTES}")
-        total += size(c)
-    for k, v in trial.env.items():
-        n = size(f"{k}={v}")
+        sizes.append((longest, f"params.{p.name}.choices", "one argument of a trial (its longest choice)"))
+    sizes += [(size(c), f"trial.command[{i}]", "one argument") for i, c in enumerate(trial.command)]
+    sizes += [(size(f"{k}={v}"), f"trial.env.{k}", "one variable") for k, v in trial.env.items()]
+    for n, where, what in sizes:
         if n > MAX_ARG_BYTES:
-            raise ctx.error(f"trial.env.{k}", f"{n} bytes; one variable may have at most {MAX_ARG_BYTES}")
-        total += n
+            raise ctx.error(where, f"{n} bytes; {what} may have at most {MAX_ARG_BYTES} (Linux MAX_ARG_STRLEN)")
+    total = sum(n for n, _, _ in sizes)
     if total > MAX_ARGV_BYTES:
-        raise ctx.error("overrides", f"a trial's arguments and trial.env add up to {total} bytes; at most "
-                        f"{MAX_ARGV_BYTES} fit beside the environment under Linux's ARG_MAX")
+        n, where, _ = max(sizes, key=lambda s: s[0])  # the first of the largest
+        raise ctx.error(where, f"a trial's arguments and trial.env add up to {total} bytes, the largest being this "
+                        f"one ({n} bytes); at most {MAX_ARGV_BYTES} fit beside the environment under Linux's ARG_MAX")
+
+
+def _check_code_files(fixed: dict[str, Any], ctx: _Ctx) -> None:
+    """A user-code file that a fixed override names (``custom_reward_function.path``, the files of
+    ``evaluation.custom``) and that exists here must be a regular file: importing a FIFO blocks, and ``/dev/zero``
+    is read without end, in the trainer and in verl's config check alike. (A missing file is the trainer's to
+    report: it may exist only where the trials run.)"""
+    for key, value in fixed.items():
+        if key.endswith("custom_reward_function.path") and isinstance(value, str):
+            paths = [value]
+        elif key.endswith("evaluation.custom") and isinstance(value, list):
+            paths = [str(v).partition("=")[2].rpartition(":")[0] for v in value]
+        else:
+            continue
+        for path in paths:
+            try:
+                if path and os.path.exists(os.path.expanduser(path)):
+                    check_regular(os.path.expanduser(path), path)
+            except FileRefused as err:
+                raise ctx.error(f"overrides.{key}", f"{err}; user code must be a regular .py file") from None
+            except OSError:
+                pass  # unreadable here: the trainer says why where it runs
 
 
 def check_trainer(space: Space, origin: dict[str, str] | None = None) -> None:

@@ -82,8 +82,9 @@ def check_stored_experiment(stored: Space, study_name: str, local_path: str | No
     candidates: list[Path] = []
     if local_path is not None:
         p = Path(local_path)
-        if not p.is_file():
-            raise SpaceError(f"--space {local_path}: no such experiment file")
+        if not p.is_file():  # (read_yaml reads it without following it into a FIFO or a device)
+            raise SpaceError(f"--space {local_path}: " + ("not a regular file" if p.exists() else
+                                                           "no such experiment file"))
         candidates.append(p)
     elif stored_source and stored_source.endswith((".yaml", ".yml")) and Path(stored_source).is_file():
         candidates.append(Path(stored_source))

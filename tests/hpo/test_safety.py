@@ -4,6 +4,8 @@ limits that would switch themselves off, signals at awkward moments."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -365,3 +367,110 @@ def test_a_study_creation_cut_short_is_repaired_by_the_next_search(tmp_path: Pat
     res = run_cli(["resume", "--study", "fake", "--n-trials", "2"], studies)  # no --space needed
     assert res.returncode == 0, res.stderr
     assert len([t for t in load(studies, "fake").trials if t.state == TrialState.COMPLETE]) == 2
+
+
+# ----------------------------------------------------------------------------- files a user names
+MEASURED = """\
+import json, resource, subprocess, sys, time
+def cap():  # on a driver that reads /dev/zero without bound this ends it (MemoryError) instead of the machine
+    resource.setrlimit(resource.RLIMIT_DATA, (2 << 30, 2 << 30))
+start = time.monotonic()
+try:
+    res = subprocess.run(sys.argv[1:], capture_output=True, text=True, preexec_fn=cap, timeout=30)
+    rc, err = res.returncode, res.stderr
+except subprocess.TimeoutExpired:
+    rc, err = None, "timed out after 30 s"
+print(json.dumps({"rc": rc, "stderr": err, "wall_s": time.monotonic() - start,
+                  "maxrss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+"""
+
+
+def run_measured(args: list[str]) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """``python -m hpo ARGS`` run by a fresh process that reports its wall time and peak RSS (its only child's)."""
+    out = subprocess.run([PY, "-c", MEASURED, PY, "-m", "hpo", *args], cwd=ROOT, env=cli_env(), capture_output=True,
+                         text=True, timeout=90, check=True)
+    m = json.loads(out.stdout)
+    return subprocess.CompletedProcess(args, m["rc"], "", m["stderr"]), m["wall_s"], m["maxrss_mb"]
+
+
+@pytest.fixture
+def odd_files(tmp_path: Path) -> dict[str, Path]:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.yaml"
+    zero.symlink_to("/dev/zero")
+    return {"FIFO": fifo, "character device": zero}
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "character device"])
+@pytest.mark.parametrize("cmd", ["validate", "search"])
+def test_an_experiment_file_that_is_a_fifo_or_dev_zero_is_refused_at_once(odd_files: dict[str, Path], studies: Path,
+                                                                         cmd: str, kind: str) -> None:
+    """A FIFO used to hang ``open()``; a symlink to /dev/zero was read without bound (13.6 GB after 25 s)."""
+    path = odd_files[kind]
+    args = [cmd, "--space", str(path)] + (["--studies-dir", str(studies)] if cmd == "search" else [])
+    res, wall_s, rss_mb = run_measured(args)
+    line = one_line_exit(res)
+    assert str(path) in line and f"is a {kind}, not a regular file" in line
+    assert wall_s < 5 and rss_mb < 200, (wall_s, rss_mb)
+    assert not studies.exists()
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "character device"])
+def test_validate_metrics_that_is_a_fifo_or_dev_zero_is_refused_at_once(tmp_path: Path, odd_files: dict[str, Path],
+                                                                       kind: str) -> None:
+    res, wall_s, rss_mb = run_measured(["validate", "--space", str(fake_space(tmp_path)),
+                                        "--metrics", str(odd_files[kind])])
+    line = one_line_exit(res)
+    assert f"--metrics {odd_files[kind]}: is a {kind}" in line
+    assert wall_s < 5 and rss_mb < 200, (wall_s, rss_mb)
+
+
+def test_a_storage_path_that_is_a_fifo_is_refused(tmp_path: Path, odd_files: dict[str, Path], studies: Path) -> None:
+    """(Already refused by the storage check: kept so that it stays so.)"""
+    res, wall_s, _ = run_measured(["search", "--space", str(fake_space(tmp_path)), "--studies-dir", str(studies),
+                                   "--storage", f"sqlite:///{odd_files['FIFO']}"])
+    assert "is not a file" in one_line_exit(res) and wall_s < 5
+
+
+@pytest.mark.parametrize("where", ["override", "file", "file, in a value the driver walks"])
+def test_a_recursive_yaml_alias_is_one_line(tmp_path: Path, studies: Path, where: str) -> None:
+    path = fake_space(tmp_path)
+    args = ["--space", str(path)]
+    if where == "override":
+        args += ["--override", "s.z=&a [*a]"]
+    elif where == "file":
+        path.write_text(path.read_text() + "z: &a [*a]\n")
+    else:
+        path.write_text(path.read_text().replace("fake.step_s: 0.02", "fake.step_s: 0.02\n  fake.z: &a [1, *a]"))
+    for cmd in ("validate", "search"):
+        line = one_line_exit(run_cmd(cmd, args, studies, timeout=60))
+        assert "alias *a inside the value of &a (a cycle)" in line
+        assert ("--override 's.z=&a [*a]'" if where == "override" else f"{path}: line") in line
+    assert not studies.exists()
+
+
+def test_an_argument_list_over_the_limit_names_its_largest_key_not_its_value(tmp_path: Path) -> None:
+    """Six 100 KB overrides: over the 512 KiB for a trial's arguments. The line gives sizes and a key, not 600 KB."""
+    space = fake_space(tmp_path)
+    overrides = [a for i in range(6) for a in ("--override", f"fake.note{i}={'x' * (100_000 - 10 * i)}")]
+    line = one_line_exit(run_cmd("validate", ["--space", str(space), *overrides], tmp_path / "studies"))
+    assert len(line) < 600, len(line)
+    assert "overrides.fake.note0" in line and "(100012 bytes)" in line and "at most 524288" in line
+    assert re.search(r"add up to 6\d{5} bytes", line), line
+
+
+@pytest.mark.parametrize("key", ["custom_reward_function.path", "evaluation.custom"])
+@pytest.mark.parametrize("kind", ["FIFO", "character device"])
+def test_user_code_that_is_a_fifo_or_dev_zero_is_refused_at_load(tmp_path: Path, odd_files: dict[str, Path],
+                                                                 studies: Path, key: str, kind: str) -> None:
+    """The trainer (and, for verl, the driver's config check in verl's interpreter) would import it: block on a
+    FIFO, or read /dev/zero until memory runs out."""
+    code = tmp_path / f"{kind.split()[0].lower()}.py"
+    code.symlink_to(odd_files[kind])
+    value: object = str(code) if key == "custom_reward_function.path" else [f"mine={code}:score"]
+    space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 4, key: value})
+    for cmd in ("validate", "search"):
+        line = one_line_exit(run_cmd(cmd, ["--space", str(space)], studies, timeout=60))
+        assert f"overrides.{key}" in line and f"{code}: is a {kind}, not a regular file" in line
+    assert not studies.exists()

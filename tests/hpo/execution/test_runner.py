@@ -411,3 +411,40 @@ def test_identity_of_this_process() -> None:
     ident = driver_identity()
     assert ident["pid"] == os.getpid() and ident["started"] > 0
     assert sys.platform != "linux" or os.path.exists(f"/proc/{os.getpid()}")
+
+
+STEPS_OUT_OF_ORDER = """\
+import json, sys
+with open(sys.argv[1], "w") as fh:
+    for step in (0, 5, 3):
+        fh.write(json.dumps({"step": step, "data": {"a": step}}) + "\\n")
+"""
+
+
+def test_last_step_is_the_highest_step_not_the_last_line(tmp_path: Path) -> None:
+    seen: list[int] = []
+    result, _ = run_argv(tmp_path, [PY, "-c", STEPS_OUT_OF_ORDER, "{metrics}"],
+                         on_metrics=lambda step, data: seen.append(step))
+    assert seen == [0, 5, 3] and result.exit_code == 0
+    assert result.last_step == 5
+
+
+REPLACES_ITS_LOGS = """\
+import os, sys
+for name in ("stderr.log", ".wrapper-status.json"):
+    path = os.path.join(sys.argv[1], name)
+    if os.path.exists(path):
+        os.unlink(path)
+    os.mkfifo(path)
+sys.exit(3)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_trial_that_puts_fifos_in_place_of_its_logs_cannot_hang_the_driver(tmp_path: Path) -> None:
+    """The driver reads the stderr tail and the wrapper's status from the trial's directory: a FIFO there used to
+    block the wrapper's write (until the driver killed it) and then the driver's own read, for ever."""
+    start = time.monotonic()
+    result, _ = run_argv(tmp_path, [PY, "-c", REPLACES_ITS_LOGS, str(tmp_path)])
+    assert result.exit_code == 3 and result.stderr_tail == "" and result.failure == "crash"
+    assert time.monotonic() - start < 10
