@@ -8,7 +8,7 @@ import functools
 import html
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,10 @@ from hpo.study._optuna import ATTR_SPACE
 SCORE_PREFIX = "score/"  # weighted-objective terms, one user attr per term
 PLOT_HEIGHT = 420
 MAX_CONTOUR_PARAMS = 4  # contour draws every pair: n^2 panels
+# importances, parallel coordinates, slice: at most this many parameters, the most important first. Optuna's plots
+# cost the square of the parameters drawn (slice: one axis update per parameter scans every axis; importances:
+# a copy of every trial per parameter): 1,000 parameters took 58 s, 7,500 over 300 s.
+MAX_PLOT_PARAMS = 16
 MAX_PARETO_PAIRS = 6
 HOVER_CHARS = 160
 # plotly.js config of every figure: no logo, no "edit in Chart Studio" link, nothing that goes online
@@ -84,9 +88,10 @@ def duration_s(t: FrozenTrial) -> float | None:
     return None
 
 
-def plottable_copy(study: optuna.Study) -> optuna.Study:
+def plottable_copy(study: optuna.Study, only: Collection[str] | None = None) -> optuna.Study:
     """An in-memory copy for plotting: finite COMPLETE and PRUNED trials as they are, every other trial FAIL
-    (so Optuna's plots skip it); non-finite intermediate values dropped; trial numbers unchanged."""
+    (so Optuna's plots skip it); non-finite intermediate values dropped; trial numbers unchanged. ``only``: the
+    trials keep these parameters alone."""
     storage = optuna.storages.InMemoryStorage()
     copy = optuna.Study(study_name=storage.get_study_name_from_id(
         storage.create_new_study(list(study.directions), study.study_name)), storage=storage)
@@ -103,7 +108,9 @@ def plottable_copy(study: optuna.Study) -> optuna.Study:
             number=t.number, state=state, value=None, values=values,
             datetime_start=t.datetime_start or datetime.datetime.now(),
             datetime_complete=t.datetime_complete or datetime.datetime.now(),
-            params=dict(t.params), distributions=dict(t.distributions), user_attrs={}, system_attrs={},
+            params={k: v for k, v in t.params.items() if only is None or k in only},
+            distributions={k: v for k, v in t.distributions.items() if only is None or k in only},
+            user_attrs={}, system_attrs={},
             intermediate_values=inter, trial_id=t.number))
     return copy
 
@@ -223,6 +230,22 @@ def reference_point(trials: Sequence[FrozenTrial], directions: Sequence[StudyDir
     return point
 
 
+def most_important(copy: optuna.Study, params: list[str], n_done: int) -> tuple[list[str], str]:
+    """At most :data:`MAX_PLOT_PARAMS` of ``params``, the most important first (the first objective's PED-ANOVA,
+    linear in parameters x trials), and a caption saying so; all of them (and no caption) when that few."""
+    if len(params) <= MAX_PLOT_PARAMS:
+        return params, ""
+    if n_done >= 2:
+        sign = -1.0 if copy.directions[0] == StudyDirection.MAXIMIZE else 1.0  # PED-ANOVA minimizes a target
+        try:
+            ranked = list(optuna.importance.get_param_importances(copy, params=params, target=_objective(0, sign)))
+            return ranked[:MAX_PLOT_PARAMS], (f"The {MAX_PLOT_PARAMS} most important of {len(params)} parameters "
+                                              "(importances among them).")
+        except (ValueError, RuntimeError, ZeroDivisionError, IndexError, KeyError):
+            pass
+    return params[:MAX_PLOT_PARAMS], f"The first {MAX_PLOT_PARAMS} of {len(params)} parameters."
+
+
 def build_panels(study: optuna.Study) -> list[Panel]:
     """Every plot of the page, in page order."""
     import optuna.visualization as vis
@@ -232,6 +255,10 @@ def build_panels(study: optuna.Study) -> list[Panel]:
     done = [t for t in copy.get_trials(deepcopy=False) if is_finite_complete(t)]
     tuned = param_names(study, done)
     params = [p for p in tuned if any(p in t.params for t in done)]  # those with values to plot
+    params, few = most_important(copy, params, len(done))
+    if few:  # Optuna's plots draw from trials holding the shown parameters alone
+        copy = plottable_copy(study, only=set(params))
+        done = [t for t in copy.get_trials(deepcopy=False) if is_finite_complete(t)]
     multi = len(study.directions) > 1
     panels: list[Panel] = []
     need_done = f"{len(done)} completed trial(s) with a finite value so far"
@@ -266,13 +293,14 @@ def build_panels(study: optuna.Study) -> list[Panel]:
              lambda: vis.plot_optimization_history(copy, target_name=names[0]))
     panels.append(intermediate_figure(study, names))
     gate(Panel("importances", "Parameter importances",
-               caption="PED-ANOVA (Optuna's default)" + ("; one bar per objective." if multi else ".")),
+               caption="PED-ANOVA (Optuna's default)" + ("; one bar per objective." if multi else ".")
+               + (f" {few}" if few else "")),
          len(done) >= 2 and bool(params),
          "Cannot be drawn yet: importances need at least 2 completed trials with a finite value "
          f"and a tuned parameter ({need_done}).",
          lambda: importances_figure(copy, names) if multi else vis.plot_param_importances(copy, **first))
     suffix = f" ({names[0]})" if multi else ""
-    gate(Panel("parallel", f"Parallel coordinates{suffix}"), len(done) >= 2 and bool(params),
+    gate(Panel("parallel", f"Parallel coordinates{suffix}", caption=few), len(done) >= 2 and bool(params),
          f"Cannot be drawn yet: parallel coordinates need at least 2 completed trials ({need_done}).",
          lambda: vis.plot_parallel_coordinate(copy, params=params, **first))
     numeric = [p for p in params if len({t.params.get(p) for t in done if p in t.params}) > 1]
@@ -286,7 +314,7 @@ def build_panels(study: optuna.Study) -> list[Panel]:
              f"Cannot be drawn yet: a contour needs two parameters that took 2+ values in 2+ completed trials "
              f"({need_done}).",
              lambda: vis.plot_contour(copy, params=shown, **first))
-    gate(Panel("slice", f"Slice (objective against each parameter){suffix}", wide=len(params) > 2),
+    gate(Panel("slice", f"Slice (objective against each parameter){suffix}", wide=len(params) > 2, caption=few),
          bool(done) and bool(params),
          f"Cannot be drawn yet: {need_done}" + ("" if tuned else ", no tuned parameter") + ".",
          lambda: vis.plot_slice(copy, params=params, **first))
