@@ -1,6 +1,8 @@
 """Before a study starts: is each tracker of the experiment usable here? Its package installed (found without
 importing it: the driver never loads mlflow or wandb), the MLflow server answering ``/health``, a W&B key for
-online mode. Each problem is one line; ``--tracking-optional`` turns them into warnings and drops that tracker."""
+online mode, and every local destination writable: an MLflow ``file:`` store or ``sqlite:`` database, W&B's
+``tracking.wandb.dir`` (a file is made there and removed; directories made for it are removed again). Each problem
+is one line; ``--tracking-optional`` turns them into warnings and drops that tracker."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ import dataclasses
 import importlib.util
 import netrc
 import os
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from urllib.parse import urlsplit, urlunsplit
+from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from hpo.experiment._space import SpaceError
 from hpo.experiment._tracking import TrackingSpec, redact_uri
@@ -51,6 +55,60 @@ def _health(uri: str) -> str | None:
         return f"{url} is unreachable ({reason})"
 
 
+def local_path(uri: str) -> Path | None:
+    """The path an MLflow ``file:`` store or ``sqlite:`` database lives at (None: another kind of URI, or
+    SQLite in memory)."""
+    low = uri.lower()
+    if low.startswith("file:"):
+        return Path(unquote(urlsplit(uri).path) or ".")
+    if low.startswith("sqlite:///"):
+        rest = uri[len("sqlite:///"):].split("?", 1)[0]
+        return None if rest in ("", ":memory:") else Path(unquote(rest))
+    return None
+
+
+def unwritable(directory: Path) -> str | None:
+    """None when a file can be made in ``directory`` (made if missing, as the tracker would); else why not.
+    Leaves nothing behind: the probe file and the directories made for it are removed."""
+    missing, at = [], directory
+    while not at.exists() and at != at.parent:
+        missing.append(at)
+        at = at.parent
+    if not at.is_dir():
+        return f"{at} is not a directory"
+    made: list[Path] = []
+    try:
+        for d in reversed(missing):
+            d.mkdir()
+            made.append(d)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".verl-hpo-probe-")
+        os.close(fd)
+        os.unlink(probe)
+        return None
+    except OSError as err:
+        return f"{directory} cannot be written ({err.strerror or err})"
+    finally:
+        for d in reversed(made):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def _store_problem(uri: str) -> str | None:
+    """Why an MLflow ``file:`` store or ``sqlite:`` database cannot be written here (None: it can, or remote)."""
+    path = local_path(uri)
+    if path is None:
+        return None
+    if uri.lower().startswith("file:"):
+        why = unwritable(path)
+    elif path.exists() and not path.is_file():
+        why = f"{path} is not a regular file"
+    else:
+        why = unwritable(path.parent)
+    return None if why is None else f"MLflow store {redact_uri(uri)}: {why}"
+
+
 def _wandb_key() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
@@ -74,12 +132,20 @@ def tracker_problems(spec: TrackingSpec) -> dict[str, str]:
             why = _health(uri)
             if why is not None:
                 out["mlflow"] = f"MLflow server {redact_uri(uri)}: {why}"
+        else:
+            why = _store_problem(uri)
+            if why is not None:
+                out["mlflow"] = why
     if spec.wandb is not None:
         if importlib.util.find_spec("wandb") is None:
             out["wandb"] = f"the wandb package is not installed ({INSTALL})"
         elif spec.wandb.mode == "online" and not _wandb_key():
             out["wandb"] = ("W&B online needs an API key (WANDB_API_KEY or wandb login); or use tracking.wandb.mode: "
                             "offline / --tracking wandb=offline")
+        elif spec.wandb.dir is not None:
+            why = unwritable(Path(spec.wandb.dir))
+            if why is not None:
+                out["wandb"] = f"dir {spec.wandb.dir!r}: {why}"
     return out
 
 

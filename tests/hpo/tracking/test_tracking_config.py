@@ -103,3 +103,61 @@ def test_tracking_optional_runs_the_study_without_it(tmp_path: Path, studies: Pa
     assert SECRET not in res.stderr + res.stdout
     assert not (studies / "fake" / "tracking").exists()
     assert len(load(studies, "fake").trials) == 1
+
+
+# ----------------------------------------------------------------------------- local destinations (issue 34, item 9)
+def _regular_file(tmp_path: Path) -> Path:
+    path = tmp_path / "a-file"
+    path.write_text("not a directory\n")
+    return path
+
+
+@pytest.mark.parametrize("where", ["/proc/verl-hpo-x", "FILE", "FILE/sub"])
+def test_an_unwritable_w_and_b_dir_stops_the_search_before_it_starts(tmp_path: Path, studies: Path,
+                                                                     where: str) -> None:
+    pytest.importorskip("wandb")
+    directory = where.replace("FILE", str(_regular_file(tmp_path)))
+    space = fake_space(tmp_path, study={"n_trials": 1}, tracking={"wandb": {"mode": "offline", "dir": directory}})
+    res = run_cli(["search", "--space", str(space)], studies, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "tracking.wandb: dir" in lines[0], res.stderr
+    assert directory in lines[0] and "Traceback" not in res.stderr
+    assert not (studies / "fake.db").exists()
+
+
+@pytest.mark.parametrize("uri", ["file:///proc/verl-hpo-x", "file://FILE", "sqlite:////proc/verl-hpo-x/m.db",
+                                 "sqlite:///FILE/m.db", "sqlite:///DIR"])
+def test_an_unwritable_mlflow_store_stops_the_search_before_it_starts(tmp_path: Path, studies: Path,
+                                                                      uri: str) -> None:
+    pytest.importorskip("mlflow")
+    uri = uri.replace("FILE", str(_regular_file(tmp_path))).replace("DIR", str(tmp_path))
+    space = fake_space(tmp_path, study={"n_trials": 1})
+    res = run_cli(["search", "--space", str(space), "--tracking", f"mlflow={uri}"], studies, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "tracking.mlflow: MLflow store" in lines[0]
+    assert uri in lines[0] and "--tracking-optional" in lines[0]
+    assert not (studies / "fake.db").exists()
+
+
+def test_the_check_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A destination that does not exist yet is fine (the tracker makes it): the check makes it to try it, then
+    removes what it made."""
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    spec = TrackingSpec(mlflow=MlflowSpec(uri=f"file://{tmp_path}/ml/store"),
+                        wandb=WandbSpec(mode="offline", dir=str(tmp_path / "wb" / "runs")))
+    assert tracker_problems(spec) == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_an_unwritable_dir_with_tracking_optional_is_a_warning(tmp_path: Path, studies: Path) -> None:
+    pytest.importorskip("wandb")
+    space = fake_space(tmp_path, study={"n_trials": 1}, tracking={"wandb": {"mode": "offline",
+                                                                            "dir": str(_regular_file(tmp_path))}})
+    res = run_cli(["search", "--space", str(space), "--tracking-optional"], studies, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "warning:" in res.stderr and "runs without wandb tracking" in res.stderr and "is not a directory" in \
+        res.stderr
+    assert len(load(studies, "fake").trials) == 1
