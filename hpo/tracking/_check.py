@@ -67,6 +67,20 @@ def local_path(uri: str) -> Path | None:
     return None
 
 
+ARTIFACTS_DIR = "mlflow-artifacts"
+
+
+def artifact_root(uri: str, studies_dir: Path) -> Path | None:
+    """Where an MLflow experiment the tracker creates keeps its artifacts (the study's dashboard page):
+    ``<studies-dir>/mlflow-artifacts`` on a database backend (``sqlite:``, ``postgresql:``, ``mysql:``, whose
+    default is ``./mlruns`` of whatever directory the driver was started in); None where the store decides (a
+    server's artifact root, a ``file:`` store's own directory)."""
+    scheme = uri.split(":", 1)[0].lower()
+    if scheme.split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql"):
+        return (studies_dir / ARTIFACTS_DIR).resolve()
+    return None
+
+
 def unwritable(directory: Path) -> str | None:
     """None when a file can be made in ``directory`` (made if missing, as the tracker would); else why not.
     Leaves nothing behind: the probe file and the directories made for it are removed."""

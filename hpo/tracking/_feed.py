@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial
 
 from hpo.experiment._tracking import TrackingSpec, redact_uri
 from hpo.study._progress import Progress
-from hpo.tracking._check import mlflow_uri
+from hpo.tracking._check import artifact_root, mlflow_uri
 from hpo.tracking._spool import SPOOL_GLOB, SpoolWriter, is_locked, sidecar, spool_path, tracking_dir
 
 ENV_STORAGE = "VERL_HPO_TRACK_STORAGE"
@@ -29,10 +29,15 @@ ENV_SPEC = "VERL_HPO_TRACK_SPEC"
 EXIT_PENDING = 3  # the tracker stopped with events not yet logged (verl-hpo track finishes them)
 
 
-def describe(spec: TrackingSpec) -> str:
+def describe(spec: TrackingSpec, studies_dir: Path | None = None) -> str:
+    """The trackers in one line; with ``studies_dir``, where a new MLflow experiment on a database backend keeps
+    its artifacts (:func:`hpo.tracking._check.artifact_root`)."""
     parts = []
     if spec.mlflow is not None:
-        parts.append(f"MLflow {redact_uri(mlflow_uri(spec) or '?')} (experiment {spec.mlflow.experiment})")
+        uri = mlflow_uri(spec) or "?"
+        root = None if studies_dir is None else artifact_root(uri, studies_dir)
+        where = "" if root is None else f"; artifacts of a new experiment in {root}"
+        parts.append(f"MLflow {redact_uri(uri)} (experiment {spec.mlflow.experiment}{where})")
     if spec.wandb is not None:
         parts.append(f"W&B project {spec.wandb.project} ({spec.wandb.mode})")
     return ", ".join(parts)

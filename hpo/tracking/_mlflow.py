@@ -16,6 +16,7 @@ a metric identical in key, step, timestamp and value; tags and params are upsert
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ class MlflowSink:
     name = "mlflow"
 
     def __init__(self, uri: str, label: str, experiment: str, study_name: str, study_key: str,
-                 cursors: Cursors, registry: Registry) -> None:
+                 cursors: Cursors, registry: Registry, artifacts: Path | None = None) -> None:
         self.client = MlflowClient(tracking_uri=uri)
         self.label = label
         self.experiment = experiment
@@ -46,6 +47,7 @@ class MlflowSink:
         self.study_key = study_key
         self.cursors = cursors
         self.registry = registry
+        self.artifacts = artifacts  # where an experiment this sink creates keeps its artifacts (None: the store's)
         self._experiment_id: str | None = None
 
     # ------------------------------------------------------------------------- errors
@@ -64,7 +66,8 @@ class MlflowSink:
             exp = self.client.get_experiment_by_name(self.experiment)
             if exp is None:
                 try:
-                    self._experiment_id = self.client.create_experiment(self.experiment)
+                    self._experiment_id = self.client.create_experiment(
+                        self.experiment, artifact_location=None if self.artifacts is None else str(self.artifacts))
                 except MlflowException as err:
                     if err.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
                         raise
@@ -72,6 +75,8 @@ class MlflowSink:
             if self._experiment_id is None:
                 assert exp is not None
                 self._experiment_id = exp.experiment_id
+            where = self.client.get_experiment(self._experiment_id).artifact_location
+            print(f"{time.strftime('%H:%M:%S')} MLflow experiment {self.experiment}: artifacts in {where}", flush=True)
         return self._experiment_id
 
     def _find(self, **tags: str) -> list[Any]:
@@ -177,6 +182,4 @@ class MlflowSink:
 
 
 def _now_ms() -> int:
-    import time
-
     return int(time.time() * 1000)

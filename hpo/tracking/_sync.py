@@ -34,7 +34,7 @@ from hpo.execution.ray_jobs._job import JOB_METRICS
 from hpo.experiment._tracking import TrackingSpec, redact_uri
 from hpo.study._optuna import ATTR_SPACE, quiet_optuna
 from hpo.study._storage import open_storage, scrub
-from hpo.tracking._check import mlflow_uri
+from hpo.tracking._check import artifact_root, mlflow_uri
 from hpo.tracking._content import ATTR_KEY, ATTR_RUN, chain_info, finished, study_update
 from hpo.tracking._feed import ENV_SPEC, ENV_STORAGE, EXIT_PENDING
 from hpo.tracking._sink import Cursors, Sink
@@ -230,7 +230,8 @@ def make_queues(spec: TrackingSpec, study: optuna.Study, studies_dir: Path, stat
 
         uri = strip_credentials(mlflow_uri(spec) or "")
         queues.append(Queue(MlflowSink(uri, f"MLflow {redact_uri(uri)}", spec.mlflow.experiment, study.study_name,
-                                       key, Cursors(sinks.setdefault("mlflow", {})), registry)))
+                                       key, Cursors(sinks.setdefault("mlflow", {})), registry,
+                                       artifact_root(uri, studies_dir))))
     if spec.wandb is not None:
         from hpo.tracking._wandb import WandbSink
 

@@ -161,3 +161,11 @@ def test_an_unwritable_dir_with_tracking_optional_is_a_warning(tmp_path: Path, s
     assert "warning:" in res.stderr and "runs without wandb tracking" in res.stderr and "is not a directory" in \
         res.stderr
     assert len(load(studies, "fake").trials) == 1
+
+
+def test_the_start_line_says_where_a_database_backend_s_artifacts_go(tmp_path: Path) -> None:
+    from hpo.tracking import describe
+
+    line = describe(TrackingSpec(mlflow=MlflowSpec(uri=f"sqlite:///{tmp_path}/m.db")), tmp_path / "studies")
+    assert f"artifacts of a new experiment in {tmp_path / 'studies' / 'mlflow-artifacts'}" in line
+    assert "artifacts" not in describe(TrackingSpec(mlflow=MlflowSpec(uri="http://h:5000")), tmp_path)
