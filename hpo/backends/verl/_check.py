@@ -1,7 +1,7 @@
 """Checks of a verl space with verl's own code, before a study is created or its trials launch: every corner
 composed and validated in verl's interpreter (:func:`compose_corners`, which runs ``hpo/backends/verl/_compose.py``
 there), the data files, the metric names verl logs (:func:`verl_metric_ok`), and whether the interpreter can run
-the trials on a GPU (:func:`check_verl_launch`). Nothing here imports torch, hydra or verl.
+the trials where they will run, a GPU or the CPU (:func:`check_verl_launch`). Nothing here imports torch, hydra or verl.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpo.backends.verl._cpu import PLUGIN_MODULE, cpu_overrides, transfer_queue_overrides
 from hpo.backends.verl._launch import (
     DRIVER_KEYS,
     GPU_INSTALL_HINT,
@@ -26,6 +27,8 @@ from hpo.backends.verl._launch import (
     override_key,
     verl_overrides,
 )
+
+from hpo.execution._devices import detect_devices
 
 if TYPE_CHECKING:
     from hpo.experiment._space import Space
@@ -319,11 +322,16 @@ def check_verl_metrics(space: Space, info: ComposedConfig) -> None:
 
 
 # ----------------------------------------------------------------------------- can this interpreter run the trials?
-def interpreter_problem(interpreter: Mapping[str, Any], info: ComposedConfig, python: str) -> str | None:
+def interpreter_problem(interpreter: Mapping[str, Any], info: ComposedConfig, python: str,
+                        cpu: bool = False) -> str | None:
     """Why ``python`` (described by ``hpo/backends/verl/_compose.py``'s ``probe_interpreter``) cannot run a trial of the
-    composed config ``info`` on a GPU, as one line naming the fix; None when it can.
+    composed config ``info``, as one line naming the fix; None when it can.
 
-    * torch must be a CUDA build (verl 0.9.1 trains on CUDA only; ``make install-verl`` installs the CPU wheel);
+    On the CPU (``cpu``: the trials get no devices) verl runs through the CPU platform plugin
+    (:mod:`hpo.backends.verl._cpu`): the interpreter needs it and, for ``rollout.name=vllm``, vLLM's CPU build under
+    a ``vllm`` version that verl can read (both installed by ``make install-verl``). On a GPU:
+
+    * torch must be a CUDA build (``make install-verl`` installs the CPU wheel);
     * ``rollout.name=vllm`` needs vLLM (``sglang`` SGLang) in the same interpreter;
     * the actor and reference load with ``override_config.attn_implementation`` (verl's default
       ``flash_attention_2``, ``workers/config/model.py``) and a critic always with ``flash_attention_2``
@@ -331,9 +339,20 @@ def interpreter_problem(interpreter: Mapping[str, Any], info: ComposedConfig, py
       does not install.
     """
     shown = f"trial.python={python!r}"
+    if cpu:
+        if not interpreter.get("verl_cpu_platform"):
+            return (f"the trials get no GPU, so verl runs on the CPU, but {shown} has no CPU platform plugin "
+                    f"({PLUGIN_MODULE}): {INSTALL_HINT}")
+        if info.rollout_name == "vllm" and "cpu" not in str(interpreter.get("vllm_version") or ""):
+            return (f"actor_rollout_ref.rollout.name=vllm on the CPU needs vLLM's CPU build with a vllm version verl "
+                    f"can read, and {shown} has vllm {interpreter.get('vllm_version') or '(none)'}: {INSTALL_HINT}")
+        if info.rollout_name not in ("vllm", None):
+            return (f"actor_rollout_ref.rollout.name={info.rollout_name}: on the CPU verl 0.9.1 can roll out with "
+                    "vllm only (vLLM's CPU build; SGLang has no CPU install)")
+        return None
     if not interpreter.get("torch_cuda"):
-        return (f"{shown} has torch {interpreter.get('torch') or '(none)'} without CUDA, and verl 0.9.1 trains on "
-                f"CUDA GPUs only: {GPU_INSTALL_HINT}")
+        return (f"{shown} has torch {interpreter.get('torch') or '(none)'} without CUDA, so its trials need a GPU "
+                f"build: {GPU_INSTALL_HINT}; or run them on the CPU with trial.gpus_per_trial: 0")
     engine = {"vllm": ("vllm", "vLLM"), "sglang": ("sglang", "SGLang")}.get(info.rollout_name)
     if engine is not None and not interpreter.get(engine[0]):
         return (f"actor_rollout_ref.rollout.name={info.rollout_name} but {shown} has no {engine[1]}: "
@@ -365,19 +384,31 @@ def trial_base_env(space: Space) -> dict[str, str]:
     return {**os.environ, **space.trial.env}
 
 
-def check_verl_launch(space: Space, python: str | None = None) -> None:
+def trials_on_cpu(space: Space) -> bool:
+    """Whether the study's trials run verl on the CPU: a local trial that gets no devices
+    (``trial.gpus_per_trial: 0``, or no GPU is visible and ``trial.devices`` names none)."""
+    if space.trial.executor == "ray":
+        return False
+    return space.trial.gpus_per_trial == 0 or not (space.trial.devices or detect_devices())
+
+
+def check_verl_launch(space: Space, python: str | None = None, cpu: bool | None = None) -> None:
     """Before a verl search or resume launches trials: the interpreter (``trial.python``, run with the trials'
-    ``trial.env``) can run every corner on a GPU (:func:`interpreter_problem`). Raises :class:`VerlConfigError`
-    (``.where`` ``trial.python``). Skipped when the trials' environment sets :data:`SKIP_INTERPRETER_CHECK`
-    (a stand-in ``main_ppo`` on the CPU, as the tests run)."""
+    ``trial.env``) can run every corner where the trials will run (:func:`interpreter_problem`; ``cpu``: on the
+    CPU, None: :func:`trials_on_cpu`), each corner composed with what the driver adds there (the CPU platform's
+    overrides, TransferQueue's size). Raises :class:`VerlConfigError` (``.where`` ``trial.python``). Skipped when the
+    trials' environment sets :data:`SKIP_INTERPRETER_CHECK` (a stand-in ``main_ppo``, as some tests run)."""
     env = trial_base_env(space)
     if env.get(SKIP_INTERPRETER_CHECK, "") not in ("", "0"):
         return
+    cpu = trials_on_cpu(space) if cpu is None else cpu
     python = python or space.trial.python or default_python()
-    report = compose_corners(python, space.config, [c.overrides for c in space_corners(space)],
-                             trial_gpus(space), env=env, nnodes=trial_nodes(space))
+    corners = [[*(cpu_overrides(c.overrides) if cpu else []), *transfer_queue_overrides(c.overrides, cpu),
+                *c.overrides] for c in space_corners(space)]
+    report = compose_corners(python, space.config, corners, 0 if cpu else trial_gpus(space), env=env,
+                             nnodes=trial_nodes(space))
     for info in report.corners:
-        problem = interpreter_problem(report.interpreter or {}, info, python)
+        problem = interpreter_problem(report.interpreter or {}, info, python, cpu)
         if problem is not None:
             raise VerlConfigError(problem, "trial.python")
     if report.first_error is not None:

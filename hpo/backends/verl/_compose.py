@@ -24,6 +24,7 @@ This file imports nothing of the project, so that it runs in any interpreter tha
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import math
@@ -285,6 +286,9 @@ def core_variable(cfg: Any, val_files: list[str]) -> str | None:
     ``acc``."""
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
+    path = _get(cfg, "reward.custom_reward_function.path")
+    if path and not os.path.exists(os.path.expanduser(str(path))):
+        return None  # not written yet (a prepare step's file) or missing: the trial says which
     fn = get_custom_reward_fn(cfg)
     if fn is None:
         return "acc"
@@ -407,8 +411,9 @@ def check_corner(compose: Any, validate: Any, name: str, overrides: list[str],
 
 def probe_interpreter() -> dict[str, Any]:
     """What this interpreter can run a verl trial with, found without importing anything heavy: torch's CUDA
-    build (``cuda = '12.8'`` in ``torch/version.py``; None for a CPU wheel) and whether vLLM, SGLang and
-    flash-attn are installed."""
+    build (``cuda = '12.8'`` in ``torch/version.py``; None for a CPU wheel), whether vLLM, SGLang and
+    flash-attn are installed, the version verl reads for vLLM (the ``vllm`` distribution's: ``+cpu`` for the CPU
+    build's alias) and whether the CPU platform plugin (``plugins/verl-cpu``) is there."""
     def has(module: str) -> bool:
         try:
             return importlib.util.find_spec(module) is not None
@@ -427,8 +432,13 @@ def probe_interpreter() -> dict[str, Any]:
         m = re.search(r"^cuda(?::[^=]*)?=\s*'([^']*)'", text, re.M)
         cuda = m.group(1) if m else None
         break
+    try:
+        vllm_version: str | None = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        vllm_version = None
     return {"python": sys.executable, "torch": torch_version, "torch_cuda": cuda, "vllm": has("vllm"),
-            "sglang": has("sglang"), "flash_attn": has("flash_attn"), "verl": has("verl")}
+            "vllm_version": vllm_version, "sglang": has("sglang"), "flash_attn": has("flash_attn"),
+            "verl": has("verl"), "verl_cpu_platform": has("verl_cpu_platform")}
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:

@@ -137,6 +137,8 @@ DEFAULT_DIR = "~/.cache/verl_hpo/gsm8k_small"
 def default_dir() -> Path:
     return Path(os.path.expanduser(DEFAULT_DIR))
 DEFAULT_FILES = {"train.parquet": "train", "test.parquet": "test"}
+ARITH_DIR = "~/.cache/verl_hpo/verl_arith"  # the arith task for verl on the CPU (hpo.backends.verl._arith)
+ARITH_FILES = ("train.parquet", "val.parquet", "test.parquet")
 _ENV = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
 
 
@@ -160,8 +162,10 @@ def split_list(text: str) -> list[str]:
 
 
 def is_shipped(path: Path) -> bool:
-    """A file of the shipped set, which the prepare step writes."""
-    return path.parent == default_dir() and path.name in DEFAULT_FILES
+    """A file of a shipped set, which a prepare step writes: this module's GSM8K-format set, or the arith task's
+    (:mod:`hpo.backends.verl._arith`)."""
+    return ((path.parent == default_dir() and path.name in DEFAULT_FILES)
+            or (path.parent == Path(os.path.expanduser(ARITH_DIR)) and path.name in ARITH_FILES))
 
 
 def missing_files(key: str, value: str | Sequence[str]) -> str | None:
@@ -172,7 +176,7 @@ def missing_files(key: str, value: str | Sequence[str]) -> str | None:
             continue
         path = resolve_path(text)
         if not path.exists() and not is_shipped(path):
-            return (f"{key}: {path} does not exist (only the shipped GSM8K-format set in {default_dir()} is "
+            return (f"{key}: {path} does not exist (only the shipped sets in {default_dir()} and {ARITH_DIR} are "
                     "generated; point the key at your parquet files)")
     return None
 

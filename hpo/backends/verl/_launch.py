@@ -17,10 +17,12 @@ What a verl trial is (:func:`verl_argv`, :func:`verl_env`):
   ``trainer.resume_mode=auto`` (a retry: ``resume_path`` and ``trainer.resume_from_path``),
   ``hydra.run.dir=<trial dir>/hydra`` (hydra's ``outputs/`` would otherwise land in
   the driver's working directory) and ``++ray_kwargs.ray_init.include_dashboard=false``.
-* GPUs on a CPU-only host: the driver hands out no devices (``CUDA_VISIBLE_DEVICES=""``) and verl gets
-  ``n_gpus_per_node=1``, the smallest value its config accepts. verl 0.9.1 has no CPU platform: such a trial
-  starts Ray and then waits for ever for actors that need a GPU (measured: still pending after 120 s), so only
-  ``trial.timeout_s`` ends it. Validation uses ``trial.gpus_per_trial``, not the devices found.
+* A trial handed no devices (a host without a GPU, or ``trial.gpus_per_trial: 0``) runs verl on the CPU: verl gets
+  ``n_gpus_per_node=1`` (one logical GPU of its own Ray cluster stands for the CPU worker), the CPU platform plugin
+  through verl's external-module hook, and the overrides and environment of :mod:`hpo.backends.verl._cpu`
+  (keys the experiment sets itself are left alone). Every trial, GPU or not, gets TransferQueue storage actors that
+  fit the host's CPUs (``_cpu.transfer_queue_overrides``). Validation uses ``trial.gpus_per_trial``, not the
+  devices found.
 * Metrics: verl's ``FileLogger`` opens ``$VERL_FILE_LOGGER_PATH`` with ``"wb"``; every attempt gets its own file
   (:func:`verl_metrics_path`), so a restart never wipes the steps an earlier attempt logged.
 * Retries resume: every attempt saves into its own ``<trial dir>/checkpoints``. A retry of an interrupted trial
@@ -58,6 +60,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from hpo.backends.verl._cpu import cpu_env, cpu_overrides, transfer_queue_overrides
 
 DEFAULT_CONFIG = "ppo_trainer"
 MAIN_MODULE = "verl.trainer.main_ppo"
@@ -162,17 +166,19 @@ def verl_argv(python: str, config: str, overrides: Sequence[str], study: str, tr
     """The argv of one verl trial (see the module docstring for each driver key).
 
     ``overrides``: the space's fixed overrides and sampled parameters (:func:`verl_overrides`).
-    ``n_gpus``: devices handed to this trial (per node); 0 (a CPU-only host) becomes 1, the least verl accepts.
+    ``n_gpus``: devices handed to this trial (per node); 0 runs verl on the CPU (:mod:`hpo.backends.verl._cpu`,
+    ``trainer.n_gpus_per_node=1``: one logical GPU).
     ``nnodes``: 1 locally; ``trial.ray.nodes`` for a Ray job (``n_gpus`` is then ``trial.ray.num_gpus``).
     ``resume_from``: the ``global_step_N`` checkpoint a retry continues from (:func:`resume_checkpoints`):
     ``trainer.resume_mode=resume_path trainer.resume_from_path=<it>``; else ``resume_mode=auto``. Every
     attempt saves into its own ``<trial_dir>/checkpoints``.
     """
     rest, loggers = _merged_loggers(overrides)
+    platform = [*(cpu_overrides(rest) if n_gpus == 0 else []), *transfer_queue_overrides(rest, n_gpus == 0)]
     resume = ([format_override("trainer.resume_mode", "auto")] if resume_from is None else
               [format_override("trainer.resume_mode", "resume_path"),
                format_override("trainer.resume_from_path", str(resume_from))])
-    argv = [python, "-m", MAIN_MODULE, *config_args(config), *rest, loggers,
+    argv = [python, "-m", MAIN_MODULE, *config_args(config), *platform, *rest, loggers,
             format_override("trainer.project_name", study),
             format_override("trainer.experiment_name", f"trial-{trial_number}"),
             format_override("trainer.default_local_dir", str(trial_dir / "checkpoints")),
@@ -239,11 +245,12 @@ def _fresh_scratch(scratch: Path) -> None:
     scratch.mkdir(parents=True, mode=0o700)
 
 
-def verl_env(base_env: Mapping[str, str], trial_dir: Path, attempt: int = 0) -> dict[str, str]:
+def verl_env(base_env: Mapping[str, str], trial_dir: Path, attempt: int = 0, cpu: bool = False) -> dict[str, str]:
     """``base_env`` (the driver's trial environment: CUDA_VISIBLE_DEVICES, tags, trial.env) plus what isolates
     one verl attempt: its own metrics file and scratch directory (created afresh here), no shared Ray cluster,
-    a Ray auth token of its own, tracker output inside the trial directory, full hydra errors."""
-    env = dict(base_env)
+    a Ray auth token of its own, tracker output inside the trial directory, full hydra errors; with ``cpu`` (a
+    trial handed no devices) the CPU platform's (:func:`hpo.backends.verl._cpu.cpu_env`)."""
+    env = cpu_env(base_env) if cpu else dict(base_env)
     trial_dir = trial_dir.absolute()  # the file logger opens its path in a Ray worker
     scratch = scratch_dir(trial_dir, attempt)
     _fresh_scratch(scratch)

@@ -1,0 +1,114 @@
+"""The arithmetic task for real verl on the CPU (``search_spaces/verl_grpo_cpu.yaml``), written locally: no download.
+
+    python -m hpo.backends.verl._arith [--config NAME] [key=value ...]     # the experiment's prepare step
+
+Writes, into :data:`ARITH_DIR` (``~/.cache/verl_hpo/verl_arith``) and only what is missing there:
+
+* ``model/``: ``verl_core``'s built-in tiny Qwen2 (``verl_core.tiny_model``: a locally trained tokenizer, 2 layers,
+  a warm start that answers ``a+b+1`` greedily on almost every problem while sampling finds the sum 15-20% of the
+  time), built by ``verl_core`` in this interpreter (the driver's, which has torch) and copied;
+* ``train.parquet``, ``val.parquet``, ``test.parquet``: ``verl_core``'s ``arith`` split (450/225/225 problems
+  ``a+b=``, data source ``synthetic/arith``) in verl's row format;
+* ``reward.py``: :data:`REWARD_SOURCE`, verl's custom-reward contract (``compute_score``), 1.0 when the response's
+  leading integer is the sum. verl records it as ``acc``: validation logs ``val-core/synthetic/arith/acc/mean@1``.
+
+Paths named by the experiment outside :data:`ARITH_DIR` are the user's: a missing one is an error (exit 2).
+This module imports neither torch nor verl (the model is built in a subprocess).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hpo.backends.verl._data import ARITH_DIR, ARITH_FILES, resolve_path
+
+SPLITS = dict(zip(ARITH_FILES, ("train", "val", "test"), strict=True))
+MODEL, REWARD = "model", "reward.py"
+KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "reward.custom_reward_function.path")
+REWARD_SOURCE = '''"""Reward of the arith task (verl's custom-reward contract): 1.0 when the response starts with the sum."""
+import re
+
+_INT = re.compile(r"-?\\d+")
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    m = _INT.match(solution_str.strip())
+    return 1.0 if m is not None and m.group(0) == str(ground_truth).strip() else 0.0
+'''
+_BUILD_MODEL = "from verl_core.tiny_model import ensure_tiny_arith; print(ensure_tiny_arith(log=False))"
+
+
+def arith_dir() -> Path:
+    return Path(os.path.expanduser(ARITH_DIR))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _write_model(dest: Path) -> None:
+    built = subprocess.run([sys.executable, "-c", _BUILD_MODEL], capture_output=True, text=True, check=False)
+    if built.returncode != 0:
+        tail = (built.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise OSError(f"building the tiny model failed: {tail}")
+    tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(built.stdout.strip().splitlines()[-1], tmp)
+    tmp.replace(dest)
+
+
+def _write_split(dest: Path) -> None:
+    from verl_core.tasks import BUILTIN, write_parquet
+
+    _, splits, rows = BUILTIN["arith"]
+    train, val, test = splits()
+    problems = {"train": train, "val": val, "test": test}[SPLITS[dest.name]]
+    write_parquet(rows(problems, SPLITS[dest.name]), dest)
+
+
+def ensure(paths: Sequence[Path]) -> list[Path]:
+    """Write each of ``paths`` that is missing and belongs to the task's directory; returns those written.
+    ValueError (one line) for a missing path outside it."""
+    home, written = arith_dir(), []
+    for path in paths:
+        if path.exists():
+            continue
+        if path.parent != home or path.name not in (*SPLITS, MODEL, REWARD):
+            raise ValueError(f"{path} does not exist (only the arith task's files in {home} are generated)")
+        home.mkdir(parents=True, exist_ok=True)
+        if path.name == MODEL:
+            _write_model(path)
+        elif path.name == REWARD:
+            _atomic_write(path, REWARD_SOURCE)
+        else:
+            _write_split(path)
+        written.append(path)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    paths = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") in KEYS:
+            paths += [resolve_path(v.strip()) for v in value.strip("[]").split(",") if v.strip()]
+    try:
+        written = ensure(paths)
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
