@@ -1,6 +1,10 @@
 """``best`` of a population-based training study (``study.strategy: pbt``): the winning lineage, its
 hyperparameter schedule (values by step range), final value and checkpoint, as a table or exported as JSON
-(``--format schedule``); and the lineage rows the dashboard draws."""
+(``--format schedule``); and the lineage rows the dashboard draws.
+
+Only a healthy segment (it ran to its end with a value) is ever the best; with none, :func:`why_no_best` is the one
+line ``best`` prints (exit 1). The checkpoint is shown only when it is still there and no symbolic link leads to it
+(else ``checkpoint`` is None and ``checkpoint_problem`` says why)."""
 
 from __future__ import annotations
 
@@ -13,12 +17,19 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from hpo.experiment._space import Space, format_value
-from hpo.study._population import best_final, lineage_of, pbt_total
+from hpo.study._checkpoints import CHECKPOINTS, checkpoint_problem
+from hpo.study._population import best_final, lineage_of, no_healthy_line, pbt_total
+
+
+def why_no_best(space: Space, study: optuna.Study) -> str:
+    """The line ``best`` prints when :func:`best_lineage` finds nothing: no segment with a value yet, or no member
+    healthy and how each member's newest segment ended."""
+    return no_healthy_line(study, pbt_total(space))
 
 
 def best_lineage(space: Space, study: optuna.Study, number: int | None = None) -> dict[str, Any] | None:
     """The winning member's lineage (or the one ending in trial ``number``): trials, schedule, value, checkpoint.
-    None when no segment has a value yet."""
+    None when no member is healthy (:func:`why_no_best`)."""
     from hpo.study._confirm import confirmed
 
     trials = study.get_trials(deepcopy=False)
@@ -44,9 +55,14 @@ def best_lineage(space: Space, study: optuna.Study, number: int | None = None) -
                       "overrides": [f"{k}={format_value(v)}" for k, v in ps.items()]})
     end = int(final.system_attrs.get("pbt:end", 0))
     trial_dir = final.user_attrs.get("trial_dir")
-    ckpt = str(Path(trial_dir) / "checkpoints" / f"global_step_{end}") if trial_dir else None
+    ckpt: str | None = None
+    problem: str | None = "the trial has no directory"
+    if trial_dir:
+        parts = [Path(trial_dir).name, CHECKPOINTS, f"global_step_{end}"]
+        problem = checkpoint_problem(Path(trial_dir).parent, parts)
+        ckpt = None if problem else str(Path(trial_dir) / CHECKPOINTS / f"global_step_{end}")
     return {"study": study.study_name, "trial": final.number, "member": final.system_attrs.get("pbt:member"),
-            "value": final.values[0], "end": end, "checkpoint": ckpt,
+            "value": final.values[0], "end": end, "checkpoint": ckpt, "checkpoint_problem": problem,
             "lineage": [{"trial": s.number, "member": s.member, "action": s.action, "start": s.start, "end": s.end,
                          "value": by_number[s.number].values[0] if by_number[s.number].values else None}
                         for s in chain],
@@ -58,8 +74,9 @@ def best_lineage(space: Space, study: optuna.Study, number: int | None = None) -
 def render_pbt_best(space: Space, found: dict[str, Any], fmt: str) -> tuple[str, str]:
     """(header for stderr, output for stdout). ``schedule``: the JSON of :func:`best_lineage`; ``overrides`` /
     ``yaml`` / ``command``: the values in force at the end, the schedule in the header."""
+    shown = found["checkpoint"] or f"none ({found.get('checkpoint_problem')})"
     lines = [f"# trial {found['trial']} of study {found['study']} (member {found['member']}, step {found['end']}): "
-             f"{space.objective.label} {found['value']:.4g}; checkpoint {found['checkpoint']}",
+             f"{space.objective.label} {found['value']:.4g}; checkpoint {shown}",
              "# lineage: " + " -> ".join(f"{x['trial']}({x['action']} m{x['member']} {x['start']}-{x['end']})"
                                          for x in found["lineage"]),
              "# schedule (values by step range):"]
@@ -81,9 +98,10 @@ def render_pbt_best(space: Space, found: dict[str, Any], fmt: str) -> tuple[str,
             last["overrides"], last["params"].values(), strict=False)}), sort_keys=False).rstrip()
     if fmt == "command":
         fixed = [f"{k}={format_value(v)}" for k, v in space.overrides.items()]
+        resume = [] if found["checkpoint"] is None else [
+            "trainer.resume_mode=resume_path", f"trainer.resume_from_path={found['checkpoint']}"]
         return header, shlex.join([*space.trial.command, "--config", space.config, *fixed, *last["overrides"],
-                                   "trainer.resume_mode=resume_path",
-                                   f"trainer.resume_from_path={found['checkpoint']}"])
+                                   *resume])
     return header, shlex.join(last["overrides"])
 
 

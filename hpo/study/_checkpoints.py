@@ -9,14 +9,21 @@ trial is among the study's K best finished trials; a trial that falls out of the
 Only directories inside trial directories the driver made (they hold its marker) are ever deleted, never through a
 symbolic link. The size of each trial's checkpoints is recorded before deletion (user attr ``checkpoint_gb``;
 ``checkpoint_kept`` says whether they stay); :func:`disk_usage` sums what the study's trials hold now.
+
+A checkpoint a trial wrote is read only through :func:`checkpoint_problem` and :func:`clone_tree`, which follow no
+symbolic link below the directory the driver names (a trial may make any component of its ``checkpoints/`` a link
+to a directory of its choosing) and refuse special files (a FIFO would hang the copy).
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
-from collections.abc import Iterable
+import stat
+import threading
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import optuna
@@ -24,6 +31,140 @@ from optuna.trial import FrozenTrial, TrialState
 
 CHECKPOINTS = "checkpoints"
 TRIAL_MARKER = ".verl-hpo-trial"  # the driver's mark in every trial directory it creates (hpo.study._command)
+COPY_CHUNK = 64 * 2**20
+
+
+class CheckpointUnusable(Exception):
+    """A checkpoint that cannot be used: gone, not a directory, or a symbolic link or special file in it or on the
+    way to it; ``str(err)`` is one line naming the path."""
+
+
+def _open_dir(name: str, dir_fd: int | None, shown: str, follow: bool = False) -> int:
+    """An fd of the directory ``name`` (relative to ``dir_fd``), not through a symbolic link unless ``follow``."""
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | (0 if follow else os.O_NOFOLLOW), dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise CheckpointUnusable(f"{shown} is gone") from None
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):  # a link to a directory gives ENOTDIR with O_DIRECTORY
+            try:
+                link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+            except OSError:
+                link = False
+            raise CheckpointUnusable(f"{shown} is {'a symbolic link' if link else 'not a directory'}") from None
+        raise CheckpointUnusable(f"{shown}: {err.strerror}") from None
+
+
+def open_tree(root: Path, parts: Sequence[str]) -> int:
+    """An fd of the directory ``root/parts[0]/parts[1]/...``: ``root`` is the driver's, and no component below it
+    may be a symbolic link (CheckpointUnusable). The caller closes it."""
+    fd = _open_dir(str(root), None, str(root), follow=True)  # the user may keep the studies dir behind a link
+    shown = root
+    for part in parts:
+        shown = shown / part
+        try:
+            fd, old = _open_dir(part, fd, str(shown)), fd
+        except CheckpointUnusable:
+            os.close(fd)
+            raise
+        os.close(old)
+    return fd
+
+
+def checkpoint_problem(root: Path, parts: Sequence[str]) -> str | None:
+    """Why ``root/parts...`` is no usable checkpoint directory (gone, a symbolic link on the way), or None. Cheap:
+    the components only (:func:`clone_tree` checks every file)."""
+    try:
+        os.close(open_tree(root, parts))
+    except CheckpointUnusable as err:
+        return str(err)
+    return None
+
+
+def clone_tree(root: Path, parts: Sequence[str], dst: Path, link: bool) -> None:
+    """``dst`` as a copy of the directory ``root/parts...`` (:func:`open_tree`): each file hard-linked when
+    ``link`` (else, or where the filesystem cannot, copied: a reflink where it makes one), written under a
+    temporary name and renamed, so a half-made copy is never used. No symbolic link is followed and none, nor a
+    special file, is copied: CheckpointUnusable (nothing left at ``dst``)."""
+    fd = open_tree(root, parts)
+    tmp = dst.parent / f".{dst.name}.tmp{os.getpid()}-{threading.get_ident()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        _clone_dir(fd, tmp, link, root.joinpath(*parts))
+        tmp.rename(dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _clone_dir(fd: int, dst: Path, link: bool, shown: Path) -> None:
+    dst.mkdir()
+    with os.scandir(fd) as it:
+        names = [e.name for e in it]
+    for name in names:
+        where = shown / name
+        mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+        if stat.S_ISLNK(mode):
+            raise CheckpointUnusable(f"{where} is a symbolic link")
+        if stat.S_ISDIR(mode):
+            sub = _open_dir(name, fd, str(where))
+            try:
+                _clone_dir(sub, dst / name, link, where)
+            finally:
+                os.close(sub)
+        elif stat.S_ISREG(mode):
+            _clone_file(fd, name, dst / name, link, where)
+        else:
+            raise CheckpointUnusable(f"{where} is not a regular file")
+
+
+def _clone_file(fd: int, name: str, dst: Path, link: bool, shown: Path) -> None:
+    try:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    except OSError as err:
+        raise CheckpointUnusable(f"{shown}: {err.strerror}") from None
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):  # swapped since it was listed
+            raise CheckpointUnusable(f"{shown} is not a regular file")
+        if link:
+            try:
+                os.link(name, dst, src_dir_fd=fd, follow_symlinks=False)
+                got = os.lstat(dst)
+                if (got.st_ino, got.st_dev) == (st.st_ino, st.st_dev):
+                    return
+                dst.unlink()  # the name was swapped under us: copy what was opened
+            except OSError:
+                pass
+        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IMODE(st.st_mode) | stat.S_IWUSR)
+        try:
+            _copy_bytes(src, out)
+        finally:
+            os.close(out)
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        os.close(src)
+
+
+def _copy_bytes(src: int, out: int) -> None:
+    """All of ``src`` into ``out``: copy_file_range (a reflink on btrfs / XFS), else read and write."""
+    try:
+        while os.copy_file_range(src, out, COPY_CHUNK):
+            pass
+        return
+    except OSError as err:
+        if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+            raise
+    os.lseek(src, 0, os.SEEK_SET)
+    os.lseek(out, 0, os.SEEK_SET)
+    os.ftruncate(out, 0)
+    while block := os.read(src, COPY_CHUNK):
+        view = memoryview(block)
+        while view:
+            view = view[os.write(out, view):]
 
 
 def dir_bytes(path: Path) -> int:

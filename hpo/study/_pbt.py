@@ -15,6 +15,9 @@ members may be at different steps):
   restarts from its own start checkpoint (``retry``) while rollbacks are left. Every failed segment in a row counts
   (rollbacks, exploits and retries after a failure): past ``max_rollbacks + 1`` of them the member stops, so a
   member whose segments keep failing (a trainer that crashes on resume, a broken donor checkpoint) cannot loop.
+  A segment whose start checkpoint is gone (``checkpoint`` None past step 0) cannot roll back or retry: its member
+  exploits or stops. A finished segment whose end checkpoint is gone counts as failed
+  (:class:`~hpo.study._population.Population` sets ``reached_end`` False after looking at the disk).
 * **exploit**: the member is in the bottom ``quantile`` of the members ranked by their latest finished segment's
   value (after ``burn_in_steps``): it continues a top-``quantile`` member's newest checkpoint (the donor's step
   count included) with the donor's parameters perturbed by :func:`explore`. A donor must have steps left (a member
@@ -55,7 +58,7 @@ class Segment:
     reached_end: bool = False  # ran to ``end`` and saved its checkpoint there
     collapse: str | None = None  # nan | kl_blowup | entropy_collapse
     source: int | None = None  # the trial whose end checkpoint it continued (None: from scratch)
-    checkpoint: str | None = None  # the path it continued from (its private copy)
+    checkpoint: str | None = None  # the path it continued from (the start checkpoint its copy was made of)
     rollbacks: int = 0  # rollbacks / retries in a row that led to this segment
     action: str = "start"
 
@@ -242,7 +245,9 @@ def decide(seg: Segment, segments: Sequence[Segment], params: Sequence[Param], s
     # max_rollbacks + 1 failed segments in a row (rollbacks, exploits and retries all count: a member whose every
     # segment fails, a broken donor checkpoint or a trainer that crashes on resume, must not loop for ever)
     healthy = [s for s in ranked(segments, maximize) if s.member != seg.member and s.end < total]
-    if seg.collapse is not None and seg.rollbacks < spec.max_rollbacks and (seg.checkpoint is not None or not healthy):
+    restartable = seg.checkpoint is not None or seg.start == 0  # its start checkpoint is there, or it began afresh
+    if seg.collapse is not None and seg.rollbacks < spec.max_rollbacks and restartable and (
+            seg.checkpoint is not None or not healthy):
         rule = rollback_rules(params, spec).get(seg.collapse, [])
         new = apply_rule(seg.params, rule, params)
         moved = {n: new[n] for n in new if new[n] != seg.params.get(n)}
@@ -257,7 +262,7 @@ def decide(seg: Segment, segments: Sequence[Segment], params: Sequence[Param], s
         return Decision("exploit", donor.end, min(donor.end + interval, total), new, source=donor.number,
                         donor=donor.number, rollbacks=seg.rollbacks + 1, why=f"no checkpoint at step {seg.end}"
                         + (f" (collapsed:{seg.collapse}, {seg.rollbacks} rollbacks)" if seg.collapse else ""))
-    if seg.rollbacks < spec.max_rollbacks:
+    if seg.rollbacks < spec.max_rollbacks and restartable:
         return Decision("retry", seg.start, seg.end, dict(seg.params), source=seg.source, checkpoint=seg.checkpoint,
                         rollbacks=seg.rollbacks + 1, why="no checkpoint and no healthy member")
     return None

@@ -20,26 +20,36 @@ retries (:mod:`hpo.study._recovery`), dashboards and ``best`` work as for any tr
   drivers deciding at once queue the same ``(member, seq)`` twice; the later trial is ``surplus`` when picked up.
 * **Checkpoints.** A segment saves at its last step (``trainer.save_freq`` = its end) into its trial directory. The
   next segment's start checkpoint is hard-linked (else copied) at decision time into
-  ``<study>/pbt/m<member>-s<seq>-<id>/global_step_<N>``, a private copy no other decision touches; the trainer
-  resumes from it (``trainer.resume_mode=resume_path``, the new hyperparameters winning: verl_core
-  ``checkpoint.apply_config_hyperparameters``). :meth:`Population.retain` keeps only what a live lineage can reach:
+  ``<study>/pbt/m<member>-s<seq>-<id>/global_step_<N>`` (``pbt:checkpoint``), which no trainer is ever given: when
+  the segment launches, :func:`segment_overrides` copies it (a reflink where the filesystem makes one) into
+  ``.../trial-<number>/global_step_<N>``, the segment's own, and the trainer resumes from that
+  (``trainer.resume_mode=resume_path``, the new hyperparameters winning: verl_core
+  ``checkpoint.apply_config_hyperparameters``). A trainer that rewrites files in its resume directory changes no
+  other segment's checkpoint, and a rollback or retry restarts from the start checkpoint as it was. A trial's
+  checkpoint is read without following any symbolic link below ``trials/`` (:func:`~hpo.study._checkpoints.
+  clone_tree`). :meth:`Population.retain` keeps only what a live lineage can reach:
   each member's newest finished segment's checkpoints, and the copies referenced by a segment that is not finished
-  or is its member's newest and failed (a rollback restarts from it); everything else the driver made goes (never a path
-  outside a driver-made trial directory or ``<study>/pbt``).
+  or is its member's newest and failed (a rollback restarts from it); everything else the driver made goes (never a
+  path outside a driver-made trial directory or ``<study>/pbt``).
+* **Lost checkpoints.** Before deciding, :meth:`Population.audit` looks at the disk: a member's newest finished
+  segment whose end checkpoint is gone or unusable (deleted, a symbolic link) counts as failed, one whose start
+  checkpoint is gone cannot restart from it (:func:`~hpo.study._pbt.decide`: it exploits a healthy member, retries,
+  or stops), one line each. A copy that fails while queueing counts the same and the member decides again at once,
+  each time with one checkpoint fewer, so every member ends.
 * **Done** when every member's newest segment is finished and :func:`~hpo.study._pbt.decide` has nothing left for
   it (it reached the total steps, or ran out of rollbacks with no healthy member to exploit).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import os
 import random
 import shutil
-import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +57,18 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from hpo.experiment._space import ROLLBACK_LABELS, Space, SpaceError
-from hpo.study._checkpoints import CHECKPOINTS, TRIAL_MARKER, checkpoint_dirs, dir_bytes
+from hpo.study._checkpoints import (
+    CHECKPOINTS,
+    TRIAL_MARKER,
+    CheckpointUnusable,
+    checkpoint_dirs,
+    checkpoint_problem,
+    clone_tree,
+    dir_bytes,
+)
 from hpo.study._confirm import is_confirm
-from hpo.study._pbt import Decision, Segment, decide, initial_population, latest, lineage, schedule
+from hpo.study._errors import TrialFailed
+from hpo.study._pbt import Decision, Segment, decide, initial_population, latest, lineage, ranked, schedule
 from hpo.study._slots import is_finished
 
 P = "pbt:"
@@ -60,6 +79,11 @@ A_ROLLBACKS, A_WHY = "pbt:rollbacks", "pbt:why"
 A_SCHEDULE, A_INDEX, A_INTERMEDIATE = "pbt:schedule", "pbt:schedule_index", "pbt:intermediate"  # confirm chains
 COPIES = "pbt"  # <study dir>/pbt: the start checkpoints of queued segments
 ORPHAN_AGE_S = 600.0  # a copy no trial references yet may be a decision being queued: kept this long
+RUN_COPY = "trial-"  # <study>/pbt/<copy>/trial-<number>/global_step_<N>: the one a segment resumes from
+
+
+class NoHealthyMember(ValueError):
+    """No member of a pbt study has a healthy result to report or confirm; ``str(err)`` is one line saying why."""
 
 
 def is_segment(t: FrozenTrial) -> bool:
@@ -76,24 +100,27 @@ def runs_steps(system: dict[str, Any]) -> bool:
     return A_START in system
 
 
-def link_tree(src: Path, dst: Path) -> None:
-    """``dst`` as a copy of the directory ``src``: hard links where the filesystem allows, else copies; written
-    under a temporary name and renamed, so a half-made copy is never used. FileNotFoundError when ``src`` is
-    gone."""
-    if not src.is_dir() or src.is_symlink():
-        raise FileNotFoundError(str(src))
-    tmp = dst.parent / f".{dst.name}.tmp{os.getpid()}-{threading.get_ident()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+def end_checkpoint(trials_dir: Path, number: int, step: int) -> tuple[Path, list[str]]:
+    """Where trial ``number`` saved its step-``step`` checkpoint, as a root the driver made and the components
+    below it that the trial could have replaced (none may be a symbolic link)."""
+    return trials_dir, [str(number), CHECKPOINTS, f"global_step_{step}"]
 
-    def link(s: str, d: str) -> None:
-        try:
-            os.link(s, d)
-        except OSError:
-            shutil.copy2(s, d)
 
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(src, tmp, copy_function=link, symlinks=True)
-    tmp.rename(dst)
+def copy_problem(checkpoint: str) -> str | None:
+    """Why the start checkpoint ``checkpoint`` (a copy under ``<study>/pbt``) cannot be restarted from, or None."""
+    path = Path(checkpoint)
+    return checkpoint_problem(path.parent, [path.name])
+
+
+def link_checkpoint(root: Path, parts: list[str], dst: Path) -> None:
+    """``dst`` (under ``<study>/pbt``) as a start checkpoint linked from ``root/parts...``, with the driver's
+    marker beside it; CheckpointUnusable (nothing left behind) when that checkpoint is gone or holds a link."""
+    try:
+        clone_tree(root, parts, dst, link=True)
+    except CheckpointUnusable:
+        shutil.rmtree(dst.parent, ignore_errors=True)
+        raise
+    (dst.parent / TRIAL_MARKER).write_text(json.dumps({"pbt_copy_of": str(root.joinpath(*parts))}) + "\n")
 
 
 def to_segment(t: FrozenTrial, finished: bool | None = None) -> Segment:
@@ -136,7 +163,8 @@ def segments_of(trials: list[FrozenTrial], max_retry: int | None = None) -> list
 class Population:
     """The PBT glue of one driver: schedules next segments, plans a segment's overrides, retains checkpoints."""
 
-    def __init__(self, space: Space, study: optuna.Study, study_dir: Path, total: int) -> None:
+    def __init__(self, space: Space, study: optuna.Study, study_dir: Path, total: int,
+                 note: Callable[[str], None] | None = None) -> None:
         self.space = space
         self.spec = space.study.pbt
         self.study = study
@@ -145,7 +173,18 @@ class Population:
         self.total = total
         self.maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
         self._seen_finished: set[int] = set()
-        self.notes: list[str] = []
+        self.notes: list[str] = []  # the lines said (lost checkpoints, stopped members); also to ``note``
+        self._note = note
+        self._said: set[tuple[str, int]] = set()
+
+    def say(self, key: tuple[str, int], line: str) -> None:
+        """One line for the user, once per ``key`` in this driver."""
+        if key in self._said:
+            return
+        self._said.add(key)
+        self.notes.append(line)
+        if self._note is not None:
+            self._note(line)
 
     # ------------------------------------------------------------------ scheduling
     def schedule(self, trials: list[FrozenTrial]) -> bool:
@@ -156,42 +195,91 @@ class Population:
             rng = random.Random(self.spec.seed)  # the seed's design is TPE's / GP's start-up (hpo.study._startup)
             self.queue_initial(initial_population(self.space.params, self.spec.population, rng, self.spec.init))
             return False
+        segs = self.audit(segs)
         done = True
-        newest = latest(segs)
-        for m, seg in sorted(newest.items()):
+        for m, seg in sorted(latest(segs).items()):
             if not seg.finished:
                 done = False
                 continue
-            d = decide(seg, segs, self.space.params, self.spec, self.total, self.maximize,
-                       random.Random(f"pbt:{self.spec.seed}:{seg.number}"))
-            if d is None:
-                continue
-            done = False
-            self._queue(m, seg.seq + 1, d, seg)
+            queued, segs = self._next(m, seg, segs)
+            done = done and not queued
         finished = {s.number for s in segs if s.finished}
         if finished - self._seen_finished:
             self._seen_finished = finished
-            self.retain(trials)
+            self.retain(trials, segs)
         return done
+
+    def audit(self, segs: list[Segment]) -> list[Segment]:
+        """``segs`` as the disk has them (module docstring, lost checkpoints): a member's newest finished segment
+        whose end checkpoint is unusable did not reach its end (one before the last step: a final one stays the
+        member's result, its checkpoint reported gone); a failed newest segment whose start checkpoint is gone has
+        none. One line per lost checkpoint."""
+        out = {s.number: s for s in segs}
+        for s in latest([s for s in segs if s.finished]).values():
+            if not s.reached_end:
+                continue
+            why = checkpoint_problem(*end_checkpoint(self.trials_dir, s.number, s.end))
+            if why is None:
+                continue
+            self.say(("end", s.number), f"pbt: member {s.member}: the checkpoint of trial {s.number} (step {s.end}) "
+                     f"is lost: {why}" + ("" if s.end < self.total else " (its final segment: kept as its result)"))
+            if s.end < self.total:
+                out[s.number] = dataclasses.replace(s, reached_end=False)
+        for s in latest(segs).values():
+            s = out[s.number]
+            if s.finished and not s.reached_end and s.checkpoint is not None:
+                why = copy_problem(s.checkpoint)
+                if why is not None:
+                    self.say(("start", s.number), f"pbt: member {s.member}: the start checkpoint of trial "
+                             f"{s.number} (step {s.start}) is lost: {why}")
+                    out[s.number] = dataclasses.replace(s, checkpoint=None)
+        return [out[s.number] for s in segs]
+
+    def _next(self, member: int, seg: Segment, segs: list[Segment]) -> tuple[bool, list[Segment]]:
+        """Decide and queue ``member``'s next segment after its finished ``seg``: (queued, the segments as now
+        known). A checkpoint found unusable while queueing is lost (a failed source, a missing start checkpoint)
+        and the member decides again; each time one checkpoint fewer is left, so this ends."""
+        seg = next(s for s in segs if s.number == seg.number)  # as an earlier member's decision left it
+        for _ in range(2 * len(segs) + 2):
+            d = decide(seg, segs, self.space.params, self.spec, self.total, self.maximize,
+                       random.Random(f"pbt:{self.spec.seed}:{seg.number}"))
+            if d is None:
+                if not (seg.reached_end and seg.end >= self.total):
+                    what = f"collapsed:{seg.collapse}" if seg.collapse else "ended without a usable checkpoint"
+                    self.say(("stop", member), f"pbt: member {member} stops at step {seg.start}: trial {seg.number} "
+                             f"{what} ({seg.rollbacks} failed segment(s) before it) and no rollback, retry or healthy "
+                             "member to exploit is left")
+                return False, segs
+            why = self._queue(member, seg.seq + 1, d, seg)
+            if why is None:
+                return True, segs
+            start = d.checkpoint is not None  # its own start checkpoint (rollback, retry), else the source's end
+            lost = seg.number if start or d.source is None else d.source
+            self.say(("start" if start else "end", lost), f"pbt: member {member}: the checkpoint of trial {lost} for "
+                     f"its {d.action} is lost: {why}")
+            segs = [s if s.number != lost else dataclasses.replace(s, checkpoint=None) if start else
+                    dataclasses.replace(s, reached_end=False) for s in segs]
+            seg = next(s for s in segs if s.number == seg.number)
+        return False, segs
 
     def queue_initial(self, values: list[dict[str, Any]]) -> None:
         """Queue the first segment of members 0..len(values)-1 with these parameters (by name)."""
         for m, v in enumerate(values):
             self._queue(m, 0, Decision("start", 0, min(self.spec.interval_steps, self.total), dict(v)), None)
 
-    def _queue(self, member: int, seq: int, d: Decision, parent: Segment | None) -> bool:
-        """Queue one segment (its start checkpoint copied first); False when the source checkpoint is gone (the
-        next schedule decides again)."""
+    def _queue(self, member: int, seq: int, d: Decision, parent: Segment | None) -> str | None:
+        """Queue one segment (its start checkpoint linked first); why not, when that checkpoint is unusable."""
         ckpt = d.checkpoint
-        if d.source is not None and d.checkpoint is None:
-            src = self.trials_dir / str(d.source) / CHECKPOINTS / f"global_step_{d.start}"
+        if ckpt is not None:  # a rollback or retry restarts from the failed segment's start checkpoint
+            why = copy_problem(ckpt)
+            if why is not None:
+                return why
+        elif d.source is not None:
             dst = self.study_dir / COPIES / f"m{member}-s{seq}-{uuid.uuid4().hex[:8]}" / f"global_step_{d.start}"
             try:
-                link_tree(src, dst)
-            except FileNotFoundError:
-                self.notes.append(f"pbt: member {member}: checkpoint {src} is gone; deciding again")
-                return False
-            (dst.parent / TRIAL_MARKER).write_text(json.dumps({"pbt_copy_of": str(src)}) + "\n")
+                link_checkpoint(*end_checkpoint(self.trials_dir, d.source, d.start), dst)
+            except CheckpointUnusable as err:
+                return str(err)
             ckpt = str(dst)
         system: dict[str, Any] = {
             A_MEMBER: member, A_SEQ: seq, A_GEN: d.start // self.spec.interval_steps, A_START: d.start, A_END: d.end,
@@ -200,7 +288,7 @@ class Population:
         self.study.add_trial(optuna.trial.create_trial(
             state=TrialState.WAITING, params=d.params,
             distributions={p.name: p.distribution() for p in self.space.params}, system_attrs=system))
-        return True
+        return None
 
     def is_surplus(self, frozen: FrozenTrial, trials: list[FrozenTrial]) -> bool:
         """A trial this strategy did not queue (a sampler's trial asked when the queue ran dry), or a duplicate
@@ -222,9 +310,10 @@ class Population:
         return False
 
     # ------------------------------------------------------------------ retention
-    def retain(self, trials: list[FrozenTrial]) -> float:
-        """Delete the checkpoints no live lineage can reach (module docstring); returns the GB freed."""
-        segs = segments_of(trials, self.space.study.max_retry)
+    def retain(self, trials: list[FrozenTrial], segs: list[Segment] | None = None) -> float:
+        """Delete the checkpoints no live lineage can reach (module docstring), and the copies finished segments
+        resumed from; ``segs``: the segments as :meth:`audit` found them. Returns the GB freed."""
+        segs = segs if segs is not None else segments_of(trials, self.space.study.max_retry)
         newest = {s.number for s in latest([s for s in segs if s.finished]).values()}
         live_refs = {s.checkpoint for s in segs if s.checkpoint and (not s.finished or (
             s.number in newest and not s.reached_end))}  # a rollback or retry restarts from it
@@ -242,6 +331,11 @@ class Population:
                 if entry.is_symlink() or not entry.is_dir() or not (entry / TRIAL_MARKER).is_file():
                     continue
                 if any(ref is not None and Path(ref).parent == entry for ref in live_refs):
+                    for run in entry.glob(RUN_COPY + "*"):  # the copies of finished attempts: nobody resumes them
+                        if run.is_dir() and not run.is_symlink() and run.name[len(RUN_COPY):].isdigit() \
+                                and int(run.name[len(RUN_COPY):]) not in running:
+                            freed += dir_bytes(run)
+                            shutil.rmtree(run, ignore_errors=True)
                     continue
                 referenced = any(s.checkpoint and Path(s.checkpoint).parent == entry for s in segs)
                 if not referenced and now - entry.stat().st_mtime < ORPHAN_AGE_S:
@@ -252,13 +346,34 @@ class Population:
 
 
 # ----------------------------------------------------------------------------- one segment's launch
+def private_copy(start: Path, number: int) -> Path:
+    """The checkpoint trial ``number`` resumes from: its own copy of the start checkpoint ``start`` (a reflink where
+    the filesystem makes one), in ``trial-<number>/`` beside it. TrialFailed (one line) when ``start`` is
+    unusable."""
+    dst = start.parent / f"{RUN_COPY}{number}" / start.name
+    shutil.rmtree(dst.parent, ignore_errors=True)
+    try:
+        clone_tree(start.parent, [start.name], dst, link=False)
+    except CheckpointUnusable as err:
+        raise TrialFailed(f"trial {number}: its start checkpoint is unusable: {err}") from None
+    return dst
+
+
 def segment_overrides(space: Space, system: dict[str, Any], trial: Trial) -> tuple[list[str], Path | None]:
-    """A segment's trainer overrides (its last step, a checkpoint there, verl_core's resume from its start
-    checkpoint) and that checkpoint (verl: for ``verl_argv``'s resume_path); its lineage becomes user attrs."""
+    """A segment's trainer overrides (its last step, a checkpoint there, verl_core's resume from its own copy of
+    its start checkpoint: :func:`private_copy`) and that copy (verl: for ``verl_argv``'s resume_path); its lineage
+    becomes user attrs. TrialFailed, recorded in ``fail_reason`` / ``error``, when the start checkpoint is gone."""
     start, end, ckpt = int(system[A_START]), int(system[A_END]), system.get(A_CHECKPOINT)
     for k in (A_MEMBER, A_GEN, A_ACTION, A_PARENT, A_DONOR, A_CHECKPOINT, A_ROLLBACKS):
         trial.set_user_attr("pbt_" + k[len(P):], system.get(k))
     trial.set_user_attr("pbt_step_range", [start, end])
+    if ckpt:
+        try:
+            ckpt = str(private_copy(Path(ckpt), trial.number))
+        except TrialFailed as err:
+            trial.set_user_attr("fail_reason", "checkpoint")
+            trial.set_user_attr("error", str(err))
+            raise
     out = [f"trainer.total_training_steps={end}", f"trainer.save_freq={end}"]
     if space.trial.is_verl:  # verl_argv adds resume_mode=resume_path and resume_from_path; the weights only, so
         if not ckpt:         # that the config's learning rate wins over the restored optimizer's (_launch)
@@ -290,6 +405,8 @@ def queue_schedule_confirmations(study: optuna.Study, space: Space, top_k: int, 
     total = pbt_total(space)
     finals = [s for s in segments_of(trials) if s.finished and s.reached_end and s.end >= total
               and s.value is not None]
+    if not finals:
+        raise NoHealthyMember(no_healthy_line(study, total))
     finals.sort(key=lambda s: (sign * float(s.value), s.number))  # type: ignore[arg-type]
     queued: list[tuple[int, int]] = []
     seen: list[list[dict[str, Any]]] = []
@@ -336,16 +453,15 @@ def schedule_confirms(study: optuna.Study, space: Space, study_dir: Path, trials
         s, sched = t.system_attrs, t.system_attrs[A_SCHEDULE]
         if t.state != TrialState.COMPLETE:
             continue
-        own = Path(str(t.user_attrs.get("trial_dir", ""))) / CHECKPOINTS
+        trial_dir = Path(str(t.user_attrs.get("trial_dir", "")))
+        own = trial_dir / CHECKPOINTS
         seg = to_segment_like(t)
         if seg and s[A_INDEX] < len(sched) - 1:
-            src = own / f"global_step_{s[A_END]}"
             dst = study_dir / COPIES / f"c{t.number}-{uuid.uuid4().hex[:8]}" / f"global_step_{s[A_END]}"
             try:
-                link_tree(src, dst)
-            except FileNotFoundError:
+                link_checkpoint(trial_dir.parent, [trial_dir.name, CHECKPOINTS, f"global_step_{s[A_END]}"], dst)
+            except CheckpointUnusable:
                 continue
-            (dst.parent / TRIAL_MARKER).write_text(json.dumps({"pbt_copy_of": str(src)}) + "\n")
             _queue_chain(study, space, {ATTR_CONFIRM_OF: s[ATTR_CONFIRM_OF], ATTR_CONFIRM_SEED: s[ATTR_CONFIRM_SEED]},
                          sched, s[A_INDEX] + 1, str(dst))
             queued += 1
@@ -370,16 +486,42 @@ def lineage_of(trials: list[FrozenTrial], number: int) -> list[Segment]:
 
 
 def best_final(study: optuna.Study, total: int | None = None) -> FrozenTrial | None:
-    """The best segment that reached the members' last step (any segment when none did)."""
+    """The best healthy segment (it ran to its end with a value): among those that reached the members' last step
+    (``total``, else the furthest end of any segment); while none has, among each member's newest finished
+    segment (the population's current results). None when no member is healthy (every member's newest finished
+    segment collapsed or failed: :func:`no_healthy_line` says why); a collapsed segment is never the best."""
     trials = study.get_trials(deepcopy=False)
-    segs = [s for s in segments_of(trials) if s.finished and s.value is not None]
+    segs = segments_of(trials)
     if not segs:
         return None
+    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     end = total if total is not None else max(s.end for s in segs)
-    final = [s for s in segs if s.end >= end and s.reached_end] or segs
-    sign = -1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else 1.0
+    final = [s for s in segs if s.finished and s.reached_end and s.value is not None and s.end >= end]
+    final = final or ranked(segs, maximize)
+    if not final:
+        return None
+    sign = -1.0 if maximize else 1.0
     best = min(final, key=lambda s: (sign * float(s.value), s.number))  # type: ignore[arg-type]
     return next(t for t in trials if t.number == best.number)
+
+
+def no_healthy_line(study: optuna.Study, total: int) -> str:
+    """One line: why a pbt study has no healthy result (each member's newest segment and how it ended)."""
+    trials = study.get_trials(deepcopy=False)
+    by_number = {t.number: t for t in trials}
+    segs = segments_of(trials)
+    if not segs:
+        return f"study {study.study_name!r} has no segment yet"
+    parts = []
+    for m, s in sorted(latest(segs).items()):
+        t = by_number[s.number]
+        how = (t.user_attrs.get("stop_reason") or t.user_attrs.get("fail_reason")
+               or ("running" if not s.finished else "no value" if s.value is None else t.state.name.lower()))
+        value = "" if s.value is None else f", value {s.value:.4g}"
+        parts.append(f"member {m}: trial {s.number} ({s.action}, steps {s.start}-{s.end}{value}) {how}")
+    healthy = ranked(segs, study.directions[0] == optuna.study.StudyDirection.MAXIMIZE)
+    what = "no member is healthy" if not healthy else f"no member reached step {total} healthy yet"
+    return f"study {study.study_name!r}: {what}; " + "; ".join(parts)
 
 
 def schedule_of(trials: list[FrozenTrial], number: int) -> list[dict[str, Any]]:
