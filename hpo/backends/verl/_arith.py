@@ -30,7 +30,8 @@ from hpo.backends.verl._data import ARITH_DIR, ARITH_FILES, resolve_path
 SPLITS = dict(zip(ARITH_FILES, ("train", "val", "test"), strict=True))
 MODEL, REWARD = "model", "reward.py"
 KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "reward.custom_reward_function.path")
-REWARD_SOURCE = '''"""Reward of the arith task (verl's custom-reward contract): 1.0 when the response starts with the sum."""
+REWARD_SOURCE = '''"""Reward of the arith task (verl's custom-reward contract): 1.0 when the response starts with the
+sum."""
 import re
 
 _INT = re.compile(r"-?\\d+")

@@ -27,7 +27,6 @@ from hpo.backends.verl._launch import (
     override_key,
     verl_overrides,
 )
-
 from hpo.execution._devices import detect_devices
 
 if TYPE_CHECKING:

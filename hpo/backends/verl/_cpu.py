@@ -76,7 +76,8 @@ def transfer_queue_overrides(overrides: Sequence[str], cpu_platform: bool, cpus:
     """``num_data_storage_units`` that fits the host, unless the experiment sets it."""
     if any(_key(o) == STORAGE_UNITS_KEY for o in overrides):
         return []
-    return [f"{STORAGE_UNITS_KEY}={storage_units(host_cpus() if cpus is None else cpus, cpu_platform)}"]
+    # ++: set or add (a config of the user's own may have no transfer_queue section)
+    return [f"++{STORAGE_UNITS_KEY}={storage_units(host_cpus() if cpus is None else cpus, cpu_platform)}"]
 
 
 def cpu_overrides(overrides: Sequence[str]) -> list[str]:

@@ -178,7 +178,7 @@ def verl_argv(python: str, config: str, overrides: Sequence[str], study: str, tr
     resume = ([format_override("trainer.resume_mode", "auto")] if resume_from is None else
               [format_override("trainer.resume_mode", "resume_path"),
                format_override("trainer.resume_from_path", str(resume_from))])
-    argv = [python, "-m", MAIN_MODULE, *config_args(config), *platform, *rest, loggers,
+    argv = [python, "-m", MAIN_MODULE, *config_args(config), *rest, *platform, loggers,
             format_override("trainer.project_name", study),
             format_override("trainer.experiment_name", f"trial-{trial_number}"),
             format_override("trainer.default_local_dir", str(trial_dir / "checkpoints")),
@@ -209,7 +209,7 @@ def weights_only_overrides() -> list[str]:
 def default_python(cwd: str | os.PathLike[str] = ".") -> str:
     """verl's interpreter when ``trial.python`` is not set, the first that exists under ``cwd``:
     ``.venv-gpu-verl/bin/python`` (``make install-verl-gpu``, what GPU trials need),
-    ``.venv-verl/bin/python`` (``make install-verl``, CPU: configs are checked, trials cannot run); else the
+    ``.venv-verl/bin/python`` (``make install-verl``: verl on the CPU, ``hpo.backends.verl._cpu``); else the
     driver's own."""
     for venv in (GPU_VENV, DEFAULT_VENV):
         python = Path(cwd) / venv / "bin" / "python"

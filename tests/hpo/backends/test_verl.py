@@ -44,6 +44,7 @@ from hpo.backends.verl import (
     verl_metric_ok,
     verl_metrics_path,
 )
+from hpo.backends.verl._cpu import host_cpus, storage_units
 from hpo.execution import MetricsTail, TrialProcess
 from hpo.experiment._objective import parse_objective
 from hpo.experiment._space import Space, SpaceError, TrialSpec, parse_space, read_yaml
@@ -116,12 +117,15 @@ def test_verl_argv_default_config(tmp_path: Path) -> None:
                      trial_dir, n_gpus=2)
     assert argv[:3] == ["/venv/bin/python", "-m", "verl.trainer.main_ppo"]
     assert argv[3:5] == ["data.train_batch_size=32", "+fake.x=0.1"]  # the space's, untouched, before the driver's
+    units = storage_units(host_cpus(), cpu_platform=False)  # TransferQueue sized to this host (2 to 8)
     assert argv[5:] == [
+        f"++transfer_queue.backend.SimpleStorage.num_data_storage_units={units}",
         "trainer.logger=[console,file]", "trainer.project_name=study-a", "trainer.experiment_name=trial-3",
         f"trainer.default_local_dir={trial_dir / 'checkpoints'}", "trainer.n_gpus_per_node=2", "trainer.nnodes=1",
         "trainer.resume_mode=auto", f"hydra.run.dir={trial_dir / 'hydra'}",
         "++ray_kwargs.ray_init.include_dashboard=false"]
     assert {_verl.override_key(a) for a in argv[5:]} >= set(DRIVER_KEYS) - {"trainer.resume_from_path"}
+    assert not any(a.startswith("trainer.device=") for a in argv)  # GPUs handed: no CPU platform
 
 
 def test_verl_argv_user_yaml_resume_cpu_and_loggers(tmp_path: Path) -> None:
@@ -478,17 +482,20 @@ def small_verl_space(**changes: Any) -> Space:
 
 
 @needs_verl
-def test_a_search_with_verl_s_cpu_interpreter_is_refused_unless_trials_run_the_stand_in() -> None:
-    """`make install-verl`'s venv (CPU torch, no vLLM) cannot run a trial; a space whose trials run the stand-in
-    (trial.env sets VERL_HPO_SKIP_INTERPRETER_CHECK) launches."""
+def test_verl_s_cpu_interpreter_runs_cpu_trials_and_is_refused_for_gpu_trials() -> None:
+    """`make install-verl`'s venv (CPU torch, vLLM's CPU build, the CPU platform plugin) runs trials that get no GPU;
+    trials handed GPUs need a CUDA build (one line naming both ways out); a space whose trials run the stand-in
+    (trial.env sets VERL_HPO_SKIP_INTERPRETER_CHECK) launches either way."""
     space = small_verl_space()
     with pytest.raises(VerlConfigError) as err:
-        _verl.check_verl_launch(space, str(VERL_PY))
+        _verl.check_verl_launch(space, str(VERL_PY), cpu=False)
     assert err.value.where == "trial.python" and "\n" not in str(err.value)
     assert "without CUDA" in str(err.value) and "make install-verl-gpu" in str(err.value)
+    assert "gpus_per_trial: 0" in str(err.value)
+    _verl.check_verl_launch(space, str(VERL_PY), cpu=True)  # every corner composes with the CPU platform's overrides
     stand_in = dataclasses.replace(space, trial=dataclasses.replace(
         space.trial, env={_verl.SKIP_INTERPRETER_CHECK: "1"}))
-    _verl.check_verl_launch(stand_in, str(VERL_PY))
+    _verl.check_verl_launch(stand_in, str(VERL_PY), cpu=False)
 
 
 @needs_verl

@@ -1,0 +1,145 @@
+"""Real verl through the driver (issue 33): verl 0.9.1's own ``python -m verl.trainer.main_ppo`` on the CPU, through
+the CPU platform plugin and vLLM's CPU build (``make install-verl``), on the shipped experiment
+``search_spaces/verl_grpo_cpu.yaml`` shrunk to a few steps. No stand-in: what verl writes is verl's.
+
+Each test starts real verl trials (~90 s of start-up each on 2 cores, then a few seconds per step): ``make
+test-slow`` / CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+
+from hpo.execution import MetricsTail
+from tests.hpo.conftest import PY, ROOT, cli_env
+
+VERL_PY = ROOT / ".venv-verl" / "bin" / "python"
+SPACE = ROOT / "search_spaces" / "verl_grpo_cpu.yaml"
+VAL = "val-core/synthetic/arith/acc/mean@1"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not VERL_PY.exists(), reason="real verl is not installed: run `make install-verl`"),
+]
+
+
+def write_space(tmp_path: Path, steps: int, save_freq: int, **trial: Any) -> Path:
+    """The shipped CPU experiment with ``steps`` steps, validation every 2, a checkpoint every ``save_freq``."""
+    raw = yaml.safe_load(SPACE.read_text())
+    raw["overrides"].update({"trainer.total_training_steps": steps, "trainer.test_freq": 2,
+                             "trainer.save_freq": save_freq})
+    raw["params"]["actor_lr"].update(low=2e-4, high=1e-3)  # learns within 4 steps (0.02 -> 0.2-0.7 at step 2-4)
+    raw["trial"].update(trial)
+    path = tmp_path / "verl_cpu.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def hpo(args: list[str], studies: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "hpo", *args, "--studies-dir", str(studies)], cwd=ROOT, env=cli_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def leftovers(root: Path) -> list[str]:
+    """Processes whose command line or environment names ``root`` (a trial's Ray scratch directory is under it)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            text = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if str(root).encode() in text:
+            found.append(f"{proc.name}: {(proc / 'cmdline').read_bytes()[:120]!r}")
+    return found
+
+
+def wait_until_gone(root: Path, timeout_s: float = 60) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := leftovers(root)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def load(studies: Path, name: str = "verl_cpu") -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{studies / f'{name}.db'}")
+
+
+def test_a_real_verl_study_runs_two_trials_at_once_on_the_cpu_and_logs_them_to_mlflow(tmp_path: Path) -> None:
+    """Two real verl trials on one host at once (verl binds its weight-sync socket at a fixed /tmp path: each trial
+    has a /tmp of its own), both COMPLETE; their metrics are verl's own file logger's; weights really reach vLLM;
+    validation rises from step 0; a checkpoint was saved; nothing of theirs is left; their curves are in MLflow."""
+    studies = tmp_path / "studies"
+    mlruns = tmp_path / "mlruns"
+    space = write_space(tmp_path, steps=4, save_freq=2, n_jobs=2)
+    res = hpo(["search", "--space", str(space), "--n-trials", "2", "--tracking", f"mlflow=file://{mlruns}"],
+              studies, timeout=1500)
+    assert res.returncode == 0, res.stderr[-3000:]
+    study = load(studies)
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2, [t.user_attrs for t in trials]
+    for t in trials:
+        records = MetricsTail(Path(t.user_attrs["trial_dir"]) / "metrics.jsonl").read()
+        assert [s for s, _ in records] == [0, 1, 2, 3, 4]
+        data = {s: d for s, d in records}
+        assert set(data[0]) >= {VAL} and data[0][VAL] < 0.1  # the warm start answers a+b+1
+        for key in ("timing_s/gen", "timing_s/update_weights", "actor/lr", "actor/pg_loss", "critic/score/mean"):
+            assert key in data[1], key
+        assert all(data[s]["training/rollout_actor_probs_pearson_corr"] >= 0.999 for s in (1, 2, 3, 4))  # synced
+        assert data[1]["actor/lr"] == pytest.approx(t.params["actor_lr"])  # the tuned value reached the trainer
+        assert "timing_s/save_checkpoint" in data[2]  # global_step_2 was written
+        assert t.value == max(data[s][VAL] for s in (2, 4))
+    assert max(t.value for t in trials) > 0.15  # GRPO moved the greedy answer to the sum on some problems
+    first, second = sorted(trials, key=lambda t: t.datetime_start or 0)
+    assert second.datetime_start and first.datetime_complete and second.datetime_start < first.datetime_complete
+    assert wait_until_gone(studies) == []
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"file://{mlruns}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    curves = {r.info.run_id: [m.step for m in client.get_metric_history(r.info.run_id, VAL)] for r in runs}
+    assert sorted(c for c in curves.values() if c) == [[0, 2, 4], [0, 2, 4]]
+
+
+def test_a_killed_driver_s_real_verl_trial_resumes_from_verl_s_checkpoint(tmp_path: Path) -> None:
+    """The driver is SIGKILLed while its real verl trial trains past its step-2 checkpoint: the trial's processes
+    die with it; ``resume`` continues from verl's own ``global_step_2`` (``resume_mode=resume_path``) and replays
+    the curve the killed attempt logged."""
+    studies = tmp_path / "studies"
+    space = write_space(tmp_path, steps=6, save_freq=2)
+    driver = subprocess.Popen([PY, "-m", "hpo", "search", "--space", str(space), "--n-trials", "1",
+                               "--studies-dir", str(studies)], cwd=ROOT, env=cli_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = studies / "verl_cpu" / "trials" / "0" / "metrics.jsonl"
+    deadline = time.monotonic() + 900
+    while not (metrics.is_file() and any(s >= 3 for s, _ in MetricsTail(metrics).read())):
+        assert driver.poll() is None and time.monotonic() < deadline, "the trial never got past its checkpoint"
+        time.sleep(1)
+    driver.send_signal(signal.SIGKILL)
+    assert driver.wait(timeout=30) == -signal.SIGKILL
+    assert wait_until_gone(studies) == []  # the trial died with its driver, Ray and vLLM included
+    killed = {s: d for s, d in MetricsTail(metrics).read()}
+
+    res = hpo(["resume", "--study", "verl_cpu"], studies, timeout=1200)
+    assert res.returncode == 0, res.stderr[-3000:]
+    done = [t for t in load(studies).get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 1 and done[0].user_attrs["resumed_from_step"] == 2
+    retry_dir = Path(done[0].user_attrs["trial_dir"])
+    resumed = MetricsTail(sorted(retry_dir.glob("metrics*.jsonl"))[-1]).read()
+    assert [s for s, _ in resumed] == [3, 4, 5, 6]  # verl continued after its checkpoint, not from step 0
+    command = json.loads((retry_dir / "command.json").read_text())["argv"]
+    assert "trainer.resume_mode=resume_path" in command
+    assert any(a.startswith("trainer.resume_from_path=") and a.endswith("global_step_2") for a in command)
+    # the value counts the killed attempt's validation at step 2 (replayed) and the retry's at 4 and 6
+    assert done[0].value == max(killed[2][VAL], *(d[VAL] for s, d in resumed if VAL in d))
+    assert wait_until_gone(studies) == []
