@@ -287,8 +287,8 @@ def core_variable(cfg: Any, val_files: list[str]) -> str | None:
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
     path = _get(cfg, "reward.custom_reward_function.path")
-    if path and not os.path.exists(os.path.expanduser(str(path))):
-        return None  # not written yet (a prepare step's file) or missing: the trial says which
+    if path and not os.path.isfile(os.path.expanduser(str(path))):
+        return None  # not written yet (a prepare step's file), missing, or a FIFO/device: never opened here
     fn = get_custom_reward_fn(cfg)
     if fn is None:
         return "acc"
