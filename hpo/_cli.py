@@ -244,6 +244,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         confirming = args.cmd == "confirm"
         if confirming:
             from hpo.study._confirm import pending, queue_confirmations
+            from hpo.study._population import NoHealthyMember
 
             if space.objective.multi:
                 raise SpaceError(f"study {study_name!r} is multi-objective (pareto): confirm ranks by one objective")
@@ -256,6 +257,8 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
                     queued = queue_schedule_confirmations(study, space, top_k, n_seeds)
                 else:
                     queued = queue_confirmations(study, space, top_k, n_seeds)
+            except NoHealthyMember as err:  # every member collapsed: nothing to confirm (exit 1, not a bad file)
+                return _fail(str(err), 1)
             except ValueError as err:
                 raise SpaceError(str(err)) from None
             reporter.note(f"study {study_name}: confirming the top {top_k} configuration(s) with {n_seeds} fresh "
@@ -480,8 +483,12 @@ def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None 
         from hpo.reporting._pbt import best_lineage, render_pbt_best
 
         found = best_lineage(space, study, trial_number)
-        if found is None:
-            return _fail(f"study {study_name!r} has no segment with a value yet", 1)
+        if found is None and trial_number is not None:
+            return _fail(f"--trial {trial_number}: no segment with a value in study {study_name!r}", 1)
+        if found is None:  # none yet, or every member collapsed: which, and why
+            from hpo.reporting._pbt import why_no_best
+
+            return _fail(why_no_best(space, study), 1)
         header, out = render_pbt_best(space, found, fmt)
         print(header, file=sys.stderr)
         print(out)

@@ -78,7 +78,7 @@ class Driver:
         self.ran = 0
         self.confirming = False  # run_confirm: only the queued confirmation trials
         # study.strategy pbt: the population queues every trial itself (hpo.study._population)
-        self.population = Population(space, study, self.study_dir, pbt_total(space)) \
+        self.population = Population(space, study, self.study_dir, pbt_total(space), reporter.note) \
             if space.study.strategy == "pbt" else None
         self._errors: list[BaseException] = []
         self._count_lock = threading.Lock()
