@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 META_STUDY = "verl_hpo_study"  # job metadata: the study a job belongs to
@@ -71,19 +73,49 @@ class NodeView:
         return self.total.get(_camel(name), 0.0)
 
 
-def _get_json(url: str) -> Any:
+AUTH_HINT = ("it asks for Ray's auth token: set RAY_AUTH_MODE=token in the driver's environment, with the token in "
+             "RAY_AUTH_TOKEN or ~/.ray/auth_token (Ray 2.60 turns token auth on for a head started where that "
+             "file exists)")
+
+
+def ray_token() -> str | None:
+    """The Ray auth token to send, as Ray's own clients do: only with ``RAY_AUTH_MODE=token``, from
+    ``$RAY_AUTH_TOKEN``, the file ``$RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return None
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    if token:
+        return token
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
     try:
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as resp:  # noqa: S310 - the user's cluster URL
+        return path.read_text().strip()[:4096] or None
+    except OSError:
+        return None
+
+
+def _get_json(url: str) -> Any:
+    base = url.split("/api/")[0].split("/nodes?")[0]
+    req = urllib.request.Request(url)
+    token = ray_token()
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:  # noqa: S310 - the user's cluster URL
             return json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        why = AUTH_HINT if err.code == 401 else f"HTTP {err.code}"
+        raise RayClusterError(f"Ray dashboard {base} refused the request ({why})") from None
     except (urllib.error.URLError, OSError, ValueError) as err:
         reason = getattr(err, "reason", None) or err
-        raise RayClusterError(f"Ray dashboard {url.split('/api/')[0]} cannot be reached ({reason})") from None
+        raise RayClusterError(f"Ray dashboard {base} cannot be reached ({reason})") from None
 
 
 def cluster_view(address: str) -> tuple[list[NodeView], float]:
     """The alive nodes with their totals and usage, and the time of the report (Ray's autoscaler monitor writes
-    it every few seconds). Raises :class:`RayClusterError`."""
+    it every few seconds). The first call for a dashboard also checks its head's job agent (:func:`check_agent`).
+    Raises :class:`RayClusterError`."""
     reply = _get_json(f"{dashboard_url(address)}/api/cluster_status?format=0")
+    check_agent(address)
     status = ((reply.get("data") or {}).get("clusterStatus") or {}) if isinstance(reply, dict) else {}
     load = status.get("loadMetricsReport") or {}
     nodes = []
@@ -92,6 +124,45 @@ def cluster_view(address: str) -> tuple[list[NodeView], float]:
         used = {k: float(v[0]) for k, v in usage.items()}
         nodes.append(NodeView(node_id, total, used))
     return nodes, float(status.get("time") or time.time())
+
+
+# ----------------------------------------------------------------------------- the head's job agent
+AGENT_WAIT_S = 10.0  # a head just started may take seconds to register its job agent
+NO_AGENT = "No available agent"  # the dashboard's HTTP 500 when the head's job agent is not there
+_AGENT_SEEN: set[str] = set()  # dashboards whose job agent answered once in this process
+
+
+def agent_down(address: str) -> str:
+    return (f"the Ray cluster at {dashboard_url(address)} has no job agent to take jobs ('{NO_AGENT}'): the head's "
+            "dashboard agent did not start, often because another Ray on that host holds its port (ray start "
+            "--dashboard-agent-listen-port, default 52365); see dashboard_agent.log in the head's session logs "
+            "and restart the head with a free port")
+
+
+def agent_answers(address: str) -> bool:
+    """Whether the head's job agent is up: the head node's ``dashboardAgentListenPort`` in the dashboard's node
+    summary (-1 when the agent could not start). True when the summary does not say (another Ray version)."""
+    reply = _get_json(f"{dashboard_url(address)}/nodes?view=summary")
+    summary = ((reply.get("data") or {}).get("summary") or []) if isinstance(reply, dict) else []
+    for node in summary:
+        raylet = node.get("raylet") if isinstance(node, dict) else None
+        if isinstance(raylet, dict) and raylet.get("isHeadNode"):
+            port = raylet.get("dashboardAgentListenPort")
+            return not isinstance(port, int) or port > 0
+    return True
+
+
+def check_agent(address: str, wait_s: float = AGENT_WAIT_S) -> None:
+    """RayClusterError (:func:`agent_down`) unless the head's job agent is up within ``wait_s``; asked once per
+    dashboard and process (the first :func:`cluster_view`, which is the check before a study starts)."""
+    if address in _AGENT_SEEN:
+        return
+    deadline = time.monotonic() + wait_s
+    while not agent_answers(address):
+        if time.monotonic() > deadline:
+            raise RayClusterError(agent_down(address))
+        time.sleep(1.0)
+    _AGENT_SEEN.add(address)
 
 
 def _place(capacity: list[dict[str, float]], need: JobResources) -> bool:
@@ -151,6 +222,10 @@ def job_client(address: str) -> Any:
     except (ConnectionError, RuntimeError, ValueError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise RayClusterError(f"Ray cluster at {dashboard_url(address)}: {first}") from None
+    except Exception as err:  # ray.exceptions.AuthenticationError (not a RuntimeError)
+        if type(err).__name__ != "AuthenticationError":
+            raise
+        raise RayClusterError(f"Ray cluster at {dashboard_url(address)}: {AUTH_HINT}") from None
 
 
 def study_jobs(client: Any, study: str) -> list[Any]:

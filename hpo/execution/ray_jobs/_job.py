@@ -25,6 +25,7 @@ import json
 import os
 import shlex
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -37,13 +38,24 @@ from hpo.execution._metrics import MAX_LINE_BYTES, parse_line
 from hpo.execution._process import ENV_DRIVER
 from hpo.execution._runner import CLASSIFY_TAIL_BYTES, REPORT_TICK_S, RunResult, final_exception, read_tail
 from hpo.execution.ray_jobs import _entry
-from hpo.execution.ray_jobs._cluster import TERMINAL, JobResources, job_client, stop_and_wait
+from hpo.execution.ray_jobs._cluster import (
+    NO_AGENT,
+    TERMINAL,
+    JobResources,
+    RayClusterError,
+    agent_down,
+    dashboard_url,
+    job_client,
+    stop_and_wait,
+)
 
 ENTRY_PACKAGE = "verl_hpo_ray_entry"  # the entrypoint's module name on the node (shipped as py_modules)
 TICK_S = 0.2  # log lines are handled this often
 STATUS_TICK_S = 1.0  # the job's status is asked this often
 LOG_SETTLE_S = 30.0  # once the job is over, wait at most this long for its log to be complete
 DASHBOARD_GONE_S = 300.0  # a dashboard that does not answer this long fails the attempt (the job is stopped)
+SILENT_S = 3.0  # a dashboard that does not answer this long is said to have stopped answering (one line)
+AGENT_RETRY_S = 60.0  # a submission refused for want of a job agent is tried again this long (one line)
 _LOST = ("JOB_SUPERVISOR_ACTOR_DIED", "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE")
 _package_dir: Path | None = None
 _package_lock = threading.Lock()
@@ -209,6 +221,7 @@ class RayJob:
     on_tick: Callable[[int | None, float], None] | None = None
     stop_event: threading.Event | None = None
     stop_timeout_s: float = 60.0
+    note: Callable[[str], None] | None = None  # a line for the user (default: stderr)
     pid: int | None = field(default=None, init=False)  # no local process
     spawned_at: float | None = field(default=None, init=False)  # time.monotonic() just before the submission
     final_status: str | None = field(default=None, init=False)  # the job's status when run() returned
@@ -233,8 +246,27 @@ class RayJob:
             kwargs["entrypoint_resources"] = per or None
         if self.memory_limit_gb is not None:
             kwargs["entrypoint_memory"] = int(self.memory_limit_gb * 2**30)
-        client.submit_job(entrypoint=self.entrypoint(), submission_id=self.submission_id, runtime_env=runtime_env,
-                          metadata=dict(self.metadata), **kwargs)
+        deadline: float | None = None
+        while True:  # the dashboard answers HTTP 500 "No available agent" (after ~10 s) while its agent is away
+            try:
+                client.submit_job(entrypoint=self.entrypoint(), submission_id=self.submission_id,
+                                  runtime_env=runtime_env, metadata=dict(self.metadata), **kwargs)
+                return
+            except RuntimeError as err:
+                if NO_AGENT not in str(err):
+                    raise
+            if deadline is None:
+                deadline = time.monotonic() + AGENT_RETRY_S
+                self._say(f"ray job {self.submission_id}: the cluster's job agent does not answer ('{NO_AGENT}'); "
+                          f"trying again for {AGENT_RETRY_S:.0f} s")
+            if time.monotonic() > deadline or (self.stop_event is not None and self.stop_event.wait(2.0)):
+                raise RayClusterError(agent_down(self.address))
+
+    def _say(self, line: str) -> None:
+        if self.note is not None:
+            self.note(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     def run(self) -> RunResult:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -251,6 +283,7 @@ class RayJob:
         status, info, next_status, next_tick = "PENDING", None, start, start
         ended_at: float | None = None
         unreachable: float | None = None  # since when the job's status could not be read
+        said = False  # the user was told it does not answer
         last_pass = False
         try:
             with stderr_path.open("a", encoding="utf-8", errors="replace") as err, \
@@ -261,11 +294,24 @@ class RayJob:
                     if now >= next_status:
                         try:
                             info = client.get_job_info(self.submission_id)
-                            status, unreachable = str(info.status.value), None
-                        except Exception:  # the dashboard restarts, the network hiccups: the job runs on
+                            status = str(info.status.value)
+                            if said:
+                                self._say(f"ray job {self.submission_id}: the Ray cluster answers again after "
+                                          f"{now - (unreachable or now):.0f} s")
+                            unreachable, said = None, False
+                        except Exception as err:  # the dashboard restarts, the network hiccups: the job runs on
                             unreachable = unreachable or now
+                            why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
                             if now - unreachable > DASHBOARD_GONE_S:
-                                raise
+                                raise RayClusterError(
+                                    f"the Ray cluster at {dashboard_url(self.address)} has not answered for "
+                                    f"{DASHBOARD_GONE_S:.0f} s ({why}); ray job {self.submission_id} is stopped by "
+                                    "the next driver's sweep if it still runs") from None
+                            if not said and now - unreachable >= SILENT_S:
+                                said = True
+                                self._say(f"ray job {self.submission_id}: the Ray cluster at "
+                                          f"{dashboard_url(self.address)} stopped answering ({why}); waiting up to "
+                                          f"{DASHBOARD_GONE_S:.0f} s for it (the job runs on if its node does)")
                         next_status = now + STATUS_TICK_S
                         if status in TERMINAL and ended_at is None:
                             ended_at = now

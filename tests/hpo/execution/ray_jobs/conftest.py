@@ -11,6 +11,7 @@ SIGKILLs exactly those, never another Ray on the machine (``ray stop`` would sto
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -85,6 +86,7 @@ class RayCluster:
     dashboard_port: int
     env: dict[str, str]
     marks: dict[str, str] = field(default_factory=dict)
+    agent_port: int | None = None  # the dashboard agent's HTTP port (None: a free one)
 
     @property
     def address(self) -> str:
@@ -94,6 +96,8 @@ class RayCluster:
         mark = f"{self.temp}:{name}"
         self.marks[name] = mark
         ports = free_ports(7)
+        if self.agent_port is not None:
+            ports[2] = self.agent_port
         cmd = [str(RAY), "start", "--num-cpus", "2", "--num-gpus", "2", "--resources", json.dumps({name: 1}),
                "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
                "--node-manager-port", str(ports[0]), "--object-manager-port", str(ports[1]),
@@ -151,19 +155,41 @@ class RayCluster:
             kill_node(mark)
 
 
+def cluster_env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(":"),
+           "RAY_USAGE_STATS_ENABLED": "0", "RAY_memory_monitor_refresh_ms": "0",
+           # no token auth, which Ray 2.60 turns on for a head started where ~/.ray/auth_token exists (any earlier
+           # Ray of this user may have written it): the drivers under test talk to the cluster without a token
+           "RAY_AUTH_MODE": "disabled",
+           # a dead node is declared dead after ~3 s instead of ~30 s
+           "RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+           "RAY_health_check_failure_threshold": "3"}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+@contextlib.contextmanager
+def head_only(agent_port: int | None = None) -> Iterator[RayCluster]:
+    """A cluster of its own (a head ``node_a`` alone), for a test that breaks or kills it."""
+    if not RAY.exists():
+        pytest.skip("Ray is not installed: pip install -e '.[ray]'")
+    temp = Path(tempfile.mkdtemp(prefix="vhr", dir="/tmp"))
+    cluster = RayCluster(temp, *free_ports(2), cluster_env(), agent_port=agent_port)
+    try:
+        cluster.start_head()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
     if not RAY.exists():
         pytest.skip("Ray is not installed: pip install -e '.[ray]'")
     temp = Path(tempfile.mkdtemp(prefix="vhr", dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
     gcs, dash = free_ports(2)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(":"),
-           "RAY_USAGE_STATS_ENABLED": "0", "RAY_memory_monitor_refresh_ms": "0",
-           # a dead node is declared dead after ~3 s instead of ~30 s
-           "RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
-           "RAY_health_check_failure_threshold": "3"}
-    env.pop("RAY_ADDRESS", None)
-    cluster = RayCluster(temp, gcs, dash, env)
+    cluster = RayCluster(temp, gcs, dash, cluster_env())
     try:
         cluster.start_head()
         cluster.start_worker()
