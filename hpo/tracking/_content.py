@@ -113,6 +113,10 @@ def finished(t: FrozenTrial, objective_names: list[str]) -> Finished:
                     end_ms=int(end.timestamp() * 1000) if end is not None else 0)
 
 
+MAX_IMPORTANCES = 50  # the study run's importance/<param> metrics: the most important ones (MLflow takes 1,000
+# metrics per batch; a space of 7,500 parameters had its whole study update refused)
+
+
 @dataclass
 class StudyUpdate:
     """The study run's numbers: the best value so far, its trial and parameters, progress, importances."""
@@ -144,7 +148,8 @@ def study_update(study: optuna.Study, with_importances: bool, final: bool = Fals
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     imp = optuna.importance.get_param_importances(plottable_copy(study))
-                upd.importances = {k: float(v) for k, v in imp.items() if math.isfinite(v)}
+                finite = [(k, float(v)) for k, v in imp.items() if math.isfinite(v)]  # most important first
+                upd.importances = dict(finite[:MAX_IMPORTANCES])
             except Exception:  # noqa: BLE001 - importances are a nicety (one parameter, constant values, ...)
                 upd.importances = {}
     return upd

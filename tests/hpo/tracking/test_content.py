@@ -57,3 +57,25 @@ def test_metric_names_mlflow_accepts() -> None:
     assert metric_key("val-core/openai/gsm8k/reward/mean@4") == "val-core/openai/gsm8k/reward/mean_at_4"
     assert metric_key("critic/score/mean") == "critic/score/mean"
     assert metric_key("/a//b/../c?") == "_/a/_/b/_/c_"
+
+
+def test_a_large_space_logs_its_most_important_parameters() -> None:
+    """Importances of a space of 1,200 parameters: the 50 most important (one MLflow batch takes 1,000 metrics)."""
+    import random
+
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    from hpo.tracking._content import MAX_IMPORTANCES, study_update
+
+    study = optuna.create_study(direction="maximize")
+    dists = {f"p{i}": FloatDistribution(0.0, 1.0) for i in range(1200)}
+    rng = random.Random(0)
+    for _ in range(20):
+        params = {k: rng.random() for k in dists}
+        study.add_trial(create_trial(params=params, distributions=dists, value=params["p7"]))
+    upd = study_update(study, with_importances=True)
+    assert len(upd.importances) == MAX_IMPORTANCES
+    values = list(upd.importances.values())
+    assert values == sorted(values, reverse=True)
