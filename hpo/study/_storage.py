@@ -6,6 +6,7 @@ Masking lives in :mod:`hpo.study._urls` (re-exported here)."""
 from __future__ import annotations
 
 import fcntl
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit
 
 import optuna
 
+from hpo.analysis._files import FileRefused, open_regular
 from hpo.experiment._space import SpaceError, StudySpec
 from hpo.study._retrying import RetryingStorage, opening
 from hpo.study._urls import REDIS_SCHEMES, mask_url, scrub
@@ -79,8 +81,10 @@ def check_sqlite_file(db: Path, url: str) -> None:
             return  # SQLite makes a new database here (an empty file is one too)
         if not db.is_file():
             raise SpaceError(f"--storage {mask_url(url)}: {db} is not a file")
-        with open(db, "rb") as f:
+        with os.fdopen(open_regular(db, f"--storage {mask_url(url)}: {db}"), "rb") as f:  # not a FIFO swapped in
             head = f.read(len(SQLITE_HEADER))
+    except FileRefused as err:
+        raise SpaceError(str(err)) from None
     except OSError as err:
         raise SpaceError(f"--storage {mask_url(url)}: {db} cannot be read ({err.strerror})") from None
     if head != SQLITE_HEADER:
