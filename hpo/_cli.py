@@ -343,7 +343,7 @@ def _start_tracking(spec: Any, study_name: str, storage_url: str, studies_dir: P
             print(line, file=sys.stderr)
 
     closing.callback(close)
-    reporter.note(f"tracking: {describe(spec)} (log: {feed.log_path})")
+    reporter.note(f"tracking: {describe(spec, studies_dir)} (log: {feed.log_path})")
     return feed.wrap(reporter)
 
 

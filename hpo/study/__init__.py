@@ -3,8 +3,8 @@
 
 Modules: ``_driver`` (the loop), ``_slots`` (claiming the target), ``_trial`` (one trial to its outcome), ``_command``
 (its argv, env and files), ``_watch`` (reporting, pruning and early stopping per metrics line), ``_optuna`` (sampler,
-pruner, creating and loading the study), ``_storage`` (URLs, opening), ``_urls`` (masking URLs and passwords), ``_retrying`` (riding out outages),
-``_recovery``, ``_confirm``, ``_checkpoints``, ``_errors``, ``_progress``.
+pruner, creating and loading the study), ``_storage`` (URLs, opening), ``_urls`` (masking URLs and passwords),
+``_retrying`` (riding out outages), ``_recovery``, ``_confirm``, ``_checkpoints``, ``_errors``, ``_progress``.
 
 May import: ``hpo.backends``, ``hpo.execution``, ``hpo.experiment``, ``hpo.analysis``; never ``hpo.reporting``
 (progress goes to a ``Progress`` the caller hands in)."""

@@ -31,6 +31,7 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import threading
 import time
@@ -111,7 +112,9 @@ class _TrialStop(threading.Event):
 
 
 def frozen_trial(study: optuna.Study, number: int) -> FrozenTrial:
-    return next(t for t in study.get_trials(deepcopy=True) if t.number == number)
+    """A copy of trial ``number`` (one trial copied, not the study: a deep copy of every trial grows with
+    trials x parameters)."""
+    return copy.deepcopy(next(t for t in study.get_trials(deepcopy=False) if t.number == number))
 
 
 def _suggest(trial: Trial, p: Any) -> Any:
@@ -285,9 +288,10 @@ class TrialRunner:
             "argv": argv, "env": env, "log_dir": plan.trial_dir, "metrics_path": plan.metrics, "cwd": self.cwd,
             "timeout_s": spec.timeout_s, "memory_limit_gb": spec.memory_limit_gb, "on_metrics": watch,
             "on_tick": on_tick, "stop_event": _TrialStop(self.stop_event, lost)}
-        proc: TrialExecutor = ray_job(self.study, trial, spec, job, **run) if job is not None else TrialProcess(
-            **run,  # verl's weight-sync sockets have fixed names under /tmp (issue 21 item 3)
-            private_tmp=scratch_dir(plan.trial_dir, attempt) / "slash-tmp" if spec.is_verl else None)
+        proc: TrialExecutor = (
+            ray_job(self.study, trial, spec, job, note=self.reporter.note, **run) if job is not None else TrialProcess(
+                **run,  # verl's weight-sync sockets have fixed names under /tmp (issue 21 item 3)
+                private_tmp=scratch_dir(plan.trial_dir, attempt) / "slash-tmp" if spec.is_verl else None))
         return proc.run(), proc, watch
 
     def _abandon(self, trial: Trial, err: Exception) -> None:

@@ -318,7 +318,7 @@ class RayJob:
                     for step, data in log.feed(follower.drain()):
                         if first_metric is None:
                             first_metric = time.monotonic() - start
-                        last_step = step
+                        last_step = step if last_step is None else max(last_step, step)  # the highest
                         decision = self.on_metrics(step, data) if self.on_metrics is not None else None
                         if decision is not None and reason is None and status not in TERMINAL:
                             reason = decision  # after the job ended, lines are only recorded

@@ -19,6 +19,9 @@ import optuna
 import pytest
 import yaml
 
+from hpo.backends.verl import _arith
+from hpo.backends.verl._launch import verl_argv, verl_env, verl_metrics_path, verl_overrides, weights_only_overrides
+from hpo.backends.verl._resume import checkpoint_complete
 from hpo.execution import MetricsTail
 from tests.hpo.conftest import PY, ROOT, cli_env
 
@@ -97,7 +100,7 @@ def test_a_real_verl_study_runs_two_trials_at_once_on_the_cpu_and_logs_them_to_m
         assert all(data[s]["training/rollout_actor_probs_pearson_corr"] >= 0.999 for s in (1, 2, 3, 4))  # synced
         assert data[1]["actor/lr"] == pytest.approx(t.params["actor_lr"])  # the tuned value reached the trainer
         assert "timing_s/save_checkpoint" in data[2]  # global_step_2 was written
-        assert t.value == max(data[s][VAL] for s in (2, 4))
+        assert t.value == data[4][VAL]  # objective.aggregate last: the final evaluation
     assert max(t.value for t in trials) > 0.15  # GRPO moved the greedy answer to the sum on some problems
     first, second = sorted(trials, key=lambda t: t.datetime_start or 0)
     assert second.datetime_start and first.datetime_complete and second.datetime_start < first.datetime_complete
@@ -136,10 +139,43 @@ def test_a_killed_driver_s_real_verl_trial_resumes_from_verl_s_checkpoint(tmp_pa
     assert len(done) == 1 and done[0].user_attrs["resumed_from_step"] == 2
     retry_dir = Path(done[0].user_attrs["trial_dir"])
     resumed = MetricsTail(sorted(retry_dir.glob("metrics*.jsonl"))[-1]).read()
-    assert [s for s, _ in resumed] == [3, 4, 5, 6]  # verl continued after its checkpoint, not from step 0
+    assert [s for s, _ in resumed] == [2, 3, 4, 5, 6]  # verl continued from its checkpoint, not from step 0
+    again = dict(resumed)[2]  # val_before_train on resume: step 2 holds the resumed policy's validation only
+    assert "actor/lr" not in again and again[VAL] == killed[2][VAL]  # the saved policy, exactly
     command = json.loads((retry_dir / "command.json").read_text())["argv"]
     assert "trainer.resume_mode=resume_path" in command
     assert any(a.startswith("trainer.resume_from_path=") and a.endswith("global_step_2") for a in command)
-    # the value counts the killed attempt's validation at step 2 (replayed) and the retry's at 4 and 6
-    assert done[0].value == max(killed[2][VAL], *(d[VAL] for s, d in resumed if VAL in d))
+    assert done[0].value == dict(resumed)[6][VAL]  # the final evaluation, the retry's
+    replayed = done[0].intermediate_values
+    assert replayed[2] == pytest.approx(killed[2][VAL])  # the killed attempt's step-2 evaluation, replayed
     assert wait_until_gone(studies) == []
+
+
+def run_segment(tmp_path: Path, number: int, end: int, lr: float, resume: Path | None) -> list[tuple[int, dict]]:
+    """A real verl run launched as the driver launches a PBT segment on the CPU (hpo.study._population): the
+    segment's step range, its learning rate, a checkpoint at its end, the weights only from ``resume``."""
+    fixed = dict(yaml.safe_load(SPACE.read_text())["overrides"])
+    fixed.update({"trainer.total_training_steps": end, "trainer.save_freq": end, "trainer.test_freq": 2,
+                  "trainer.val_before_train": False})
+    assert _arith.main([f"{k}={v}" for k, v in fixed.items()]) == 0  # the prepare step (model, data, reward)
+    trial_dir = tmp_path / "trials" / str(number)
+    trial_dir.mkdir(parents=True)
+    overrides = [*verl_overrides(fixed, {"actor_rollout_ref.actor.optim.lr": lr}),
+                 *(weights_only_overrides() if resume is not None else [])]
+    argv = verl_argv(str(VERL_PY), "ppo_trainer", overrides, "pbt", number, trial_dir, 0, resume)
+    env = verl_env({**os.environ, "CUDA_VISIBLE_DEVICES": ""}, trial_dir, 0, cpu=True)
+    res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return MetricsTail(verl_metrics_path(trial_dir, 0)).read()
+
+
+def test_a_pbt_segment_continues_a_real_verl_checkpoint_with_its_own_learning_rate(tmp_path: Path) -> None:
+    """PBT's hand-over through verl's real checkpoint: the next segment resumes from ``global_step_2`` of the
+    previous one (the weights only) and trains steps 3-4 with its own learning rate, not the checkpoint's."""
+    first = run_segment(tmp_path, 0, end=2, lr=1e-4, resume=None)
+    assert {d["actor/lr"] for s, d in first if "actor/lr" in d} == {1e-4}
+    ckpt = tmp_path / "trials" / "0" / "checkpoints" / "global_step_2"
+    assert (ckpt / "actor").is_dir() and checkpoint_complete(ckpt)
+    seg = run_segment(tmp_path, 1, end=4, lr=5e-4, resume=ckpt)
+    assert [s for s, d in seg if "actor/lr" in d] == [3, 4]  # verl continued after the checkpoint
+    assert {d["actor/lr"] for _, d in seg if "actor/lr" in d} == {5e-4}  # the segment's own rate from its 1st step

@@ -182,3 +182,18 @@ def test_format_value_round_trips_through_yaml() -> None:
     for v in (1e-06, 0.05, 3, True, False, None, "kl", [1, 2]):
         assert yaml.safe_load(format_value(v)) == v or (isinstance(v, float) and math.isclose(
             float(format_value(v)), v))
+
+
+def test_a_space_of_more_than_max_params_parameters_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Optuna writes every suggested value in a transaction of its own: 7,500 parameters cost 30-120 s a trial before
+    it starts (issue 34 item 12), so such a space is refused at load, naming the limit and why."""
+    from hpo.experiment._space import MAX_PARAMS
+
+    params = {f"p{i}": {"key": f"fake.p{i}", "type": "float", "low": 0.0, "high": 1.0} for i in range(MAX_PARAMS + 1)}
+    path = tmp_path / "exp.yaml"
+    path.write_text(_with(params=params, trial__command=["python", "trainer.py"]))  # any keys: a custom command
+    with pytest.raises(SpaceError) as err:
+        load_space(str(path))
+    assert f"{MAX_PARAMS + 1} parameters; at most {MAX_PARAMS}" in str(err.value) and "\n" not in str(err.value)
+    path.write_text(_with(params=dict(list(params.items())[:MAX_PARAMS]), trial__command=["python", "trainer.py"]))
+    assert len(load_space(str(path)).params) == MAX_PARAMS
