@@ -7,7 +7,9 @@ runnable alone), ``workers`` (3 vs 1 ``verl-hpo worker`` on one PostgreSQL study
 ``footprint`` (the driver's peak RSS in a ``kl_lr`` search and a worker's start-up to its first trial;
 ``--before DIR`` compares with another checkout; ``benchmarks/footprint.py``), ``pays`` (the kl_lr study's confirmed
 pick against its baseline on the held-out test split, over 3 study seeds; ``benchmarks/pays.py``), ``pbt``
-(population-based training vs TPE and random at equal trainer steps; ``benchmarks/pbt.py``).
+(population-based training vs TPE and random at equal trainer steps; ``benchmarks/pbt.py``), ``verl_cpu`` (real
+verl 0.9.1 trials on the CPU through the driver: start-up, step times, the driver's own CPU, RSS and wall beside
+them; skipped without ``.venv-verl``; ``benchmarks/verl_cpu.py``).
 ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/`` (or ``--out``), never over the real
 results.
 """
@@ -27,7 +29,7 @@ from benchmarks._common import REPO, Row, all_versions, load_average, log, machi
 from benchmarks._results import render
 
 PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint", "pays",
-         "pbt")
+         "pbt", "verl_cpu")
 
 
 def _rows(doc: dict[str, Any]) -> list[Row]:
@@ -194,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import pbt
 
         attempt("pbt", lambda: pbt.bench(args.smoke, args.workdir, tuple(args.pbt_tasks or pbt.TASKS)))
+    if "verl_cpu" in parts:
+        from benchmarks import verl_cpu
+
+        attempt("verl_cpu", lambda: verl_cpu.bench(args.smoke))
     if "memory" in parts:
         from benchmarks import memory_estimate
 
