@@ -77,20 +77,34 @@ def load(studies: Path, name: str = "verl_cpu") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{studies / f'{name}.db'}")
 
 
-def test_a_real_verl_study_runs_two_trials_at_once_on_the_cpu_and_logs_them_to_mlflow(tmp_path: Path) -> None:
-    """Two real verl trials on one host at once (verl binds its weight-sync socket at a fixed /tmp path: each trial
-    has a /tmp of its own), both COMPLETE; their metrics are verl's own file logger's; weights really reach vLLM;
-    validation rises from step 0; a checkpoint was saved; nothing of theirs is left; their curves are in MLflow."""
+def test_a_real_verl_study_of_four_trials_two_at_once_with_collapses_and_mlflow_curves(tmp_path: Path) -> None:
+    """Four real verl trials, two at a time on one host (verl binds its weight-sync socket at a fixed /tmp path: each
+    trial has a /tmp of its own). The start-up design deals the learning rate's two choices twice each: at 5e-4
+    GRPO learns, at 50 the policy collapses (KL loss 4.9 then 8.8 nats, entropy 0) and the diagnosis stops the trial
+    at once. The healthy trials' metrics are verl's own file logger's, weights really reach vLLM, validation rises
+    from step 0, a checkpoint was saved; nothing of any trial is left; their curves are in MLflow."""
     studies = tmp_path / "studies"
-    mlruns = tmp_path / "mlruns"
+    mlflow_db = f"sqlite:///{tmp_path / 'mlflow.db'}"  # MLflow 3's file store is read-only for clients
     space = write_space(tmp_path, steps=4, save_freq=2, n_jobs=2)
-    res = hpo(["search", "--space", str(space), "--n-trials", "2", "--tracking", f"mlflow=file://{mlruns}"],
-              studies, timeout=1500)
+    raw = yaml.safe_load(space.read_text())
+    raw["params"]["actor_lr"] = {"key": "actor_rollout_ref.actor.optim.lr", "type": "categorical",
+                                 "choices": [5.0e-4, 50.0]}
+    raw["study"]["sampler"] = {"type": "tpe", "seed": 0, "n_startup_trials": 4, "startup": "lhs"}
+    space.write_text(yaml.safe_dump(raw, sort_keys=False))
+    res = hpo(["search", "--space", str(space), "--n-trials", "4", "--tracking", f"mlflow={mlflow_db}"],
+              studies, timeout=2400)
     assert res.returncode == 0, res.stderr[-3000:]
-    study = load(studies)
-    trials = study.get_trials(deepcopy=False)
-    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2, [t.user_attrs for t in trials]
+    trials = load(studies).get_trials(deepcopy=False)
+    assert sorted(t.params["actor_lr"] for t in trials) == [5.0e-4, 5.0e-4, 50.0, 50.0]
+    healthy = [t for t in trials if t.params["actor_lr"] == 5.0e-4]
     for t in trials:
+        assert t.state == optuna.trial.TrialState.COMPLETE, t.user_attrs
+        if t in healthy:
+            continue
+        assert t.user_attrs["stop_reason"] in ("collapsed:kl_blowup", "collapsed:entropy_collapse"), t.user_attrs
+        assert t.user_attrs["last_step"] < 4  # stopped at once, not trained to the end
+    for t in healthy:
+        assert t.user_attrs.get("stop_reason") is None, t.user_attrs
         records = MetricsTail(Path(t.user_attrs["trial_dir"]) / "metrics.jsonl").read()
         assert [s for s, _ in records] == [0, 1, 2, 3, 4]
         data = {s: d for s, d in records}
@@ -98,20 +112,20 @@ def test_a_real_verl_study_runs_two_trials_at_once_on_the_cpu_and_logs_them_to_m
         for key in ("timing_s/gen", "timing_s/update_weights", "actor/lr", "actor/pg_loss", "critic/score/mean"):
             assert key in data[1], key
         assert all(data[s]["training/rollout_actor_probs_pearson_corr"] >= 0.999 for s in (1, 2, 3, 4))  # synced
-        assert data[1]["actor/lr"] == pytest.approx(t.params["actor_lr"])  # the tuned value reached the trainer
+        assert data[1]["actor/lr"] == pytest.approx(5.0e-4)  # the tuned value reached the trainer
         assert "timing_s/save_checkpoint" in data[2]  # global_step_2 was written
-        assert t.value == data[4][VAL]  # objective.aggregate last: the final evaluation
-    assert max(t.value for t in trials) > 0.15  # GRPO moved the greedy answer to the sum on some problems
-    first, second = sorted(trials, key=lambda t: t.datetime_start or 0)
-    assert second.datetime_start and first.datetime_complete and second.datetime_start < first.datetime_complete
+        assert t.value == data[4][VAL] > 0.15  # objective.aggregate last; GRPO moved greedy answers to the sum
+    starts = sorted((t.datetime_start, t.datetime_complete) for t in trials if t.datetime_start and t.datetime_complete)
+    assert starts[1][0] < starts[0][1]  # the first two ran at the same time
     assert wait_until_gone(studies) == []
 
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"file://{mlruns}")
+    client = MlflowClient(tracking_uri=mlflow_db)
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
-    curves = {r.info.run_id: [m.step for m in client.get_metric_history(r.info.run_id, VAL)] for r in runs}
-    assert sorted(c for c in curves.values() if c) == [[0, 2, 4], [0, 2, 4]]
+    name = VAL.replace("@", "_at_")  # MLflow's metric names have no '@' (hpo.tracking)
+    curves = [[m.step for m in client.get_metric_history(r.info.run_id, name)] for r in runs]
+    assert sorted(c for c in curves if c)[-2:] == [[0, 2, 4], [0, 2, 4]]  # the healthy trials' whole curves
 
 
 def test_a_killed_driver_s_real_verl_trial_resumes_from_verl_s_checkpoint(tmp_path: Path) -> None:
