@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpo.backends.verl._data import ARITH_DIR, ARITH_FILES, resolve_path
+from hpo.backends.verl._data import ARITH_DIR, ARITH_FILES, prepare_args, resolve_path, run_prepare, split_list
 
 SPLITS = dict(zip(ARITH_FILES, ("train", "val", "test"), strict=True))
 MODEL, REWARD = "model", "reward.py"
@@ -95,20 +95,8 @@ def ensure(paths: Sequence[Path]) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    paths = []
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        if sep and key.lstrip("+") in KEYS:
-            paths += [resolve_path(v.strip()) for v in value.strip("[]").split(",") if v.strip()]
-    try:
-        written = ensure(paths)
-    except (ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    for path in written:
-        print(f"wrote {path}")
-    return 0
+    named = prepare_args(list(sys.argv[1:] if argv is None else argv), KEYS)
+    return run_prepare(lambda: ensure([resolve_path(v) for value in named.values() for v in split_list(value)]))
 
 
 if __name__ == "__main__":

@@ -197,26 +197,37 @@ def ensure(train: str | None, val: str | None) -> list[Path]:
     return written
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    files: dict[str, str] = {}
+def prepare_args(args: Sequence[str], keys: Sequence[str]) -> dict[str, str]:
+    """``{key: value}`` of the overrides among a prepare step's arguments (the driver passes ``--config NAME`` and
+    the experiment's overrides) whose key, ``+`` prefixes dropped, is one of ``keys``."""
+    found: dict[str, str] = {}
     i = 0
     while i < len(args):
-        if args[i] == "--config":  # the driver's prepare call passes the config; the files are in the overrides
+        if args[i] == "--config":  # the config; the paths are in the overrides
             i += 2
             continue
         key, sep, value = args[i].partition("=")
-        if sep and key.lstrip("+") in ("data.train_files", "data.val_files"):
-            files[key.lstrip("+")] = value
+        if sep and key.lstrip("+") in keys:
+            found[key.lstrip("+")] = value
         i += 1
+    return found
+
+
+def run_prepare(write: Callable[[], list[Path]]) -> int:
+    """A prepare step's exit: 0 with a line per file written, 2 with one ``error:`` line."""
     try:
-        written = ensure(files.get("data.train_files"), files.get("data.val_files"))
+        written = write()
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    files = prepare_args(list(sys.argv[1:] if argv is None else argv), ("data.train_files", "data.val_files"))
+    return run_prepare(lambda: ensure(files.get("data.train_files"), files.get("data.val_files")))
 
 
 if __name__ == "__main__":
