@@ -424,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     return _fail(str(err))
                 except OSError as err:
                     return _fail(f"--metrics {args.metrics}: unreadable ({err.strerror or err})")
-            return validate_space(space, resolve_devices(space.trial, launching=False), sys.stdout, lengths=lengths)
+            return validate_space(space, resolve_devices(space.trial), sys.stdout, lengths=lengths)
         if args.cmd == "search":
             overrides = list(args.override)
             if args.n_trials is not None:

@@ -43,7 +43,7 @@ Callback = Callable[[optuna.Study, FrozenTrial], None]
 
 
 # ----------------------------------------------------------------------------- devices
-def resolve_devices(spec: TrialSpec, override: Sequence[str] | None = None, launching: bool = True) -> list[str]:
+def resolve_devices(spec: TrialSpec, override: Sequence[str] | None = None) -> list[str]:
     """The devices trials may use (``--devices``, else ``trial.devices``, else detected); SpaceError when a
     trial needs more than there are."""
     devices = list(override) if override is not None else (
