@@ -1,8 +1,10 @@
 """Real verl as a trial backend (``python -m verl.trainer.main_ppo`` in verl's interpreter): ``_launch`` builds a
 trial's argv, environment and scratch directory; ``_resume`` finds the checkpoint a retry continues from and the
 curve its attempts logged; ``_check`` composes and checks a space's configs and the interpreter with verl's own
-code; ``_compose`` is the script that runs inside verl's interpreter for it; ``_data`` is the shipped data's
-prepare step.
+code; ``_compose`` is the script that runs inside verl's interpreter for it; ``_cpu`` is what a trial that gets no
+GPU adds to run verl on the CPU (the plugin ``plugins/verl-cpu``, its overrides and environment) and TransferQueue's
+size on every host; ``_data`` and ``_arith`` are the shipped tasks' prepare steps (GSM8K-format data; the arith task
+with its model and reward for ``search_spaces/verl_grpo_cpu.yaml``).
 
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
 
