@@ -56,7 +56,7 @@ best: $(STAMP)
 dashboard: $(STAMP)
 	$(VENV)/bin/verl-hpo dashboard --study $(or $(STUDY),$(SPACE)) $(if $(STORAGE),--storage $(STORAGE))
 
-# `make test`: everything but the `slow` suites (chaos with killed workers, the pretrained model, real verl
+# `make test`: everything but the `slow` suites (chaos with killed workers, the pretrained model, real verl trials
 # configs), ~15 min on 2 cores; `make test-slow` runs those (CI runs both, see .ci/run).
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" --durations=15 $(PYTEST_ARGS)
