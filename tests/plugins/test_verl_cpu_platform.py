@@ -133,6 +133,7 @@ def test_dedup_backend(backend: str | None, kept: str | None) -> None:
     assert load_patches().dedup_backend(backend) == kept
 
 
+@pytest.mark.slow  # a verl interpreter with torch, verl and vLLM imported: 6-12 s idle; make test-slow / CI
 @needs_verl
 def test_verls_gloo_group_starts_on_the_cpu_platform() -> None:
     r = run_verl("""
@@ -164,6 +165,7 @@ def test_verls_gloo_group_starts_on_the_cpu_platform() -> None:
 
 
 # ----------------------------------------------------------------------------- the device module
+@pytest.mark.slow  # a verl interpreter with torch, verl and vLLM imported: 6-12 s idle; make test-slow / CI
 @needs_verl
 def test_device_module_answers_verls_memory_calls() -> None:
     r = run_verl(f"""
@@ -234,6 +236,7 @@ def load_sharded(offload_policy=None):
 """
 
 
+@pytest.mark.slow  # a verl interpreter with torch, verl and vLLM imported: 6-12 s idle; make test-slow / CI
 @needs_verl
 def test_current_device_is_cpu_where_verl_moves_models() -> None:
     r = run_verl(setup=FSDP_SETUP, script="""
@@ -256,6 +259,7 @@ def test_current_device_is_cpu_where_verl_moves_models() -> None:
         assert r[key].startswith("RuntimeError: Cannot access accelerator device"), r[key]
 
 
+@pytest.mark.slow  # a verl interpreter with torch, verl and vLLM imported: 6-12 s idle; make test-slow / CI
 @needs_verl
 def test_reference_offload_policy_does_not_pin_memory() -> None:
     r = run_verl(setup=FSDP_SETUP, script="""
@@ -272,6 +276,7 @@ def test_reference_offload_policy_does_not_pin_memory() -> None:
 
 
 # ----------------------------------------------------------------------------- the critic
+@pytest.mark.slow  # a verl interpreter with torch, verl and vLLM imported: 6-12 s idle; make test-slow / CI
 @needs_verl
 def test_critic_loads_with_sdpa(tmp_path: Path) -> None:
     r = run_verl("""
@@ -298,6 +303,7 @@ def test_critic_loads_with_sdpa(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- vLLM
+@pytest.mark.slow  # a verl interpreter with torch, verl and vLLM imported: 6-12 s idle; make test-slow / CI
 @needs_verl
 def test_vllm_linear_layers_compute_with_their_live_weight() -> None:
     r = run_verl("""
@@ -344,6 +350,7 @@ def test_vllm_linear_layers_compute_with_their_live_weight() -> None:
         assert r["original"] == [[False, None, None], [True, True, False]]
 
 
+@pytest.mark.slow  # a verl interpreter with torch, verl and vLLM imported: 6-12 s idle; make test-slow / CI
 @needs_verl
 def test_vllm_alias_gives_verl_a_vllm_version() -> None:
     r = run_verl("""
