@@ -482,6 +482,7 @@ def small_verl_space(**changes: Any) -> Space:
 
 
 @needs_verl
+@pytest.mark.slow  # three compositions in verl's interpreter: ~20 s; make test-slow / CI
 def test_verl_s_cpu_interpreter_runs_cpu_trials_and_is_refused_for_gpu_trials() -> None:
     """`make install-verl`'s venv (CPU torch, vLLM's CPU build, the CPU platform plugin) runs trials that get no GPU;
     trials handed GPUs need a CUDA build (one line naming both ways out); a space whose trials run the stand-in
