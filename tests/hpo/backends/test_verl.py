@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import optuna
 import pytest
 import yaml
 
@@ -824,54 +823,4 @@ def test_the_driver_runner_runs_a_verl_trial_and_cleans_up(fake_verl: dict[str, 
     assert (trials / "0" / "ray_logs" / "raylet.out").read_text().startswith("stand-in raylet")
 
 
-# ----------------------------------------------------------------------------- through the driver
-@pytest.mark.slow
-@needs_verl
-def test_a_verl_study_through_the_driver_with_the_stand_in(fake_verl: dict[str, str], tmp_path: Path) -> None:
-    """`verl-hpo search` on a verl space: corners composed by real verl (.venv-verl), trials run by the stand-in
-    (found first on the trials' PYTHONPATH), driver keys appended, values told, checkpoints in the trial dirs;
-    then a SIGTERMed search's retry resumes from the interrupted trial's last checkpoint."""
-    raw = read_yaml(SPACE_FILE)
-    raw["overrides"].update({"trainer.total_training_steps": 8, "trainer.test_freq": 2, "trainer.save_freq": 2,
-                             "+fake.step_s": 0.15, "actor_rollout_ref.actor.ppo_mini_batch_size": 16})
-    raw["params"] = {"actor_lr": raw["params"]["actor_lr"], "fake_x": {"key": "+fake.x", "type": "float",
-                                                                        "low": 0.0, "high": 1.0}}
-    raw["study"] = {"n_trials": 2, "pruner": {"type": "none"}, "heartbeat_interval": 1, "grace_period": 5}
-    raw["trial"] = {"backend": "verl", "python": str(VERL_PY), "devices": ["0"], "timeout_s": 120,
-                    "env": {"PYTHONPATH": fake_verl["PYTHONPATH"], "FAKE_VERL_ALL_KEYS": "1",
-                            _verl.SKIP_INTERPRETER_CHECK: "1"}}
-    space = tmp_path / "verl_fake.yaml"
-    space.write_text(yaml.safe_dump(raw, sort_keys=False))
-    studies = tmp_path / "studies"
-    driver = subprocess.Popen([PY, "-m", "hpo", "search", "--space", str(space), "--studies-dir", str(studies)],
-                              cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = studies / "verl_fake" / "trials" / "0"
-    deadline = time.monotonic() + 180
-    while (_verl.checkpoint_step(first / "checkpoints") or 0) < 4 and time.monotonic() < deadline:
-        if driver.poll() is not None:
-            break
-        time.sleep(0.1)
-    driver.send_signal(signal.SIGTERM)
-    _, err = driver.communicate(timeout=60)
-    assert driver.returncode == 143, err
-    res = subprocess.run([PY, "-m", "hpo", "resume", "--study", "verl_fake", "--studies-dir", str(studies)],
-                         cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    trials = optuna.load_study(study_name="verl_fake", storage=f"sqlite:///{studies / 'verl_fake.db'}").trials
-    assert trials[0].state == optuna.trial.TrialState.FAIL
-    retry = next(t for t in trials if t.system_attrs.get("failed_trial") == 0)
-    assert retry.state == optuna.trial.TrialState.COMPLETE and retry.params == trials[0].params
-    argv = json.loads((studies / "verl_fake" / "trials" / str(retry.number) / "command.json").read_text())["argv"]
-    assert argv[1:3] == ["-m", "verl.trainer.main_ppo"] and f"trainer.experiment_name=trial-{retry.number}" in argv
-    assert any(a.startswith(f"trainer.resume_from_path={first / 'checkpoints'}/global_step_") for a in argv)
-    resumed = steps(studies / "verl_fake" / "trials" / str(retry.number) / "metrics.attempt1.jsonl")
-    assert resumed[0] >= 4 and resumed[-1] == 8  # continued after the checkpoint, not from step 0
-    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 2
-    # the earlier attempt's evaluations up to the checkpoint were replayed: the retry's curve starts at step 0
-    resumed_from = retry.user_attrs["resumed_from_step"]
-    assert resumed_from >= 4 and retry.user_attrs["replayed_steps"] >= resumed_from
-    assert min(retry.intermediate_values) == 0 and max(retry.intermediate_values) == 8
-    assert {s for s in retry.intermediate_values if s <= resumed_from} == set(range(0, resumed_from + 1, 2))
-    # a finished trial keeps no checkpoint (keep_checkpoints 0); the interrupted one's went with its retry
-    assert not list((studies / "verl_fake" / "trials").glob("*/checkpoints"))
-    assert retry.user_attrs["checkpoint_gb"] > 0
+# through the driver: real verl on the CPU, tests/hpo/backends/test_verl_real.py

@@ -1,7 +1,7 @@
 """The verl backend under population-based training: a segment's argv (resume_path from another member's
 checkpoint, the weights only) composes with verl 0.9.1's own config; verl's own checkpoint manager shows why the
-weights only (the restored optimizer's learning rate wins otherwise) and that the config's rate wins with it; and
-the stand-in ``main_ppo`` logs the new ``actor/lr`` from the resumed step on."""
+weights only (the restored optimizer's learning rate wins otherwise) and that the config's rate wins with it. A real
+verl segment logging the new ``actor/lr`` from the resumed step on: ``test_verl_real.py``."""
 
 from __future__ import annotations
 
@@ -12,41 +12,8 @@ from pathlib import Path
 import pytest
 
 from hpo.backends.verl._check import compose_corners
-from hpo.backends.verl._launch import verl_argv, verl_env, verl_metrics_path, verl_overrides, weights_only_overrides
-from hpo.execution import MetricsTail
-from tests.hpo.backends.test_verl import VERL_PY, fake_verl, needs_verl  # noqa: F401 - the fixture
-
-BASE = {"trainer.test_freq": 2, "+fake.step_s": 0.01, "algorithm.adv_estimator": "gae"}
-
-
-def run_segment(env: dict[str, str], trials: Path, number: int, end: int, lr: float, resume: Path | None,
-                weights_only: bool) -> list[tuple[int, dict]]:
-    """A trial as the driver launches a pbt segment (hpo.study._population.segment_overrides)."""
-    trial_dir = trials / str(number)
-    trial_dir.mkdir(parents=True)
-    seg = [f"trainer.total_training_steps={end}", f"trainer.save_freq={end}"]
-    seg += weights_only_overrides() if weights_only else []
-    overrides = verl_overrides(BASE, {"actor_rollout_ref.actor.optim.lr": lr})
-    argv = verl_argv(str(VERL_PY), "ppo_trainer", [*overrides, *seg], "s", number, trial_dir, 1, resume)
-    res = subprocess.run(argv, env=verl_env(env, trial_dir, 0), capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return MetricsTail(verl_metrics_path(trial_dir, 0)).read()
-
-
-@pytest.mark.slow  # a real verl (or stand-in) process: ~20-60 s; make test-slow / CI
-def test_a_segment_continues_another_members_checkpoint_with_its_own_lr(fake_verl: dict[str, str],  # noqa: F811
-                                                                       tmp_path: Path) -> None:
-    trials = tmp_path / "trials"
-    first = run_segment(fake_verl, trials, 0, 4, 1e-5, None, False)
-    assert {d["actor/lr"] for s, d in first if s > 0} == {1e-5}
-    ckpt = trials / "0" / "checkpoints" / "global_step_4"
-    assert (ckpt / "actor").is_dir()
-    seg = run_segment(fake_verl, trials, 1, 8, 3e-4, ckpt, True)
-    assert [s for s, d in seg if "actor/lr" in d] == [5, 6, 7, 8]  # the step numbering continues
-    assert {d["actor/lr"] for _, d in seg if "actor/lr" in d} == {3e-4}
-    # without the weights-only load, verl restores the optimizer and scheduler: the checkpoint's rate wins
-    stale = run_segment(fake_verl, trials, 2, 8, 3e-4, ckpt, False)
-    assert {d["actor/lr"] for _, d in stale if "actor/lr" in d} == {1e-5}
+from hpo.backends.verl._launch import verl_argv, weights_only_overrides
+from tests.hpo.backends.test_verl import VERL_PY, needs_verl
 
 
 @pytest.mark.slow  # ~10-30 s on 2 cores: verl's imports and one hydra composition
