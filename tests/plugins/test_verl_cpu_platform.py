@@ -373,3 +373,29 @@ def test_vllm_alias_gives_verl_a_vllm_version() -> None:
     assert r["versions"] == ["0.27.1+cpu", "0.27.1"]
     assert r["without_alias"].startswith("ValueError: vllm version None not supported"), r["without_alias"]
     assert r["verl_vllm"] == ["0.27.1+cpu", "vllm.entrypoints.llm"]
+
+
+@pytest.mark.slow  # a verl interpreter with transformers imported: ~6 s idle; make test-slow / CI
+@needs_verl
+def test_one_thread_at_a_time_in_a_fast_tokenizer_s_encode() -> None:
+    """verl's agent-loop worker runs agent loops in threads on one tokenizer; ``_encode_plus`` sets the Rust
+    tokenizer's truncation before it encodes, and a segfault in it was seen on the CPU. Under the plugin the
+    method holds a lock, and 8 threads that switch truncation on and off get what one thread gets."""
+    r = run_verl("""
+        import concurrent.futures as cf
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+        from transformers import PreTrainedTokenizerFast
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+        result["locked"] = getattr(TokenizersBackend._encode_plus, "_verl_cpu", False)
+        raw = Tokenizer(models.BPE(unk_token="[UNK]"))
+        raw.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(),
+                                                     pre_tokenizers.Digits(individual_digits=True)])
+        raw.train_from_iterator([f"{i}+{i}=" for i in range(100)], trainers.BpeTrainer(special_tokens=["[UNK]"]))
+        tok = PreTrainedTokenizerFast(tokenizer_object=raw)
+        enc = lambda i: tok.encode(f"{i}+{i}=", add_special_tokens=False, truncation=i % 2 == 0, max_length=3)
+        alone = [enc(i) for i in range(400)]
+        with cf.ThreadPoolExecutor(8) as pool:
+            result["same"] = list(pool.map(enc, range(400))) == alone
+        result["truncated"] = len(enc(10)) == 3 and len(enc(11)) > 3
+    """, setup="import verl\n")
+    assert r["locked"] and r["same"] and r["truncated"]

@@ -9,6 +9,8 @@
   ``attn_implementation="flash_attention_2"`` that no override reaches; flash-attn needs CUDA. Loaded with sdpa.
 * ``verl.workers.engine.fsdp.transformer_impl.CPUOffloadPolicy``: FSDP2 forward-only models (the reference) get
   ``CPUOffloadPolicy(pin_memory=True)``; pinning host memory needs an accelerator. No pinning.
+* ``transformers``' fast tokenizer ``_encode_plus``: a lock (verl's agent loops share one tokenizer across threads;
+  a segfault seen on the CPU).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import functools
 import importlib.abc
 import importlib.machinery
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -83,10 +86,32 @@ def _patch_offload_policy(module: ModuleType) -> None:
     module.CPUOffloadPolicy = unpinned
 
 
-# verl module -> the patch applied right after it is executed
+def _patch_tokenizer_lock(module: ModuleType) -> None:
+    """One thread at a time in a fast tokenizer's ``_encode_plus``: it sets the Rust tokenizer's truncation and
+    padding, then encodes, and verl's agent-loop worker runs many agent loops in threads on one tokenizer
+    (``verl/experimental/agent_loop/agent_loop.py``; ``utils/tokenizer/continuous_token.py`` encodes in each
+    loop's ``__init__``). Seen on 2 cores: "Fatal Python error: Segmentation fault" in ``_encode_plus``, after which
+    the trial hangs on the dead worker (1 trial in about 25)."""
+    backend = module.TokenizersBackend
+    original = backend._encode_plus
+    if getattr(original, "_verl_cpu", False):
+        return
+    lock = threading.RLock()
+
+    @functools.wraps(original)
+    def _encode_plus(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return original(self, *args, **kwargs)
+
+    _encode_plus._verl_cpu = True  # type: ignore[attr-defined]
+    backend._encode_plus = _encode_plus
+
+
+# module -> the patch applied right after it is executed
 ON_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "verl.utils.model": _patch_valuehead,
     "verl.workers.engine.fsdp.transformer_impl": _patch_offload_policy,
+    "transformers.tokenization_utils_tokenizers": _patch_tokenizer_lock,
 }
 
 
