@@ -40,7 +40,7 @@ def write_space(tmp_path: Path, steps: int, save_freq: int, **trial: Any) -> Pat
     raw["overrides"].update({"trainer.total_training_steps": steps, "trainer.test_freq": 2,
                              "trainer.save_freq": save_freq})
     raw["params"]["actor_lr"].update(low=2e-4, high=1e-3)  # learns within 4 steps (0.02 -> 0.2-0.7 at step 2-4)
-    raw["trial"].update(trial)
+    raw["trial"].update({"timeout_s": 600, **trial})  # a 4-6 step trial takes 4-6 min on a loaded 2-core host
     path = tmp_path / "verl_cpu.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
