@@ -7,11 +7,14 @@ test-slow`` / CI."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,30 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not VERL_PY.exists(), reason="real verl is not installed: run `make install-verl`"),
 ]
+
+
+def _segfaulted(root: Path) -> bool:
+    return any("Segmentation fault" in p.read_text(errors="replace") for p in root.rglob("stderr*.log"))
+
+
+def once_more_after_a_segfault(test: Callable[[Path], None]) -> Callable[[Path], None]:
+    """Run ``test`` again (in a fresh directory, with a warning) when it failed and a verl worker of its trials died
+    of a segfault: a fast tokenizer shared by verl's agent-loop threads crashed once in ~25 trials before the CPU
+    plugin locked ``_encode_plus`` (plugins/verl-cpu/verl_cpu_platform/_patches.py). Any other failure fails."""
+    @functools.wraps(test)
+    def run(tmp_path: Path) -> None:
+        first = tmp_path / "first"
+        first.mkdir()
+        try:
+            test(first)
+        except AssertionError:
+            if not _segfaulted(first):
+                raise
+            warnings.warn("a verl worker died of a segfault: the test runs once more", stacklevel=1)
+            again = tmp_path / "again"
+            again.mkdir()
+            test(again)
+    return run
 
 
 def write_space(tmp_path: Path, steps: int, save_freq: int, **trial: Any) -> Path:
@@ -77,6 +104,7 @@ def load(studies: Path, name: str = "verl_cpu") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{studies / f'{name}.db'}")
 
 
+@once_more_after_a_segfault
 def test_a_real_verl_study_of_four_trials_two_at_once_with_collapses_and_mlflow_curves(tmp_path: Path) -> None:
     """Four real verl trials, two at a time on one host (verl binds its weight-sync socket at a fixed /tmp path: each
     trial has a /tmp of its own). The start-up design deals the learning rate's two choices twice each: at 5e-4
@@ -128,6 +156,7 @@ def test_a_real_verl_study_of_four_trials_two_at_once_with_collapses_and_mlflow_
     assert sorted(c for c in curves if c)[-2:] == [[0, 2, 4], [0, 2, 4]]  # the healthy trials' whole curves
 
 
+@once_more_after_a_segfault
 def test_a_killed_driver_s_real_verl_trial_resumes_from_verl_s_checkpoint(tmp_path: Path) -> None:
     """The driver is SIGKILLed while its real verl trial trains past its step-2 checkpoint: the trial's processes
     die with it; ``resume`` continues from verl's own ``global_step_2`` (``resume_mode=resume_path``) and replays
@@ -183,6 +212,7 @@ def run_segment(tmp_path: Path, number: int, end: int, lr: float, resume: Path |
     return MetricsTail(verl_metrics_path(trial_dir, 0)).read()
 
 
+@once_more_after_a_segfault
 def test_a_pbt_segment_continues_a_real_verl_checkpoint_with_its_own_learning_rate(tmp_path: Path) -> None:
     """PBT's hand-over through verl's real checkpoint: the next segment resumes from ``global_step_2`` of the
     previous one (the weights only) and trains steps 3-4 with its own learning rate, not the checkpoint's."""
