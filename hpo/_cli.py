@@ -1,4 +1,4 @@
-"""``verl-hpo search | resume | worker | confirm | validate | dashboard | track | best``.
+"""``verl-hpo search | resume | worker | confirm | validate | rehearse | dashboard | track | best``.
 
 Exit codes: 0 done; 2 bad input (one ``error: ...`` line on stderr, no study created or touched);
 1 runtime error; 130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP (running trials queued for ``resume``;
@@ -120,6 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verl spaces: a previous run's verl metrics file; its largest response_length/mean and "
                         "prompt_length/mean are the expected lengths (a corner is refused only when it does not "
                         "fit at those; the worst case only warns)")
+
+    rh = sub.add_parser("rehearse", help="verl experiments: run the experiment's own pipeline (config, data, reward, "
+                                         "objective, corners, a resume) shrunk to a small model on this CPU, and "
+                                         "report what would fail a real study; exit 0 it would run, 1 it would fail")
+    rh.add_argument("--space", required=True, help="search_spaces/<NAME>.yaml or a path (trial.backend: verl)")
+    rh.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="as for search (e.g. "
+                    "actor_rollout_ref.model.path=/local/model/dir)")
+    rh.add_argument("--tokenizer", type=Path, default=None, metavar="DIR",
+                    help="the model's tokenizer (tokenizer.json, tokenizer_config.json) when neither the model path "
+                         "nor the Hugging Face cache has it")
+    rh.add_argument("--format", choices=("text", "md"), default="text", help="md: a report to paste into a ticket")
+    rh.add_argument("--studies-dir", type=Path, default=None,
+                    help=f"its files go to <studies-dir>/rehearsals/<space> (default ${ENV_STUDIES_DIR} or ./studies)")
 
     d = sub.add_parser("dashboard", help="write <studies-dir>/<study>/dashboard.html (one self-contained page)")
     d.add_argument("--study", required=True)
@@ -425,6 +438,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 except OSError as err:
                     return _fail(f"--metrics {args.metrics}: unreadable ({err.strerror or err})")
             return validate_space(space, resolve_devices(space.trial), sys.stdout, lengths=lengths)
+        if args.cmd == "rehearse":
+            from hpo.backends._rehearse import rehearse
+
+            space = load_checked_space(args.space, list(args.override),
+                                       Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR))))
+            if not space.trial.is_verl:
+                return _fail(f"{space.source}: trial.backend is {space.trial.backend!r}: rehearse runs verl "
+                             "experiments (trial.backend: verl)")
+            if args.tokenizer is not None and not args.tokenizer.expanduser().is_dir():
+                return _fail(f"--tokenizer {args.tokenizer}: not a directory")
+            tokenizer = None if args.tokenizer is None else args.tokenizer.expanduser().resolve()
+            return rehearse(space, studies_dir.resolve(), tokenizer=tokenizer, fmt=args.format)
         if args.cmd == "search":
             overrides = list(args.override)
             if args.n_trials is not None:

@@ -15,9 +15,16 @@ The budget of a trial: on its GPUs the free memory (nvidia-smi) of the tightest 
 Real verl spaces (``trial.backend: verl``) are estimated by :func:`predict_verl`: each corner is composed by
 hydra in verl's interpreter (``hpo/backends/verl/_compose.py``, the keys of ``verl_core.memory_verl.VERL_MEMORY_KEYS``
 selected) and ``verl_core.memory_verl.judge_verl`` does the arithmetic here (its module docstring has the mapping
-and its limits), twice: at the expected sequence lengths (``lengths``: e.g. ``verl-hpo validate --metrics`` of a
-previous run's metrics file) and in the worst case (every sequence at its maximum). A corner is refused only when
-its expected peak does not fit; when only the worst case does not, it passes with a warning.
+and its limits), twice: at the expected sequence lengths and in the worst case (every sequence at its maximum). A
+corner is refused only when its expected peak does not fit; when only the worst case does not, it passes with a
+warning that names the lengths it assumed. The expected lengths are a previous run's (``lengths``: ``verl-hpo
+validate --metrics`` of its metrics file); without one, the mean prompt length measured from the user's data (the
+first :data:`MEASURED_PROMPTS` training prompts, tokenized with the model's own tokenizer and chat template in verl's
+interpreter, before anything is launched; ``data.max_prompt_length`` when the tokenizer is not here) and a short
+response of :data:`SHORT_RESPONSE_TOKENS` (prompts that cannot be measured here: ``data.max_prompt_length``, and a
+corner is then never refused, only warned about). Until the estimate is checked against measured GPU peaks, it
+refuses only what cannot fit even then: judged at the worst case, it refused verl's own device_tuning minimum
+configs (Qwen2-7B on 2 GPUs, Qwen2.5-Coder-14B on 4, Qwen2-72B on 32), which verl documents as running.
 verl always trains on GPUs: with none visible (``validate`` on a laptop) the budget is ``trial.memory_limit_gb``,
 else a GPU of :data:`ASSUMED_GPU_GB` GiB, whose size also sets vLLM's ``gpu_memory_utilization`` share.
 """
@@ -39,6 +46,8 @@ if TYPE_CHECKING:
 MAX_CORNERS = 64
 GiB = 2**30
 ASSUMED_GPU_GB = 80  # an A100/H100 80 GB: the GPU a verl estimate assumes when none is visible
+MEASURED_PROMPTS = 256  # verl: training prompts tokenized for the expected prompt length
+SHORT_RESPONSE_TOKENS = 64  # verl: the response length a corner must fit at when no previous run's lengths are known
 
 
 @dataclass(frozen=True)
@@ -116,10 +125,14 @@ def _verl_budget(space: Space, devices: Sequence[str], gpu_total_bytes: int | No
 
 
 def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], n_gpus: int,
-                       python: str | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Compose each corner in verl's interpreter (as ``hpo.backends.verl.hpo.backends.verl.compose_corners`` does, with
+                       python: str | None = None, measure_prompts: int = 0,
+                       extra_select: Sequence[str] = ()) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Compose each corner in verl's interpreter (as ``hpo.backends.verl.compose_corners`` does, with
     ``trainer.n_gpus_per_node=<n_gpus> trainer.nnodes=1`` last) and return per corner verl's ``info`` (use of a
-    critic / reference) and the values of ``VERL_MEMORY_KEYS``. SpaceError for a corner verl rejects."""
+    critic / reference) and the values of ``VERL_MEMORY_KEYS``. SpaceError for a corner verl rejects.
+    ``measure_prompts``: the first corner's ``info["prompt_lengths"]`` holds the token counts of that many training
+    prompts (``{"mean", "max", "rows", "tokenizer"}``, or ``{"error": ...}`` when they cannot be measured here).
+    ``extra_select``: more keys whose values are returned beside ``VERL_MEMORY_KEYS``'."""
     import json
     import subprocess
     from pathlib import Path
@@ -134,7 +147,7 @@ def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], 
         config_dir, name = str(path.parent), path.stem
     gpus = [format_override("trainer.n_gpus_per_node", max(1, n_gpus)), format_override("trainer.nnodes", 1)]
     request = {"config_dir": config_dir, "config_name": name, "corners": [[*c, *gpus] for c in corner_overrides],
-               "select": list(VERL_MEMORY_KEYS)}
+               "select": list(dict.fromkeys([*VERL_MEMORY_KEYS, *extra_select])), "measure_prompts": measure_prompts}
     try:
         res = subprocess.run([python, str(COMPOSE_SCRIPT)], input=json.dumps(request), capture_output=True,
                              text=True, timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
@@ -148,12 +161,31 @@ def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], 
     for overrides, r in zip(corner_overrides, reply["results"], strict=True):
         if not r["ok"]:
             raise SpaceError(f"{space.source}: memory estimate: {' '.join(overrides)}: {r['message']}")
-        out.append((r["info"], r["selected"]))
+        info = r["info"] if "prompt_lengths" not in r else {**r["info"], "prompt_lengths": r["prompt_lengths"]}
+        out.append((info, r["selected"]))
     return out
 
 
+def data_lengths(values: dict[str, Any], measured: dict[str, Any] | None) -> SequenceLengths:
+    """The lengths a verl corner must fit at when no previous run's are known: the mean prompt measured from the
+    data (``measured``: :func:`verl_memory_inputs`' ``prompt_lengths``), else ``data.max_prompt_length``, and a
+    response of :data:`SHORT_RESPONSE_TOKENS` (at most ``data.max_response_length``)."""
+    from verl_core.memory_verl import SequenceLengths
+
+    max_prompt = float(values.get("data.max_prompt_length") or 512)
+    response = float(min(SHORT_RESPONSE_TOKENS, int(values.get("data.max_response_length") or SHORT_RESPONSE_TOKENS)))
+    if measured and "mean" in measured:
+        return SequenceLengths(min(float(measured["mean"]), max_prompt), response,
+                               f"prompts measured from {measured.get('rows')} rows of the training data, a "
+                               f"{response:.0f}-token response assumed")
+    why = (measured or {}).get("error") or "the data was not measured"
+    return SequenceLengths(max_prompt, response, f"prompts at data.max_prompt_length ({why}), a {response:.0f}-token "
+                                                 "response assumed")
+
+
 def _verl_prediction(space: Space, info: dict[str, Any], values: dict[str, Any], devices: Sequence[str],
-                     gpu_total_bytes: int | None, lengths: SequenceLengths | None) -> Prediction:
+                     gpu_total_bytes: int | None, lengths: SequenceLengths | None, refuse: bool = True) -> Prediction:
+    """One corner's verdict; ``refuse=False`` (lengths assumed, not measured) turns a refusal into a warning."""
     from verl_core.config import ConfigError
     from verl_core.memory_verl import ModelConfigUnavailable, judge_verl
 
@@ -174,7 +206,12 @@ def _verl_prediction(space: Space, info: dict[str, Any], values: dict[str, Any],
     # Refused only when the expected peak does not fit the GPU itself: verl's largest phase is vLLM's reserved
     # slice (gpu_memory_utilization), which is already a fraction of the GPU, so a margin on top would refuse verl's
     # own quickstart (21.8 of 22.5 GiB). The margin (and the worst case) only warn.
-    return Prediction(v.expected.total, budget, source, "cuda", v.expected.not_fitting(budget, 0.0), table,
+    problem = v.expected.not_fitting(budget, 0.0)
+    if problem and not refuse:
+        assumed = v.lengths.describe() if v.lengths else "unknown"
+        return Prediction(v.expected.total, budget, source, "cuda", None, table, v.worst.total,
+                          f"not refused, since its prompts could not be measured ({assumed}): {problem}")
+    return Prediction(v.expected.total, budget, source, "cuda", problem, table,
                       v.worst.total, v.warning(budget, margin) or (
                           None if v.expected.fits(budget, margin) else
                           f"the expected peak is within trial.preflight_margin={margin} of the GPU's memory"))
@@ -185,8 +222,19 @@ def predict_verl_corners(space: Space, corner_overrides: Sequence[Sequence[str]]
                          lengths: SequenceLengths | None = None) -> list[Prediction]:
     """:func:`predict_verl` of several corners with one verl subprocess."""
     n_gpus = len(devices) or space.trial.gpus_per_trial
-    inputs = verl_memory_inputs(space, corner_overrides, n_gpus, python)
-    return [_verl_prediction(space, info, values, devices, gpu_total_bytes, lengths) for info, values in inputs]
+    inputs = verl_memory_inputs(space, corner_overrides, n_gpus, python, 0 if lengths else MEASURED_PROMPTS)
+    return predictions_from_inputs(space, inputs, devices, lengths, gpu_total_bytes)
+
+
+def predictions_from_inputs(space: Space, inputs: Sequence[tuple[dict[str, Any], dict[str, Any]]],
+                            devices: Sequence[str], lengths: SequenceLengths | None,
+                            gpu_total_bytes: int | None = None) -> list[Prediction]:
+    """The verdicts of corners already composed by :func:`verl_memory_inputs` (at the measured prompts when
+    ``lengths`` is None; see the module docstring)."""
+    measured = inputs[0][0].get("prompt_lengths") if inputs else None
+    refuse = lengths is not None or bool(measured and "mean" in measured)
+    return [_verl_prediction(space, info, values, devices, gpu_total_bytes, lengths or data_lengths(values, measured),
+                             refuse) for info, values in inputs]
 
 
 def predict_verl(space: Space, overrides: Sequence[str], devices: Sequence[str] = (),
@@ -196,7 +244,7 @@ def predict_verl(space: Space, overrides: Sequence[str], devices: Sequence[str] 
     ``devices``, else ``trial.gpus_per_trial`` GPUs) against its budget (see the module docstring).
 
     ``gpu_total_bytes``: the GPU's size when no GPU is visible (default :data:`ASSUMED_GPU_GB`). ``lengths``: the
-    expected mean prompt / response lengths (None: the worst case decides). Raises
+    expected mean prompt / response lengths (None: :func:`data_lengths`). Raises
     ``verl_core.memory_verl.ModelConfigUnavailable`` when the model's ``config.json`` cannot be found without a
     download (a hub id not in the cache), SpaceError when verl rejects the config."""
     return predict_verl_corners(space, [overrides], devices, gpu_total_bytes, python, lengths=lengths)[0]

@@ -5,8 +5,10 @@
 Request: ``{"config_dir": DIR or null, "config_name": NAME, "corners": [[override, ...], ...]}`` (null: the
 installed package's ``verl/trainer/config``, as ``python -m verl.trainer.main_ppo`` uses), optionally
 ``"select": [dotted key, ...]``: the values of those keys in each composed corner (interpolations resolved; a
-key the config lacks is null), what the memory estimate reads (``verl_core.memory.VERL_MEMORY_KEYS``). The reply
-is the one line on stdout (everything verl prints goes to stderr):
+key the config lacks is null), what the memory estimate reads (``verl_core.memory.VERL_MEMORY_KEYS``), and
+``"measure_prompts": N``: the token counts of the first N training prompts, in the first corner's result as
+``"prompt_lengths"`` (:func:`measure_prompts`: the model's own tokenizer and chat template, from a local directory or
+the Hugging Face cache, never downloaded). The reply is the one line on stdout (everything verl prints goes to stderr):
 
 * ``{"status": "ok", "results": [one per corner]}``, each ``{"ok": true, "info": {...}, "seconds": s}`` (with
   ``"selected": {key: value}`` when the request selects keys) or
@@ -330,6 +332,77 @@ def describe(cfg: Any, use_critic: bool, use_ref: bool) -> dict[str, Any]:
     }
 
 
+# ----------------------------------------------------------------------------- prompt lengths
+def _tokenizer_source(path: str) -> str | None:
+    """A local directory with the tokenizer of verl model path ``path``: the directory itself, else the newest
+    snapshot of the Hugging Face cache (``$HF_HUB_CACHE``, ``$HF_HOME/hub``) holding a tokenizer; None: neither."""
+    local = os.path.expanduser(path)
+    if os.path.isdir(local):
+        return local
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME", "~/.cache/huggingface"), "hub")
+    snapshots = os.path.join(os.path.expanduser(hub), "models--" + path.replace("/", "--"), "snapshots")
+    found = sorted((os.path.join(snapshots, d) for d in (os.listdir(snapshots) if os.path.isdir(snapshots) else [])
+                    if os.path.isfile(os.path.join(snapshots, d, "tokenizer_config.json"))), key=os.path.getmtime)
+    return found[-1] if found else None
+
+
+def prompt_lengths(tokenizer: Any, paths: list[str], prompt_key: str, rows: int,
+                   chat_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Token counts of the first ``rows`` prompts of the parquet files ``paths`` as verl's ``RLHFDataset`` makes them
+    (``apply_chat_template(messages, add_generation_prompt=True)``; a plain string prompt is tokenized as it is):
+    ``{"mean", "max", "rows", "file"}``; ``{"error": ONE LINE}`` naming the file and row that fails."""
+    import pyarrow.parquet as pq
+
+    counts: list[int] = []
+    for path in paths:
+        table = pq.read_table(os.path.expanduser(path))
+        if prompt_key not in table.column_names:
+            return {"error": f"{path}: no column {prompt_key!r} (data.prompt_key); its columns: "
+                             f"{', '.join(table.column_names)}"}
+        for i, prompt in enumerate(table.column(prompt_key).slice(0, rows - len(counts)).to_pylist()):
+            try:
+                if isinstance(prompt, str):
+                    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+                else:
+                    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                                        **(chat_kwargs or {}))
+                    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            except Exception as err:  # noqa: BLE001 - a row verl's dataset would fail on too
+                return {"error": f"{path} row {i}: {prompt_key!r} cannot be tokenized with the model's chat template "
+                                 f"({type(err).__name__}: {_one_line(str(err))[:300]})"}
+            counts.append(len(ids))
+        if len(counts) >= rows:
+            break
+    if not counts:
+        return {"error": f"{', '.join(paths)}: no rows"}
+    return {"mean": sum(counts) / len(counts), "max": max(counts), "rows": len(counts), "file": paths[0]}
+
+
+def measure_prompts(cfg: Any, rows: int) -> dict[str, Any]:
+    """:func:`prompt_lengths` of ``data.train_files`` with the tokenizer of ``actor_rollout_ref.model.path`` (a local
+    directory or the Hugging Face cache; nothing is downloaded); ``{"error": ...}`` when either is missing."""
+    path = str(_get(cfg, "actor_rollout_ref.model.tokenizer_path") or _get(cfg, "actor_rollout_ref.model.path"))
+    source = _tokenizer_source(path)
+    if source is None:
+        return {"error": f"no tokenizer of {path!r} here (no local directory, not in the Hugging Face cache)"}
+    files = [f for f in _files(_get(cfg, "data.train_files")) if os.path.isfile(os.path.expanduser(f))]
+    if not files:
+        return {"error": "data.train_files: not there yet"}
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - a broken tokenizer directory: no measurement
+        return {"error": f"tokenizer of {path!r}: {type(err).__name__}: {_one_line(str(err))[:300]}"}
+    kwargs = _get(cfg, "data.apply_chat_template_kwargs")
+    from omegaconf import OmegaConf
+
+    kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else dict(kwargs or {})
+    return {**prompt_lengths(tokenizer, files, str(_get(cfg, "data.prompt_key") or "prompt"), rows, kwargs),
+            "tokenizer": source}
+
+
 # ----------------------------------------------------------------------------- compose + validate
 def _culprit(message: str, overrides: list[str]) -> tuple[str | None, str | None]:
     """The override a hydra error message names (``'key'`` in quotes), as (key, value)."""
@@ -382,7 +455,7 @@ def select(cfg: Any, keys: list[str]) -> dict[str, Any]:
 
 
 def check_corner(compose: Any, validate: Any, name: str, overrides: list[str],
-                 keys: list[str] | None = None) -> dict[str, Any]:
+                 keys: list[str] | None = None, measure_rows: int = 0) -> dict[str, Any]:
     """One corner: ``{"ok": true, "info": ...[, "selected": ...]}`` or ``{"ok": false, "key", "value", "message"}``."""
     try:
         cfg = compose(config_name=name, overrides=overrides)
@@ -406,6 +479,8 @@ def check_corner(compose: Any, validate: Any, name: str, overrides: list[str],
     result = {"ok": True, "info": describe(cfg, use_critic, use_ref)}
     if keys:
         result["selected"] = select(cfg, keys)
+    if measure_rows:
+        result["prompt_lengths"] = measure_prompts(cfg, measure_rows)
     return result
 
 
@@ -466,9 +541,11 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
     results = []
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        for overrides in request["corners"]:
+        for i, overrides in enumerate(request["corners"]):
             started = time.monotonic()
-            result = check_corner(compose, validate, name, list(overrides), request.get("select"))
+            # the prompts are the same in every corner unless a corner sets the data or the model: measured once
+            result = check_corner(compose, validate, name, list(overrides), request.get("select"),
+                                  int(request.get("measure_prompts") or 0) if i == 0 else 0)
             result["seconds"] = round(time.monotonic() - started, 3)
             results.append(result)
     return {"status": "ok", "results": results, "interpreter": probe_interpreter()}

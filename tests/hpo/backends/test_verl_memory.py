@@ -267,10 +267,14 @@ def test_model_config_from_a_local_dir_the_hub_cache_or_the_known_list(tmp_path:
 
 
 # ----------------------------------------------------------------------------- the pre-flight on verl spaces
-def _fake_inputs(values: dict[str, Any]) -> Any:
-    def fake(space: Space, corners: Any, n_gpus: int, python: str | None = None) -> Any:
-        return [({"use_critic": False, "use_reference_policy": True},
-                 {**values, "trainer.n_gpus_per_node": n_gpus}) for _ in corners]
+MEASURED = {"mean": 100.0, "max": 160, "rows": 64}  # what verl's interpreter measures from the training prompts
+
+
+def _fake_inputs(values: dict[str, Any], measured: dict[str, Any] | None = MEASURED) -> Any:
+    def fake(space: Space, corners: Any, n_gpus: int, python: str | None = None, measure_prompts: int = 0) -> Any:
+        info = {"use_critic": False, "use_reference_policy": True}
+        return [({**info, **({"prompt_lengths": measured} if measure_prompts and i == 0 and measured else {})},
+                 {**values, "trainer.n_gpus_per_node": n_gpus}) for i, _ in enumerate(corners)]
     return fake
 
 
@@ -305,12 +309,49 @@ def test_validate_with_expected_lengths_passes_with_a_warning_when_only_the_wors
     monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
     space = load_verl_space()
     out = io.StringIO()
-    assert validate_space(space, [], out) == 2  # worst case only: refused
-    out = io.StringIO()
     assert validate_space(space, [], out, lengths=SequenceLengths(60, 60, "a test")) == 0
     text = out.getvalue()
     assert "fits (worst case does not)" in text and "warning: corner" in text and "All checks passed" in text
     assert "at the expected lengths: mean prompt 60, response 60 tokens (a test)" in text
+    # no previous run: the prompts measured from the data (mean 100 tokens) and a 64-token response decide, and the
+    # warning names the lengths it assumed
+    out = io.StringIO()
+    assert validate_space(space, [], out) == 0
+    text = out.getvalue()
+    assert "fits (worst case does not)" in text and "All checks passed" in text
+    assert ("mean prompt 100, response 64 tokens (prompts measured from 64 rows of the training data, a 64-token "
+            "response assumed)") in text
+
+
+def test_a_corner_is_refused_only_on_measured_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Too big even at the measured prompts and a short response: refused. The same config whose prompts could not
+    be measured (no tokenizer here) is judged at data.max_prompt_length, and only warned about."""
+    huge = {**BASE, f"{AR}.actor.ppo_micro_batch_size_per_gpu": 4096, f"{AR}.actor.ppo_mini_batch_size": 4096,
+            "data.train_batch_size": 4096, f"{AR}.model.enable_gradient_checkpointing": False}
+    monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
+    space = load_verl_space()
+    monkeypatch.setattr(_preflight, "verl_memory_inputs", _fake_inputs(huge))
+    assert validate_space(space, [], io.StringIO()) == 2
+    monkeypatch.setattr(_preflight, "verl_memory_inputs",
+                        _fake_inputs(huge, {"error": "no tokenizer of 'Qwen/Qwen2.5-0.5B-Instruct' here"}))
+    out = io.StringIO()
+    assert validate_space(space, [], out) == 0
+    assert "not refused, since its prompts could not be measured (mean prompt 256, response 64 tokens (prompts at " \
+           "data.max_prompt_length (no tokenizer of 'Qwen/Qwen2.5-0.5B-Instruct' here)" in out.getvalue()
+
+
+@pytest.mark.parametrize("case", [c for c in verl_configs.reference_cases() if "device_tuning" in c.name],
+                         ids=lambda c: c.name)
+def test_verls_device_tuning_minimums_pass_at_measured_prompts_though_their_worst_case_does_not_fit(
+        case: verl_configs.Case) -> None:
+    """verl's docs say these run; judged at their worst case they were refused. At the GSM8K prompts they were run
+    with (the reference's prompt length, as a measurement of the data gives it) and a short response, they pass."""
+    worst = judge_verl(case.values, use_critic=case.use_critic, use_ref=case.use_ref, gpu_total_bytes=case.gpu_total)
+    assert worst.verdict(case.gpu_total) == "does_not_fit"
+    lengths = _preflight.data_lengths(case.values, {"mean": case.lengths.prompt, "rows": 256})
+    v = judge_verl(case.values, use_critic=case.use_critic, use_ref=case.use_ref, lengths=lengths,
+                   gpu_total_bytes=case.gpu_total)
+    assert v.verdict(case.gpu_total) == "worst_case_does_not_fit" and lengths.response == 64
 
 
 def test_validate_skips_the_estimate_for_an_unknown_hub_model(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -333,5 +374,6 @@ def test_real_composed_configs_offload_and_sharding(monkeypatch: pytest.MonkeyPa
     eight = predict_verl(space, fixed, devices=[str(i) for i in range(8)], gpu_total_bytes=80 * GiB)
     assert base.fits and base.budget == 80 * GiB
     assert offload.total < base.total and eight.total < base.total
-    assert "micro 8 x 512 tokens" in base.table and "/ 8 GPU(s)" in eight.table
+    # the shipped data is not written here and Qwen's tokenizer is not cached: prompts at max_prompt_length (256)
+    assert "micro 8 x 320 tokens" in base.table and "/ 8 GPU(s)" in eight.table
     assert "2048 tokens (ppo_max_token_len_per_gpu 2048)" in dynamic.table

@@ -1,0 +1,585 @@
+"""``verl-hpo rehearse``: a verl experiment's own pipeline, shrunk, run by verl's real ``main_ppo`` on the CPU in
+minutes, to find what would fail a study hours into its GPU time.
+
+What runs: the user's config and overrides, their data files (the first rows, prompts as they are), their reward
+function, their objective and parameters, with a small model of the same architecture built from the model's
+``config.json`` and the model's own tokenizer (``hpo/backends/verl/_shrink.py``, in verl's interpreter), on the CPU
+platform of :mod:`hpo.backends.verl._cpu`. What is swapped (the model, world size, tensor parallelism, response
+length, loggers) is printed, so the user knows what was not rehearsed.
+
+Corners (:func:`rehearsal_corners`): the default point (``study.baseline`` on the fixed overrides, else verl's own
+values of the tuned keys), every parameter at its low end, every parameter at its high end; each :data:`STEPS`
+steps with validation every step. The default point runs one step more, is killed once its first checkpoint is
+complete, and resumes from it as a retried trial does (``trainer.resume_mode=resume_path``).
+
+Checks (:class:`Finding`, one line each, naming the key, file or row): the data's columns; the reward function on
+every kept validation row; keys the space sets that nothing in verl reads; each corner runs; the objective metric is
+logged under exactly its name; each tuned parameter reaches the trainer where verl logs it back (:data:`ECHOES`);
+non-finite metrics (a property of the corner, reported, not a failure); the checkpoint resumes at its step; the
+memory estimate of each corner on the user's GPUs, at the prompt lengths measured from the data and in the worst
+case. Exit 0 when a real study would run, 1 when it would fail, 2 for a bad file (raised before anything runs).
+The rehearsal's files live under ``<studies-dir>/rehearsals/<space>/`` (trials, shrunk model and data, the report).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from hpo.analysis._files import FileRefused, read_bounded
+from hpo.backends.verl._check import compose_corners, interpreter_problem, trial_base_env
+from hpo.backends.verl._cpu import CPU_OVERRIDES, cpu_overrides, transfer_queue_overrides
+from hpo.backends.verl._launch import (
+    format_override,
+    override_key,
+    verl_argv,
+    verl_cleanup,
+    verl_env,
+    verl_metrics_path,
+    verl_overrides,
+)
+from hpo.backends.verl._resume import checkpoint_step
+from hpo.execution._runner import RunResult, TrialProcess
+from hpo.experiment._space import SpaceError
+
+if TYPE_CHECKING:
+    from hpo.experiment._space import Space
+
+SHRINK_SCRIPT = Path(__file__).parent / "verl" / "_shrink.py"
+STEPS = 2  # training steps of each corner (validation before the first and after every step)
+RESPONSE_TOKENS = 16  # data.max_response_length of the rehearsal
+VAL_ROWS = 8  # validation rows kept (every one is scored by the reward function)
+CORNER_TIMEOUT_S = 900.0
+MARKER = ".verl-hpo-rehearsal"  # in a rehearsal directory: what the driver made and may replace
+# A tuned key and the metric verl 0.9.1 logs it back as (the value of the corner must reach the trainer).
+ECHOES = {
+    "actor_rollout_ref.actor.optim.lr": "actor/lr",
+    "critic.optim.lr": "critic/lr",
+    "actor_rollout_ref.actor.kl_loss_coef": "actor/kl_coef",
+}
+# GPU-only sizes the CPU rehearsal sets to one (each swap is printed when the experiment sets another value).
+ONE_DEVICE_KEYS = ("actor_rollout_ref.rollout.tensor_model_parallel_size",
+                   "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                   "actor_rollout_ref.ref.ulysses_sequence_parallel_size")
+EXIT_PASS, EXIT_FAIL = 0, 1
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of the report: ``level`` ok (a check passed), note (reported, not a failure) or problem (a real
+    study would fail)."""
+
+    check: str
+    level: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RehearsalCorner:
+    name: str  # default, low, high
+    values: dict[str, Any]  # parameter values (by name); the default point has none
+    overrides: list[str]  # the space's trainer overrides for it (fixed + values, or + study.baseline)
+
+
+@dataclass
+class CornerOutcome:
+    corner: RehearsalCorner
+    trial_dir: Path
+    index: int
+    results: list[RunResult] = field(default_factory=list)  # one per attempt
+    records: list[list[dict[str, Any]]] = field(default_factory=list)  # metrics lines per attempt
+    resumed_from: int | None = None  # the default point: the checkpoint step its retry resumed from
+
+
+# ----------------------------------------------------------------------------- the plan
+def rehearsal_corners(space: Space) -> list[RehearsalCorner]:
+    """The default point, every parameter at its low end, every parameter at its high end (a corner equal to one
+    before it is dropped)."""
+    base = verl_overrides({**space.overrides, **space.study.baseline}, {})
+    out = [RehearsalCorner("default", {}, base)]
+    for name, pick in (("low", 0), ("high", -1)):
+        values = {p.name: p.corner_values()[pick] for p in space.params}
+        overrides = verl_overrides(space.overrides, {p.key: values[p.name] for p in space.params})
+        if values and all(c.overrides != overrides for c in out):
+            out.append(RehearsalCorner(name, values, overrides))
+    return out
+
+
+def _shown(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in values.items()) or "the config's own values"
+
+
+def rehearsal_home(studies_dir: Path, space: Space) -> Path:
+    """``<studies-dir>/rehearsals/<space>``, emptied of an earlier rehearsal's files (only a directory that holds
+    :data:`MARKER`, i.e. one the driver made, is ever emptied; anything else there is an error)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", space.name).lstrip(".") or "space"
+    home = studies_dir / "rehearsals" / name
+    if home.is_symlink() or (home.exists() and not (home / MARKER).is_file()):
+        raise SpaceError(f"{home}: exists and was not made by verl-hpo rehearse; remove it or use --studies-dir")
+    if home.exists():
+        shutil.rmtree(home)
+    home.mkdir(parents=True)
+    (home / MARKER).write_text("made by verl-hpo rehearse; replaced by the next rehearsal of this experiment\n")
+    return home
+
+
+# ----------------------------------------------------------------------------- verl's interpreter
+def _script(python: str, script: Path, request: dict[str, Any], timeout_s: float,
+            env: Mapping[str, str]) -> dict[str, Any]:
+    try:
+        res = subprocess.run([python, str(script)], input=json.dumps(request), capture_output=True, text=True,
+                             timeout=timeout_s, env={**env, "HYDRA_FULL_ERROR": "1"})
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "message": f"{script.name} took over {timeout_s:.0f} s"}
+    except (OSError, IndexError, ValueError) as err:
+        return {"status": "error", "message": f"{script.name} in {python} failed ({type(err).__name__})"}
+
+
+def _config_request(config: str) -> dict[str, Any]:
+    from hpo.backends.verl._launch import is_config_path
+
+    if is_config_path(config):
+        path = Path(config).expanduser().resolve()
+        return {"config_dir": str(path.parent), "config_name": path.stem}
+    return {"config_dir": None, "config_name": config}
+
+
+# ----------------------------------------------------------------------------- running the corners
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    """The metrics lines of a trial's file (a regular file of at most 64 MiB; a bad line is skipped)."""
+    try:
+        text = read_bounded(path, str(path), 64 << 20).decode("utf-8", "replace")
+    except (OSError, FileRefused):
+        return []
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and isinstance(rec.get("data"), dict):
+            out.append(rec)
+    return out
+
+
+@dataclass
+class _Runner:
+    space: Space
+    python: str
+    home: Path
+    shrunk: list[str]  # overrides every corner gets (tiny model, data, lengths, steps)
+    timeout_s: float
+    say: Callable[[str], None]
+
+    def corner_overrides(self, corner: RehearsalCorner, steps: int, save_freq: int) -> list[str]:
+        own = [o for o in corner.overrides if override_key(o) != "trainer.logger"]  # no tracker from a rehearsal
+        return [*own, *self.shrunk, format_override("trainer.total_training_steps", steps),
+                format_override("trainer.save_freq", save_freq)]
+
+    def attempt(self, outcome: CornerOutcome, overrides: list[str], attempt: int, resume_from: Path | None,
+                stop_at_checkpoint: bool) -> RunResult:
+        trial_dir = outcome.trial_dir
+        argv = verl_argv(self.python, self.space.config, overrides, f"rehearse-{self.space.name}", outcome.index,
+                         trial_dir, 0, resume_from)
+        env = verl_env({**os.environ, **trial_base_env(self.space)}, trial_dir, attempt, cpu=True)
+        stop = threading.Event()
+
+        def tick(_step: int | None, _gb: float) -> None:
+            if stop_at_checkpoint and (checkpoint_step(trial_dir / "checkpoints") or 0) >= 1:
+                stop.set()  # killed as a crashed trial would be, after its first complete checkpoint
+
+        log_dir = trial_dir if attempt == 0 else trial_dir / f"attempt{attempt}"
+        try:
+            metrics = verl_metrics_path(trial_dir, attempt)
+            result = TrialProcess(argv=argv, env=env, log_dir=log_dir, metrics_path=metrics,
+                                  timeout_s=self.timeout_s, on_tick=tick, stop_event=stop,
+                                  private_tmp=trial_dir / f"slash-tmp{attempt}").run()
+        finally:
+            verl_cleanup(trial_dir, attempt, keep_logs=False)
+        outcome.results.append(result)
+        outcome.records.append(_read_records(verl_metrics_path(trial_dir, attempt)))
+        return result
+
+    def run(self, corner: RehearsalCorner, index: int) -> CornerOutcome:
+        outcome = CornerOutcome(corner, self.home / "trials" / f"{index}-{corner.name}", index)
+        outcome.trial_dir.mkdir(parents=True)
+        started = time.monotonic()
+        self.say(f"  corner {corner.name} ({_shown(corner.values)}) started")
+        if corner.name != "default":
+            result = self.attempt(outcome, self.corner_overrides(corner, STEPS, -1), 0, None, False)
+        else:  # one step more than the others, killed after its first checkpoint, then resumed from it
+            overrides = self.corner_overrides(corner, STEPS + 1, 1)
+            result = self.attempt(outcome, overrides, 0, None, True)
+            step = checkpoint_step(outcome.trial_dir / "checkpoints")
+            if result.stop == "interrupted" and step is not None:
+                outcome.resumed_from = step
+                self.say(f"  corner default killed after its checkpoint of step {step}; resuming from it")
+                result = self.attempt(outcome, overrides, 1,
+                                      outcome.trial_dir / "checkpoints" / f"global_step_{step}", False)
+        how = "ok" if result.exit_code == 0 else result.failure or result.stop or f"exit {result.exit_code}"
+        self.say(f"  corner {corner.name} ended: {how} in {time.monotonic() - started:.0f} s")
+        return outcome
+
+
+# ----------------------------------------------------------------------------- checks on what the corners logged
+def _train_steps(records: Sequence[dict[str, Any]]) -> list[int]:
+    return [r["step"] for r in records if any(k.startswith("actor/") for k in r["data"])]
+
+
+_EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (\S.*)$")
+_WRAPPERS = {"RayTaskError", "EngineDeadError", "RayActorError", "ActorDiedError", "ActorUnavailableError"}
+
+
+def root_cause(log_dir: Path) -> str | None:
+    """The first exception line in a verl run's logs (stdout then stderr, where Ray and vLLM print their workers'
+    tracebacks) that is not one of Ray's or vLLM's wrappers around another process's failure."""
+    for name in ("stdout.log", "stderr.log"):
+        try:
+            text = read_bounded(log_dir / name, name, 32 << 20).decode("utf-8", "replace")
+        except (OSError, FileRefused):
+            continue
+        for line in text.splitlines():
+            m = _EXCEPTION.search(re.sub(r"\x1b\[[0-9;]*m", "", line))
+            if m and m.group(1) not in _WRAPPERS and "Warning" not in m.group(1):
+                return f"{m.group(1)}: {m.group(2)}"
+    return None
+
+
+def _failure_line(result: RunResult, log_dir: Path | None = None) -> str:
+    line = result.final_exception or (result.stderr_tail.strip().splitlines() or ["(no output)"])[-1]
+    cause = root_cause(log_dir) if log_dir is not None else None
+    line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+    text = line if cause is None or cause in line else f"{cause} (then: {line})"
+    return " ".join(text.split())[:500]
+
+
+def check_runs(space: Space, outcomes: Sequence[CornerOutcome]) -> list[Finding]:
+    """Every corner ran; the objective metric was logged; tuned values reached the trainer; finite metrics; the
+    default point resumed at its checkpoint's step."""
+    found: list[Finding] = []
+    logged: set[str] = set()
+    for o in outcomes:
+        last = o.results[-1] if o.results else None
+        if last is None or last.exit_code != 0:
+            why = "never started" if last is None else (last.failure or last.stop or f"exit {last.exit_code}")
+            logs = o.trial_dir if len(o.results) <= 1 else o.trial_dir / f"attempt{len(o.results) - 1}"
+            found.append(Finding("run", "problem", f"corner {o.corner.name} ({_shown(o.corner.values)}) failed "
+                                 f"({why}): {_failure_line(last, logs) if last else ''} (logs: {logs})"))
+        else:
+            found.append(Finding("run", "ok", f"corner {o.corner.name} ({_shown(o.corner.values)}) ran "
+                                 f"{max(_train_steps(o.records[-1]), default=0)} steps in "
+                                 f"{sum(r.wall_time_s for r in o.results):.0f} s"))
+        for recs in o.records:
+            for rec in recs:
+                logged.update(rec["data"])
+    found += _objective(space, logged)
+    found += _echoes(space, outcomes)
+    found += _finite(outcomes)
+    found += _resume(outcomes)
+    return found
+
+
+def _objective(space: Space, logged: set[str]) -> list[Finding]:
+    metrics = [space.objective.metric] if space.objective.metric else []
+    metrics += [o.metric for o in getattr(space.objective, "objectives", ()) or () if getattr(o, "metric", None)]
+    if space.early_stopping.enabled and space.early_stopping.metric:
+        metrics.append(space.early_stopping.metric)
+    out = []
+    for metric in dict.fromkeys(metrics):
+        if metric in logged:
+            out.append(Finding("objective", "ok", f"{metric} is logged"))
+            continue
+        if not logged:
+            out.append(Finding("objective", "problem", f"objective metric {metric!r} could not be checked: no corner "
+                               "logged any metric"))
+            continue
+        near = difflib.get_close_matches(metric, sorted(logged), n=5, cutoff=0.0)
+        out.append(Finding("objective", "problem", f"objective metric {metric!r} was never logged; the names logged, "
+                           f"closest first: {', '.join(near)}"))
+    return out
+
+
+def _echoes(space: Space, outcomes: Sequence[CornerOutcome]) -> list[Finding]:
+    out = []
+    for p in space.params:
+        metric = ECHOES.get(override_key(p.key))
+        if metric is None:
+            continue
+        for o in outcomes:
+            if p.name not in o.corner.values or not o.records or not o.results or o.results[-1].exit_code != 0:
+                continue
+            want = float(o.corner.values[p.name])
+            seen = [r["data"][metric] for recs in o.records for r in recs
+                    if isinstance(r["data"].get(metric), (int, float))]
+            if not seen:
+                out.append(Finding("reach", "note", f"params.{p.name}: verl logged no {metric} in corner "
+                                   f"{o.corner.name}, so its value could not be checked"))
+            elif not any(math.isclose(v, want, rel_tol=1e-5, abs_tol=1e-12) for v in seen):
+                out.append(Finding("reach", "problem", f"params.{p.name} ({p.key}) = {want:g} in corner "
+                                   f"{o.corner.name}, but verl logged {metric} = {seen[-1]:g}: the tuned value does "
+                                   "not reach the trainer"))
+            else:
+                out.append(Finding("reach", "ok", f"params.{p.name} reaches the trainer ({metric} = {want:g} in "
+                                   f"corner {o.corner.name})"))
+    return out
+
+
+def _finite(outcomes: Sequence[CornerOutcome]) -> list[Finding]:
+    out = []
+    for o in outcomes:
+        bad = [(r["step"], k) for recs in o.records for r in recs for k, v in r["data"].items()
+               if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            step, key = bad[0]
+            out.append(Finding("finite", "note", f"corner {o.corner.name} ({_shown(o.corner.values)}) logged a "
+                               f"non-finite {key} at step {step} ({len(bad)} values in all): a property of this "
+                               "corner, which the study will record, not a failure of the rehearsal"))
+    return out
+
+
+def _resume(outcomes: Sequence[CornerOutcome]) -> list[Finding]:
+    o = next((o for o in outcomes if o.corner.name == "default"), None)
+    if o is None or not o.results:
+        return []
+    if o.resumed_from is None:
+        if o.results[0].exit_code == 0 or o.results[0].stop == "interrupted":
+            return [Finding("resume", "problem", "corner default saved no complete checkpoint with "
+                            "trainer.save_freq=1, so a retried trial would start over")]
+        return []
+    steps = _train_steps(o.records[-1]) if len(o.records) > 1 else []
+    if o.results[-1].exit_code == 0 and steps and steps[0] == o.resumed_from + 1:
+        return [Finding("resume", "ok", f"the checkpoint of step {o.resumed_from} resumes at step {steps[0]} (the "
+                        "retry logged steps " + ", ".join(map(str, steps)) + ")")]
+    return [Finding("resume", "problem", f"the checkpoint of step {o.resumed_from} did not resume at step "
+                    f"{o.resumed_from + 1}: the retry logged training steps {steps or 'none'}")]
+
+
+# ----------------------------------------------------------------------------- the memory estimate
+def memory_lines(space: Space, corners: Sequence[RehearsalCorner], inputs: Any, python: str) -> list[Finding]:
+    """Each corner's estimate on the user's GPUs: at the prompts measured from the data and a short response (what
+    ``search`` refuses on) and in the worst case."""
+    from hpo.backends._preflight import GiB, predictions_from_inputs
+
+    if space.trial.gpus_per_trial == 0:
+        return [Finding("memory", "note", "trial.gpus_per_trial is 0: the study's trials run on the CPU, as here; "
+                                          "no GPU estimate")]
+    try:
+        preds = predictions_from_inputs(space, inputs, [], None)
+    except Exception as err:  # noqa: BLE001 - ModelConfigUnavailable and SpaceError: reported, not fatal
+        return [Finding("memory", "note", f"no memory estimate: {err}")]
+    out = []
+    for corner, pred in zip(corners, preds, strict=True):
+        level = "ok" if pred.fits else "problem"
+        worst = pred.worst_total if pred.worst_total is not None else pred.total
+        lengths = pred.table.splitlines()[0].removeprefix("at the expected lengths: ")
+        verdict = "fits" if pred.fits and not pred.warning else "fits, but the worst case does not" if pred.fits \
+            else "DOES NOT FIT"
+        out.append(Finding("memory", level, f"corner {corner.name}: {pred.total / GiB:.1f} GiB per GPU at {lengths}; "
+                           f"{worst / GiB:.1f} GiB in the worst case; budget {pred.budget / GiB:.0f} GiB "
+                           f"({pred.budget_source}): {verdict}"))
+    if out and all(f.level == "problem" for f in out):
+        return out
+    return [f if f.level == "ok" else Finding("memory", "note", f.message) for f in out]
+
+
+# ----------------------------------------------------------------------------- the report
+def render(space: Space, swaps: Sequence[str], findings: Sequence[Finding], fmt: str, seconds: float,
+           home: Path) -> str:
+    problems = [f for f in findings if f.level == "problem"]
+    verdict = (f"FAIL: {len(problems)} problem(s); a real study would fail" if problems else
+               "PASS: a real study of this experiment would run")
+    mark = {"ok": "ok", "note": "note", "problem": "PROBLEM"}
+    if fmt == "md":
+        lines = [f"## verl-hpo rehearse: `{space.source}`", "", f"**{verdict}** ({seconds:.0f} s on the CPU; files "
+                 f"in `{home}`)", "", "### Not rehearsed (swapped for the CPU)", ""]
+        lines += [f"- {s}" for s in swaps] + ["", "### Checks", "", "| check | result | detail |", "|---|---|---|"]
+        lines += [f"| {f.check} | {mark[f.level]} | {f.message.replace('|', '/')} |" for f in findings]
+        return "\n".join(lines) + "\n"
+    lines = [f"rehearsal of {space.source}: {verdict} ({seconds:.0f} s; files in {home})", "swapped for the CPU:"]
+    lines += [f"  {s}" for s in swaps]
+    lines += [f"{mark[f.level]:>7}  {f.check}: {f.message}" for f in findings]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- the command
+def _prepare(space: Space, home: Path) -> str | None:
+    """The experiment's prepare step (its data, its model), as ``search`` runs it; one line when it fails."""
+    cmd = space.trial.prepare_command
+    if not cmd:
+        return None
+    argv = [sys.executable if c == "python" and i == 0 else c for i, c in enumerate(cmd)]
+    argv += ["--config", space.config, *space.trainer_overrides({})]
+    result = TrialProcess(argv=argv, env=dict(os.environ), log_dir=home / "prepare",
+                          metrics_path=home / "prepare" / "metrics.jsonl").run()
+    if result.exit_code != 0:
+        return f"trial.prepare_command failed (exit {result.exit_code}): {_failure_line(result)}"
+    return None
+
+
+def _model_configs(selected: Mapping[str, Any], use_critic: bool) -> dict[str, dict[str, Any]]:
+    from verl_core.memory_verl import read_hub_or_local_config
+
+    keys = ["actor_rollout_ref.model.path"]
+    if use_critic and selected.get("critic.model.path") not in (None, selected.get(keys[0])):
+        keys.append("critic.model.path")
+    return {k: read_hub_or_local_config(str(selected.get(k)), k) for k in keys}
+
+
+def _shrunk_overrides(space: Space, reply: Mapping[str, Any], selected: Mapping[str, Any], response_tokens: int,
+                      swaps: list[str]) -> list[str]:
+    """What every corner gets on top of its own overrides, each swap described in ``swaps``."""
+    models = reply["models"]
+    actor = models["actor_rollout_ref.model.path"]
+    out = [format_override("actor_rollout_ref.model.path", actor["dir"])]
+    swaps.append(f"model: {actor['architecture']} {actor['from']} -> {actor['to']} (random weights, float32; "
+                 f"the model's own tokenizer from {actor['tokenizer']}): rewards and learning are not rehearsed")
+    critic = models.get("critic.model.path")
+    if selected.get("critic.model.path") is not None:
+        out.append(format_override("critic.model.path", (critic or actor)["dir"]))
+    data = reply["data"]
+    max_prompt = int(selected.get("data.max_prompt_length") or 512)
+    # the longest kept prompt, so nothing is cut or filtered that the real run keeps, and no padding beyond it
+    prompt = min(max_prompt, max(int(data[s]["prompt_tokens"]["max"]) for s in ("train", "val")))
+    out += [format_override("data.train_files", data["train"]["file"]),
+            format_override("data.val_files", data["val"]["file"]),
+            format_override("data.max_prompt_length", prompt),
+            format_override("data.max_response_length", response_tokens),
+            format_override("trainer.total_epochs", 100), format_override("trainer.test_freq", 1),
+            format_override("trainer.val_before_train", True), format_override("trainer.logger", ["console"])]
+    swaps.append(f"data: the first {data['train']['rows']} training and {data['val']['rows']} validation rows (prompts "
+                 f"as they are: mean {data['train']['prompt_tokens']['mean']:.0f}, longest "
+                 f"{data['train']['prompt_tokens']['max']} tokens); data.max_prompt_length "
+                 f"{max_prompt} -> {prompt}, data.max_response_length "
+                 f"{selected.get('data.max_response_length')} -> {response_tokens}")
+    swaps.append(f"steps: {STEPS} per corner (the default point {STEPS + 1}, killed after its first checkpoint and "
+                 "resumed), validation before the first step and after every step; loggers: console (+ the file "
+                 "logger the driver reads)")
+    gpus = int(selected.get("trainer.n_gpus_per_node") or 1) * int(selected.get("trainer.nnodes") or 1)
+    swaps.append(f"devices: the CPU (verl's CPU platform, gloo, vLLM's CPU build) for trial.gpus_per_trial="
+                 f"{space.trial.gpus_per_trial} ({gpus} GPU(s) in the config): world size, GPU memory and speed are "
+                 "not rehearsed (the memory estimate below is)")
+    for key in ONE_DEVICE_KEYS:
+        if selected.get(key) not in (None, 1):
+            out.append(format_override(key, 1))
+            swaps.append(f"{key}: {selected.get(key)} -> 1")
+    swaps.append("CPU platform overrides: " + ", ".join(sorted({k.lstrip("+") for k in CPU_OVERRIDES})))
+    return out
+
+
+REHEARSAL_SELECT = ("data.max_prompt_length", "data.max_response_length", "data.train_batch_size",
+                    *ONE_DEVICE_KEYS)
+
+
+def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, fmt: str = "text",
+             out: TextIO = sys.stdout, err: TextIO = sys.stderr, python: str | None = None,
+             response_tokens: int = RESPONSE_TOKENS, timeout_s: float = CORNER_TIMEOUT_S,
+             parallel: int = 2) -> int:
+    """Run the rehearsal (see the module docstring) and print its report; the exit code."""
+    from hpo.backends._preflight import MEASURED_PROMPTS, verl_memory_inputs
+    from hpo.backends.verl._launch import default_python
+
+    started = time.monotonic()
+    python = python or space.trial.python or default_python()
+
+    def say(line: str) -> None:
+        print(line, file=err, flush=True)
+
+    home = rehearsal_home(studies_dir, space)
+    findings: list[Finding] = []
+    swaps: list[str] = []
+
+    def finish() -> int:
+        text = render(space, swaps, findings, fmt, time.monotonic() - started, home)
+        (home / ("report.md" if fmt == "md" else "report.txt")).write_text(text)
+        (home / "report.json").write_text(json.dumps([f.__dict__ for f in findings], indent=1))
+        out.write(text)
+        out.flush()
+        return EXIT_FAIL if any(f.level == "problem" for f in findings) else EXIT_PASS
+
+    say(f"rehearsing {space.source} on the CPU in {home}")
+    problem = _prepare(space, home)
+    if problem:
+        findings.append(Finding("prepare", "problem", problem))
+        return finish()
+    corners = rehearsal_corners(space)
+    say(f"composing {len(corners)} corners and measuring the prompts in {python}")
+    try:
+        inputs = verl_memory_inputs(space, [c.overrides for c in corners], max(1, space.trial.gpus_per_trial), python,
+                                    MEASURED_PROMPTS, extra_select=REHEARSAL_SELECT)
+    except SpaceError as bad:
+        findings.append(Finding("config", "problem", str(bad)))
+        return finish()
+    info, selected = inputs[0]
+    try:
+        models = _model_configs(selected, bool(info.get("use_critic")))
+    except Exception as bad:  # noqa: BLE001 - verl_core's ConfigError / ModelConfigUnavailable: one line
+        path = selected.get("actor_rollout_ref.model.path")
+        findings.append(Finding("model", "problem", f"{bad}; to rehearse, fetch config.json, tokenizer.json and "
+                                f"tokenizer_config.json of {path} (https://huggingface.co/{path}) into a directory "
+                                "and set --override actor_rollout_ref.model.path=DIR"))
+        return finish()
+    set_keys = [*space.overrides, *(p.key for p in space.params)]
+    request = {**_config_request(space.config), "overrides": corners[0].overrides, "out": str(home / "shrunk"),
+               "train_rows": max(1, int(selected.get("data.train_batch_size") or 8)) * (STEPS + 1),
+               "val_rows": VAL_ROWS, "tokenizer": str(tokenizer) if tokenizer else None, "models": models,
+               "set_keys": set_keys}
+    say("building the small model, taking the data's first rows, calling the reward function")
+    reply = _script(python, SHRINK_SCRIPT, request, 900.0, {**os.environ, **trial_base_env(space)})
+    if reply.get("status") != "ok":
+        findings.append(Finding("shrink", "problem", f"the rehearsal could not be prepared: {reply.get('message')}"))
+        return finish()
+    for p in reply["problems"]:
+        findings.append(Finding(p["check"], "problem", p["message"]))
+    tuned = {p.key: p.name for p in space.params}
+    for key in reply["unread"]:
+        if key in tuned:
+            findings.append(Finding("reach", "problem", f"params.{tuned[key]}: {key} is not a key of verl's config and "
+                                    f"no file of verl mentions {key.rpartition('.')[2]!r}: the tuned value reaches "
+                                    "no trainer (a typo?)"))
+        else:
+            findings.append(Finding("keys", "note", f"overrides.{key}: not a key of verl's config and no file of verl "
+                                    f"mentions {key.rpartition('.')[2]!r}: nothing reads it"))
+    if reply["problems"] or any(f.level == "problem" for f in findings):
+        return finish()
+    reward = reply["reward"]
+    findings.append(Finding("data", "ok", f"data files have the columns verl reads; {reply['data']['train']['rows']} "
+                            "training prompts tokenized with the model's chat template"))
+    findings.append(Finding("reward", "ok", f"{reward['where']} returned finite numbers in {reward['calls']} calls on "
+                            f"{reply['data']['val']['rows']} validation rows (from {reward['min']:g} to "
+                            f"{reward['max']:g})"))
+    shrunk = _shrunk_overrides(space, reply, selected, response_tokens, swaps)
+    runner = _Runner(space, python, home, shrunk, timeout_s, say)
+    cpu = [[*cpu_overrides(o), *transfer_queue_overrides(o, True), *o]
+           for o in (runner.corner_overrides(c, STEPS, -1) for c in corners)]
+    report = compose_corners(python, space.config, cpu, 0, env={**os.environ, **trial_base_env(space)})
+    for corner, result in zip(corners, report.results, strict=True):
+        if isinstance(result, Exception):
+            findings.append(Finding("config", "problem", f"corner {corner.name} shrunk for the CPU is rejected by "
+                                    f"verl: {result}"))
+        else:
+            why = interpreter_problem(report.interpreter or {}, result, python, cpu=True)
+            if why:
+                findings.append(Finding("interpreter", "problem", why))
+                break
+    if any(f.level == "problem" for f in findings):
+        return finish()
+    say(f"running {len(corners)} corners, {parallel} at a time, with verl's main_ppo on the CPU")
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        outcomes = list(pool.map(runner.run, corners, range(len(corners))))
+    findings += check_runs(space, outcomes)
+    findings += memory_lines(space, corners, inputs, python)
+    return finish()
