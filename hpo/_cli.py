@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the model's tokenizer (tokenizer.json, tokenizer_config.json) when neither the model path "
                          "nor the Hugging Face cache has it")
     rh.add_argument("--format", choices=("text", "md"), default="text", help="md: a report to paste into a ticket")
+    rh.add_argument("--quick", action="store_true", help="the default point only, without the kill and resume: a "
+                                                         "first look in a third of the time")
     rh.add_argument("--studies-dir", type=Path, default=None,
                     help=f"its files go to <studies-dir>/rehearsals/<space> (default ${ENV_STUDIES_DIR} or ./studies)")
 
@@ -449,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.tokenizer is not None and not args.tokenizer.expanduser().is_dir():
                 return _fail(f"--tokenizer {args.tokenizer}: not a directory")
             tokenizer = None if args.tokenizer is None else args.tokenizer.expanduser().resolve()
-            return rehearse(space, studies_dir.resolve(), tokenizer=tokenizer, fmt=args.format)
+            return rehearse(space, studies_dir.resolve(), tokenizer=tokenizer, fmt=args.format, quick=args.quick)
         if args.cmd == "search":
             overrides = list(args.override)
             if args.n_trials is not None:

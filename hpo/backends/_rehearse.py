@@ -184,6 +184,7 @@ class _Runner:
     shrunk: list[str]  # overrides every corner gets (tiny model, data, lengths, steps)
     timeout_s: float
     say: Callable[[str], None]
+    resume: bool = True  # the default point is killed after its first checkpoint and resumed
 
     def corner_overrides(self, corner: RehearsalCorner, steps: int, save_freq: int) -> list[str]:
         own = [o for o in corner.overrides if override_key(o) != "trainer.logger"]  # no tracker from a rehearsal
@@ -219,7 +220,7 @@ class _Runner:
         outcome.trial_dir.mkdir(parents=True)
         started = time.monotonic()
         self.say(f"  corner {corner.name} ({_shown(corner.values)}) started")
-        if corner.name != "default":
+        if corner.name != "default" or not self.resume:
             result = self.attempt(outcome, self.corner_overrides(corner, STEPS, -1), 0, None, False)
         else:  # one step more than the others, killed after its first checkpoint, then resumed from it
             overrides = self.corner_overrides(corner, STEPS + 1, 1)
@@ -466,8 +467,8 @@ def _shrunk_overrides(space: Space, reply: Mapping[str, Any], selected: Mapping[
                  f"{max_prompt} -> {prompt}, data.max_response_length "
                  f"{selected.get('data.max_response_length')} -> {response_tokens}")
     swaps.append(f"steps: {STEPS} per corner (the default point {STEPS + 1}, killed after its first checkpoint and "
-                 "resumed), validation before the first step and after every step; loggers: console (+ the file "
-                 "logger the driver reads)")
+                 "resumed, unless --quick), validation before the first step and after every step; loggers: console "
+                 "(+ the file logger the driver reads)")
     gpus = int(selected.get("trainer.n_gpus_per_node") or 1) * int(selected.get("trainer.nnodes") or 1)
     swaps.append(f"devices: the CPU (verl's CPU platform, gloo, vLLM's CPU build) for trial.gpus_per_trial="
                  f"{space.trial.gpus_per_trial} ({gpus} GPU(s) in the config): world size, GPU memory and speed are "
@@ -487,8 +488,9 @@ REHEARSAL_SELECT = ("data.max_prompt_length", "data.max_response_length", "data.
 def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, fmt: str = "text",
              out: TextIO = sys.stdout, err: TextIO = sys.stderr, python: str | None = None,
              response_tokens: int = RESPONSE_TOKENS, timeout_s: float = CORNER_TIMEOUT_S,
-             parallel: int = 2) -> int:
-    """Run the rehearsal (see the module docstring) and print its report; the exit code."""
+             parallel: int = 2, quick: bool = False) -> int:
+    """Run the rehearsal (see the module docstring) and print its report; the exit code. ``quick``: the default
+    point only, without the resume (the objective, the reward and the keys are still checked)."""
     from hpo.backends._preflight import MEASURED_PROMPTS, verl_memory_inputs
     from hpo.backends.verl._launch import default_python
 
@@ -515,7 +517,7 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
     if problem:
         findings.append(Finding("prepare", "problem", problem))
         return finish()
-    corners = rehearsal_corners(space)
+    corners = rehearsal_corners(space)[:1] if quick else rehearsal_corners(space)
     say(f"composing {len(corners)} corners and measuring the prompts in {python}")
     try:
         inputs = verl_memory_inputs(space, [c.overrides for c in corners], max(1, space.trial.gpus_per_trial), python,
@@ -562,7 +564,7 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
                             f"{reply['data']['val']['rows']} validation rows (from {reward['min']:g} to "
                             f"{reward['max']:g})"))
     shrunk = _shrunk_overrides(space, reply, selected, response_tokens, swaps)
-    runner = _Runner(space, python, home, shrunk, timeout_s, say)
+    runner = _Runner(space, python, home, shrunk, timeout_s, say, resume=not quick)
     cpu = [[*cpu_overrides(o), *transfer_queue_overrides(o, True), *o]
            for o in (runner.corner_overrides(c, STEPS, -1) for c in corners)]
     report = compose_corners(python, space.config, cpu, 0, env={**os.environ, **trial_base_env(space)})

