@@ -181,3 +181,55 @@ def test_the_shipped_gpu_experiment_passes_with_a_local_model(tmp_path: Path) ->
     home = tmp_path / "studies" / "rehearsals" / "verl_grpo_gsm8k"
     assert (home / "report.md").read_text() == out
     assert sorted(p.name for p in (home / "trials").iterdir()) == ["0-default", "1-low", "2-high"]
+
+
+# ----------------------------------------------------------------------------- the shrink step, in verl's interpreter
+@needs_verl
+def test_shrink_builds_a_small_model_of_the_same_architecture_and_keeps_the_first_rows(tmp_path: Path) -> None:
+    """One run of ``_shrink.py`` (a few seconds): the arith model's ``config.json`` -> 2 layers with heads of 64 (vLLM's
+    CPU attention refuses 16), its tokenizer beside it, the first rows with their prompt lengths, every validation
+    row scored, and the one set key nothing in verl reads."""
+    from hpo.backends._rehearse import SHRINK_SCRIPT
+    from tests.hpo.backends.test_verl import VERL_PY
+
+    arith_space(tmp_path)  # the prepare step: model, data, reward.py
+    config = json.loads((ARITH / "model" / "config.json").read_text())
+    config.update(num_hidden_layers=24, hidden_size=896, num_attention_heads=14, num_key_value_heads=2)
+    request = {"config_dir": None, "config_name": "ppo_trainer", "out": str(tmp_path / "out"), "train_rows": 20,
+               "val_rows": 5, "tokenizer": None, "models": {"actor_rollout_ref.model.path": config},
+               "overrides": [f"actor_rollout_ref.model.path={ARITH / 'model'}",
+                             f"data.train_files={ARITH / 'train.parquet'}", f"data.val_files={ARITH / 'val.parquet'}",
+                             f"reward.custom_reward_function.path={ARITH / 'reward.py'}",
+                             "+algorithm.kl_ctrl.kl_coeff=0.1", "+actor_rollout_ref.model.override_config.x=1"],
+               "set_keys": ["+algorithm.kl_ctrl.kl_coeff", "+actor_rollout_ref.model.override_config.x",
+                            "data.train_batch_size"]}
+    res = subprocess.run([str(VERL_PY), str(SHRINK_SCRIPT)], input=json.dumps(request), capture_output=True,
+                         text=True, timeout=300)
+    reply = json.loads(res.stdout.strip().splitlines()[-1])
+    assert reply["status"] == "ok" and reply["problems"] == [], reply
+    model = reply["models"]["actor_rollout_ref.model.path"]
+    assert model["from"] == "24 layers, hidden 896, 14 heads (2 kv), vocab 304"
+    assert model["to"] == "2 layers, hidden 128, 2 heads (1 kv), vocab 305"
+    built = json.loads((Path(model["dir"]) / "config.json").read_text())
+    assert built["hidden_size"] // built["num_attention_heads"] == 64 and built["model_type"] == "qwen2"
+    assert (Path(model["dir"]) / "tokenizer.json").is_file() and (Path(model["dir"]) / "model.safetensors").is_file()
+    assert reply["data"]["train"]["rows"] == 20 and reply["data"]["val"]["rows"] == 5
+    assert 4 <= reply["data"]["train"]["prompt_tokens"]["mean"] <= reply["data"]["train"]["prompt_tokens"]["max"] <= 16
+    assert reply["reward"]["calls"] == 5 * 4 and reply["reward"]["where"].endswith("reward.py:compute_score")
+    assert reply["unread"] == ["+algorithm.kl_ctrl.kl_coeff"]
+
+
+@needs_verl
+def test_the_memory_preflight_measures_the_prompts_with_the_models_tokenizer(tmp_path: Path) -> None:
+    """verl's interpreter tokenizes the first training prompts with the model's chat template: the arith prompts are
+    a few tokens, far below data.max_prompt_length, and the expected lengths say where they came from."""
+    from hpo.backends._preflight import MEASURED_PROMPTS, data_lengths, verl_memory_inputs
+
+    space = load_space(str(arith_space(tmp_path)))
+    (info, values), = verl_memory_inputs(space, [space.trainer_overrides({})], 1, None, MEASURED_PROMPTS)
+    measured = info["prompt_lengths"]
+    assert measured["rows"] == MEASURED_PROMPTS and 4 <= measured["mean"] <= measured["max"] <= 16, measured
+    assert measured["tokenizer"] == str(ARITH / "model")
+    lengths = data_lengths(values, measured)
+    assert lengths.prompt == measured["mean"] and lengths.response == 8  # max_response_length 8 < 64
+    assert lengths.source.startswith(f"prompts measured from {MEASURED_PROMPTS} rows of the training data")
