@@ -7,8 +7,8 @@ function, their objective and parameters, with a small model of the same archite
 platform of :mod:`hpo.backends.verl._cpu`. What is swapped (the model, world size, tensor parallelism, response
 length, loggers) is printed, so the user knows what was not rehearsed.
 
-Corners (:func:`rehearsal_corners`): the default point (``study.baseline`` on the fixed overrides, else verl's own
-values of the tuned keys), every parameter at its low end, every parameter at its high end; each :data:`STEPS`
+Corners (:func:`rehearsal_corners`): the default point (``study.baseline`` where it sets a tuned key, else the middle
+of each range), every parameter at its low end, every parameter at its high end; each :data:`STEPS`
 steps with validation every step. The default point runs one step more, is killed once its first checkpoint is
 complete, and resumes from it as a retried trial does (``trainer.resume_mode=resume_path``).
 
@@ -90,8 +90,8 @@ class Finding:
 @dataclass(frozen=True)
 class RehearsalCorner:
     name: str  # default, low, high
-    values: dict[str, Any]  # parameter values (by name); the default point has none
-    overrides: list[str]  # the space's trainer overrides for it (fixed + values, or + study.baseline)
+    values: dict[str, Any]  # parameter values (by name)
+    overrides: list[str]  # the space's trainer overrides for it (fixed [+ study.baseline] + values)
 
 
 @dataclass
@@ -105,21 +105,35 @@ class CornerOutcome:
 
 
 # ----------------------------------------------------------------------------- the plan
+def middle(param: Any) -> Any:
+    """The middle of a parameter's range: the geometric mean on a log scale, on its step grid; the middle choice."""
+    if param.type == "categorical":
+        return param.choices[(len(param.choices) - 1) // 2]
+    lo, hi = float(param.low), float(param.high)
+    mid = math.sqrt(lo * hi) if param.log and lo > 0 else (lo + hi) / 2
+    if param.step:
+        mid = lo + round((mid - lo) / float(param.step)) * float(param.step)
+    return int(round(mid)) if param.type == "int" else float(f"{mid:.6g}")
+
+
 def rehearsal_corners(space: Space) -> list[RehearsalCorner]:
-    """The default point, every parameter at its low end, every parameter at its high end (a corner equal to one
-    before it is dropped)."""
-    base = verl_overrides({**space.overrides, **space.study.baseline}, {})
-    out = [RehearsalCorner("default", {}, base)]
-    for name, pick in (("low", 0), ("high", -1)):
-        values = {p.name: p.corner_values()[pick] for p in space.params}
-        overrides = verl_overrides(space.overrides, {p.key: values[p.name] for p in space.params})
-        if values and all(c.overrides != overrides for c in out):
+    """The default point (``study.baseline`` where it sets a tuned key, else the middle of the parameter's range: verl's
+    own defaults are often invalid beside a space, e.g. ``ppo_mini_batch_size=256`` with a batch of 32), every
+    parameter at its low end, every parameter at its high end (a corner equal to one before it is dropped)."""
+    baseline = {override_key(k): v for k, v in space.study.baseline.items()}
+    default = {p.name: baseline.get(override_key(p.key), middle(p)) for p in space.params}
+    out = []
+    for name, values in (("default", default), ("low", {p.name: p.corner_values()[0] for p in space.params}),
+                         ("high", {p.name: p.corner_values()[-1] for p in space.params})):
+        fixed = {**space.overrides, **(space.study.baseline if name == "default" else {})}
+        overrides = verl_overrides(fixed, {p.key: values[p.name] for p in space.params})
+        if all(c.overrides != overrides for c in out):
             out.append(RehearsalCorner(name, values, overrides))
     return out
 
 
 def _shown(values: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in values.items()) or "the config's own values"
+    return ", ".join(f"{k}={v!r}" for k, v in values.items()) or "no tuned parameters"
 
 
 def rehearsal_home(studies_dir: Path, space: Space) -> Path:
@@ -268,9 +282,9 @@ def _failure_line(result: RunResult, log_dir: Path | None = None) -> str:
     return " ".join(text.split())[:500]
 
 
-def check_runs(space: Space, outcomes: Sequence[CornerOutcome]) -> list[Finding]:
+def check_runs(space: Space, outcomes: Sequence[CornerOutcome], resumed: bool = True) -> list[Finding]:
     """Every corner ran; the objective metric was logged; tuned values reached the trainer; finite metrics; the
-    default point resumed at its checkpoint's step."""
+    default point resumed at its checkpoint's step (``resumed``: it was meant to)."""
     found: list[Finding] = []
     logged: set[str] = set()
     for o in outcomes:
@@ -290,7 +304,7 @@ def check_runs(space: Space, outcomes: Sequence[CornerOutcome]) -> list[Finding]
     found += _objective(space, logged)
     found += _echoes(space, outcomes)
     found += _finite(outcomes)
-    found += _resume(outcomes)
+    found += _resume(outcomes) if resumed else []
     return found
 
 
@@ -441,7 +455,7 @@ def _model_configs(selected: Mapping[str, Any], use_critic: bool) -> dict[str, d
 
 
 def _shrunk_overrides(space: Space, reply: Mapping[str, Any], selected: Mapping[str, Any], response_tokens: int,
-                      swaps: list[str]) -> list[str]:
+                      swaps: list[str], quick: bool = False) -> list[str]:
     """What every corner gets on top of its own overrides, each swap described in ``swaps``."""
     models = reply["models"]
     actor = models["actor_rollout_ref.model.path"]
@@ -466,9 +480,9 @@ def _shrunk_overrides(space: Space, reply: Mapping[str, Any], selected: Mapping[
                  f"{data['train']['prompt_tokens']['max']} tokens); data.max_prompt_length "
                  f"{max_prompt} -> {prompt}, data.max_response_length "
                  f"{selected.get('data.max_response_length')} -> {response_tokens}")
-    swaps.append(f"steps: {STEPS} per corner (the default point {STEPS + 1}, killed after its first checkpoint and "
-                 "resumed, unless --quick), validation before the first step and after every step; loggers: console "
-                 "(+ the file logger the driver reads)")
+    swaps.append(f"steps: {STEPS} per corner (" + ("--quick: the default point only, no resume" if quick else
+                 f"the default point {STEPS + 1}, killed after its first checkpoint and resumed") + "), validation "
+                 "before the first step and after every step; loggers: console (+ the file logger the driver reads)")
     gpus = int(selected.get("trainer.n_gpus_per_node") or 1) * int(selected.get("trainer.nnodes") or 1)
     swaps.append(f"devices: the CPU (verl's CPU platform, gloo, vLLM's CPU build) for trial.gpus_per_trial="
                  f"{space.trial.gpus_per_trial} ({gpus} GPU(s) in the config): world size, GPU memory and speed are "
@@ -563,7 +577,7 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
     findings.append(Finding("reward", "ok", f"{reward['where']} returned finite numbers in {reward['calls']} calls on "
                             f"{reply['data']['val']['rows']} validation rows (from {reward['min']:g} to "
                             f"{reward['max']:g})"))
-    shrunk = _shrunk_overrides(space, reply, selected, response_tokens, swaps)
+    shrunk = _shrunk_overrides(space, reply, selected, response_tokens, swaps, quick)
     runner = _Runner(space, python, home, shrunk, timeout_s, say, resume=not quick)
     cpu = [[*cpu_overrides(o), *transfer_queue_overrides(o, True), *o]
            for o in (runner.corner_overrides(c, STEPS, -1) for c in corners)]
@@ -582,6 +596,6 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
     say(f"running {len(corners)} corners, {parallel} at a time, with verl's main_ppo on the CPU")
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         outcomes = list(pool.map(runner.run, corners, range(len(corners))))
-    findings += check_runs(space, outcomes)
+    findings += check_runs(space, outcomes, resumed=not quick)
     findings += memory_lines(space, corners, inputs, python)
     return finish()

@@ -67,7 +67,8 @@ def test_corners_are_the_default_point_and_every_parameter_at_each_end() -> None
     space = load_space(str(ROOT / "search_spaces" / "verl_grpo_gsm8k.yaml"))
     corners = rehearsal_corners(space)
     assert [c.name for c in corners] == ["default", "low", "high"]
-    assert corners[0].values == {}
+    # no study.baseline: the middle of each range (geometric on a log scale), the middle choice
+    assert corners[0].values == {"actor_lr": 1e-6, "kl_coef": 0.025, "temperature": 0.9, "mini_batch": 16}
     assert corners[1].values == {"actor_lr": 1e-7, "kl_coef": 0.0, "temperature": 0.6, "mini_batch": 8}
     assert corners[2].values == {"actor_lr": 1e-5, "kl_coef": 0.05, "temperature": 1.2, "mini_batch": 32}
     assert "actor_rollout_ref.actor.optim.lr=1e-05" in corners[2].overrides
