@@ -9,8 +9,8 @@ Request: ``{"config_dir": DIR or null, "config_name": NAME, "overrides": [the de
 
 1. **Models**: for each model path ``KEY`` (the actor's, a critic's), a model of the same architecture built from
    its ``config.json`` with 2 layers, hidden size 128 and 2 heads of 64 (random weights, float32), saved with the
-   model's own tokenizer (``tokenizer`` when given, else the model's local directory or its Hugging Face cache snapshot; nothing
-   is downloaded) under ``out/models/<i>``.
+   model's own tokenizer (``tokenizer`` when given, else the model's local directory or its Hugging Face cache
+   snapshot; nothing is downloaded) under ``out/models/<i>``.
 2. **Data**: the first rows of ``data.train_files`` / ``data.val_files`` (prompts as they are) written to
    ``out/data/{train,val}.parquet``, after checking the columns verl 0.9.1 reads (``data.prompt_key``,
    ``data_source``, ``reward_model.ground_truth``) and tokenizing every kept prompt with the chat template.
