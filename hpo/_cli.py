@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     rh.add_argument("--format", choices=("text", "md"), default="text", help="md: a report to paste into a ticket")
     rh.add_argument("--quick", action="store_true", help="the default point only, without the kill and resume: a "
                                                          "first look in a third of the time")
+    rh.add_argument("--recheck", action="store_true", help="run nothing: the checks again on this experiment's last "
+                                                           "rehearsal (after fixing e.g. the objective's name)")
     rh.add_argument("--studies-dir", type=Path, default=None,
                     help=f"its files go to <studies-dir>/rehearsals/<space> (default ${ENV_STUDIES_DIR} or ./studies)")
 
@@ -450,6 +452,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "experiments (trial.backend: verl)")
             if args.tokenizer is not None and not args.tokenizer.expanduser().is_dir():
                 return _fail(f"--tokenizer {args.tokenizer}: not a directory")
+            if args.recheck:
+                from hpo.backends._rehearse import recheck
+
+                return recheck(space, studies_dir.resolve(), fmt=args.format)
             tokenizer = None if args.tokenizer is None else args.tokenizer.expanduser().resolve()
             return rehearse(space, studies_dir.resolve(), tokenizer=tokenizer, fmt=args.format, quick=args.quick)
         if args.cmd == "search":

@@ -411,6 +411,63 @@ def memory_lines(space: Space, corners: Sequence[RehearsalCorner], inputs: Any, 
     return [f if f.level == "ok" else Finding("memory", "note", f.message) for f in out]
 
 
+# ----------------------------------------------------------------------------- --recheck: the checks again
+STATE = "rehearsal.json"  # what --recheck reads: the experiment's fingerprint, the swaps, each corner's attempts
+
+
+def fingerprint(space: Space) -> str:
+    """What decides a rehearsal's runs: the config, the fixed overrides, the parameters, the baseline and the trial
+    section (not the objective, early stopping or the study's search settings, which --recheck may change)."""
+    import dataclasses
+    import hashlib
+
+    decides = {"config": space.config, "overrides": space.overrides, "baseline": space.study.baseline,
+               "params": [dataclasses.asdict(p) for p in space.params], "trial": dataclasses.asdict(space.trial)}
+    return hashlib.sha256(json.dumps(decides, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def save_state(home: Path, space: Space, swaps: Sequence[str], outcomes: Sequence[CornerOutcome], quick: bool,
+               before: Sequence[Finding]) -> None:
+    corners = [{"name": o.corner.name, "values": o.corner.values, "trial_dir": str(o.trial_dir), "index": o.index,
+                "resumed_from": o.resumed_from,
+                "results": [{"exit_code": r.exit_code, "stop": r.stop, "wall_time_s": r.wall_time_s,
+                             "final_exception": r.final_exception, "stderr_tail": r.stderr_tail[-2000:]}
+                            for r in o.results]} for o in outcomes]
+    (home / STATE).write_text(json.dumps({"fingerprint": fingerprint(space), "quick": quick, "swaps": list(swaps),
+                                          "before": [f.__dict__ for f in before], "corners": corners}, default=str))
+
+
+def recheck(space: Space, studies_dir: Path, *, fmt: str = "text", out: TextIO = sys.stdout) -> int:
+    """The checks on the runs of this experiment's last rehearsal again (nothing is run): after fixing what does
+    not change the runs, such as the objective's name. SpaceError when there is none, or the experiment changed."""
+    started = time.monotonic()
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", space.name).lstrip(".") or "space"
+    home = studies_dir / "rehearsals" / name
+    try:
+        if not (home / MARKER).is_file():
+            raise FileNotFoundError
+        state = json.loads(read_bounded(home / STATE, STATE, 16 << 20))
+    except (OSError, FileRefused, ValueError):
+        raise SpaceError(f"{space.source}: no finished rehearsal in {home}: run verl-hpo rehearse first") from None
+    if state.get("fingerprint") != fingerprint(space):
+        raise SpaceError(f"{space.source}: config, overrides, params or trial changed since the rehearsal in {home}: "
+                         "rehearse again (--recheck only reruns the checks)")
+    outcomes = []
+    for c in state["corners"]:
+        corner = RehearsalCorner(c["name"], c["values"], [])
+        o = CornerOutcome(corner, Path(c["trial_dir"]), int(c["index"]), resumed_from=c.get("resumed_from"))
+        for attempt, r in enumerate(c["results"]):
+            o.results.append(RunResult(r["exit_code"], r["stop"], 0.0, float(r["wall_time_s"]), None, None,
+                                       r["stderr_tail"], final_exception=r["final_exception"]))
+            o.records.append(_read_records(verl_metrics_path(o.trial_dir, attempt)))
+        outcomes.append(o)
+    findings = [Finding(**f) for f in state["before"]] + check_runs(space, outcomes, resumed=not state["quick"])
+    text = render(space, state["swaps"], findings, fmt, time.monotonic() - started, home)
+    out.write(text)
+    out.flush()
+    return EXIT_FAIL if any(f.level == "problem" for f in findings) else EXIT_PASS
+
+
 # ----------------------------------------------------------------------------- the report
 def render(space: Space, swaps: Sequence[str], findings: Sequence[Finding], fmt: str, seconds: float,
            home: Path) -> str:
@@ -596,6 +653,7 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
     say(f"running {len(corners)} corners, {parallel} at a time, with verl's main_ppo on the CPU")
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         outcomes = list(pool.map(runner.run, corners, range(len(corners))))
-    findings += check_runs(space, outcomes, resumed=not quick)
     findings += memory_lines(space, corners, inputs, python)
+    save_state(home, space, swaps, outcomes, quick, findings)
+    findings += check_runs(space, outcomes, resumed=not quick)
     return finish()
