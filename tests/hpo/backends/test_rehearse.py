@@ -238,3 +238,17 @@ def test_the_memory_preflight_measures_the_prompts_with_the_models_tokenizer(tmp
     lengths = data_lengths(values, measured)
     assert lengths.prompt == measured["mean"] and lengths.response == 8  # max_response_length 8 < 64
     assert lengths.source.startswith(f"prompts measured from {MEASURED_PROMPTS} rows of the training data")
+
+
+@pytest.mark.slow
+@needs_verl
+def test_a_hub_model_without_a_local_tokenizer_says_which_files_to_fetch(tmp_path: Path) -> None:
+    """Qwen2.5-0.5B's config.json is known without a download, its tokenizer is not: one line naming the two files
+    and --tokenizer; nothing is downloaded and nothing launched."""
+    space = arith_space(tmp_path, **{"overrides/actor_rollout_ref.model.path": "Qwen/Qwen2.5-0.5B-Instruct"})
+    code, out, err = rehearse(space, tmp_path / "studies", timeout=600)
+    assert code == 1, out + err
+    (line,) = problems(out)
+    assert line == ("tokenizer: actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct: no tokenizer here (no local "
+                    "directory, not in the Hugging Face cache): fetch its tokenizer.json and tokenizer_config.json "
+                    "(https://huggingface.co/Qwen/Qwen2.5-0.5B-Instruct) into a directory and pass --tokenizer DIR")
