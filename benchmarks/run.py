@@ -9,7 +9,8 @@ runnable alone), ``workers`` (3 vs 1 ``verl-hpo worker`` on one PostgreSQL study
 pick against its baseline on the held-out test split, over 3 study seeds; ``benchmarks/pays.py``), ``pbt``
 (population-based training vs TPE and random at equal trainer steps; ``benchmarks/pbt.py``), ``verl_cpu`` (real
 verl 0.9.1 trials on the CPU through the driver: start-up, step times, the driver's own CPU, RSS and wall beside
-them; skipped without ``.venv-verl``; ``benchmarks/verl_cpu.py``).
+them; skipped without ``.venv-verl``; ``benchmarks/verl_cpu.py``), ``rehearse`` (``verl-hpo rehearse`` of the shipped
+GPU experiment on the CPU: its wall, the time before the first launch, each corner; ``benchmarks/rehearse.py``).
 ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/`` (or ``--out``), never over the real
 results.
 """
@@ -29,7 +30,7 @@ from benchmarks._common import REPO, Row, all_versions, load_average, log, machi
 from benchmarks._results import render
 
 PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint", "pays",
-         "pbt", "verl_cpu")
+         "pbt", "verl_cpu", "rehearse")
 
 
 def _rows(doc: dict[str, Any]) -> list[Row]:
@@ -200,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import verl_cpu
 
         attempt("verl_cpu", lambda: verl_cpu.bench(args.smoke))
+    if "rehearse" in parts:
+        from benchmarks import rehearse
+
+        attempt("rehearse", lambda: rehearse.bench(args.smoke))
     if "memory" in parts:
         from benchmarks import memory_estimate
 

@@ -1,0 +1,81 @@
+"""``verl-hpo rehearse`` of the shipped GPU experiment on this CPU (issue 35: "passes, on 2 cores, in under 15
+minutes").
+
+``python -m benchmarks.run --only rehearse [--smoke]``: ``python -m hpo rehearse --space verl_grpo_gsm8k --override
+actor_rollout_ref.model.path=<SmolLM2-135M-Instruct, converted locally>`` from the repo root (smoke: ``--quick``, the
+default point only). How each figure is taken:
+
+* wall: this process's clock around the command (spawn to exit), which also prints its own total in the report;
+* before launch: from the spawn to the moment this process reads its ``running N corners`` line on stderr (the space's
+  checks, the prepare step, composing the corners and measuring the prompts in verl's interpreter, the small model,
+  the first rows and the reward calls);
+* per corner: the attempts' walls the rehearsal records in ``rehearsal.json`` (the default point: its first attempt,
+  killed after its checkpoint, plus its resumed one), two corners at a time on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from benchmarks._common import REPO, Row, load_average, log, make_row
+
+VERL_PY = REPO / ".venv-verl" / "bin" / "python"
+SPACE = "verl_grpo_gsm8k"
+GROUP = "verl-hpo rehearse (real verl 0.9.1 on the CPU)"
+
+
+def _read_lines(stream: IO[str], into: list[tuple[float, str]]) -> None:
+    for line in stream:
+        into.append((time.monotonic(), line.rstrip("\n")))
+
+
+def bench(smoke: bool) -> tuple[list[Row], dict[str, Any]]:
+    if not VERL_PY.exists():
+        log(f"rehearse: skipped: {VERL_PY} is missing (make install-verl)")
+        return [], {"skipped": f"{VERL_PY} missing"}
+    from verl_core.pretrained import ensure_smollm2
+
+    model = ensure_smollm2(log=False)
+    load_start = load_average()
+    with tempfile.TemporaryDirectory(prefix="bench-rehearse-") as tmp:
+        argv = [sys.executable, "-m", "hpo", "rehearse", "--space", SPACE, "--studies-dir", tmp, "--override",
+                f"actor_rollout_ref.model.path={model}", *(["--quick"] if smoke else [])]
+        log(f"rehearse: {' '.join(argv[3:])}")
+        seen: list[tuple[float, str]] = []
+        t0 = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        reader = threading.Thread(target=_read_lines, args=(proc.stderr, seen), daemon=True)
+        reader.start()
+        out = proc.stdout.read() if proc.stdout else ""
+        code = proc.wait()
+        wall = time.monotonic() - t0
+        reader.join(timeout=5)
+        if code != 0:
+            raise RuntimeError(f"rehearse exited {code}: {out[-2000:]}")
+        state = json.loads((Path(tmp) / "rehearsals" / SPACE / "rehearsal.json").read_text())
+    launch = next((t - t0 for t, line in seen if line.startswith("running ")), None)
+    corners = {c["name"]: [r["wall_time_s"] for r in c["results"]] for c in state["corners"]}
+    load = f"load {load_start} -> {load_average()}"
+    what = (f"{len(corners)} corner(s){'' if smoke else ' + the resume'}, 2 at a time; SmolLM2-135M's config and "
+            f"tokenizer -> 2 layers of 128; {load}")
+    rows = [
+        make_row(f"rehearse {SPACE}: wall (spawn -> exit)", "s", [wall], higher_is_better=False, group=GROUP,
+                 note=f"python -m hpo rehearse{' --quick' if smoke else ''}; {what}; exit {code}"),
+        make_row("rehearse: before the first launch (checks, prepare, compose + prompt measurement, shrink)", "s",
+                 [launch] if launch is not None else None, higher_is_better=False, group=GROUP,
+                 note=f"spawn to its 'running N corners' line; {what}"),
+    ]
+    for name, walls in corners.items():
+        rows.append(make_row(f"rehearse: corner {name} ({len(walls)} attempt(s), walls summed)", "s", [sum(walls)],
+                             higher_is_better=False, group=GROUP,
+                             note=f"TrialProcess walls from rehearsal.json: {', '.join(f'{w:.0f}' for w in walls)} s; "
+                                  f"{what}"))
+    return rows, {"wall_s": wall, "before_launch_s": launch, "corners": corners, "stderr": [
+        [round(t - t0, 1), line] for t, line in seen], "report": out}
