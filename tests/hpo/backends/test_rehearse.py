@@ -245,7 +245,9 @@ def test_the_memory_preflight_measures_the_prompts_with_the_models_tokenizer(tmp
 def test_a_hub_model_without_a_local_tokenizer_says_which_files_to_fetch(tmp_path: Path) -> None:
     """Qwen2.5-0.5B's config.json is known without a download, its tokenizer is not: one line naming the two files
     and --tokenizer; nothing is downloaded and nothing launched."""
-    space = arith_space(tmp_path, **{"overrides/actor_rollout_ref.model.path": "Qwen/Qwen2.5-0.5B-Instruct"})
+    arith_space(tmp_path)  # the data (the arith prepare step writes only its own model's files)
+    space = arith_space(tmp_path, **{"overrides/actor_rollout_ref.model.path": "Qwen/Qwen2.5-0.5B-Instruct",
+                                     "trial/prepare_command": ["true"]})
     code, out, err = rehearse(space, tmp_path / "studies", timeout=600)
     assert code == 1, out + err
     (line,) = problems(out)
