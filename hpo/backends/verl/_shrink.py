@@ -100,8 +100,7 @@ def build_model(key: str, path: str, config: dict[str, Any], tokenizer_dir: str 
             f"tokenizer.json and tokenizer_config.json (https://huggingface.co/{path}) into a directory and pass "
             "--tokenizer DIR"))}
     os.environ["HF_HUB_OFFLINE"] = "1"
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, set_seed
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
@@ -112,8 +111,8 @@ def build_model(key: str, path: str, config: dict[str, Any], tokenizer_dir: str 
     model_type = tiny.pop("model_type", None)
     try:
         conf = AutoConfig.for_model(model_type, **tiny)
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+        set_seed(0)
+        model = AutoModelForCausalLM.from_config(conf)  # float32: torch's default dtype (the config says float32)
     except Exception as err:  # noqa: BLE001 - an architecture this transformers cannot build without remote code
         return {"problem": problem("model", f"{key}={path}: cannot build a small {model_type} here "
                                             f"({type(err).__name__}: {_one_line(str(err))[:300]})")}
