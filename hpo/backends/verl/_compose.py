@@ -378,6 +378,14 @@ def prompt_lengths(tokenizer: Any, paths: list[str], prompt_key: str, rows: int,
     return {"mean": sum(counts) / len(counts), "max": max(counts), "rows": len(counts), "file": paths[0]}
 
 
+def chat_kwargs(cfg: Any) -> dict[str, Any]:
+    """``data.apply_chat_template_kwargs`` as a plain dict (what verl's dataset passes to ``apply_chat_template``)."""
+    from omegaconf import OmegaConf
+
+    kwargs = _get(cfg, "data.apply_chat_template_kwargs")
+    return OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else dict(kwargs or {})
+
+
 def measure_prompts(cfg: Any, rows: int) -> dict[str, Any]:
     """:func:`prompt_lengths` of ``data.train_files`` with the tokenizer of ``actor_rollout_ref.model.path`` (a local
     directory or the Hugging Face cache; nothing is downloaded); ``{"error": ...}`` when either is missing."""
@@ -395,11 +403,7 @@ def measure_prompts(cfg: Any, rows: int) -> dict[str, Any]:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     except Exception as err:  # noqa: BLE001 - a broken tokenizer directory: no measurement
         return {"error": f"tokenizer of {path!r}: {type(err).__name__}: {_one_line(str(err))[:300]}"}
-    kwargs = _get(cfg, "data.apply_chat_template_kwargs")
-    from omegaconf import OmegaConf
-
-    kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else dict(kwargs or {})
-    return {**prompt_lengths(tokenizer, files, str(_get(cfg, "data.prompt_key") or "prompt"), rows, kwargs),
+    return {**prompt_lengths(tokenizer, files, str(_get(cfg, "data.prompt_key") or "prompt"), rows, chat_kwargs(cfg)),
             "tokenizer": source}
 
 
@@ -551,17 +555,19 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     return {"status": "ok", "results": results, "interpreter": probe_interpreter()}
 
 
-def main() -> int:
+def serve(handler: Any) -> int:
+    """Answer the JSON request on stdin with ``handler(request)`` as the one line on the real stdout (verl, hydra and
+    transformers print to stderr meanwhile); anything unexpected is still one ``{"status": "error"}`` line."""
     reply_to = sys.stdout
-    sys.stdout = sys.stderr  # verl and hydra print; the reply is the only line on the real stdout
+    sys.stdout = sys.stderr
     try:
-        reply = run(json.load(sys.stdin))
+        reply = handler(json.load(sys.stdin))
     except Exception as err:  # noqa: BLE001 - anything unexpected is still one line for the driver
-        reply = {"status": "error", "message": f"{type(err).__name__}: {_one_line(str(err))}"}
+        reply = {"status": "error", "message": f"{type(err).__name__}: {_one_line(str(err))[:500]}"}
     reply_to.write(json.dumps(reply) + "\n")
     reply_to.flush()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(run))

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import math
 import numbers
 import os
@@ -39,7 +38,7 @@ import re
 import sys
 from typing import Any
 
-from _compose import _files, _get, _one_line, _tokenizer_source, prompt_lengths
+from _compose import _files, _get, _one_line, _tokenizer_source, chat_kwargs, prompt_lengths, serve
 
 LAYERS = 2
 HIDDEN = 128
@@ -299,12 +298,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(next(iter(reply["models"].values()))["dir"], local_files_only=True)
-    kwargs = _get(cfg, "data.apply_chat_template_kwargs")
-    from omegaconf import OmegaConf
-
-    kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else dict(kwargs or {})
     for split in ("train", "val"):
-        lengths = prompt_lengths(tokenizer, [data[split]["file"]], prompt_key, 10**9, kwargs)
+        lengths = prompt_lengths(tokenizer, [data[split]["file"]], prompt_key, 10**9, chat_kwargs(cfg))
         if "error" in lengths:
             reply["problems"].append(problem("data", f"data.{split}_files: {lengths['error']}"))
             return reply
@@ -316,17 +311,5 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-def main() -> int:
-    reply_to = sys.stdout
-    sys.stdout = sys.stderr  # verl, hydra and transformers print; the reply is the only line on the real stdout
-    try:
-        reply = run(json.load(sys.stdin))
-    except Exception as err:  # noqa: BLE001 - anything unexpected is still one line for the driver
-        reply = {"status": "error", "message": f"{type(err).__name__}: {_one_line(str(err))[:500]}"}
-    reply_to.write(json.dumps(reply) + "\n")
-    reply_to.flush()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(run))
