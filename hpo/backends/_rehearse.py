@@ -122,7 +122,7 @@ def rehearsal_corners(space: Space) -> list[RehearsalCorner]:
     parameter at its low end, every parameter at its high end (a corner equal to one before it is dropped)."""
     baseline = {override_key(k): v for k, v in space.study.baseline.items()}
     default = {p.name: baseline.get(override_key(p.key), middle(p)) for p in space.params}
-    out = []
+    out: list[RehearsalCorner] = []
     for name, values in (("default", default), ("low", {p.name: p.corner_values()[0] for p in space.params}),
                          ("high", {p.name: p.corner_values()[-1] for p in space.params})):
         fixed = {**space.overrides, **(space.study.baseline if name == "default" else {})}

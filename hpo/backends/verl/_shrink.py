@@ -140,7 +140,7 @@ def take_rows(split: str, paths: list[str], rows: int, prompt_key: str, out: str
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tables = []
+    tables: list[Any] = []
     for path in paths:
         local = os.path.expanduser(path)
         if not os.path.isfile(local):
@@ -200,7 +200,7 @@ def check_reward(cfg: Any, val_file: str) -> dict[str, Any]:
     except Exception as err:  # noqa: BLE001 - a file that does not load, a missing function
         return {"where": where, "problem": problem("reward", f"reward.custom_reward_function: {where} does not load "
                                                              f"({type(err).__name__}: {_one_line(str(err))[:300]})")}
-    calls, scores = 0, []
+    calls, scores = 0, list[float]()
     for i, row in enumerate(pq.read_table(val_file).to_pylist()):
         truth = (row.get("reward_model") or {}).get("ground_truth")
         for response in _responses(truth):
@@ -209,7 +209,7 @@ def check_reward(cfg: Any, val_file: str) -> dict[str, Any]:
             try:
                 result = fn(data_source=row.get("data_source"), solution_str=response, ground_truth=truth,
                             extra_info=extra)
-                if inspect.isawaitable(result):
+                if inspect.iscoroutine(result):
                     result = asyncio.run(result)
             except Exception as err:  # noqa: BLE001 - the user's function failing is what this looks for
                 return {"where": where, "calls": calls, "problem": problem("reward", (
@@ -217,12 +217,13 @@ def check_reward(cfg: Any, val_file: str) -> dict[str, Any]:
                     f"{_one_line(str(err))[:300]}"))}
             calls += 1
             score, wrong = _score(result)
-            if wrong is not None:
+            if score is None or wrong is not None:
                 return {"where": where, "calls": calls, "problem": problem("reward", (
                     f"reward function {where} returned {wrong} on {shown}: verl needs a finite number (or a dict "
                     "with a finite 'score')"))}
             scores.append(score)
-    return {"where": where, "calls": calls, "min": min(scores, default=None), "max": max(scores, default=None)}
+    return {"where": where, "calls": calls, "min": min(scores) if scores else None,
+            "max": max(scores) if scores else None}
 
 
 # ----------------------------------------------------------------------------- keys nothing reads
@@ -269,6 +270,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
 
     spec = importlib.util.find_spec("verl")
+    assert spec is not None, "verl is not importable in this interpreter"
     config_dir = request.get("config_dir") or os.path.join(list(spec.submodule_search_locations or [])[0],
                                                            "trainer", "config")
     out = request["out"]
