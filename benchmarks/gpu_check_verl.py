@@ -330,8 +330,8 @@ def verl_estimate(overrides: list[str], values: dict[str, Any], verl_python: str
                   lengths: Any = None) -> Any:
     """``judge_verl`` (the estimate at the expected ``lengths`` and in the worst case) of the config a trial with
     ``values`` ran (composed by verl in ``verl_python``)."""
+    from hpo.backends import load_space
     from hpo.backends._preflight import verl_memory_inputs
-    from hpo.experiment._space import load_space
     from verl_core.memory_verl import judge_verl
 
     space = load_space(VERL_SPACE, overrides, check=False)
@@ -363,7 +363,7 @@ def check_verl_dry(run: StudyRun, pair: StudyRun, overrides: list[str], pair_ove
     """The plumbing of the verl stages without a GPU: the plan (every command) printed, ``validate`` of the resumed
     study's space and overrides (every corner composed by real verl on the CPU, with its worst-case estimate), the
     pair's space loaded (its fields)."""
-    from hpo.experiment._space import load_space
+    from hpo.backends import load_space
 
     shown, resume, pair_shown = (" ".join(a[1:]) for a in (run.search, run.resume, pair.search))
     plan = (f"would run: {shown}; SIGTERM once a trial has a complete checkpoint "
@@ -403,8 +403,8 @@ def check_verl_dry(run: StudyRun, pair: StudyRun, overrides: list[str], pair_ove
 def check_verl(plan: Plan, work: Path, verl_python: str, n_trials: int) -> list[Check]:
     """Real verl on the GPU through the driver (module docstring, item 7): the study (SIGTERMed and resumed), the
     resume, two trials at once, the memory estimate; four rows."""
+    from hpo.backends import load_space
     from hpo.execution._devices import detect_devices
-    from hpo.experiment._space import load_space
 
     model = _model_dir(plan, work)
     write_verl_data(work)

@@ -9,8 +9,9 @@ Layers, each importing only those below it (``tests/hpo/test_layering.py``): ``a
 """
 
 from hpo.analysis import Diagnoser, DiagnosisSpec
+from hpo.backends import load_space
 from hpo.execution import MetricsTail, RunResult, TrialProcess, classify_exit, kill_tree
-from hpo.experiment import Param, Space, SpaceError, load_space, parse_space
+from hpo.experiment import Param, Space, SpaceError, parse_space
 from hpo.reporting import Reporter, best_trial, render_best, top_table
 from hpo.study import (
     Confirmed,

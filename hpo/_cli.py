@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hpo.analysis import FileRefused, check_regular
-from hpo.backends import load_checked_space
+from hpo.backends import backend_of, load_checked_space
 from hpo.experiment._space import SPACES_DIR, Space, SpaceError, StudySpec
 from hpo.experiment._tracking import TRACKING_FLAG_HELP
 from hpo.study._storage import mask_url
@@ -199,19 +199,6 @@ def _stop_on_signals(stop: threading.Event, got: list[int]) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _check_verl_launch(space: Space) -> None:
-    """A verl study's trials need an interpreter with CUDA torch (and vLLM, flash-attn where the config needs
-    them): refused with one line naming the fix before any trial starts (hpo.backends.verl.check_verl_launch)."""
-    if not space.trial.is_verl:
-        return
-    from hpo.backends.verl import VerlConfigError, check_verl_launch
-
-    try:
-        check_verl_launch(space)
-    except VerlConfigError as err:
-        raise SpaceError(f"{space.source}: {err.where}: {err}") from None
-
-
 def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Path, args: argparse.Namespace) -> int:
     """search (``space`` given) or resume (the stored space, checked by :mod:`hpo.experiment._trust`)."""
     from hpo.backends._preflight import check_space_fits
@@ -231,19 +218,20 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             wait_s = StudySpec().storage_retry_s if args.cmd == "worker" else 0.0
             space, study = load_stored(study_name, storage_url, getattr(args, "n_trials", None), wait_s)
             check_stored_experiment(space, study_name, args.space, study.user_attrs.get(ATTR_SOURCE),
-                                    args.trust_stored_experiment, study.user_attrs.get(ATTR_DIGEST))
+                                    args.trust_stored_experiment, study.user_attrs.get(ATTR_DIGEST),
+                                    backend_of(space).every_key_is_code)
             if getattr(args, "n_jobs", None) is not None:
                 space = dataclasses.replace(space, trial=dataclasses.replace(space.trial, n_jobs=args.n_jobs))
             space = _with_ray_address(space, getattr(args, "ray_address", None))
             devices = [] if space.trial.executor == "ray" else resolve_devices(
                 space.trial, _device_list(getattr(args, "devices", None)))
-            _check_verl_launch(space)
+            backend_of(space).check_launch(space)
             tracking = _tracking_spec(space, args)
             _check_ray(space)
         else:
             space = _with_ray_address(space, getattr(args, "ray_address", None))
             devices = [] if space.trial.executor == "ray" else resolve_devices(space.trial)
-            _check_verl_launch(space)
+            backend_of(space).check_launch(space)
             if space.trial.executor != "ray":  # the memory pre-flight knows this host's devices, not the cluster's
                 check_space_fits(space, devices)
             _check_ray(space)
@@ -447,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             space = load_checked_space(args.space, list(args.override),
                                        Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR))))
-            if not space.trial.is_verl:
+            if backend_of(space).name != "verl":
                 return _fail(f"{space.source}: trial.backend is {space.trial.backend!r}: rehearse runs verl "
                              "experiments (trial.backend: verl)")
             if args.tokenizer is not None and not args.tokenizer.expanduser().is_dir():

@@ -1,8 +1,14 @@
-"""What a trial runs: the ``verl_core`` trainer (config checks and the memory pre-flight, ``_preflight``) and real
-verl (``verl/``: argv, environment, composed-config checks in verl's own interpreter, data, resume points).
+"""What a trial runs, behind one contract: :class:`Backend` (``_base``), looked up by ``trial.backend`` in a
+registry (``_registry``). ``verl_core/``: the default trainer; ``verl/``: real verl (argv, environment, composed-config
+checks in verl's own interpreter, data, resume points); ``trl/``: TRL's GRPOTrainer; the base class: any command.
+Also: an experiment as the driver runs it (``_check``: the schema, the backend's defaults and checks), the memory
+pre-flight (``_preflight``) and ``verl-hpo rehearse`` (``_rehearse``).
 
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
 
-from hpo.backends._check import check_space, load_checked_space
+from hpo.backends._base import Backend, Launch, LaunchContext, TrialConfig
+from hpo.backends._check import check_space, load_checked_space, load_space, stored_space
+from hpo.backends._registry import backend_named, backend_of, known_backends, register, trial_backend
 
-__all__ = ["check_space", "load_checked_space"]
+__all__ = ["Backend", "Launch", "LaunchContext", "TrialConfig", "backend_named", "backend_of", "check_space",
+           "known_backends", "load_checked_space", "load_space", "register", "stored_space", "trial_backend"]

@@ -1,28 +1,48 @@
-"""An experiment checked by its backend before a study is made: the default trainer's keys and corners through
-``verl_core.config`` (in :func:`hpo.experiment.load_space`), a verl space's corners composed by verl itself."""
+"""An experiment as the driver runs it: the schema (:mod:`hpo.experiment`), then its backend's defaults
+(``Backend.normalize``) and checks (``Backend.check``: quick, on every load; ``Backend.verify``: thorough, before a
+study is made, e.g. a verl space's corners composed by verl itself)."""
 
 from __future__ import annotations
 
 import typing
 from pathlib import Path
+from typing import Any
 
-from hpo.experiment._space import SPACES_DIR, Space, load_space_origin, located_error
+from hpo.backends._registry import backend_of
+from hpo.experiment._space import SPACES_DIR, Space, load_space_origin, located_error, space_from_stored
+
+
+def _checked(space: Space, origin: dict[str, str]) -> Space:
+    backend = backend_of(space)
+    if space.study.strategy == "pbt" and not backend.supports_pbt:
+        raise located_error(space, origin, "study.strategy", f"pbt needs a trainer that resumes its checkpoints "
+                            f"(verl_core or verl); trial.backend is {space.trial.backend}")
+    backend.check(space, origin)
+    return backend.normalize(space)
+
+
+def load_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR,
+               check: bool = True) -> Space:
+    """Read, override and parse an experiment file, with its backend's defaults and (``check``) quick checks."""
+    space, origin = load_space_origin(name_or_path, overrides, spaces_dir)
+    return _checked(space, origin) if check else backend_of(space).normalize(space)
+
+
+def stored_space(raw: dict[str, Any], source: str, name: str) -> Space:
+    """The space stored in a study, as its backend runs it (no check: it passed when the study was made)."""
+    space = space_from_stored(raw, source, name)
+    return backend_of(space).normalize(space)
 
 
 def check_space(space: Space, origin: dict[str, str] | None = None) -> None:
-    """SpaceError (one line) when the backend rejects the space; a verl space is composed corner by corner."""
-    if space.trial.is_verl:
-        from hpo.backends.verl import VerlConfigError, check_verl_space, default_python
-
-        try:
-            check_verl_space(space, space.trial.python or default_python())
-        except VerlConfigError as err:
-            raise located_error(space, origin or {}, err.where, str(err)) from None
+    """SpaceError (one line) when the backend rejects the space (its thorough check: ``Backend.verify``)."""
+    backend_of(space).verify(space, origin or {})
 
 
 def load_checked_space(name_or_path: str, overrides: typing.Sequence[str] = (),
                        spaces_dir: Path = SPACES_DIR) -> Space:
     """Read, override, parse and check an experiment file with its backend (what ``search`` and ``validate`` do)."""
     space, origin = load_space_origin(name_or_path, overrides, spaces_dir)
+    space = _checked(space, origin)
     check_space(space, origin)
     return space

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hpo.backends._registry import backend_of
 from hpo.experiment._space import Space, SpaceError
 
 if TYPE_CHECKING:
@@ -80,13 +81,14 @@ def _gpu_budget(devices: Sequence[str]) -> tuple[int, str] | None:
     return min(free), f"free memory of GPU {','.join(devices)} (nvidia-smi)"
 
 
-def predict(space: Space, overrides: Sequence[str], devices: Sequence[str] = ()) -> Prediction:
-    """The estimate of ``space.config`` with ``overrides`` on ``devices`` (none: CPU) against the budget."""
+def predict(space: Space, overrides: Sequence[str], devices: Sequence[str] = (), loaded: Any = None) -> Prediction:
+    """The estimate of ``space.config`` with ``overrides`` on ``devices`` (none: CPU) against the budget; ``loaded``:
+    that config already loaded (a trial's, :class:`~hpo.backends._base.TrialConfig`)."""
     from verl_core import memory
     from verl_core.config import ConfigError, load_config
 
     try:
-        cfg = load_config(space.config, list(overrides))
+        cfg = loaded if loaded is not None else load_config(space.config, list(overrides))
         device = cfg.trainer.device if cfg.trainer.device in ("cpu", "cuda") else ("cuda" if devices else "cpu")
         est = memory.estimate(cfg, device=device)
     except ConfigError as err:
@@ -263,11 +265,12 @@ def _shown(values: dict[str, Any]) -> str:
 def check_space_fits(space: Space, devices: Sequence[str], *, lengths: SequenceLengths | None = None) -> None:
     """SpaceError when no corner of the space is predicted to fit (a study that could only record failures); for
     verl, at the expected ``lengths`` when given."""
-    if not (space.trial.preflight and (space.trial.is_default_command or space.trial.is_verl)):
+    backend = backend_of(space).name
+    if not (space.trial.preflight and backend in ("verl_core", "verl")):
         return
     per_trial = list(devices[: space.trial.gpus_per_trial])
     cs = corners(space)
-    if space.trial.is_verl:
+    if backend == "verl":
         from verl_core.memory_verl import ModelConfigUnavailable
 
         try:
@@ -290,11 +293,12 @@ def validate_space(space: Space, devices: Sequence[str], out: Any, *, lengths: S
     from verl_core.config import ConfigError, load_config
     from verl_core.validate import best_practice_warnings
 
-    if space.trial.is_verl:
+    backend = backend_of(space).name
+    if backend == "verl":
         return _validate_verl(space, devices, out, lengths)
-    if not space.trial.is_default_command:
-        print(f"{space.source}: trial.command is not the default trainer: only the space itself was checked",
-              file=out)
+    if backend != "verl_core":
+        what = "trial.command is not the default trainer" if backend == "command" else f"trial.backend is {backend}"
+        print(f"{space.source}: {what}: only the space itself was checked", file=out)
         print("All checks passed", file=out)
         return 0
     per_trial = list(devices[: space.trial.gpus_per_trial])

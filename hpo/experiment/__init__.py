@@ -15,12 +15,14 @@ from hpo.experiment._space import (
     StudySpec,
     TrialSpec,
     format_value,
-    load_space,
+    load_space_origin,
+    located_error,
     parse_space,
+    read_space,
     read_yaml,
     space_from_stored,
 )
 
 __all__ = ["SPACES_DIR", "EarlyStopping", "Objective", "Param", "PrunerSpec", "SamplerSpec", "Space", "SpaceError",
-           "StudySpec", "TrialSpec", "check_metrics", "format_value", "load_space", "parse_objective", "parse_space",
-           "read_yaml", "space_from_stored"]
+           "StudySpec", "TrialSpec", "check_metrics", "format_value", "load_space_origin", "located_error",
+           "parse_objective", "parse_space", "read_space", "read_yaml", "space_from_stored"]

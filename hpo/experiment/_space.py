@@ -13,7 +13,6 @@ default trial command is used; other commands are trusted.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import os
 import re
@@ -28,17 +27,14 @@ import yaml
 from hpo.analysis._diagnosis import DiagnosisSpec
 from hpo.analysis._files import MAX_FILE_BYTES, FileRefused, check_regular, read_bounded
 from hpo.experiment._heldout import check_no_test_split, parse_baseline
-from hpo.experiment._objective import Objective, check_metrics, parse_objective
+from hpo.experiment._objective import Objective, parse_objective
 from hpo.experiment._ray_spec import EXECUTORS, RaySpec, parse_ray, split_ray
 from hpo.experiment._tracking import TrackingSpec, parse_tracking
 
 SPACES_DIR = Path("search_spaces")
 DEFAULT_COMMAND = ("python", "-m", "verl_core", "train")
 DEFAULT_PREPARE_COMMAND = ("python", "-m", "verl_core", "prepare")
-# Trainer keys the driver sets itself for every trial (so a space must not).
-DRIVER_KEYS = ("trainer.default_local_dir",)
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
-_MAX_CORNER_CHECKS = 64
 
 
 class SpaceError(ValueError):
@@ -217,11 +213,13 @@ class StudySpec:
 @dataclass(frozen=True)
 class TrialSpec:
     backend: str = field(default="verl_core", metadata=_meta(
-        "Trainer: verl_core (python -m verl_core train) or verl (python -m verl.trainer.main_ppo in trial.python, "
-        "hydra overrides; see docs/verl.md).", ("verl_core", "verl")))
+        "Trainer: verl_core (python -m verl_core train), verl (python -m verl.trainer.main_ppo in trial.python, "
+        "hydra overrides; see docs/verl.md) or trl (TRL's GRPOTrainer in trial.python; see docs/trl.md).",
+        ("verl_core", "verl", "trl")))
     python: str | None = field(default=None, metadata=_meta(
         "backend verl: verl's interpreter; null = .venv-gpu-verl/bin/python (make install-verl-gpu), else "
-        ".venv-verl/bin/python (make install-verl), else the driver's own."))
+        ".venv-verl/bin/python (make install-verl), else the driver's own. backend trl: TRL's interpreter "
+        "(docs/trl.md)."))
     command: tuple[str, ...] = field(default=DEFAULT_COMMAND, metadata=_meta("Trainer argv prefix."))
     prepare_command: tuple[str, ...] | None = field(default=None, metadata=_meta("Run once before trials."))
     n_jobs: int = field(default=1, metadata=_meta("Trials run in parallel."))
@@ -245,15 +243,6 @@ class TrialSpec:
         EXECUTORS))
     ray: RaySpec = field(default_factory=RaySpec, metadata=_meta(
         "executor ray: address, per-trial nodes, num_gpus, num_cpus, resources, runtime_env (docs/ray.md)."))
-
-    @property
-    def is_default_command(self) -> bool:
-        """The verl_core trainer: its config is checked, estimated and prepared by the driver."""
-        return self.backend == "verl_core" and tuple(self.command) == DEFAULT_COMMAND
-
-    @property
-    def is_verl(self) -> bool:
-        return self.backend == "verl"
 
 
 @dataclass(frozen=True)
@@ -660,7 +649,8 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
 
 
 def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, str] | None = None) -> Space:
-    """Validate a raw mapping into a :class:`Space` (trainer keys are checked by :func:`check_trainer`)."""
+    """Validate a raw mapping into a :class:`Space` against the schema (the trainer's keys and defaults are its
+    backend's: :mod:`hpo.backends`)."""
     ctx = _Ctx(source, origin or {})
     for key in raw:
         if key not in _TOP_FIELDS:
@@ -720,17 +710,6 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
                         "mode pareto (Optuna cannot report multi-objective curves); use median or none")
     trial: TrialSpec = sections["trial"]
     early: EarlyStopping = sections["early_stopping"]
-    if trial.is_verl:
-        if tuple(trial.command) != DEFAULT_COMMAND:
-            raise ctx.error("trial.command", "not used with trial.backend: verl (the command is python -m "
-                            "verl.trainer.main_ppo in trial.python)")
-        if "early_stopping" not in raw:  # verl logs a spread only with val_kwargs.n > 1: off unless asked for
-            early = EarlyStopping(enabled=False)
-    for k in DRIVER_KEYS:
-        if trial.is_default_command and (k in fixed or k in seen):
-            raise ctx.error(f"overrides.{k}" if k in fixed else f"params.{seen[k]}.key", f"{k} is set by the driver")
-    if trial.is_default_command and trial.prepare_command is None:
-        trial = dataclasses.replace(trial, prepare_command=DEFAULT_PREPARE_COMMAND)
     if trial.devices is not None and not trial.devices:
         raise ctx.error("trial.devices", "expected a non-empty list or null")
     for where, msg in sections["diagnosis"].validate():
@@ -739,19 +718,18 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     _check_code_files(fixed, ctx)
     tracking = parse_tracking(raw.get("tracking"), ctx.error)  # MLflow / W&B (hpo.experiment._tracking)
     if study.strategy == "pbt":
-        _check_pbt(study.pbt, params, objective.multi, trial, ctx)
+        _check_pbt(study.pbt, params, objective.multi, ctx)
     return Space(name=name, source=source, config=config, overrides=dict(fixed), params=params,
                  objective=objective, early_stopping=early, diagnosis=sections["diagnosis"],
                  study=sections["study"], trial=trial, tracking=tracking, raw=raw)
 
 
-def _check_pbt(pbt: PbtSpec, params: tuple[Param, ...], multi: bool, trial: TrialSpec, ctx: _Ctx) -> None:
-    """study.strategy pbt: the knobs' ranges, explored and rollback parameters that exist (hpo.study._pbt)."""
+def _check_pbt(pbt: PbtSpec, params: tuple[Param, ...], multi: bool, ctx: _Ctx) -> None:
+    """study.strategy pbt: the knobs' ranges, explored and rollback parameters that exist (hpo.study._pbt; whether
+    the trainer resumes checkpoints is its backend's check)."""
     names = {p.name for p in params}
     if multi:
         raise ctx.error("study.strategy", "pbt needs a single objective (it ranks members by one value)")
-    if not (trial.is_default_command or trial.is_verl):
-        raise ctx.error("study.strategy", "pbt needs the verl_core or verl trainer (it resumes their checkpoints)")
     if pbt.population < 2:
         raise ctx.error("study.pbt.population", f"at least 2 members, got {pbt.population}")
     if not 0 < pbt.quantile <= 0.5:
@@ -839,74 +817,19 @@ def _check_code_files(fixed: dict[str, Any], ctx: _Ctx) -> None:
                 pass  # unreadable here: the trainer says why where it runs
 
 
-def check_trainer(space: Space, origin: dict[str, str] | None = None) -> None:
-    """Check the config name, every trainer key and the corners of the space with ``verl_core.config``."""
-    from verl_core.config import ConfigError, known_keys, load_config
-
-    ctx = _Ctx(space.source, origin or {})
-    keys = set(known_keys())
-    try:
-        load_config(space.config, [])
-    except ConfigError as err:
-        raise ctx.error("config", f"{space.config!r}: {err}") from None
-    for k, v in space.overrides.items():
-        if k not in keys:
-            raise ctx.error(f"overrides.{k}", f"unknown trainer key (value {v!r})")
-    for p in space.params:
-        if p.key not in keys:
-            raise ctx.error(f"params.{p.name}.key", f"unknown trainer key {p.key!r}")
-    fixed = space.trainer_overrides({})
-    try:
-        base = load_config(space.config, fixed)
-    except ConfigError as err:
-        bad = next((k for k in space.overrides if f"'{k}" in str(err) or f"{k}=" in str(err)), None)
-        raise ctx.error(f"overrides.{bad}" if bad else "overrides", str(err)) from None
-    for k, v in space.study.baseline.items():
-        if k not in keys:
-            raise ctx.error(f"study.baseline.{k}", f"unknown trainer key (value {v!r})")
-    if space.study.baseline:
-        try:
-            load_config(space.config, [*fixed, *(f"{k}={format_value(v)}" for k, v in space.study.baseline.items())])
-        except ConfigError as err:
-            raise ctx.error("study.baseline", f"rejected by the trainer: {err}") from None
-    from verl_core.config import eval_metric_names, produces_metric
-
-    check_metrics(space.objective, lambda m: produces_metric(base, m), eval_metric_names(base), ctx.error)
-    # Each parameter alone at its ends / choices, then all parameters jointly at their corners.
-    for p in space.params:
-        for v in p.corner_values():
-            try:
-                load_config(space.config, space.trainer_overrides({p.name: v}))
-            except ConfigError as err:
-                raise ctx.error(f"params.{p.name}", f"value {v!r} is rejected by the trainer: {err}") from None
-    combos = list(itertools.islice(itertools.product(*(p.corner_values() for p in space.params)),
-                                   _MAX_CORNER_CHECKS))
-    for combo in combos:
-        values = {p.name: v for p, v in zip(space.params, combo, strict=True)}
-        try:
-            load_config(space.config, space.trainer_overrides(values))
-        except ConfigError as err:
-            shown = ", ".join(f"{k}={v!r}" for k, v in values.items())
-            raise ctx.error("params", f"the combination {shown} is rejected by the trainer: {err}") from None
-
-
-def load_space_origin(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR,
-                      check: bool = True) -> tuple[Space, dict[str, str]]:
-    """:func:`load_space`, and which fields the ``--override`` texts set (for errors that name them)."""
+def load_space_origin(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR
+                      ) -> tuple[Space, dict[str, str]]:
+    """:func:`read_space`, and which fields the ``--override`` texts set (for errors that name them)."""
     path = resolve_space_path(name_or_path, spaces_dir)
     raw = read_yaml(path)
     origin = apply_overrides(raw, overrides)
-    space = parse_space(raw, str(path), path.stem, origin)
-    if check and space.trial.is_default_command:
-        check_trainer(space, origin)
-    return space, origin
+    return parse_space(raw, str(path), path.stem, origin), origin
 
 
-def load_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR,
-               check: bool = True) -> Space:
-    """Read, override, parse and (for the default trial command) check an experiment file. A verl space's keys
-    are checked by verl itself: :func:`hpo.backends.load_checked_space`."""
-    return load_space_origin(name_or_path, overrides, spaces_dir, check)[0]
+def read_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR) -> Space:
+    """Read, override and parse an experiment file against the schema. What its trainer gives it and refuses is
+    its backend's: :func:`hpo.backends.load_space` (what the driver runs)."""
+    return load_space_origin(name_or_path, overrides, spaces_dir)[0]
 
 
 def located_error(space: Space, origin: dict[str, str], where: str, msg: str) -> SpaceError:
@@ -915,5 +838,5 @@ def located_error(space: Space, origin: dict[str, str], where: str, msg: str) ->
 
 
 def space_from_stored(raw: dict[str, Any], source: str, name: str) -> Space:
-    """Rebuild the space stored in a study (no trainer check: it passed when the study was made)."""
+    """Rebuild the space stored in a study against the schema (the driver's: :func:`hpo.backends.stored_space`)."""
     return parse_space(raw, source, name)

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hpo.experiment._space import DEFAULT_COMMAND, DEFAULT_PREPARE_COMMAND, Space, SpaceError, load_space
+from hpo.experiment._space import DEFAULT_COMMAND, DEFAULT_PREPARE_COMMAND, Space, SpaceError, TrialSpec, read_space
 
 CODE_KEY_PREFIXES = ("custom_reward_function.", "evaluation.custom")
 TRUST_FLAG = "--trust-stored-experiment"
@@ -41,16 +41,19 @@ def _is_shipped_config(config: str) -> bool:
     return "/" not in config and not config.endswith((".yaml", ".yml"))
 
 
-def executable_part(space: Space) -> dict[str, Any]:
-    """What decides which programs a trial runs (see the module docstring)."""
-    verl = space.trial.is_verl  # hydra's _target_ and verl's custom reward paths load code: every key counts
-    code = {k: v for k, v in space.overrides.items() if verl or k.startswith(CODE_KEY_PREFIXES)}
-    code.update({f"params.{p.name}": p.key for p in space.params if verl or p.key.startswith(CODE_KEY_PREFIXES)})
+def executable_part(space: Space, every_key_is_code: bool = False) -> dict[str, Any]:
+    """What decides which programs a trial runs (see the module docstring). ``every_key_is_code``: the trainer may
+    load code named by any key (verl: hydra's ``_target_`` and its custom reward paths; ``Backend.every_key_is_code``),
+    not only by :data:`CODE_KEY_PREFIXES`."""
+    every = every_key_is_code
+    code = {k: v for k, v in space.overrides.items() if every or k.startswith(CODE_KEY_PREFIXES)}
+    code.update({f"params.{p.name}": p.key for p in space.params if every or p.key.startswith(CODE_KEY_PREFIXES)})
+    prepare = space.trial.prepare_command
     return {
         "trial.backend": space.trial.backend,
         "trial.python": space.trial.python,
         "trial.command": list(space.trial.command),
-        "trial.prepare_command": None if space.trial.prepare_command is None else list(space.trial.prepare_command),
+        "trial.prepare_command": None if prepare in (None, DEFAULT_PREPARE_COMMAND) else list(prepare or ()),
         "trial.env": dict(space.trial.env),
         "config": None if _is_shipped_config(space.config) else space.config,
         "code keys": code,
@@ -58,7 +61,7 @@ def executable_part(space: Space) -> dict[str, Any]:
 
 
 def is_default(part: dict[str, Any]) -> bool:
-    return (part["trial.backend"] == "verl_core" and part["trial.python"] is None
+    return (part["trial.backend"] == TrialSpec().backend and part["trial.python"] is None
             and part["trial.command"] == list(DEFAULT_COMMAND)
             and part["trial.prepare_command"] in (None, list(DEFAULT_PREPARE_COMMAND))
             and not part["trial.env"] and part["config"] is None and not part["code keys"])
@@ -66,15 +69,16 @@ def is_default(part: dict[str, Any]) -> bool:
 
 def _local_space(path: Path) -> Space | None:
     try:
-        return load_space(str(path), check=False)
+        return read_space(str(path))
     except SpaceError:
         return None
 
 
 def check_stored_experiment(stored: Space, study_name: str, local_path: str | None, stored_source: str | None,
-                            trusted: bool, stored_digest: str | None = None) -> str:
-    """Raise SpaceError unless the stored experiment may run here; returns how it was accepted."""
-    part = executable_part(stored)
+                            trusted: bool, stored_digest: str | None = None, every_key_is_code: bool = False) -> str:
+    """Raise SpaceError unless the stored experiment may run here; returns how it was accepted (``every_key_is_code``:
+    see :func:`executable_part`)."""
+    part = executable_part(stored, every_key_is_code)
     if is_default(part):
         return "default trainer"
     if trusted:
@@ -90,10 +94,10 @@ def check_stored_experiment(stored: Space, study_name: str, local_path: str | No
         candidates.append(Path(stored_source))
     for path in candidates:
         local = _local_space(path)
-        if local is not None and executable_part(local) == part:
+        if local is not None and executable_part(local, every_key_is_code) == part:
             return str(path)
     differs = [k for k in part if part[k] not in (None, {}, [])
-               and (k != "trial.backend" or part[k] != "verl_core")
+               and (k != "trial.backend" or part[k] != TrialSpec().backend)
                and (k != "trial.command" or part[k] != list(DEFAULT_COMMAND))
                and (k != "trial.prepare_command" or part[k] != list(DEFAULT_PREPARE_COMMAND))]
     where = f"{candidates[0]} differs" if candidates else "no local experiment file to compare with"

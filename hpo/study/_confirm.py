@@ -32,8 +32,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.backends.verl._compose import SEED_KEYS as VERL_SEED_KEYS
-from hpo.experiment._heldout import TEST_KEY, heldout_metric
+from hpo.backends import backend_of
 from hpo.experiment._space import Space
 
 ATTR_CONFIRM_OF = "hpo:confirm_of"
@@ -56,41 +55,21 @@ def is_baseline(t: FrozenTrial) -> bool:
 def heldout_overrides(space: Space) -> dict[str, Any]:
     """What a confirmation run adds to be measured on the held-out test split (:mod:`hpo.experiment._heldout`):
     verl_core ``data.test_files`` (``study.confirm.test_files``, else the built-in task's test split when
-    ``data.val_files`` is ``builtin:<task>``); verl: ``data.val_files`` replaced by ``study.confirm.test_files``."""
-    files = space.study.confirm.test_files
-    if space.trial.is_verl:
-        return {"data.val_files": files} if files else {}
-    if files:
-        return {TEST_KEY: files}
-    if space.trial.is_default_command:
-        from verl_core.config import load_config
-
-        val = load_config(space.config, space.trainer_overrides({})).data.val_files
-        if val.startswith("builtin:"):
-            return {TEST_KEY: val}
-    return {}
+    ``data.val_files`` is ``builtin:<task>``); verl: ``data.val_files`` replaced by ``study.confirm.test_files``
+    (``Backend.heldout_overrides``)."""
+    return backend_of(space).heldout_overrides(space)
 
 
 def heldout_note(space: Space) -> str:
     """One line on where confirmation runs measure the held-out value ("" when they do not)."""
-    extra = heldout_overrides(space)
-    if not extra:
-        return ""
-    if space.trial.is_verl:
-        return (f"confirmation runs validate on the test file {extra['data.val_files']} (data.val_files swapped): "
-                "their values are held-out test values")
-    return f"confirmation runs also evaluate the held-out test split {extra[TEST_KEY]} at their last step"
+    return backend_of(space).heldout_note(space)
 
 
 def heldout_metric_of(space: Space) -> str | None:
     """The metric a confirmation run's held-out value is read from: verl_core's ``test/...`` twin of the objective's
     metric; verl's objective metric itself when ``data.val_files`` is swapped for the test file; None without a
     held-out split."""
-    extra = heldout_overrides(space)
-    if not extra:
-        return None
-    primary = space.objective.primary_metric
-    return primary if space.trial.is_verl else heldout_metric(primary)
+    return backend_of(space).heldout_metric(space)
 
 
 def confirm_overrides(space: Space, seed: int, baseline: bool = False) -> dict[str, Any]:
@@ -99,17 +78,10 @@ def confirm_overrides(space: Space, seed: int, baseline: bool = False) -> dict[s
     return {**(space.study.baseline if baseline else {}), **seed_overrides(space, seed), **heldout_overrides(space)}
 
 
-# verl 0.9.1's defaults of its seed keys (verl/trainer/config/_generated_ppo_trainer.yaml); data.seed is null.
-VERL_SEED_DEFAULTS = {"actor_rollout_ref.rollout.seed": 42, "actor_rollout_ref.actor.data_loader_seed": 42,
-                      "critic.data_loader_seed": 42}
-
-
 def seed_keys(space: Space) -> tuple[str, ...]:
     """The trainer keys of a run's seeds: ``study.confirm.seed_key``, else ``trainer.seed`` (verl_core) or every
-    seed of a verl run (:data:`VERL_SEED_KEYS`, each checked to exist in verl 0.9.1's composed config)."""
-    if space.study.confirm.seed_key:
-        return (space.study.confirm.seed_key,)
-    return VERL_SEED_KEYS if space.trial.is_verl else ("trainer.seed",)
+    seed of a verl run (each checked to exist in verl 0.9.1's composed config): ``Backend.seed_keys``."""
+    return backend_of(space).seed_keys(space)
 
 
 def seed_key(space: Space) -> str:
@@ -136,12 +108,10 @@ def _tuning_seeds(space: Space, key: str) -> set[int]:
     if fixed is not None:
         if space.overrides[fixed] is not None:
             seeds.add(int(space.overrides[fixed]))
-    elif space.trial.is_default_command and key == "trainer.seed":
-        from verl_core.config import load_config
-
-        seeds.add(int(load_config(space.config, space.trainer_overrides({})).trainer.seed))
-    elif space.trial.is_verl and key in VERL_SEED_DEFAULTS:
-        seeds.add(VERL_SEED_DEFAULTS[key])
+    else:
+        default = backend_of(space).default_seed(space, key)
+        if default is not None:
+            seeds.add(default)
     for p in space.params:
         if p.key.lstrip("+") != key:
             continue

@@ -15,8 +15,9 @@ from typing import Any
 
 import optuna
 
+from hpo.backends import stored_space
 from hpo.execution._identity import driver_identity
-from hpo.experiment._space import Param, PrunerSpec, SamplerSpec, Space, SpaceError, space_from_stored
+from hpo.experiment._space import Param, PrunerSpec, SamplerSpec, Space, SpaceError
 from hpo.experiment._trust import experiment_digest
 from hpo.study._storage import mask_url, open_storage, study_exists
 
@@ -151,7 +152,7 @@ def load_stored(study_name: str, storage_url: str, n_trials: int | None,
     raw = old.user_attrs.get(ATTR_SPACE)
     if not isinstance(raw, dict):
         raise SpaceError(f"study {study_name!r} in {mask_url(storage_url)} was not made by verl-hpo (no stored space)")
-    space = space_from_stored(raw, str(old.user_attrs.get(ATTR_SOURCE, "stored space")), study_name)
+    space = stored_space(raw, str(old.user_attrs.get(ATTR_SOURCE, "stored space")), study_name)
     target = n_trials or int(old.user_attrs.get(ATTR_TARGET, space.study.n_trials))
     space = dataclasses.replace(space, study=dataclasses.replace(space.study, n_trials=target))
     storage = open_storage(storage_url, space.study)

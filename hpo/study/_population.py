@@ -56,6 +56,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from hpo.backends import backend_of
 from hpo.experiment._space import ROLLBACK_LABELS, Space, SpaceError
 from hpo.study._checkpoints import (
     CHECKPOINTS,
@@ -374,16 +375,7 @@ def segment_overrides(space: Space, system: dict[str, Any], trial: Trial) -> tup
             trial.set_user_attr("fail_reason", "checkpoint")
             trial.set_user_attr("error", str(err))
             raise
-    out = [f"trainer.total_training_steps={end}", f"trainer.save_freq={end}"]
-    if space.trial.is_verl:  # verl_argv adds resume_mode=resume_path and resume_from_path; the weights only, so
-        if not ckpt:         # that the config's learning rate wins over the restored optimizer's (_launch)
-            return out, None
-        from hpo.backends.verl._launch import weights_only_overrides
-
-        return out + weights_only_overrides(), Path(ckpt)
-    out += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}"] if ckpt else \
-        ["trainer.resume_mode=disable"]
-    return out, None if not ckpt else Path(ckpt)
+    return backend_of(space).segment_overrides(space, end, ckpt or None)
 
 
 # ----------------------------------------------------------------------------- confirming a schedule
@@ -533,9 +525,7 @@ def pbt_total(space: Space) -> int:
     """The members' total trainer steps: ``study.pbt.total_steps``, else the config's."""
     if space.study.pbt.total_steps is not None:
         return int(space.study.pbt.total_steps)
-    from hpo.study._command import total_steps
-
-    n = total_steps(space, space.trainer_overrides({}))
+    n = backend_of(space).configure(space, {}, Path(".")).total_steps
     if n is None:
         raise SpaceError(f"{space.source}: study.pbt.total_steps: needed (null), since the trainer's "
                          "trainer.total_training_steps is not among the overrides")

@@ -158,13 +158,15 @@ def sweep_jobs(study: optuna.Study, spec: TrialSpec, final: bool) -> int:
     return stopped
 
 
-def ray_job(study: optuna.Study, trial: Trial, spec: TrialSpec, job: tuple[str, bool], **kwargs: Any) -> RayJob:
-    """The executor of one attempt: ``job`` is :func:`job_for`'s (submission id, adopt); ``kwargs`` are those of a
+def ray_job(study: optuna.Study, trial: Trial, spec: TrialSpec, job: tuple[str, bool], hold: bool = True,
+            **kwargs: Any) -> RayJob:
+    """The executor of one attempt: ``job`` is :func:`job_for`'s (submission id, adopt); ``hold``: a one-node job
+    may hold its GPUs itself (not a trainer that starts its own Ray, ``Backend.ray_hold``); ``kwargs`` are those of a
     local :class:`~hpo.execution.TrialProcess` (argv, env, log_dir, metrics_path, callbacks, ...)."""
     sid, adopt = job
     trial.set_user_attr("ray_job", sid)
     if adopt:
         trial.set_user_attr("ray_job_adopted", True)
     return RayJob(address=address(spec), submission_id=sid, adopt=adopt, resources=needs(spec),
-                  hold=spec.ray.nodes == 1 and not spec.is_verl, metadata=metadata(study, trial.number),
+                  hold=spec.ray.nodes == 1 and hold, metadata=metadata(study, trial.number),
                   runtime_env=spec.ray.runtime_env, stop_timeout_s=spec.ray.stop_timeout_s, **kwargs)

@@ -43,31 +43,14 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from hpo.analysis._diagnosis import Diagnoser
-from hpo.backends._preflight import predict
-from hpo.backends.verl import (
-    default_python,
-    resume_point,
-    scratch_dir,
-    verl_argv,
-    verl_cleanup,
-    verl_env,
-    verl_job_env,
-    verl_metrics_path,
-)
+from hpo.backends import Backend, LaunchContext, TrialConfig, backend_of
 from hpo.execution._devices import DevicePool
 from hpo.execution._executor import TrialExecutor
 from hpo.execution._runner import RunResult, TrialProcess, read_tail
 from hpo.experiment._objective import Scored
 from hpo.experiment._space import Space
 from hpo.study._checkpoints import clean_after
-from hpo.study._command import (
-    fresh_trial_dir,
-    total_steps,
-    trainer_overrides,
-    trial_command,
-    trial_env,
-    write_trial_files,
-)
+from hpo.study._command import fresh_trial_dir, trial_env, write_trial_files
 from hpo.study._confirm import (
     ATTR_BASELINE,
     ATTR_CONFIRM_OF,
@@ -135,10 +118,7 @@ class _Plan:
     history: list[int]  # the retry chain's earlier trial numbers
     metrics: Path
     confirm_seed: Any
-    overrides: list[str]
-    argv: list[str]
-    total: int | None  # trainer.total_training_steps, when known
-    resume_from: Path | None = None  # pbt, verl backend: the segment's start checkpoint (resume_path)
+    config: TrialConfig  # the backend's: overrides, total steps, config.yaml, the loaded config
 
 
 class TrialRunner:
@@ -154,6 +134,7 @@ class TrialRunner:
         self.cwd = cwd
         self.identity = identity
         self.pool = pool
+        self.backend: Backend = backend_of(space)
 
     def run(self, trial: Trial, lost: threading.Event) -> tuple[TrialState, list[float] | None]:
         """The trial's state and values, its checkpoints cleaned. TrialInterrupted, TrialLost and the database's
@@ -186,22 +167,21 @@ class TrialRunner:
                                          job[1], self.reporter.note):
             self._interrupt(trial)
         entered = time.monotonic()
-        if self.space.trial.preflight and self.space.trial.is_default_command and not ray:
-            pred = predict(self.space, plan.overrides, devices)
-            if not pred.fits:
-                self.pool.release(devices)
-                (plan.trial_dir / "memory_estimate.txt").write_text(pred.table + "\n")
-                trial.set_user_attr("predicted_memory_gb", round(pred.total / 2**30, 4))
-                trial.set_user_attr("memory_budget_gb", round(pred.budget / 2**30, 4))
-                trial.set_user_attr("wall_time_s", round(time.monotonic() - entered, 3))
-                return fail_trial(trial, self.space, "predicted_oom",
-                                  f"predicted {pred.problem} ({pred.budget_source})", "")
+        pred = self.backend.predict(self.space, plan.config, devices) if self.space.trial.preflight and not ray \
+            else None
+        if pred is not None and not pred.fits:
+            self.pool.release(devices)
+            (plan.trial_dir / "memory_estimate.txt").write_text(pred.table + "\n")
+            trial.set_user_attr("predicted_memory_gb", round(pred.total / 2**30, 4))
+            trial.set_user_attr("memory_budget_gb", round(pred.budget / 2**30, 4))
+            trial.set_user_attr("wall_time_s", round(time.monotonic() - entered, 3))
+            return fail_trial(trial, self.space, "predicted_oom", f"predicted {pred.problem} ({pred.budget_source})",
+                              "")
         try:
             result, proc, watch = self._launch(trial, plan, devices, lost, job)
         finally:
             self.pool.release(devices)
-            if self.space.trial.is_verl:  # Ray's scratch dir (sockets, spilled objects) goes; its logs are kept
-                verl_cleanup(plan.trial_dir, len(plan.history), keep_logs=True)
+            self.backend.cleanup(plan.trial_dir, len(plan.history))
         if lost.is_set():
             raise TrialLost(f"trial {trial.number} was finished by another driver while it ran here")
         overhead = None if proc.spawned_at is None else proc.spawned_at - entered
@@ -226,42 +206,36 @@ class TrialRunner:
             self._interrupt(trial)
         trial_dir = fresh_trial_dir(self.trials_dir, self.study.study_name, trial.number, self.identity)
         history = list(system.get("retry_history", []))
-        attempt = len(history)  # verl: each attempt its own metrics file (its FileLogger truncates)
-        metrics = verl_metrics_path(trial_dir, attempt) if self.space.trial.is_verl else trial_dir / "metrics.jsonl"
+        metrics = self.backend.metrics_path(trial_dir, len(history))
         confirm_seed = system.get(ATTR_CONFIRM_SEED)
         if confirm_seed is not None:  # a confirmation run: the top trial's values with a fresh seed
             trial.set_user_attr("confirm_of", "baseline" if baseline else system.get(ATTR_CONFIRM_OF))
             trial.set_user_attr("confirm_seed", confirm_seed)
-        overrides = trainer_overrides(self.space, values, trial_dir, None if confirm_seed is None else
-                                      confirm_overrides(self.space, int(confirm_seed), baseline))
+        tail: list[str] = []
         resume_from = None
         if runs_steps(system):  # pbt: its step range and start checkpoint (hpo.study._population)
-            extra, resume_from = segment_overrides(self.space, system, trial)
-            overrides += extra
-        argv = [*trial_command(self.space), "--config", self.space.config, "--metrics-file", str(metrics), *overrides]
+            tail, resume_from = segment_overrides(self.space, system, trial)
+        config = self.backend.configure(self.space, values, trial_dir, None if confirm_seed is None else
+                                        confirm_overrides(self.space, int(confirm_seed), baseline), tail)
+        config.resume_from = resume_from
         trial.set_user_attr("trial_dir", str(trial_dir))
         if retry_of is not None:
             trial.set_user_attr("retry_of", retry_of)
-        return _Plan(values, retry_of, trial_dir, history, metrics, confirm_seed, overrides, argv,
-                     total_steps(self.space, overrides), resume_from)
+        return _Plan(values, retry_of, trial_dir, history, metrics, confirm_seed, config)
 
     def _launch(self, trial: Trial, plan: _Plan, devices: list[str], lost: threading.Event,
                 job: tuple[str, bool] | None = None) -> tuple[RunResult, TrialExecutor, Watch]:
         """Write the trial's files and run its process on ``devices``, a :class:`Watch` reading its metrics."""
-        spec, attempt, total = self.space.trial, len(plan.history), plan.total
-        argv = plan.argv
-        env = trial_env(self.space, self.study.study_name, trial.number, self.identity, devices, plan.metrics)
-        point = None
-        if spec.is_verl:  # a retry continues from the chain's newest complete checkpoint (resume_path)
-            point = resume_point(self.trials_dir, plan.history)
-            argv = verl_argv(spec.python or default_python(self.cwd), self.space.config, plan.overrides,
-                             self.study.study_name, trial.number, plan.trial_dir,
-                             len(devices) if job is None else spec.ray.num_gpus,
-                             plan.resume_from if point is None else point.checkpoint,
-                             1 if job is None else spec.ray.nodes)
-            env = (verl_env(env, plan.trial_dir, attempt, cpu=not devices) if job is None  # no GPU: verl on the CPU
-                   else verl_job_env(env, plan.trial_dir, attempt))
-        write_trial_files(self.space, self.cwd, plan.trial_dir, argv, env, plan.overrides, plan.values)
+        spec, attempt, total = self.space.trial, len(plan.history), plan.config.total_steps
+        point = self.backend.resume_point(self.trials_dir, plan.history)  # a retry continues the chain's newest
+        ctx = LaunchContext(                                               # complete checkpoint
+            study=self.study.study_name, number=trial.number, trial_dir=plan.trial_dir, attempt=attempt,
+            metrics=plan.metrics, cwd=self.cwd, devices=len(devices), ray_job=job is not None,
+            env=trial_env(self.space, self.study.study_name, trial.number, self.identity, devices, plan.metrics),
+            resume_from=plan.config.resume_from if point is None else point.checkpoint)
+        launch = self.backend.launch(self.space, plan.config, ctx)
+        argv, env = launch.argv, launch.env
+        write_trial_files(self.space, self.cwd, plan.trial_dir, argv, env, plan.config, plan.values)
         mem = [0.0]
 
         def on_eval(step: int, value: float) -> None:
@@ -289,9 +263,8 @@ class TrialRunner:
             "timeout_s": spec.timeout_s, "memory_limit_gb": spec.memory_limit_gb, "on_metrics": watch,
             "on_tick": on_tick, "stop_event": _TrialStop(self.stop_event, lost)}
         proc: TrialExecutor = (
-            ray_job(self.study, trial, spec, job, note=self.reporter.note, **run) if job is not None else TrialProcess(
-                **run,  # verl's weight-sync sockets have fixed names under /tmp (issue 21 item 3)
-                private_tmp=scratch_dir(plan.trial_dir, attempt) / "slash-tmp" if spec.is_verl else None))
+            ray_job(self.study, trial, spec, job, hold=self.backend.ray_hold, note=self.reporter.note, **run)
+            if job is not None else TrialProcess(**run, private_tmp=launch.private_tmp))
         return proc.run(), proc, watch
 
     def _abandon(self, trial: Trial, err: Exception) -> None:

@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.backends.verl import verl_metrics_path
+from hpo.backends import backend_named, known_backends
 from hpo.execution._metrics import MetricsFileError, MetricsTail
 from hpo.execution.ray_jobs._job import JOB_METRICS
 from hpo.experiment._tracking import TrackingSpec, redact_uri
@@ -123,8 +123,9 @@ class Tracker:
         self.page = studies_dir / study.study_name / "dashboard.html"
         self.objective_names = list(study.metric_names or [f"value_{i}" for i in range(len(study.directions))])
         space = study.user_attrs.get(ATTR_SPACE)
-        self.is_verl = isinstance(space, dict) and isinstance(space.get("trial"), dict) and \
-            space["trial"].get("backend") == "verl"
+        trial = space.get("trial") if isinstance(space, dict) else None
+        name = trial.get("backend", "verl_core") if isinstance(trial, dict) else None
+        self.backend = backend_named(name if name in known_backends() else "command")  # where metrics files live
         # a Ray job's metrics lines reach this host through its log: the driver keeps them in JOB_METRICS
         self.is_ray_job = isinstance(space, dict) and isinstance(space.get("trial"), dict) and \
             space["trial"].get("executor") == "ray"
@@ -155,7 +156,7 @@ class Tracker:
         chain = chain_info(t)
         trial_dir = Path(str(t.user_attrs.get("trial_dir", "")))
         attempt = len(t.system_attrs.get("retry_history", []) or [])
-        path = verl_metrics_path(trial_dir, attempt) if self.is_verl else trial_dir / "metrics.jsonl"
+        path = self.backend.metrics_path(trial_dir, attempt)
         if self.is_ray_job:
             path = trial_dir / JOB_METRICS
         self.active[t.number] = (chain.root, MetricsTail(path))

@@ -84,7 +84,7 @@ def test_the_verl_stage_commands_are_valid_searches() -> None:
     """The studies of the GPU verl stages: their argv parse as ``verl-hpo search`` / ``resume``, and their overrides
     shrink the shipped space to short trials on the local model and data (no verl needed)."""
     from hpo._cli import build_parser
-    from hpo.experiment._space import load_space
+    from hpo.backends import load_space
 
     work, model = Path("/tmp/w"), Path("/tmp/w/model")
     study, pair, resume, ray_left = run_py(
@@ -100,7 +100,8 @@ def test_the_verl_stage_commands_are_valid_searches() -> None:
         assert args.cmd == "search" and args.space == "verl_grpo_gsm8k" and args.override == overrides
         assert args.study == name and args.studies_dir == work / "studies"
         space = load_space("verl_grpo_gsm8k", overrides, check=False)
-        assert space.trial.is_verl and space.trial.python == "/venv/bin/python" and space.study.n_trials == n_trials
+        assert space.trial.backend == "verl" and space.trial.python == "/venv/bin/python"
+        assert space.study.n_trials == n_trials
         assert space.trial.n_jobs == n_jobs and space.trial.gpus_per_trial == 1
         assert space.param("mini_batch").choices == (16,)
         assert space.overrides["trainer.total_training_steps"] == steps == space.overrides["trainer.test_freq"]

@@ -12,7 +12,7 @@ CHECK = textwrap.dedent("""
     import sys
     import hpo
     from hpo._cli import main
-    from hpo.experiment._space import load_space
+    from hpo.backends import load_space
     assert main(["search", "--space", "/nonexistent/space.yaml", "--studies-dir", sys.argv[1]]) == 2
     load_space("kl_lr")  # validates trainer keys and corners with verl_core.config
     heavy = sorted(m for m in ("torch", "transformers", "verl_core.trainer") if m in sys.modules)

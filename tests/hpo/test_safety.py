@@ -199,7 +199,7 @@ def test_resume_runs_a_stored_experiment_that_matches_its_local_file(tmp_path: P
 
 
 def test_stored_user_code_keys_need_trust_even_with_the_default_trainer(tmp_path: Path) -> None:
-    from hpo.experiment._space import load_space
+    from hpo.backends import load_space
     from hpo.experiment._trust import check_stored_experiment
 
     space = load_space("kl_lr", ["custom_reward_function.path=/tmp/evil.py"], check=False)
@@ -351,7 +351,7 @@ def test_a_launch_error_is_not_a_storage_error_and_leaves_no_running_trial(tmp_p
 def test_a_study_creation_cut_short_is_repaired_by_the_next_search(tmp_path: Path, studies: Path) -> None:
     """``search`` died right after storing the experiment: the next ``search`` writes the source path and the
     digest that are missing, so that ``resume`` needs no ``--space`` (its trainer command runs code)."""
-    from hpo.experiment._space import load_space
+    from hpo.backends import load_space
     from hpo.study._optuna import ATTR_DIGEST, ATTR_SOURCE, _jsonable
 
     path = fake_space(tmp_path, study={"n_trials": 2, "pruner": {"type": "none"}})

@@ -8,6 +8,7 @@ with its model and reward for ``search_spaces/verl_grpo_cpu.yaml``).
 
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
 
+from hpo.backends.verl._backend import SEED_DEFAULTS, VerlBackend
 from hpo.backends.verl._check import (
     COMPOSE_SCRIPT,
     SKIP_INTERPRETER_CHECK,
@@ -62,7 +63,8 @@ from hpo.backends.verl._resume import (
 )
 
 __all__ = [
-    "CHECKPOINT_TRACKER", "COMPOSE_SCRIPT", "DEFAULT_CONFIG", "DEFAULT_VENV", "DRIVER_KEYS", "GPU_INSTALL_HINT",
+    "CHECKPOINT_TRACKER", "COMPOSE_SCRIPT", "SEED_DEFAULTS", "VerlBackend",
+    "DEFAULT_CONFIG", "DEFAULT_VENV", "DRIVER_KEYS", "GPU_INSTALL_HINT",
     "GPU_VENV", "INSTALL_HINT", "MAIN_MODULE", "SKIP_INTERPRETER_CHECK", "ComposeReport", "ComposedConfig", "Corner",
     "ResumePoint", "VerlConfigError", "attempt_files", "check_space", "check_verl_launch", "check_verl_metrics",
     "check_verl_space", "checkpoint_complete", "checkpoint_step", "compose_corners", "config_args", "default_python",

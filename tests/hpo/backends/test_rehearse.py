@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from hpo.backends import load_space
 from hpo.backends._rehearse import rehearsal_corners
-from hpo.experiment._space import load_space
 from tests.hpo.backends.test_verl import needs_verl
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -12,6 +12,7 @@ import yaml
 
 from hpo import SpaceError, load_space
 from hpo._cli import main
+from hpo.backends import backend_of
 from hpo.experiment._space import format_value
 from tests.hpo.conftest import ROOT
 
@@ -133,7 +134,7 @@ def test_yaml_object_is_not_constructed(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["kl_lr", "full"])
 def test_shipped_spaces_are_valid(name: str) -> None:
     space = load_space(name, spaces_dir=ROOT / "search_spaces")
-    assert space.trial.is_default_command and space.params
+    assert backend_of(space).name == "verl_core" and space.params
     assert space.objective.metric == "eval/reward_mean" and space.objective.direction == "maximize"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpo.experiment._space import load_space
+from hpo.backends import load_space
 from hpo.reporting._report import confirmed_table
 from hpo.reporting._verdict import verdict_lines
 from hpo.study._compare import RULE, welch

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from hpo.experiment._space import load_space
+from hpo.backends import load_space
 from hpo.study._confirm import confirm_seeds, tuning_seeds
 from tests.hpo.conftest import fake_space, load, run_cli
 

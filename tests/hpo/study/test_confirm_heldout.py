@@ -86,14 +86,14 @@ def test_confirm_runs_the_full_budget_on_the_test_split_and_against_the_baseline
 def test_a_search_trial_of_the_default_trainer_never_evaluates_the_test_split(tmp_path: Path) -> None:
     """Whatever the trainer config says, a search trial runs with data.test_files=null; a confirmation run gets the
     built-in task's test split."""
-    from hpo.experiment._space import load_space
-    from hpo.study._command import trainer_overrides
+    from hpo.backends import backend_of, load_space
     from hpo.study._confirm import confirm_overrides, heldout_metric_of
 
     space = load_space("kl_lr")
-    search = trainer_overrides(space, {"kl_coef": 0.05, "actor_lr": 1e-5}, tmp_path)
+    search = backend_of(space).configure(space, {"kl_coef": 0.05, "actor_lr": 1e-5}, tmp_path).overrides
     assert search[-1] == "data.test_files=null"
-    confirm = trainer_overrides(space, {"kl_coef": 0.05, "actor_lr": 1e-5}, tmp_path, confirm_overrides(space, 1000))
+    confirm = backend_of(space).configure(space, {"kl_coef": 0.05, "actor_lr": 1e-5}, tmp_path,
+                                         confirm_overrides(space, 1000)).overrides
     assert "data.test_files=builtin:arith" in confirm and "data.test_files=null" not in confirm
     assert heldout_metric_of(space) == "test/reward_mean"
     base = confirm_overrides(space, 1000, baseline=True)
@@ -111,7 +111,8 @@ def test_a_search_trial_of_the_default_trainer_never_evaluates_the_test_split(tm
 ])
 def test_the_search_cannot_be_pointed_at_the_test_split(tmp_path: Path, section: str, value: object,
                                                          needle: str) -> None:
-    from hpo.experiment._space import SpaceError, load_space
+    from hpo.backends import load_space
+    from hpo.experiment._space import SpaceError
 
     space = fake_space(tmp_path, **{section: value})
     with pytest.raises(SpaceError) as err:
@@ -127,7 +128,8 @@ def test_a_search_on_the_test_split_is_one_line_and_makes_no_study(tmp_path: Pat
 
 
 def test_a_baseline_key_the_trainer_does_not_know_is_one_line(tmp_path: Path) -> None:
-    from hpo.experiment._space import SpaceError, load_space
+    from hpo.backends import load_space
+    from hpo.experiment._space import SpaceError
 
     bad = tmp_path / "kl_lr.yaml"
     text = (Path(__file__).resolve().parents[3] / "search_spaces" / "kl_lr.yaml").read_text()
@@ -139,7 +141,7 @@ def test_a_baseline_key_the_trainer_does_not_know_is_one_line(tmp_path: Path) ->
 def test_a_verl_confirmation_run_validates_on_its_own_test_file(tmp_path: Path) -> None:
     """verl: study.confirm.test_files replaces data.val_files in confirmation runs (never in search trials); their
     objective metric is then the held-out value, and confirm says so."""
-    from hpo.study._command import trainer_overrides
+    from hpo.backends import backend_of
     from hpo.study._confirm import confirm_overrides, heldout_metric_of, heldout_note
     from tests.hpo.backends.test_verl import SPACE_FILE, load_verl_space
 
@@ -148,8 +150,8 @@ def test_a_verl_confirmation_run_validates_on_its_own_test_file(tmp_path: Path) 
     assert "data.val_files" not in confirm_overrides(plain, 1000)
     space = load_verl_space(SPACE_FILE, study={**plain.raw["study"], "confirm": {"test_files": "/data/test.parquet"}})
     values = {p.name: p.low if p.low is not None else (p.choices or [None])[0] for p in space.params}
-    search = trainer_overrides(space, values, tmp_path)
-    confirm = trainer_overrides(space, values, tmp_path, confirm_overrides(space, 1000))
+    search = backend_of(space).configure(space, values, tmp_path).overrides
+    confirm = backend_of(space).configure(space, values, tmp_path, confirm_overrides(space, 1000)).overrides
     assert not any("/data/test.parquet" in o for o in search)
     assert [o for o in confirm if o.startswith("data.val_files=")] == ["data.val_files=/data/test.parquet"]
     assert heldout_metric_of(space) == space.objective.primary_metric

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from hpo.experiment._space import Param, PbtSpec, SpaceError, load_space
+from hpo.backends import load_space
+from hpo.experiment._space import Param, PbtSpec, SpaceError
 from hpo.study._pbt import (
     Segment,
     apply_rule,

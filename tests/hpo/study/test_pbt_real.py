@@ -17,7 +17,7 @@ import pytest
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.experiment._space import load_space
+from hpo.backends import load_space
 from hpo.study._optuna import open_study
 from hpo.study._population import Population
 from tests.hpo.conftest import PY, ROOT, cli_env, load, run_cli

@@ -14,7 +14,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hpo.experiment._space import Space, load_space
+from hpo.backends import load_space
+from hpo.experiment._space import Space
 from hpo.study._checkpoints import TRIAL_MARKER
 from hpo.study._population import (
     A_ACTION,

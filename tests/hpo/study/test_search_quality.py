@@ -10,8 +10,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from hpo.backends import load_space
 from hpo.experiment._objective import Objective
-from hpo.experiment._space import PrunerSpec, SamplerSpec, SpaceError, load_space
+from hpo.experiment._space import PrunerSpec, SamplerSpec, SpaceError
 from hpo.study._optuna import make_pruner, make_sampler
 from tests.hpo.conftest import fake_space, load, run_cli
 

@@ -13,7 +13,8 @@ from typing import Any
 import optuna
 import pytest
 
-from hpo.experiment._space import Param, SamplerSpec, load_space
+from hpo.backends import load_space
+from hpo.experiment._space import Param, SamplerSpec
 from hpo.study._optuna import load_stored, make_sampler, open_study
 from hpo.study._startup import LatinStartSampler
 from hpo.study._storage import open_storage

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from hpo.experiment._space import SpaceError, load_space
+from hpo.backends import load_space
+from hpo.experiment._space import SpaceError
 from hpo.experiment._tracking import MlflowSpec, TrackingSpec, WandbSpec, apply_flags, redact_uri
 from hpo.tracking._check import tracker_problems
 from tests.hpo.conftest import fake_space, load, run_cli

@@ -1,0 +1,213 @@
+"""The contract between the study driver and a trainer: :class:`Backend`, one subclass per ``trial.backend``.
+
+The study loop, confirmation, PBT, tracking and reporting never test a backend's name; they ask the trial's backend
+(:func:`hpo.backends.backend_of`). A backend answers, for one experiment (:class:`~hpo.experiment.Space`):
+
+* ``check(space, origin)``: refuse the experiment before a study is made (SpaceError, one line); ``normalize``:
+  the defaults it gives a parsed experiment (e.g. verl_core's prepare step).
+* ``configure(space, values, trial_dir, extra)``: one attempt's :class:`TrialConfig` (overrides, total steps, the
+  ``config.yaml`` text, the loaded config when the backend loads one). A trial's config is loaded once, here.
+* ``launch(space, config, ctx)``: the attempt's :class:`Launch` (argv, environment, private ``/tmp``).
+* ``metrics_path(trial_dir, attempt)``: where the attempt's JSONL metrics file lives (``{"step": N, "data": {}}``).
+* ``predict(space, config, devices)``: a memory estimate to skip a trial that cannot fit (None: none).
+* ``resume_point(trials_dir, history)``: the checkpoint a retry continues from, and the curve logged up to it.
+* ``seed_keys(space)``, ``default_seed(space, key)``: what a confirmation run sets to change its seed.
+* ``heldout_overrides(space)``, ``heldout_metric(space)``: how a confirmation run measures the held-out split.
+* ``segment_overrides(space, start, end, checkpoint)``: a PBT segment's overrides (``supports_pbt``).
+* ``cleanup(trial_dir, attempt)``: what goes once an attempt's process is gone (scratch directories).
+
+The base class is a custom command (``trial.command``, any program that takes ``--config``, ``--metrics-file`` and
+``key=value`` overrides and writes the JSONL file): no config is loaded, nothing is estimated or resumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import yaml
+
+from hpo.experiment._heldout import TEST_KEY, heldout_metric
+from hpo.experiment._space import Space, format_value
+
+
+class ResumePointLike(Protocol):
+    """A checkpoint a retry continues from (``checkpoint``, its ``step``) and the records logged up to it."""
+
+    @property
+    def checkpoint(self) -> Path: ...
+
+    @property
+    def step(self) -> int: ...
+
+    def records(self) -> list[tuple[int, dict[str, Any]]]: ...
+
+
+class PredictionLike(Protocol):
+    """A memory estimate of one trial (:class:`hpo.backends._preflight.Prediction`)."""
+
+    @property
+    def fits(self) -> bool: ...
+
+    @property
+    def total(self) -> int: ...
+
+    @property
+    def budget(self) -> int: ...
+
+    @property
+    def budget_source(self) -> str: ...
+
+    @property
+    def problem(self) -> str | None: ...
+
+    @property
+    def table(self) -> str: ...
+
+
+@dataclasses.dataclass
+class TrialConfig:
+    """One attempt's trainer configuration, decided before it waits for devices."""
+
+    overrides: list[str]  # the trainer overrides after ``--config`` (fixed, tuned, the driver's extra)
+    total_steps: int | None  # trainer.total_training_steps, when known
+    config_text: str  # what ``config.yaml`` of the trial directory holds
+    loaded: Any = None  # the backend's loaded config (verl_core: its TrainerConfig), for predict
+    resume_from: Path | None = None  # a PBT segment's start checkpoint the backend resumes (verl)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchContext:
+    """Where and as what one attempt runs."""
+
+    study: str
+    number: int
+    trial_dir: Path
+    attempt: int  # earlier attempts of the retry chain
+    metrics: Path
+    cwd: str
+    env: dict[str, str]  # the driver's trial environment (CUDA_VISIBLE_DEVICES, the study's ids, trial.env)
+    devices: int  # devices handed to this attempt (0: none, the CPU)
+    ray_job: bool = False  # the attempt runs as a Ray job (trial.ray.num_gpus x trial.ray.nodes)
+    resume_from: Path | None = None  # a checkpoint to continue from (a retry's resume point, a PBT segment's start)
+
+
+@dataclasses.dataclass
+class Launch:
+    argv: list[str]
+    env: dict[str, str]
+    private_tmp: Path | None = None  # a /tmp of the trial's own (verl's fixed socket names under /tmp)
+
+
+class Backend:
+    """A custom trainer command (``trial.command``); subclasses are the trainers the driver knows more about."""
+
+    name: ClassVar[str] = "command"
+    supports_pbt: ClassVar[bool] = False  # it resumes a checkpoint at a given step with new values
+    ray_hold: ClassVar[bool] = True  # a one-node Ray job may hold its GPUs itself (verl starts its own Ray)
+
+    # ------------------------------------------------------------------ the experiment
+    def normalize(self, space: Space) -> Space:
+        """The experiment with what this trainer gives it by default (every space the driver runs passes here)."""
+        return space
+
+    def check(self, space: Space, origin: Mapping[str, str]) -> None:
+        """SpaceError (one line, naming the file and key) when this trainer would refuse the experiment: the
+        quick checks, made whenever an experiment file is loaded."""
+
+    def verify(self, space: Space, origin: Mapping[str, str]) -> None:
+        """The thorough checks ``search`` and ``validate`` make before a study exists (they may run the trainer's
+        own code in its interpreter)."""
+
+    def check_launch(self, space: Space) -> None:
+        """SpaceError (one line naming the fix) when this host cannot launch the trials (e.g. no interpreter with
+        the trainer); made by every driver before its first trial."""
+
+    def prepare_argv(self, space: Space) -> list[str] | None:
+        """The one-off step that builds the model and data before any trial (None: none)."""
+        cmd = space.trial.prepare_command
+        if not cmd:
+            return None
+        argv = [sys.executable if c == "python" and i == 0 else c for i, c in enumerate(cmd)]
+        return argv + ["--config", space.config, *space.trainer_overrides({})]
+
+    every_key_is_code: ClassVar[bool] = False  # any override may name code to load (verl's hydra ``_target_``)
+
+    # ------------------------------------------------------------------ one attempt
+    def configure(self, space: Space, values: Mapping[str, Any], trial_dir: Path,
+                  extra: Mapping[str, Any] | None = None, tail: Sequence[str] = ()) -> TrialConfig:
+        """The overrides (fixed, tuned ``values`` by name, then ``extra``, which replaces a fixed override of the same
+        key, e.g. a confirmation run's seed; ``tail``: overrides that come last, a PBT segment's), total steps and
+        ``config.yaml`` text of one attempt."""
+        extra = dict(extra or {})
+        overrides = [*space.trainer_overrides(dict(values)), *(f"{k}={format_value(v)}" for k, v in extra.items()),
+                     *tail]
+        return TrialConfig(overrides, steps_in(overrides), self.config_text(space, overrides))
+
+    @staticmethod
+    def config_text(space: Space, overrides: Sequence[str]) -> str:
+        return yaml.safe_dump({"config": space.config, "overrides": list(overrides)}, sort_keys=False)
+
+    def metrics_path(self, trial_dir: Path, attempt: int) -> Path:
+        return trial_dir / "metrics.jsonl"
+
+    def launch(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Launch:
+        cmd = list(space.trial.command)
+        if cmd and cmd[0] == "python":  # the driver's interpreter (the venv), not whatever is on PATH
+            cmd[0] = sys.executable
+        return Launch([*cmd, "--config", space.config, "--metrics-file", str(ctx.metrics), *config.overrides],
+                      dict(ctx.env))
+
+    def predict(self, space: Space, config: TrialConfig, devices: Sequence[str]) -> PredictionLike | None:
+        return None
+
+    def resume_point(self, trials_dir: Path, history: Sequence[int]) -> ResumePointLike | None:
+        return None
+
+    def cleanup(self, trial_dir: Path, attempt: int) -> None:
+        """After the attempt's process tree is gone (the trial's logs stay)."""
+
+    # ------------------------------------------------------------------ confirmation
+    def seed_keys(self, space: Space) -> tuple[str, ...]:
+        """The trainer keys of a run's seeds (``study.confirm.seed_key`` wins)."""
+        return (space.study.confirm.seed_key,) if space.study.confirm.seed_key else ("trainer.seed",)
+
+    def default_seed(self, space: Space, key: str) -> int | None:
+        """The seed a run gets under ``key`` when the experiment does not set it (None: unknown)."""
+        return None
+
+    def heldout_overrides(self, space: Space) -> dict[str, Any]:
+        """What a confirmation run adds to be measured on the held-out test split ({}: none; see
+        :mod:`hpo.experiment._heldout`)."""
+        files = space.study.confirm.test_files
+        return {TEST_KEY: files} if files else {}
+
+    def heldout_metric(self, space: Space) -> str | None:
+        """The metric a confirmation run's held-out value is read from (None without a held-out split)."""
+        return heldout_metric(space.objective.primary_metric) if self.heldout_overrides(space) else None
+
+    def heldout_note(self, space: Space) -> str:
+        extra = self.heldout_overrides(space)
+        if not extra:
+            return ""
+        split = next(iter(extra.values()))
+        return f"confirmation runs also evaluate the held-out test split {split} at their last step"
+
+    # ------------------------------------------------------------------ population-based training
+    def segment_overrides(self, space: Space, end: int, checkpoint: str | None) -> tuple[list[str], Path | None]:
+        """A PBT segment that trains to step ``end`` and saves there, continuing ``checkpoint`` when given: its
+        overrides and the checkpoint :meth:`launch` resumes itself (None when the overrides do it)."""
+        raise NotImplementedError(f"trial.backend {self.name} does not resume checkpoints for pbt")
+
+
+def steps_in(overrides: Sequence[str]) -> int | None:
+    for o in overrides:
+        if o.startswith("trainer.total_training_steps="):
+            try:
+                return int(o.partition("=")[2])
+            except ValueError:
+                return None
+    return None

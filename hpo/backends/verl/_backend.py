@@ -1,0 +1,127 @@
+"""Real verl as a :class:`~hpo.backends._base.Backend`: the argv, environment and scratch of an attempt
+(``_launch``), the retry's resume point (``_resume``), the composed-config check in verl's interpreter (``_check``),
+its seed keys (every seed of a run, ``_compose.SEED_KEYS``) and the held-out split (``data.val_files`` swapped for
+``study.confirm.test_files``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hpo.backends._base import Backend, Launch, LaunchContext, ResumePointLike, TrialConfig, steps_in
+from hpo.backends.verl._compose import SEED_KEYS
+from hpo.backends.verl._launch import (
+    default_python,
+    scratch_dir,
+    verl_argv,
+    verl_cleanup,
+    verl_env,
+    verl_job_env,
+    verl_metrics_path,
+    verl_overrides,
+    weights_only_overrides,
+)
+from hpo.backends.verl._resume import resume_point
+from hpo.experiment._space import DEFAULT_COMMAND, EarlyStopping, Space, SpaceError, located_error
+
+# verl 0.9.1's defaults of its seed keys (verl/trainer/config/_generated_ppo_trainer.yaml); data.seed is null.
+SEED_DEFAULTS = {"actor_rollout_ref.rollout.seed": 42, "actor_rollout_ref.actor.data_loader_seed": 42,
+                 "critic.data_loader_seed": 42}
+
+
+class VerlBackend(Backend):
+    name: ClassVar[str] = "verl"
+    supports_pbt: ClassVar[bool] = True
+    ray_hold: ClassVar[bool] = False  # verl starts a Ray cluster of its own inside the job
+    every_key_is_code: ClassVar[bool] = True  # hydra's _target_ and verl's custom reward paths load code
+
+    def normalize(self, space: Space) -> Space:
+        """verl logs a spread only with ``val_kwargs.n > 1``: early stopping is off unless the experiment asks."""
+        if "early_stopping" in space.raw or not space.early_stopping.enabled:
+            return space
+        return dataclasses.replace(space, early_stopping=EarlyStopping(enabled=False))
+
+    def check(self, space: Space, origin: Mapping[str, str]) -> None:
+        if tuple(space.trial.command) != DEFAULT_COMMAND:
+            raise located_error(space, dict(origin), "trial.command", "not used with trial.backend: verl (the "
+                                "command is python -m verl.trainer.main_ppo in trial.python)")
+
+    def verify(self, space: Space, origin: Mapping[str, str]) -> None:
+        from hpo.backends.verl._check import VerlConfigError, check_verl_space
+
+        try:
+            check_verl_space(space, space.trial.python or default_python())
+        except VerlConfigError as err:
+            raise located_error(space, dict(origin), err.where, str(err)) from None
+
+    def check_launch(self, space: Space) -> None:
+        """Trials need an interpreter with CUDA torch (and vLLM, flash-attn where the config needs them), or the
+        CPU platform (:func:`~hpo.backends.verl._check.check_verl_launch`)."""
+        from hpo.backends.verl._check import VerlConfigError, check_verl_launch
+
+        try:
+            check_verl_launch(space)
+        except VerlConfigError as err:
+            raise SpaceError(f"{space.source}: {err.where}: {err}") from None
+
+    def configure(self, space: Space, values: Mapping[str, Any], trial_dir: Path,
+                  extra: Mapping[str, Any] | None = None, tail: Sequence[str] = ()) -> TrialConfig:
+        """Hydra syntax (one value per key; ``extra`` replaces a fixed key); the driver's own keys come from
+        :func:`verl_argv` at launch."""
+        extra = dict(extra or {})
+        fixed = {k: v for k, v in space.overrides.items() if k not in extra}
+        tuned = {p.key: values[p.name] for p in space.params if p.name in values}
+        overrides = [*verl_overrides(fixed, {**tuned, **extra}), *tail]
+        return TrialConfig(overrides, steps_in(overrides), self.config_text(space, overrides))
+
+    def metrics_path(self, trial_dir: Path, attempt: int) -> Path:
+        return verl_metrics_path(trial_dir, attempt)  # verl's FileLogger truncates: each attempt its own file
+
+    def launch(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Launch:
+        spec = space.trial
+        argv = verl_argv(spec.python or default_python(ctx.cwd), space.config, config.overrides, ctx.study,
+                         ctx.number, ctx.trial_dir, spec.ray.num_gpus if ctx.ray_job else ctx.devices,
+                         ctx.resume_from, spec.ray.nodes if ctx.ray_job else 1)
+        if ctx.ray_job:
+            return Launch(argv, verl_job_env(ctx.env, ctx.trial_dir, ctx.attempt))
+        # no GPU: verl on the CPU; verl's weight-sync sockets have fixed names under /tmp (issue 21 item 3)
+        return Launch(argv, verl_env(ctx.env, ctx.trial_dir, ctx.attempt, cpu=not ctx.devices),
+                      scratch_dir(ctx.trial_dir, ctx.attempt) / "slash-tmp")
+
+    def resume_point(self, trials_dir: Path, history: Sequence[int]) -> ResumePointLike | None:
+        return resume_point(trials_dir, history)
+
+    def cleanup(self, trial_dir: Path, attempt: int) -> None:
+        verl_cleanup(trial_dir, attempt, keep_logs=True)  # Ray's scratch (sockets, spilled objects); logs kept
+
+    def seed_keys(self, space: Space) -> tuple[str, ...]:
+        """Every seed of a verl run (each checked to exist in verl 0.9.1's composed config)."""
+        return (space.study.confirm.seed_key,) if space.study.confirm.seed_key else tuple(SEED_KEYS)
+
+    def default_seed(self, space: Space, key: str) -> int | None:
+        return SEED_DEFAULTS.get(key)
+
+    def heldout_overrides(self, space: Space) -> dict[str, Any]:
+        files = space.study.confirm.test_files
+        return {"data.val_files": files} if files else {}
+
+    def heldout_metric(self, space: Space) -> str | None:
+        """The objective's metric itself: the validation set is the test file."""
+        return space.objective.primary_metric if self.heldout_overrides(space) else None
+
+    def heldout_note(self, space: Space) -> str:
+        extra = self.heldout_overrides(space)
+        if not extra:
+            return ""
+        return (f"confirmation runs validate on the test file {extra['data.val_files']} (data.val_files swapped): "
+                "their values are held-out test values")
+
+    def segment_overrides(self, space: Space, end: int, checkpoint: str | None) -> tuple[list[str], Path | None]:
+        """:func:`verl_argv` adds resume_mode=resume_path and resume_from_path; the weights only, so that the config's
+        learning rate wins over the restored optimizer's (``_launch``)."""
+        out = [f"trainer.total_training_steps={end}", f"trainer.save_freq={end}"]
+        if not checkpoint:
+            return out, None
+        return [*out, *weights_only_overrides()], Path(checkpoint)

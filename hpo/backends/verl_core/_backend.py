@@ -1,0 +1,79 @@
+"""The ``verl_core`` trainer (``python -m verl_core train``) as a :class:`~hpo.backends._base.Backend`: its config is
+loaded once per attempt (total steps, ``config.yaml``, the memory estimate), its model and data are prepared once
+(``python -m verl_core prepare``), its checkpoints resume PBT segments, its seed is ``trainer.seed`` and a
+confirmation run evaluates the held-out split (``data.test_files``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hpo.backends._base import Backend, PredictionLike, TrialConfig
+from hpo.backends.verl_core._check import check_driver_keys, check_trainer
+from hpo.experiment._heldout import TEST_KEY
+from hpo.experiment._space import DEFAULT_PREPARE_COMMAND, Space, format_value
+
+
+class VerlCoreBackend(Backend):
+    name: ClassVar[str] = "verl_core"
+    supports_pbt: ClassVar[bool] = True
+
+    def normalize(self, space: Space) -> Space:
+        import dataclasses
+
+        if space.trial.prepare_command is not None:
+            return space
+        return dataclasses.replace(space, trial=dataclasses.replace(space.trial,
+                                                                     prepare_command=DEFAULT_PREPARE_COMMAND))
+
+    def prepare_argv(self, space: Space) -> list[str] | None:
+        return super().prepare_argv(self.normalize(space))
+
+    def check(self, space: Space, origin: Mapping[str, str]) -> None:
+        check_driver_keys(space, origin)
+        check_trainer(space, origin)
+
+    def configure(self, space: Space, values: Mapping[str, Any], trial_dir: Path,
+                  extra: Mapping[str, Any] | None = None, tail: Sequence[str] = ()) -> TrialConfig:
+        """Checkpoints into the trial directory; a search trial never evaluates the held-out split, whatever the
+        config says (only a confirmation run's ``extra`` sets it)."""
+        from verl_core.config import dump_yaml, load_config
+
+        extra = dict(extra or {})
+        overrides = [*space.trainer_overrides(dict(values)), *(f"{k}={format_value(v)}" for k, v in extra.items()),
+                     f"trainer.default_local_dir={trial_dir / 'checkpoints'}"]
+        if TEST_KEY not in extra:
+            overrides.append(f"{TEST_KEY}=null")
+        overrides += tail
+        cfg = load_config(space.config, overrides)
+        return TrialConfig(overrides, int(cfg.trainer.total_training_steps), dump_yaml(cfg), loaded=cfg)
+
+    def predict(self, space: Space, config: TrialConfig, devices: Sequence[str]) -> PredictionLike | None:
+        from hpo.backends._preflight import predict
+
+        return predict(space, config.overrides, devices, loaded=config.loaded)
+
+    def default_seed(self, space: Space, key: str) -> int | None:
+        if key != "trainer.seed":
+            return None
+        from verl_core.config import load_config
+
+        return int(load_config(space.config, space.trainer_overrides({})).trainer.seed)
+
+    def heldout_overrides(self, space: Space) -> dict[str, Any]:
+        """``study.confirm.test_files``, else the built-in task's test split when ``data.val_files`` is
+        ``builtin:<task>``."""
+        extra = super().heldout_overrides(space)
+        if extra:
+            return extra
+        from verl_core.config import load_config
+
+        val = load_config(space.config, space.trainer_overrides({})).data.val_files
+        return {TEST_KEY: val} if val.startswith("builtin:") else {}
+
+    def segment_overrides(self, space: Space, end: int, checkpoint: str | None) -> tuple[list[str], Path | None]:
+        out = [f"trainer.total_training_steps={end}", f"trainer.save_freq={end}"]
+        if not checkpoint:
+            return [*out, "trainer.resume_mode=disable"], None
+        return [*out, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}"], Path(checkpoint)
