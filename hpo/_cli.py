@@ -4,7 +4,7 @@ Exit codes: 0 done; 2 bad input (one ``error: ...`` line on stderr, no study cre
 1 runtime error; 130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP (running trials queued for ``resume``;
 a second signal forces the exit at once, and a signal that arrives once the study is done changes nothing).
 
-Untrusted input: study names are checked (:func:`hpo.study._storage.check_study_name`), files are written only
+Untrusted input: study names are checked (:func:`hpo.storages._storage.check_study_name`), files are written only
 under the studies directory, storage passwords are masked wherever a URL is shown, and a stored experiment
 that runs code is run only when it matches a local file or the user says so (:mod:`hpo.experiment._trust`).
 """
@@ -26,7 +26,7 @@ from hpo.analysis import FileRefused, check_regular
 from hpo.backends import backend_of, load_checked_space
 from hpo.experiment._space import SPACES_DIR, Space, SpaceError, StudySpec
 from hpo.experiment._tracking import TRACKING_FLAG_HELP
-from hpo.study._storage import mask_url
+from hpo.storages._storage import mask_url
 
 EXIT_SIGNAL: dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
 ENV_STUDIES_DIR = "VERL_HPO_STUDIES_DIR"
@@ -203,11 +203,12 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
     """search (``space`` given) or resume (the stored space, checked by :mod:`hpo.experiment._trust`)."""
     from hpo.backends._preflight import check_space_fits
     from hpo.experiment._trust import check_stored_experiment
+    from hpo.record import ATTR_DIGEST, ATTR_SOURCE
     from hpo.reporting._report import Reporter, summary
+    from hpo.storages._retrying import StorageUnavailable
     from hpo.study._driver import Driver, resolve_devices
     from hpo.study._errors import DriverError, TrialInterrupted
-    from hpo.study._optuna import ATTR_DIGEST, ATTR_SOURCE, load_stored, open_study, quiet_optuna
-    from hpo.study._retrying import StorageUnavailable
+    from hpo.study._optuna import load_stored, open_study, quiet_optuna
     from hpo.study._slots import n_finished
 
     quiet_optuna()
@@ -402,8 +403,8 @@ def _device_list(text: str | None) -> list[str] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     studies_dir = _studies_dir(getattr(args, "studies_dir", None))
-    from hpo.study._retrying import STORAGE_ERRORS, storage_error_line
-    from hpo.study._storage import check_storage_url, check_study_name, default_storage_url, scrub, sqlite_path
+    from hpo.storages._retrying import STORAGE_ERRORS, storage_error_line
+    from hpo.storages._storage import check_storage_url, check_study_name, default_storage_url, scrub, sqlite_path
 
     storage_url = getattr(args, "storage", None) or ""
     try:
@@ -435,9 +436,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             space = load_checked_space(args.space, list(args.override),
                                        Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR))))
-            if backend_of(space).name != "verl":
-                return _fail(f"{space.source}: trial.backend is {space.trial.backend!r}: rehearse runs verl "
-                             "experiments (trial.backend: verl)")
+            from hpo.backends._rehearse import refusal
+
+            if refusal(space):
+                return _fail(refusal(space))
             if args.tokenizer is not None and not args.tokenizer.expanduser().is_dir():
                 return _fail(f"--tokenizer {args.tokenizer}: not a directory")
             if args.recheck:

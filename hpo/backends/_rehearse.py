@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from hpo.analysis._files import FileRefused, read_bounded
+from hpo.backends._registry import backend_of
 from hpo.backends.verl._check import compose_corners, interpreter_problem, trial_base_env
 from hpo.backends.verl._cpu import CPU_OVERRIDES, cpu_overrides, transfer_queue_overrides
 from hpo.backends.verl._launch import (
@@ -554,6 +555,14 @@ def _shrunk_overrides(space: Space, reply: Mapping[str, Any], selected: Mapping[
 
 REHEARSAL_SELECT = ("data.max_prompt_length", "data.max_response_length", "data.train_batch_size",
                     *ONE_DEVICE_KEYS)
+
+
+def refusal(space: Space) -> str:
+    """Why ``space`` cannot be rehearsed ("" when it can): only verl experiments are."""
+    if backend_of(space).name == "verl":
+        return ""
+    return (f"{space.source}: trial.backend is {space.trial.backend!r}: rehearse runs verl experiments "
+            "(trial.backend: verl)")
 
 
 def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, fmt: str = "text",

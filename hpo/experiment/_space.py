@@ -146,7 +146,7 @@ class ConfirmSpec:
 @dataclass(frozen=True)
 class PbtSpec:
     """``study.strategy: pbt``: population-based training (Jaderberg et al. 2017) over the study's trials
-    (:mod:`hpo.study._pbt`). Each interval of ``interval_steps`` trainer steps of a member is one trial; when it
+    (:mod:`hpo.samplers._pbt`). Each interval of ``interval_steps`` trainer steps of a member is one trial; when it
     ends, a member in the bottom ``quantile`` of the population's latest results takes a top member's checkpoint
     and perturbed hyperparameters (exploit + explore), otherwise it continues its own. A segment stopped by a
     collapse (``collapsed:nan|kl_blowup|entropy_collapse``) restarts from the checkpoint it started from with
@@ -725,7 +725,7 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
 
 
 def _check_pbt(pbt: PbtSpec, params: tuple[Param, ...], multi: bool, ctx: _Ctx) -> None:
-    """study.strategy pbt: the knobs' ranges, explored and rollback parameters that exist (hpo.study._pbt; whether
+    """study.strategy pbt: the knobs' ranges, explored and rollback parameters that exist (hpo.samplers._pbt; whether
     the trainer resumes checkpoints is its backend's check)."""
     names = {p.name for p in params}
     if multi:

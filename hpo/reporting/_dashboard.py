@@ -42,6 +42,7 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
+from hpo.record import ATTR_SOURCE, is_confirm
 from hpo.reporting._figures import (
     PLOT_CONFIG,
     SCORE_PREFIX,
@@ -56,9 +57,9 @@ from hpo.reporting._figures import (
     plottable_copy,
 )
 from hpo.reporting._report import fmt_value, outcome
-from hpo.study._confirm import confirmed, is_confirm
-from hpo.study._optuna import ATTR_SOURCE, quiet_optuna
-from hpo.study._storage import mask_url
+from hpo.storages._storage import mask_url
+from hpo.study._confirm import confirmed
+from hpo.study._optuna import quiet_optuna
 
 # ----------------------------------------------------------------------------- HTML
 CSS = """
@@ -400,7 +401,7 @@ class DashboardCallback:
 def dashboard_command(study_name: str, storage_url: str, studies_dir: Path, out: Path | None = None) -> int:
     """``verl-hpo dashboard``: load the study (read only) and write its page; prints the path."""
     from hpo.experiment._space import StudySpec
-    from hpo.study._storage import open_storage, study_exists
+    from hpo.storages._storage import open_storage, study_exists
 
     quiet_optuna()
     storage = open_storage(storage_url, StudySpec())
@@ -418,7 +419,7 @@ def _main(argv: list[str]) -> int:
     """``python -m hpo.reporting._dashboard STUDY OUT [STUDIES_DIR]`` with the storage URL in ``$VERL_HPO_PAGE_STORAGE``
     (:func:`page_process`); one line on stderr and exit 1 when the page cannot be written."""
     from hpo.experiment._space import StudySpec
-    from hpo.study._storage import open_storage, scrub
+    from hpo.storages._storage import open_storage, scrub
 
     study_name, out = argv[0], Path(argv[1])
     studies_dir = Path(argv[2]) if len(argv) > 2 else None

@@ -16,8 +16,8 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo.record import ATTR_SPACE
 from hpo.reporting._report import fmt_value, outcome
-from hpo.study._optuna import ATTR_SPACE
 
 SCORE_PREFIX = "score/"  # weighted-objective terms, one user attr per term
 PLOT_HEIGHT = 420

@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from hpo.experiment._space import Space, format_value
+from hpo.record import ATTR_SPACE
 from hpo.study._checkpoints import CHECKPOINTS, checkpoint_problem
 from hpo.study._population import best_final, lineage_of, no_healthy_line, pbt_total
 
@@ -188,7 +189,7 @@ def pbt_panels(study: optuna.Study) -> list[Any]:
     panels.append(Panel("pbt-curves", "PBT members' curves across exploits", figure=curves,
                         caption="One line per member over all its segments; dotted lines: exploits."))
 
-    space_raw = study.user_attrs.get("hpo:space")
+    space_raw = study.user_attrs.get(ATTR_SPACE)
     from hpo.study._population import best_final
 
     final = best_final(study)

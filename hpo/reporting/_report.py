@@ -16,9 +16,10 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.experiment._space import Space, format_value
-from hpo.study._confirm import Confirmed, baseline_confirmed, confirmed, is_confirm
-from hpo.study._retrying import storage_downtime, storage_outages
-from hpo.study._storage import mask_url
+from hpo.record import is_confirm
+from hpo.storages._retrying import storage_downtime, storage_outages
+from hpo.storages._storage import mask_url
+from hpo.study._confirm import Confirmed, baseline_confirmed, confirmed
 
 BAR_WIDTH = 20
 

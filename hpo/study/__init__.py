@@ -9,14 +9,14 @@ pruner, creating and loading the study), ``_storage`` (URLs, opening), ``_urls``
 May import: ``hpo.backends``, ``hpo.execution``, ``hpo.experiment``, ``hpo.analysis``; never ``hpo.reporting``
 (progress goes to a ``Progress`` the caller hands in)."""
 
+from hpo.storages._retrying import RetryingStorage, StorageUnavailable
+from hpo.storages._storage import open_storage
 from hpo.study._confirm import Confirmed, confirmed, queue_confirmations
 from hpo.study._driver import Driver
 from hpo.study._errors import DriverError, TrialInterrupted
 from hpo.study._optuna import load_stored, make_pruner, make_sampler, open_study
 from hpo.study._progress import Progress
-from hpo.study._retrying import RetryingStorage, StorageUnavailable
 from hpo.study._slots import n_finished
-from hpo.study._storage import open_storage
 
 __all__ = ["Confirmed", "Driver", "DriverError", "Progress", "RetryingStorage", "StorageUnavailable",
            "TrialInterrupted", "confirmed", "load_stored", "make_pruner", "make_sampler", "n_finished", "open_storage",

@@ -29,6 +29,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo.record import ATTR_RETRY_HISTORY
+
 CHECKPOINTS = "checkpoints"
 TRIAL_MARKER = ".verl-hpo-trial"  # the driver's mark in every trial directory it creates (hpo.study._command)
 COPY_CHUNK = 64 * 2**20
@@ -189,7 +191,7 @@ def dir_bytes(path: Path) -> int:
 
 def chain(t: FrozenTrial) -> list[int]:
     """The trial and every earlier attempt it retries (their checkpoints are where a retry resumes from)."""
-    history = t.system_attrs.get("retry_history")
+    history = t.system_attrs.get(ATTR_RETRY_HISTORY)
     earlier = [int(n) for n in history if isinstance(n, int)] if isinstance(history, list) else []
     return [*earlier, t.number]
 

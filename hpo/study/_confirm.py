@@ -34,22 +34,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo.backends import backend_of
 from hpo.experiment._space import Space
+from hpo.record import ATTR_BASELINE, ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
 
-ATTR_CONFIRM_OF = "hpo:confirm_of"
-ATTR_CONFIRM_SEED = "hpo:confirm_seed"
-ATTR_BASELINE = "hpo:baseline"
 BASELINE_OF = -1  # hpo:confirm_of of a baseline run (no trial of the search)
 MAX_TUNED_SEEDS = 100_000  # a tuned integer seed range larger than this is treated as "any seed" (refused)
 
 
-def is_confirm(t: FrozenTrial) -> bool:
-    """A confirmation run (queued by ``verl-hpo confirm``)."""
-    return ATTR_CONFIRM_OF in t.system_attrs
-
-
-def is_baseline(t: FrozenTrial) -> bool:
-    """A confirmation run of ``study.baseline``."""
-    return bool(t.system_attrs.get(ATTR_BASELINE))
 
 
 def heldout_overrides(space: Space) -> dict[str, Any]:

@@ -27,15 +27,16 @@ from hpo.execution._devices import DevicePool, detect_devices
 from hpo.execution._identity import driver_identity
 from hpo.execution._process import sweep_orphans
 from hpo.experiment._space import Space, SpaceError, TrialSpec
+from hpo.record import ATTR_RETRY_OF
+from hpo.storages._retrying import StorageUnavailable
+from hpo.storages._storage import check_study_name
 from hpo.study._command import prepare
 from hpo.study._confirm import is_confirm
 from hpo.study._errors import TrialInterrupted, TrialLost, TrialRetried
 from hpo.study._population import Population, pbt_total, schedule_confirms
 from hpo.study._progress import Progress
 from hpo.study._recovery import Heartbeat, finish, record_result, recover_stale_trials
-from hpo.study._retrying import StorageUnavailable
 from hpo.study._slots import Slots, n_finished
-from hpo.study._storage import check_study_name
 from hpo.study._trial import TrialRunner, frozen_trial
 
 WAIT_S = 1.0  # poll period of a driver waiting for others' trials to finish or die
@@ -192,7 +193,7 @@ class Driver:
         """Check the slot of an asked trial (another driver may have taken it), run, record and tell it; None when
         it was surplus or lost."""
         frozen = frozen_trial(self.study, trial.number)
-        queued = "failed_trial" in frozen.system_attrs or is_confirm(frozen)  # requested work: never surplus
+        queued = ATTR_RETRY_OF in frozen.system_attrs or is_confirm(frozen)  # requested work: never surplus
         if self.population is not None and not self.confirming:  # pbt: its own segments, each once
             queued = not self.population.is_surplus(frozen, self.study.get_trials(deepcopy=False))
         if not queued and (self.confirming or self.population is not None or not Slots.count(

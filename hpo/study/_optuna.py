@@ -19,12 +19,8 @@ from hpo.backends import stored_space
 from hpo.execution._identity import driver_identity
 from hpo.experiment._space import Param, PrunerSpec, SamplerSpec, Space, SpaceError
 from hpo.experiment._trust import experiment_digest
-from hpo.study._storage import mask_url, open_storage, study_exists
-
-ATTR_SPACE = "hpo:space"
-ATTR_SOURCE = "hpo:source"
-ATTR_TARGET = "hpo:n_trials"
-ATTR_DIGEST = "hpo:space_sha256"
+from hpo.record import ATTR_DIGEST, ATTR_SOURCE, ATTR_SPACE, ATTR_TARGET
+from hpo.storages._storage import mask_url, open_storage, study_exists
 
 
 def sampler_seed(base: int | None, n_existing: int, joining: bool) -> int | None:
@@ -44,20 +40,20 @@ def make_sampler(spec: SamplerSpec, n_existing: int, joining: bool = False,
     """Seeded by :func:`sampler_seed`. TPE imputes running trials' values (``constant_liar``; Optuna 5 makes
     it multivariate always), so parallel workers spread out instead of sampling the same point. With
     ``spec.startup == "lhs"`` and the space's ``params`` given, TPE's and GP's start-up trials are a Latin hypercube
-    drawn from the base seed (:class:`hpo.study._startup.LatinStartSampler`)."""
+    drawn from the base seed (:class:`hpo.samplers._startup.LatinStartSampler`)."""
     seed = sampler_seed(spec.seed, n_existing, joining)
     if spec.type == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     model: optuna.samplers.BaseSampler
     if spec.type == "gp":  # imports torch (CPU) into the driver: only when asked for
-        from hpo.study._gp import PrunedAwareGPSampler
+        from hpo.samplers._gp import PrunedAwareGPSampler
 
         model = PrunedAwareGPSampler(seed=seed, n_startup_trials=spec.n_startup_trials)
     else:
         model = optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
     if spec.startup != "lhs" or not params:
         return model
-    from hpo.study._startup import LatinStartSampler
+    from hpo.samplers._startup import LatinStartSampler
 
     return LatinStartSampler(model, params, spec.n_startup_trials, spec.seed)
 

@@ -1,6 +1,6 @@
 """Population-based training on the study: segments as trials, their lineage, queueing the next ones, the
 checkpoints they continue from and which of those stay on disk (``study.strategy: pbt``; decisions in
-:mod:`hpo.study._pbt`).
+:mod:`hpo.samplers._pbt`).
 
 **Mapping.** Every interval of a member is one trial of the study, queued WAITING with its parameters fixed
 (the sampler is never asked) and its lineage in system attrs, so storage, several workers, heartbeats and
@@ -14,7 +14,7 @@ retries (:mod:`hpo.study._recovery`), dashboards and ``best`` work as for any tr
   ``pbt:rollbacks``, ``pbt:why``. The running trial shows them as user attrs ``pbt_*`` (plus ``pbt_step_range``);
   its parameters are the hyperparameters in force.
 * **Asynchronous, no stall.** Every loop of every driver of the study calls :meth:`Population.schedule`: for each
-  member whose newest segment is finished and has no successor, it decides (:func:`hpo.study._pbt.decide`) and
+  member whose newest segment is finished and has no successor, it decides (:func:`hpo.samplers._pbt.decide`) and
   queues the next segment. Whichever driver is alive does it, so a dead worker never stalls the population: its
   running segment is recovered and retried like any trial, and its queued decisions are anyone's to run. Two
   drivers deciding at once queue the same ``(member, seq)`` twice; the later trial is ``surplus`` when picked up.
@@ -33,10 +33,10 @@ retries (:mod:`hpo.study._recovery`), dashboards and ``best`` work as for any tr
   path outside a driver-made trial directory or ``<study>/pbt``).
 * **Lost checkpoints.** Before deciding, :meth:`Population.audit` looks at the disk: a member's newest finished
   segment whose end checkpoint is gone or unusable (deleted, a symbolic link) counts as failed, one whose start
-  checkpoint is gone cannot restart from it (:func:`~hpo.study._pbt.decide`: it exploits a healthy member, retries,
+  checkpoint is gone cannot restart from it (:func:`~hpo.samplers._pbt.decide`: it exploits a healthy member, retries,
   or stops), one line each. A copy that fails while queueing counts the same and the member decides again at once,
   each time with one checkpoint fewer, so every member ends.
-* **Done** when every member's newest segment is finished and :func:`~hpo.study._pbt.decide` has nothing left for
+* **Done** when every member's newest segment is finished and :func:`~hpo.samplers._pbt.decide` has nothing left for
   it (it reached the total steps, or ran out of rollbacks with no healthy member to exploit).
 """
 
@@ -58,6 +58,27 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from hpo.backends import backend_of
 from hpo.experiment._space import ROLLBACK_LABELS, Space, SpaceError
+from hpo.record import ATTR_RETRY_HISTORY, ATTR_RETRY_OF, is_confirm, is_finished
+from hpo.record._attrs import (
+    PBT,
+    PBT_ACTION,
+    PBT_CHECKPOINT,
+    PBT_DONOR,
+    PBT_END,
+    PBT_GEN,
+    PBT_INDEX,
+    PBT_INTERMEDIATE,
+    PBT_MEMBER,
+    PBT_PARENT,
+    PBT_ROLLBACKS,
+    PBT_SCHEDULE,
+    PBT_SEQ,
+    PBT_SOURCE,
+    PBT_START,
+    PBT_WHY,
+    is_segment,
+)
+from hpo.samplers._pbt import Decision, Segment, decide, initial_population, latest, lineage, ranked, schedule
 from hpo.study._checkpoints import (
     CHECKPOINTS,
     TRIAL_MARKER,
@@ -67,17 +88,14 @@ from hpo.study._checkpoints import (
     clone_tree,
     dir_bytes,
 )
-from hpo.study._confirm import is_confirm
 from hpo.study._errors import TrialFailed
-from hpo.study._pbt import Decision, Segment, decide, initial_population, latest, lineage, ranked, schedule
-from hpo.study._slots import is_finished
 
-P = "pbt:"
-A_MEMBER, A_SEQ, A_GEN = "pbt:member", "pbt:seq", "pbt:generation"
-A_START, A_END, A_ACTION = "pbt:start", "pbt:end", "pbt:action"
-A_PARENT, A_DONOR, A_SOURCE, A_CHECKPOINT = "pbt:parent_trial", "pbt:donor", "pbt:source", "pbt:checkpoint"
-A_ROLLBACKS, A_WHY = "pbt:rollbacks", "pbt:why"
-A_SCHEDULE, A_INDEX, A_INTERMEDIATE = "pbt:schedule", "pbt:schedule_index", "pbt:intermediate"  # confirm chains
+P = PBT
+A_MEMBER, A_SEQ, A_GEN = PBT_MEMBER, PBT_SEQ, PBT_GEN
+A_START, A_END, A_ACTION = PBT_START, PBT_END, PBT_ACTION
+A_PARENT, A_DONOR, A_SOURCE, A_CHECKPOINT = PBT_PARENT, PBT_DONOR, PBT_SOURCE, PBT_CHECKPOINT
+A_ROLLBACKS, A_WHY = PBT_ROLLBACKS, PBT_WHY
+A_SCHEDULE, A_INDEX, A_INTERMEDIATE = PBT_SCHEDULE, PBT_INDEX, PBT_INTERMEDIATE  # confirm chains
 COPIES = "pbt"  # <study dir>/pbt: the start checkpoints of queued segments
 ORPHAN_AGE_S = 600.0  # a copy no trial references yet may be a decision being queued: kept this long
 RUN_COPY = "trial-"  # <study>/pbt/<copy>/trial-<number>/global_step_<N>: the one a segment resumes from
@@ -87,18 +105,7 @@ class NoHealthyMember(ValueError):
     """No member of a pbt study has a healthy result to report or confirm; ``str(err)`` is one line saying why."""
 
 
-def is_segment(t: FrozenTrial) -> bool:
-    return is_segment_attrs(t.system_attrs)
 
-
-def is_segment_attrs(system: dict[str, Any]) -> bool:
-    """A trial's system attrs are those of a pbt segment (of the population)."""
-    return A_MEMBER in system
-
-
-def runs_steps(system: dict[str, Any]) -> bool:
-    """A segment of the population or of a schedule's confirmation chain: it runs a step range."""
-    return A_START in system
 
 
 def end_checkpoint(trials_dir: Path, number: int, step: int) -> tuple[Path, list[str]]:
@@ -145,7 +152,7 @@ def segments_of(trials: list[FrozenTrial], max_retry: int | None = None) -> list
     """The study's segments, less surplus duplicates and failed attempts that a retry replaced. An attempt that
     failed without a result and will not be retried (``max_retry`` reached) counts as a finished, failed segment
     (its member decides on); one whose retry is being queued counts as not finished."""
-    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    retried = {t.system_attrs.get(ATTR_RETRY_OF) for t in trials}
     out = []
     for t in trials:
         if not is_segment(t) or is_confirm(t) or t.user_attrs.get("stop_reason") == "surplus":
@@ -153,7 +160,7 @@ def segments_of(trials: list[FrozenTrial], max_retry: int | None = None) -> list
         if t.state == TrialState.FAIL and not is_finished(t):
             if t.number in retried:
                 continue
-            history = t.system_attrs.get("retry_history", [])
+            history = t.system_attrs.get(ATTR_RETRY_HISTORY, [])
             exhausted = max_retry is not None and len(history) + 1 > max_retry
             out.append(to_segment(t, finished=exhausted))
             continue
@@ -193,7 +200,7 @@ class Population:
         when a segment finished since the last call. True when the population is done."""
         segs = segments_of(trials, self.space.study.max_retry)
         if not segs:
-            rng = random.Random(self.spec.seed)  # the seed's design is TPE's / GP's start-up (hpo.study._startup)
+            rng = random.Random(self.spec.seed)  # the seed's design is TPE's / GP's start-up (hpo.samplers._startup)
             self.queue_initial(initial_population(self.space.params, self.spec.population, rng, self.spec.init))
             return False
         segs = self.audit(segs)
@@ -299,7 +306,7 @@ class Population:
         if not is_segment(frozen):
             return True
         key = (frozen.system_attrs[A_MEMBER], frozen.system_attrs[A_SEQ])
-        mine = set(frozen.system_attrs.get("retry_history", []))
+        mine = set(frozen.system_attrs.get(ATTR_RETRY_HISTORY, []))
         for t in trials:
             if t.number >= frozen.number or not is_segment(t) or t.number in mine:
                 continue

@@ -46,8 +46,9 @@ from hpo.execution.ray_jobs import (
     study_jobs,
 )
 from hpo.experiment._space import TrialSpec
+from hpo.record import ATTR_RAY_CLAIM, ATTR_RETRY_HISTORY
 
-ATTR_CLAIM = "hpo:ray_claim"
+ATTR_CLAIM = ATTR_RAY_CLAIM
 POLL_S = 1.0  # admission re-checks this often (plus up to 50 % jitter)
 ENV_ADDRESS = "RAY_ADDRESS"
 _FITTED: set[str] = set()  # clusters that were big enough for a trial once: a lost node is waited for
@@ -148,7 +149,7 @@ def sweep_jobs(study: optuna.Study, spec: TrialSpec, final: bool) -> int:
     keep: set[str] = set()
     for t in study.get_trials(deepcopy=False):
         if t.state == TrialState.RUNNING or (not final and t.state == TrialState.WAITING):
-            keep |= {str(t.number), *(str(n) for n in t.system_attrs.get("retry_history", []))}
+            keep |= {str(t.number), *(str(n) for n in t.system_attrs.get(ATTR_RETRY_HISTORY, []))}
     stopped = 0
     for j in study_jobs(client, study.study_name):
         if str(j.status.value) in TERMINAL or (j.metadata or {}).get(META_TRIAL) in keep:

@@ -6,7 +6,7 @@ SQLite, PostgreSQL/MySQL and Redis (JournalStorage) alike:
 
 * **Heartbeat.** Every running trial carries system attr ``hpo:heartbeat`` (wall-clock seconds), written by
   its driver's :class:`Heartbeat` thread every ``heartbeat_interval`` seconds. The storage retries a beat
-  through an outage (:class:`hpo.study._retrying.RetryingStorage`); an error that still comes through is logged
+  through an outage (:class:`hpo.storages._retrying.RetryingStorage`); an error that still comes through is logged
   once and the thread beats on; if the trial was finished by someone else, the driver is told (``lost``)
   and stops it.
 * **Stale.** A RUNNING trial is dead when its driver's pid is comparable with ours and gone
@@ -38,11 +38,8 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.execution._identity import identity_alive
-from hpo.study._retrying import storage_recovered_at
-
-ATTR_HEARTBEAT = "hpo:heartbeat"
-ATTR_RESULT = "hpo:result"
-ATTR_RECOVERING = "hpo:recovering"  # set on a dead driver's trial just before it is failed: its retry is due
+from hpo.record import ATTR_HEARTBEAT, ATTR_RECOVERING, ATTR_RESULT, ATTR_RETRY_HISTORY, ATTR_RETRY_OF
+from hpo.storages._retrying import storage_recovered_at
 
 
 # ----------------------------------------------------------------------------- results
@@ -74,10 +71,10 @@ def finish(study: optuna.Study, trial_id: int, state: TrialState, values: list[f
 def queue_retry(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) -> bool:
     """A WAITING copy of ``trial``: same parameters, system attrs only. False when max_retry is reached."""
     system = {k: v for k, v in trial.system_attrs.items() if k not in (ATTR_HEARTBEAT, ATTR_RESULT, ATTR_RECOVERING)}
-    history = [*system.get("retry_history", []), trial.number]
+    history = [*system.get(ATTR_RETRY_HISTORY, []), trial.number]
     if max_retry is not None and len(history) > max_retry:
         return False
-    system.update({"failed_trial": trial.number, "retry_history": history})
+    system.update({ATTR_RETRY_OF: trial.number, ATTR_RETRY_HISTORY: history})
     study.add_trial(optuna.create_trial(state=TrialState.WAITING, params=trial.params,
                                         distributions=trial.distributions, system_attrs=system))
     return True

@@ -11,20 +11,7 @@ from collections.abc import Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.study._confirm import is_confirm
-from hpo.study._recovery import ATTR_HEARTBEAT, ATTR_RECOVERING, ATTR_RESULT
-
-
-def is_finished(t: FrozenTrial) -> bool:
-    """COMPLETE, PRUNED, or FAIL with a result its driver recorded (``on_failure: fail``); an interrupted or
-    recovered trial (FAIL without a recorded result) is not finished: its retry is."""
-    if is_confirm(t):
-        return False  # confirmation runs never count towards the search's target
-    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
-        return True
-    if t.state != TrialState.FAIL:
-        return False
-    return ATTR_RESULT in t.system_attrs or ("fail_reason" in t.user_attrs and ATTR_HEARTBEAT not in t.system_attrs)
+from hpo.record import ATTR_RECOVERING, ATTR_RETRY_HISTORY, ATTR_RETRY_OF, chain_root, is_confirm, is_finished
 
 
 def n_finished(study: optuna.Study) -> int:
@@ -33,8 +20,7 @@ def n_finished(study: optuna.Study) -> int:
 
 def position(t: FrozenTrial) -> int:
     """The place in the study's target a trial claims: its own number, or for a retry its first original's."""
-    history = t.system_attrs.get("retry_history")
-    return int(history[0]) if isinstance(history, list) and history else t.number
+    return chain_root(t)
 
 
 @dataclasses.dataclass
@@ -52,7 +38,7 @@ class Slots:
 
     @classmethod
     def count(cls, trials: Sequence[FrozenTrial], max_retry: int | None) -> Slots:
-        retried = {t.system_attrs.get("failed_trial") for t in trials}
+        retried = {t.system_attrs.get(ATTR_RETRY_OF) for t in trials}
         held: set[int] = set()
         finished = waiting = 0
         for t in trials:
@@ -65,7 +51,7 @@ class Slots:
             elif t.state == TrialState.WAITING:
                 waiting += 1
             elif not (t.state == TrialState.FAIL and ATTR_RECOVERING in t.system_attrs and t.number not in retried
-                      and (max_retry is None or len(t.system_attrs.get("retry_history", [])) < max_retry)):
+                      and (max_retry is None or len(t.system_attrs.get(ATTR_RETRY_HISTORY, [])) < max_retry)):
                 continue
             held.add(position(t))
         return cls(finished, held, waiting)

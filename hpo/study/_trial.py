@@ -49,6 +49,8 @@ from hpo.execution._executor import TrialExecutor
 from hpo.execution._runner import RunResult, TrialProcess, read_tail
 from hpo.experiment._objective import Scored
 from hpo.experiment._space import Space
+from hpo.record import ATTR_RETRY_HISTORY, ATTR_RETRY_OF, runs_steps
+from hpo.storages._retrying import STORAGE_ERRORS
 from hpo.study._checkpoints import clean_after
 from hpo.study._command import fresh_trial_dir, trial_env, write_trial_files
 from hpo.study._confirm import (
@@ -60,11 +62,10 @@ from hpo.study._confirm import (
     is_confirm,
 )
 from hpo.study._errors import DriverError, TrialFailed, TrialInterrupted, TrialLost, TrialRetried
-from hpo.study._population import runs_steps, segment_overrides
+from hpo.study._population import segment_overrides
 from hpo.study._progress import Progress
 from hpo.study._ray_trials import admit, job_for, ray_job
 from hpo.study._recovery import queue_retry
-from hpo.study._retrying import STORAGE_ERRORS
 from hpo.study._slots import is_finished
 from hpo.study._watch import Watch
 
@@ -199,13 +200,13 @@ class TrialRunner:
     def _plan(self, trial: Trial) -> _Plan:
         """Sample the parameters, make the trial directory, and record what the attempt will run."""
         system = frozen_trial(self.study, trial.number).system_attrs
-        retry_of = system.get("failed_trial")
+        retry_of = system.get(ATTR_RETRY_OF)
         baseline = bool(system.get(ATTR_BASELINE))  # study.baseline's overrides instead of tuned values
         values = {} if baseline else {p.name: _suggest(trial, p) for p in self.space.params}
         if self.stop_event.is_set():
             self._interrupt(trial)
         trial_dir = fresh_trial_dir(self.trials_dir, self.study.study_name, trial.number, self.identity)
-        history = list(system.get("retry_history", []))
+        history = list(system.get(ATTR_RETRY_HISTORY, []))
         metrics = self.backend.metrics_path(trial_dir, len(history))
         confirm_seed = system.get(ATTR_CONFIRM_SEED)
         if confirm_seed is not None:  # a confirmation run: the top trial's values with a fresh seed

@@ -18,25 +18,27 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo.record import (
+    ATTR_CONFIRM_OF,
+    ATTR_JOB_TYPE,
+    ATTR_TARGET,
+    ATTR_TRACKING_KEY,
+    ATTR_TRACKING_RUN,
+    chain_root,
+    is_confirm,
+    is_finished,
+    is_segment,
+    retry_history,
+)
 from hpo.reporting._figures import plottable_copy
 from hpo.reporting._report import best_trial, outcome
-from hpo.study._confirm import ATTR_CONFIRM_OF, is_confirm
-from hpo.study._population import A_MEMBER
-from hpo.study._slots import is_finished
 
-ATTR_KEY = "hpo:tracking:key"  # study system attr: the study's tracking key (run ids derive from it)
-ATTR_RUN = "hpo:tracking:{root}"  # study system attr: {"mlflow": run id, "wandb": run id} of a chain
-ATTR_JOB_TYPE = "hpo:job_type"  # trial system attr naming its job type (e.g. "pbt"); else tune or confirm
+ATTR_KEY = ATTR_TRACKING_KEY  # study system attr: the study's tracking key (run ids derive from it)
+ATTR_RUN = ATTR_TRACKING_RUN  # study system attr: {"mlflow": run id, "wandb": run id} of a chain
 OUTCOME_KEYS = ("stop_reason", "fail_reason", "diagnosis", "diagnosis_labels", "diagnosis_evidence",
                 "peak_memory_gb", "wall_time_s", "last_step", "compute_saved_s", "resumed_from_step", "confirm_of",
                 "confirm_seed", "memory_mechanism", "exit_code", "error")
 
-
-def chain_root(t: FrozenTrial) -> int:
-    history = t.system_attrs.get("retry_history")
-    if isinstance(history, list) and history and isinstance(history[0], int):
-        return history[0]
-    return t.number
 
 
 def job_type(t: FrozenTrial) -> str:
@@ -47,7 +49,7 @@ def job_type(t: FrozenTrial) -> str:
         return named
     if is_confirm(t) or ATTR_CONFIRM_OF in t.system_attrs:
         return "confirm"
-    return "pbt" if A_MEMBER in t.system_attrs else "tune"
+    return "pbt" if is_segment(t) else "tune"
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,7 @@ class ChainInfo:
 
 
 def chain_info(t: FrozenTrial) -> ChainInfo:
-    history = t.system_attrs.get("retry_history")
-    attempts = tuple(h for h in history if isinstance(h, int)) if isinstance(history, list) else ()
+    attempts = tuple(retry_history(t))
     worker = t.user_attrs.get("worker")
     host = worker.get("host", "") if isinstance(worker, dict) else ""
     start = t.datetime_start
@@ -137,7 +138,7 @@ class StudyUpdate:
 def study_update(study: optuna.Study, with_importances: bool, final: bool = False) -> StudyUpdate:
     trials = study.get_trials(deepcopy=False)
     done = [t for t in trials if is_finished(t) and not is_confirm(t)]
-    target = study.user_attrs.get("hpo:n_trials")
+    target = study.user_attrs.get(ATTR_TARGET)
     upd = StudyUpdate(n_finished=len(done), n_trials=int(target) if isinstance(target, int) else None, final=final)
     if len(study.directions) == 1:
         best = best_trial(study)

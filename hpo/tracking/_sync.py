@@ -32,8 +32,9 @@ from hpo.backends import backend_named, known_backends
 from hpo.execution._metrics import MetricsFileError, MetricsTail
 from hpo.execution.ray_jobs._job import JOB_METRICS
 from hpo.experiment._tracking import TrackingSpec, redact_uri
-from hpo.study._optuna import ATTR_SPACE, quiet_optuna
-from hpo.study._storage import open_storage, scrub
+from hpo.record import ATTR_SPACE, retry_history
+from hpo.storages._storage import open_storage, scrub
+from hpo.study._optuna import quiet_optuna
 from hpo.tracking._check import artifact_root, mlflow_uri
 from hpo.tracking._content import ATTR_KEY, ATTR_RUN, chain_info, finished, study_update
 from hpo.tracking._feed import ENV_SPEC, ENV_STORAGE, EXIT_PENDING
@@ -155,7 +156,7 @@ class Tracker:
     def start(self, t: FrozenTrial) -> None:
         chain = chain_info(t)
         trial_dir = Path(str(t.user_attrs.get("trial_dir", "")))
-        attempt = len(t.system_attrs.get("retry_history", []) or [])
+        attempt = len(retry_history(t))
         path = self.backend.metrics_path(trial_dir, attempt)
         if self.is_ray_job:
             path = trial_dir / JOB_METRICS

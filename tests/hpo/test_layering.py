@@ -8,6 +8,7 @@ Python, not from a reader, and each such pair was one module's shared piece in t
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,7 +19,8 @@ HPO = REPO / "hpo"
 CYCLE_FREE = ("hpo", "verl_core", "benchmarks")
 # rank of each subpackage: a module may import its own subpackage and lower ranks only; equal ranks are peers that
 # do not import each other
-LAYERS = {"analysis": 0, "experiment": 1, "execution": 1, "backends": 2, "study": 3, "reporting": 4, "tracking": 5}
+LAYERS = {"analysis": 0, "record": 0, "experiment": 1, "execution": 1, "backends": 2, "storages": 2, "samplers": 2,
+          "study": 3, "reporting": 4, "tracking": 5}
 TOP = 6  # hpo/_cli.py, hpo/__init__.py, hpo/__main__.py
 
 
@@ -175,3 +177,33 @@ def test_the_cycle_check_sees_lazy_and_type_checking_imports(tmp_path: Path) -> 
     assert import_cycles(module_graph(tmp_path, ["pkg"])) == [
         ["pkg.a -> pkg.b", "pkg.b -> pkg.a"], ["pkg.c -> pkg.sub.d", "pkg.sub.d -> pkg.c"],
         ["pkg.e -> pkg.f", "pkg.f -> pkg.g", "pkg.g -> pkg.e"]]
+
+
+# ----------------------------------------------------------------------------- one contract per trainer (issue 36)
+_BACKEND_TEST = re.compile(r"is_verl|is_default_command|(==|!=|\bin)\s*\(?\s*[\"'](verl|verl_core|trl)[\"']"
+                           r"|[\"'](verl|verl_core|trl)[\"']\s*(==|!=)")
+
+
+def backend_name_tests(root: Path = HPO) -> list[str]:
+    """Lines outside ``hpo/backends/`` that branch on a trainer's name instead of asking its backend."""
+    return [f"{p.relative_to(root.parent)}:{n}: {line.strip()}" for p in sorted(root.rglob("*.py"))
+            if "backends" not in p.relative_to(root).parts[:1]
+            for n, line in enumerate(p.read_text().splitlines(), 1) if _BACKEND_TEST.search(line)]
+
+
+def test_only_the_backends_know_a_trainer_by_name() -> None:
+    assert backend_name_tests() == []
+
+
+def test_the_backend_name_check_sees_a_name_test(tmp_path: Path) -> None:
+    (tmp_path / "hpo" / "study").mkdir(parents=True)
+    (tmp_path / "hpo" / "study" / "_x.py").write_text('if space.trial.backend == "verl":\n    pass\n')
+    (tmp_path / "hpo" / "study" / "_y.py").write_text("if spec.is_verl:\n    pass\n")
+    assert [line.split(":")[0] for line in backend_name_tests(tmp_path / "hpo")] == ["hpo/study/_x.py",
+                                                                                      "hpo/study/_y.py"]
+
+
+def test_the_study_loop_stays_small() -> None:
+    """``study/`` holds the loop; storages, samplers and the stored record have rooms of their own."""
+    modules = [p.name for p in (HPO / "study").glob("*.py") if p.name != "__init__.py"]
+    assert len(modules) <= 14, sorted(modules)

@@ -18,8 +18,8 @@ import pytest
 from optuna.trial import TrialState
 
 from hpo.experiment._space import SpaceError
+from hpo.storages._storage import check_study_name, mask_url, scrub
 from hpo.study._optuna import ATTR_SPACE
-from hpo.study._storage import check_study_name, mask_url, scrub
 from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, load, run_cli
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hpo.backends import load_space
+from hpo.backends import backend_of, load_space
 from hpo.backends._rehearse import rehearsal_corners
 from tests.hpo.backends.test_verl import needs_verl
 
@@ -39,8 +39,12 @@ def problems(out: str) -> list[str]:
 
 
 def arith_space(tmp_path: Path, **changes: Any) -> Path:
-    """The shipped CPU arith experiment with ``changes`` (dotted paths into the YAML; None deletes)."""
-    subprocess.run([sys.executable, "-m", "hpo.backends.verl._arith"], cwd=ROOT, check=True, capture_output=True)
+    """The shipped CPU arith experiment with ``changes`` (dotted paths into the YAML; None deletes), its prepare step
+    run as the driver runs it (model, data and reward into ``~/.cache/verl_hpo/verl_arith``, what is missing)."""
+    shipped = load_space(str(ROOT / "search_spaces" / "verl_grpo_cpu.yaml"), check=False)
+    prepare = backend_of(shipped).prepare_argv(shipped)
+    assert prepare is not None
+    subprocess.run(prepare, cwd=ROOT, check=True, capture_output=True)
     raw = yaml.safe_load((ROOT / "search_spaces" / "verl_grpo_cpu.yaml").read_text())
     for dotted, value in changes.items():
         *parents, last = dotted.split("/")

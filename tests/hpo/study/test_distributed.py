@@ -27,10 +27,10 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
+from hpo.storages._storage import open_storage
 from hpo.study._optuna import ATTR_TARGET
 from hpo.study._recovery import ATTR_HEARTBEAT, ATTR_RESULT, Heartbeat, recover_stale_trials
 from hpo.study._slots import is_finished
-from hpo.study._storage import open_storage
 from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, run_cli
 
 PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"

@@ -227,7 +227,7 @@ def test_resume_reseeds_the_sampler(tmp_path: Path, studies: Path) -> None:
 def test_stale_trial_of_another_host_is_retried_by_heartbeat(tmp_path: Path, studies: Path) -> None:
     """A RUNNING trial whose driver ran elsewhere is only known dead by its heartbeat (grace_period)."""
     from hpo.experiment._space import StudySpec
-    from hpo.study._storage import open_storage
+    from hpo.storages._storage import open_storage
 
     space = fake_space(tmp_path, study={"n_trials": 1, "heartbeat_interval": 1, "grace_period": 2})
     assert run_cli(["search", "--space", str(space)], studies).returncode == 0

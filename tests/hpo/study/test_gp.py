@@ -7,7 +7,7 @@ import pytest
 from optuna.trial import TrialState
 
 from hpo.experiment._space import SamplerSpec
-from hpo.study._gp import PrunedAwareGPSampler, as_completed
+from hpo.samplers._gp import PrunedAwareGPSampler, as_completed
 from hpo.study._optuna import make_sampler
 
 X = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}

@@ -12,7 +12,7 @@ import pytest
 
 from hpo.backends import load_space
 from hpo.experiment._space import Param, PbtSpec, SpaceError
-from hpo.study._pbt import (
+from hpo.samplers._pbt import (
     Segment,
     apply_rule,
     decide,

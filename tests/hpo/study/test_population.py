@@ -239,7 +239,7 @@ def test_the_initial_population_is_the_samplers_start_up_design(setup: tuple[Spa
     n_startup_trials = population): a PBT study and a sampler study of one seed start from the same points."""
     import dataclasses
 
-    from hpo.study._startup import LatinStartSampler
+    from hpo.samplers._startup import LatinStartSampler
 
     space, study, pop = setup
     pop.spec = dataclasses.replace(pop.spec, seed=seed)

@@ -15,9 +15,9 @@ import pytest
 
 from hpo.backends import load_space
 from hpo.experiment._space import Param, SamplerSpec
+from hpo.samplers._startup import LatinStartSampler
+from hpo.storages._storage import open_storage
 from hpo.study._optuna import load_stored, make_sampler, open_study
-from hpo.study._startup import LatinStartSampler
-from hpo.study._storage import open_storage
 from hpo.study._trial import _suggest
 from tests.hpo.conftest import fake_space, run_cli
 from tests.hpo.study.test_distributed import PG_URL, _need, start, wait_for

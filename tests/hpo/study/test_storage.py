@@ -22,7 +22,7 @@ import pytest
 from optuna.trial import TrialState
 
 from hpo.experiment._space import StudySpec
-from hpo.study._storage import open_storage
+from hpo.storages._storage import open_storage
 from tests.hpo.conftest import PY, cli_env, fake_space, run_cli
 
 PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
@@ -78,7 +78,7 @@ def test_unreachable_server_is_one_line_exit_1(tmp_path: Path) -> None:
 _POP = """
 import sys, threading, optuna
 sys.path.insert(0, sys.argv[2])
-from hpo.study._storage import open_storage
+from hpo.storages._storage import open_storage
 optuna.logging.set_verbosity(40)
 storage = open_storage(sys.argv[1])
 got = []
@@ -119,7 +119,7 @@ def test_queued_trials_are_claimed_once_on_sqlite(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- names and URLs
 def test_a_study_name_is_matched_whole() -> None:
     from hpo.experiment._space import SpaceError
-    from hpo.study._storage import check_study_name
+    from hpo.storages._storage import check_study_name
 
     assert check_study_name("abc-1.x_y") == "abc-1.x_y"
     for bad in ("abc\n", "abc\r", "\nabc", "a/b", ".hidden", "-x", "a" * 101, ""):
@@ -168,7 +168,7 @@ def test_sqlite_uri_mode_is_refused_and_nothing_is_created(tmp_path: Path, url: 
     ``<db>.lock`` would look at ``./file:/etc/passwd`` in the working directory): one line, exit 2, and nothing is
     created in the working directory or the studies directory."""
     from hpo.experiment._space import SpaceError
-    from hpo.study._storage import check_storage_url
+    from hpo.storages._storage import check_storage_url
 
     cwd, studies = tmp_path / "cwd", tmp_path / "studies"
     cwd.mkdir()
@@ -192,7 +192,7 @@ def test_sqlite_uri_mode_is_refused_and_nothing_is_created(tmp_path: Path, url: 
 def test_an_in_memory_sqlite_storage_is_refused(tmp_path: Path, url: str) -> None:
     """A study in memory dies with its driver: it could never be resumed."""
     from hpo.experiment._space import SpaceError
-    from hpo.study._storage import check_storage_url
+    from hpo.storages._storage import check_storage_url
 
     with pytest.raises(SpaceError, match="in-memory SQLite"):
         check_storage_url(url)
@@ -231,7 +231,7 @@ def wait_for(pred: Callable[[], bool], timeout: float = 60, what: str = "conditi
 
 def test_an_unwritable_sqlite_database_is_ridden_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Three threads write while the database cannot be written: one outage, every write lands once it can."""
-    from hpo.study._retrying import storage_downtime, storage_outages
+    from hpo.storages._retrying import storage_downtime, storage_outages
 
     (tmp_path / "db").mkdir()
     storage = open_storage(f"sqlite:///{tmp_path / 'db' / 's.db'}", StudySpec(storage_retry_s=120))
@@ -266,7 +266,7 @@ def test_a_finish_whose_acknowledgement_was_lost_is_not_an_error(tmp_path: Path)
     from optuna.exceptions import UpdateFinishedTrialError
     from sqlalchemy.exc import OperationalError
 
-    from hpo.study._retrying import storage_outages
+    from hpo.storages._retrying import storage_outages
 
     storage = open_storage(f"sqlite:///{tmp_path / 's.db'}", StudySpec(storage_retry_s=30))
     study = optuna.create_study(study_name="s", storage=storage)
@@ -315,7 +315,7 @@ def test_which_errors_are_an_outage() -> None:
     from optuna.exceptions import UpdateFinishedTrialError
     from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
-    from hpo.study._retrying import StorageUnavailable, unavailable_cause
+    from hpo.storages._retrying import StorageUnavailable, unavailable_cause
 
     pg_down = OperationalError("SELECT 1", {}, Exception("connection to server failed: Connection refused"))
     outage = [pg_down, _wrapped(pg_down), InterfaceError("SELECT 1", {}, Exception("connection already closed")),
@@ -332,7 +332,7 @@ def test_which_errors_are_an_outage() -> None:
 
 
 def test_a_permanent_error_is_raised_at_once(tmp_path: Path) -> None:
-    from hpo.study._retrying import storage_outages
+    from hpo.storages._retrying import storage_outages
 
     storage = open_storage(f"sqlite:///{tmp_path / 's.db'}", StudySpec(storage_retry_s=60))
     study = optuna.create_study(study_name="s", storage=storage)

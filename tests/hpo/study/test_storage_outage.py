@@ -29,7 +29,7 @@ import pytest
 from optuna.trial import TrialState
 
 from hpo.experiment._space import StudySpec
-from hpo.study._storage import open_storage
+from hpo.storages._storage import open_storage
 from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, run_cli
 
 
@@ -128,7 +128,7 @@ def wait_for(pred: Callable[[], bool], timeout: float = 60, what: str = "conditi
 # ----------------------------------------------------------------------------- the storage
 def test_a_restart_during_a_call_is_ridden_out(pg: PgServer, capsys: pytest.CaptureFixture[str]) -> None:
     """Calls made while the server is down wait for it; the pool reconnects; the outage is counted once."""
-    from hpo.study._retrying import storage_downtime, storage_outages
+    from hpo.storages._retrying import storage_downtime, storage_outages
 
     storage = open_storage(pg.url, StudySpec(storage_retry_s=120))
     study = optuna.create_study(study_name=f"r-{uuid.uuid4().hex[:8]}", storage=storage)
@@ -160,7 +160,7 @@ def test_a_restart_during_a_call_is_ridden_out(pg: PgServer, capsys: pytest.Capt
 
 def test_an_idle_pool_reconnects_after_a_restart(pg: PgServer) -> None:
     """Pooled connections the restart killed are replaced before use (pool_pre_ping): no error, no outage."""
-    from hpo.study._retrying import storage_outages
+    from hpo.storages._retrying import storage_outages
 
     storage = open_storage(pg.url, StudySpec(storage_retry_s=30))
     study = optuna.create_study(study_name=f"i-{uuid.uuid4().hex[:8]}", storage=storage)
@@ -173,7 +173,7 @@ def test_an_idle_pool_reconnects_after_a_restart(pg: PgServer) -> None:
 
 def test_past_the_window_a_call_raises_one_line_without_the_password(pg: PgServer,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from hpo.study._retrying import StorageUnavailable, storage_downtime, storage_error_line, storage_outages
+    from hpo.storages._retrying import StorageUnavailable, storage_downtime, storage_error_line, storage_outages
 
     secret = "s3cret-pw"  # trust authentication ignores it
     url = pg.url.replace("postgres@", f"postgres:{secret}@")
@@ -205,7 +205,7 @@ def test_threads_working_through_rapid_restarts_see_no_error(pg: PgServer) -> No
     """Four threads ask, suggest, write attributes, report and tell while the server restarts again and again
     (connections die mid-query, mid-commit, in the pool): not one error reaches them, every trial completes
     once. (Optuna's trial read retries a broken query on the broken session: PendingRollbackError.)"""
-    from hpo.study._retrying import storage_outages
+    from hpo.storages._retrying import storage_outages
 
     storage = open_storage(pg.url, StudySpec(storage_retry_s=120))
     study = optuna.create_study(study_name=f"t-{uuid.uuid4().hex[:8]}", storage=storage)
@@ -308,7 +308,7 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 def test_a_redis_restart_during_a_call_is_ridden_out(redis_server: RedisServer) -> None:
     """The same on a JournalStorage: a call made while Redis is down waits for it and lands once."""
-    from hpo.study._retrying import storage_outages
+    from hpo.storages._retrying import storage_outages
 
     storage = open_storage(redis_server.url, StudySpec(storage_retry_s=120))
     study = optuna.create_study(study_name="r", storage=storage)
@@ -330,7 +330,7 @@ def test_a_redis_server_that_stops_answering_fails_calls_instead_of_hanging(
         redis_server: RedisServer) -> None:
     """A hung server (SIGSTOP: the port still accepts, nothing answers) must end a call with StorageUnavailable
     once the retry window is over, not block the driver for ever (redis-py >= 8 times out its reads after 5 s)."""
-    from hpo.study._retrying import StorageUnavailable
+    from hpo.storages._retrying import StorageUnavailable
 
     storage = open_storage(redis_server.url, StudySpec(storage_retry_s=3))
     study = optuna.create_study(study_name="hung", storage=storage)

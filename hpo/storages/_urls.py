@@ -1,6 +1,6 @@
 """Storage URLs shown safely: the password masked wherever a URL is printed or rendered, and scrubbed from error
-texts. Below both :mod:`hpo.study._storage` (which opens storages) and :mod:`hpo.study._retrying` (which words their
-outages), so neither imports the other for it."""
+texts. Below both :mod:`hpo.storages._storage` (which opens storages) and :mod:`hpo.storages._retrying` (which words
+their outages), so neither imports the other for it."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ TPE and GP start from ``n_startup_trials`` random trials. Four independent draws
 ``kl_lr_clip`` (sampler seed 0) all four start-up trials drew ``kl_coef`` in [0.08, 0.2] of the log range
 [0.01, 2], so neither sampler ever saw the low-KL region where the best settings lie (the GP's best after 16 trials
 was 0.9615 against random search's 0.972-0.981). Here the start-up trials are a Latin hypercube of
-``n_startup_trials`` points (:func:`hpo.study._pbt.initial_population`, the design of PBT's initial population):
+``n_startup_trials`` points (:func:`hpo.samplers._pbt.initial_population`, the design of PBT's initial population):
 each parameter's range, in log space for log parameters, is cut into ``n_startup_trials`` strata and every stratum
 holds one start-up trial.
 
@@ -29,7 +29,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.experiment._space import Param
-from hpo.study._pbt import initial_population
+from hpo.samplers._pbt import initial_population
 
 
 class LatinStartSampler(BaseSampler):

@@ -1,7 +1,7 @@
 """Storage URLs: SQLite by default, any Optuna RDB URL, ``redis://`` through JournalStorage (optional). Study names and
 URLs are checked before anything is created, passwords are masked wherever a URL is shown, and every storage is
-opened inside a :class:`~hpo.study._retrying.RetryingStorage` (riding out outages: :mod:`hpo.study._retrying`).
-Masking lives in :mod:`hpo.study._urls` (re-exported here)."""
+opened inside a :class:`~hpo.storages._retrying.RetryingStorage` (riding out outages: :mod:`hpo.storages._retrying`).
+Masking lives in :mod:`hpo.storages._urls` (re-exported here)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import optuna
 
 from hpo.analysis._files import FileRefused, open_regular
 from hpo.experiment._space import SpaceError, StudySpec
-from hpo.study._retrying import RetryingStorage, opening
-from hpo.study._urls import REDIS_SCHEMES, mask_url, scrub
+from hpo.storages._retrying import RetryingStorage, opening
+from hpo.storages._urls import REDIS_SCHEMES, mask_url, scrub
 
 STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # fullmatch: ``$`` also matches before a final newline
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database file

@@ -1,4 +1,4 @@
-"""Riding out storage outages: every storage the driver opens (:func:`hpo.study._storage.open_storage`) is a
+"""Riding out storage outages: every storage the driver opens (:func:`hpo.storages._storage.open_storage`) is a
 :class:`RetryingStorage`. A storage call that fails because the storage cannot be reached or written for now (a
 database restart, a dropped connection, a read-only or full disk, a Redis failover) is retried with backoff until
 ``study.storage_retry_s`` has passed since the outage began; running trials go on meanwhile. Past that window the call
@@ -29,7 +29,7 @@ from optuna.study._frozen import FrozenStudy
 from optuna.study._study_direction import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.study._urls import mask_url, scrub
+from hpo.storages._urls import mask_url, scrub
 
 # what a storage call raises when the storage (not the caller) is at fault: the CLI maps each to one line
 STORAGE_ERRORS: tuple[type[BaseException], ...] = (OSError, optuna.exceptions.StorageInternalError)

@@ -1,0 +1,127 @@
+"""Every attribute a study or trial carries in the Optuna storage, and what it means. The study loop writes them;
+reporting, tracking and the dashboard read them; all of them read the keys and the meaning from here.
+
+Study system attributes: :data:`ATTR_SPACE` (the experiment as parsed), :data:`ATTR_SOURCE` (its file),
+:data:`ATTR_TARGET` (the trial target), :data:`ATTR_DIGEST` (sha256 of the experiment), :data:`ATTR_TRACKING_KEY`
+and :data:`ATTR_TRACKING_RUN` (MLflow / W&B run ids of each retry chain).
+
+Trial system attributes (set before a trial runs, by whoever queued it):
+
+* a retry chain: ``failed_trial`` (:data:`ATTR_RETRY_OF`, the trial this one retries; Optuna's own key) and
+  ``retry_history`` (:data:`ATTR_RETRY_HISTORY`, the chain's earlier trial numbers, oldest first: the chain's root
+  is the first);
+* a confirmation run: :data:`ATTR_CONFIRM_OF` (the confirmed trial, ``"baseline"`` shown for baseline runs),
+  :data:`ATTR_CONFIRM_SEED`, :data:`ATTR_BASELINE`;
+* the driver's liveness: :data:`ATTR_HEARTBEAT`, :data:`ATTR_RESULT` (the result its driver recorded before telling),
+  :data:`ATTR_RECOVERING`, :data:`ATTR_RAY_CLAIM`;
+* a PBT segment: the ``pbt:`` keys (:data:`PBT_MEMBER` ... :data:`PBT_INTERMEDIATE`); :data:`ATTR_JOB_TYPE`.
+
+Trial user attributes (what happened): see :data:`USER_ATTRS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+# ----------------------------------------------------------------------------- study system attributes
+ATTR_SPACE = "hpo:space"
+ATTR_SOURCE = "hpo:source"
+ATTR_TARGET = "hpo:n_trials"
+ATTR_DIGEST = "hpo:space_sha256"
+ATTR_TRACKING_KEY = "hpo:tracking:key"  # the study's tracking key (run ids derive from it)
+ATTR_TRACKING_RUN = "hpo:tracking:{root}"  # {"mlflow": run id, "wandb": run id} of a retry chain
+
+# ----------------------------------------------------------------------------- trial system attributes
+ATTR_RETRY_OF = "failed_trial"  # Optuna's RetryFailedTrialCallback key
+ATTR_RETRY_HISTORY = "retry_history"
+ATTR_CONFIRM_OF = "hpo:confirm_of"
+ATTR_CONFIRM_SEED = "hpo:confirm_seed"
+ATTR_BASELINE = "hpo:baseline"
+ATTR_HEARTBEAT = "hpo:heartbeat"
+ATTR_RESULT = "hpo:result"
+ATTR_RECOVERING = "hpo:recovering"  # set on a dead driver's trial just before it is failed: its retry is due
+ATTR_RAY_CLAIM = "hpo:ray_claim"
+ATTR_JOB_TYPE = "hpo:job_type"  # a trial's job type (e.g. "pbt"); else tune or confirm
+
+PBT = "pbt:"
+PBT_MEMBER, PBT_SEQ, PBT_GEN = "pbt:member", "pbt:seq", "pbt:generation"
+PBT_START, PBT_END, PBT_ACTION = "pbt:start", "pbt:end", "pbt:action"
+PBT_PARENT, PBT_DONOR, PBT_SOURCE, PBT_CHECKPOINT = "pbt:parent_trial", "pbt:donor", "pbt:source", "pbt:checkpoint"
+PBT_ROLLBACKS, PBT_WHY = "pbt:rollbacks", "pbt:why"
+PBT_SCHEDULE, PBT_INDEX, PBT_INTERMEDIATE = "pbt:schedule", "pbt:schedule_index", "pbt:intermediate"
+
+# ----------------------------------------------------------------------------- trial user attributes
+USER_ATTRS: dict[str, str] = {
+    "trial_dir": "the trial's directory (logs, metrics, checkpoints)",
+    "worker": "the driver that ran it (host, pid)",
+    "retry_of": "the trial this attempt retries",
+    "stop_reason": "pruned | converged | collapsed[:label] | plateau | interrupted | surplus | driver_error",
+    "fail_reason": "oom | timeout | bad_metrics | killed | crash | predicted_oom | checkpoint",
+    "error": "why it failed, one line",
+    "stderr_tail": "the end of its stderr",
+    "exit_code": "the trainer's exit status",
+    "last_step": "the last step it logged",
+    "wall_time_s": "wall time of its process",
+    "peak_memory_gb": "its peak memory",
+    "first_metric_s": "seconds to its first metrics line",
+    "compute_saved_s": "time an early stop saved",
+    "confirm_of": "a confirmation run: the confirmed trial, or baseline",
+    "confirm_seed": "a confirmation run's seed",
+    "test_value": "a confirmation run's held-out value",
+    "test_metric": "the metric that value was read from",
+    "diagnosis": "the run's diagnosis label (hpo.analysis)",
+    "resumed_from_step": "a retry: the checkpoint step it continued from",
+    "interrupted": "stopped by the user or its driver's death (queued again)",
+}
+
+
+# ----------------------------------------------------------------------------- what a stored trial is
+def is_confirm(t: FrozenTrial) -> bool:
+    """A confirmation run (queued by ``verl-hpo confirm``)."""
+    return ATTR_CONFIRM_OF in t.system_attrs
+
+
+def is_baseline(t: FrozenTrial) -> bool:
+    """A confirmation run of ``study.baseline``."""
+    return bool(t.system_attrs.get(ATTR_BASELINE))
+
+
+def is_finished(t: FrozenTrial) -> bool:
+    """COMPLETE, PRUNED, or FAIL with a result its driver recorded (``on_failure: fail``); an interrupted or
+    recovered trial (FAIL without a recorded result) is not finished: its retry is. Confirmation runs never count
+    towards the search's target."""
+    if is_confirm(t):
+        return False
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    if t.state != TrialState.FAIL:
+        return False
+    return ATTR_RESULT in t.system_attrs or ("fail_reason" in t.user_attrs and ATTR_HEARTBEAT not in t.system_attrs)
+
+
+def retry_history(t: FrozenTrial) -> list[int]:
+    """The retry chain's earlier trial numbers, oldest first ([] for a first attempt)."""
+    history = t.system_attrs.get(ATTR_RETRY_HISTORY)  # from shared storage: anything; the ints are the chain
+    return [n for n in history if isinstance(n, int) and not isinstance(n, bool)] if isinstance(history, list) else []
+
+
+def chain_root(t: FrozenTrial) -> int:
+    """The first trial of ``t``'s retry chain (``t`` itself for a first attempt)."""
+    history = retry_history(t)
+    return history[0] if history else t.number
+
+
+def is_segment_attrs(system: dict[str, Any]) -> bool:
+    """A trial's system attrs are those of a PBT segment (of the population)."""
+    return PBT_MEMBER in system
+
+
+def is_segment(t: FrozenTrial) -> bool:
+    return is_segment_attrs(t.system_attrs)
+
+
+def runs_steps(system: dict[str, Any]) -> bool:
+    """A segment of the population or of a schedule's confirmation chain: it runs a step range."""
+    return PBT_START in system

@@ -1,0 +1,11 @@
+"""How the next trial's values are chosen, beyond Optuna's own samplers: the GP told about pruned trials (``_gp``,
+imports torch through Optuna: loaded only for ``study.sampler.type: gp``), the Latin-hypercube start
+(``_startup``), and population-based training's decisions as pure functions over a population's segments
+(``_pbt``; :mod:`hpo.study._population` turns trials into segments and queues the next ones).
+
+May import: ``hpo.experiment``, ``hpo.analysis``."""
+
+from hpo.samplers._pbt import Decision, Segment, decide, initial_population
+from hpo.samplers._startup import LatinStartSampler
+
+__all__ = ["Decision", "LatinStartSampler", "Segment", "decide", "initial_population"]

@@ -1,0 +1,12 @@
+"""Where a study lives: storage URLs (SQLite by default, any Optuna RDB URL, Redis through a journal), study names
+checked before anything is created (``_storage``), passwords masked wherever a URL is shown (``_urls``), and every
+storage wrapped to ride out outages (``_retrying``: retries with backoff, the downtime it rode out).
+
+May import: ``hpo.experiment``, ``hpo.analysis``."""
+
+from hpo.storages._retrying import RetryingStorage, StorageUnavailable, storage_error_line
+from hpo.storages._storage import check_storage_url, check_study_name, default_storage_url, open_storage, study_exists
+from hpo.storages._urls import mask_url, scrub
+
+__all__ = ["RetryingStorage", "StorageUnavailable", "check_storage_url", "check_study_name", "default_storage_url",
+           "mask_url", "open_storage", "scrub", "storage_error_line", "study_exists"]
