@@ -1,13 +1,15 @@
-"""The study loop: the ``Driver`` that asks, runs and tells trials beside other drivers, the study's storage
-(retrying through outages), stale-trial recovery and heartbeats, seed confirmation and checkpoint retention.
+"""The study loop: the ``Driver`` that asks, runs and tells trials beside other drivers, stale-trial recovery and
+heartbeats, seed confirmation and checkpoint retention. What a trial runs is its backend's (:mod:`hpo.backends`),
+where the study lives is :mod:`hpo.storages`, how values are chosen :mod:`hpo.samplers`, what the stored
+attributes mean :mod:`hpo.record`.
 
 Modules: ``_driver`` (the loop), ``_slots`` (claiming the target), ``_trial`` (one trial to its outcome), ``_command``
-(its argv, env and files), ``_watch`` (reporting, pruning and early stopping per metrics line), ``_optuna`` (sampler,
-pruner, creating and loading the study), ``_storage`` (URLs, opening), ``_urls`` (masking URLs and passwords),
-``_retrying`` (riding out outages), ``_recovery``, ``_confirm``, ``_checkpoints``, ``_errors``, ``_progress``.
+(its directory, environment and files), ``_watch`` (reporting, pruning and early stopping per metrics line),
+``_optuna`` (sampler, pruner, creating and loading the study), ``_recovery``, ``_confirm``, ``_compare``,
+``_checkpoints``, ``_ray_trials``, ``_population`` (PBT's segments as trials), ``_errors``, ``_progress``.
 
-May import: ``hpo.backends``, ``hpo.execution``, ``hpo.experiment``, ``hpo.analysis``; never ``hpo.reporting``
-(progress goes to a ``Progress`` the caller hands in)."""
+May import: ``hpo.backends``, ``hpo.storages``, ``hpo.samplers``, ``hpo.record``, ``hpo.execution``,
+``hpo.experiment``, ``hpo.analysis``; never ``hpo.reporting`` (progress goes to a ``Progress`` the caller hands in)."""
 
 from hpo.storages._retrying import RetryingStorage, StorageUnavailable
 from hpo.storages._storage import open_storage
