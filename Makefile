@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# the CPU build of torch (a bare `torch` would pull a multi-GB CUDA build)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,distributed,tracking,ray]'
+	$(PY) -m pip install -q -e '.[dev,distributed,tracking,ray,trl]'
 	touch $(STAMP)
 
 install: $(STAMP)

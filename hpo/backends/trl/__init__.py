@@ -1,0 +1,13 @@
+"""TRL's ``GRPOTrainer`` (trl==1.16.0) as a trial backend (``trial.backend: trl``, docs/trl.md): ``_backend`` is the
+:class:`TrlBackend` (keys, argv and environment of an attempt, retries from Hugging Face ``checkpoint-N``
+directories, seeds and the held-out split of confirmation runs); ``_keys`` the keys a TRL config may set (GRPOConfig's
+fields, the launcher's own, the driver's), shared with ``_train.py``, the launcher script that runs in TRL's
+interpreter (never imported by the driver: no torch, trl or transformers here).
+
+May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
+
+from hpo.backends.trl._backend import EVAL_METRICS, LAUNCHER, ResumePoint, TrlBackend, checkpoint_complete, resume_point
+from hpo.backends.trl._keys import DRIVER_KEYS, GRPO_FIELDS, LAUNCHER_KEYS, TRL_VERSION
+
+__all__ = ["DRIVER_KEYS", "EVAL_METRICS", "GRPO_FIELDS", "LAUNCHER", "LAUNCHER_KEYS", "TRL_VERSION", "ResumePoint",
+           "TrlBackend", "checkpoint_complete", "resume_point"]

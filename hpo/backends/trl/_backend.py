@@ -1,0 +1,333 @@
+"""TRL's ``GRPOTrainer`` as a :class:`~hpo.backends._base.Backend` (``trial.backend: trl``).
+
+A trial is ``<trl python> hpo/backends/trl/_train.py --config CONFIG --metrics-file METRICS <overrides>
+output_dir=<trial dir>/checkpoints [resume_from_checkpoint=<checkpoint-N>]``, run in TRL's interpreter
+(``trial.python``, else the driver's own when trl is installed there: ``make install`` puts trl==1.16.0 into
+``.venv``). The driver reads the config file as YAML only and never imports trl, torch or transformers:
+
+* keys: a flat key is a ``trl.GRPOConfig`` field (checked against :data:`~hpo.backends.trl._keys.GRPO_FIELDS`,
+  with the nearest name for a typo), a dotted key the launcher's own (``model.path``, ``data.*``, ``reward.*``,
+  ``eval.before_train``, ``runtime.threads``); ``output_dir`` and ``resume_from_checkpoint`` are the driver's.
+  ``verify`` builds the ``GRPOConfig`` of the default point and of every corner in TRL's interpreter.
+* steps: ``max_steps``; evaluations: the launcher's greedy pass over the validation split at step 0, every
+  ``eval_steps`` and the last step (``eval/reward_mean``, ``eval/reward_std``, ``eval/response_length_mean``).
+* retries: every attempt writes its own metrics file and saves ``checkpoint-N`` (Hugging Face's layout) into its own
+  ``<trial dir>/checkpoints``; a retry continues from the newest complete one of its chain (``trainer_state.json`` is
+  written last) and the curve its attempts logged up to N is replayed.
+* confirmation: the seed is ``seed`` (TrainingArguments' default 42); the held-out split is ``data.test_files``
+  (``study.confirm.test_files``, else the built-in task's test split), scored at the last step as ``test/*``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from hpo.backends._base import Backend, Launch, LaunchContext, TrialConfig
+from hpo.backends.trl._keys import (
+    DRIVER_KEYS,
+    GRPO_FIELDS,
+    LAUNCHER_KEYS,
+    TEST_FILES,
+    TRL_VERSION,
+    flatten,
+    load_mapping,
+    load_value,
+)
+from hpo.experiment._heldout import TEST_KEY
+from hpo.experiment._objective import check_metrics
+from hpo.experiment._space import DEFAULT_COMMAND, Space, SpaceError, format_value, located_error
+
+LAUNCHER = Path(__file__).with_name("_train.py")
+INSTALL_HINT = (f"run `make install` (trl=={TRL_VERSION} into .venv), or set trial.python to an interpreter with "
+                f"trl=={TRL_VERSION}")
+EVAL_METRICS = ("eval/reward_mean", "eval/reward_std", "eval/response_length_mean")  # the launcher's greedy pass
+DEFAULT_SEED = 42  # transformers.TrainingArguments.seed
+CHECK_TIMEOUT_S = 300.0
+MAX_CORNERS = 16
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+           "adapter_model.safetensors")
+assert TEST_FILES == TEST_KEY  # the launcher's held-out key is the one hpo.experiment keeps out of a search
+
+
+# ----------------------------------------------------------------------------- the config
+def read_config(path: str) -> dict[str, Any]:
+    """The config file's keys (the launcher's sections as dotted keys); ValueError (one line) when unreadable."""
+    try:
+        raw = load_mapping(Path(path).expanduser().read_text()) or {}
+    except OSError as err:
+        raise ValueError(f"cannot read {path} ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: invalid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping of GRPOConfig fields and launcher keys, got "
+                         f"{type(raw).__name__}")
+    return flatten(raw)
+
+
+def merged_config(space: Space, overrides: Sequence[str]) -> dict[str, Any]:
+    """The config file's keys with ``key=value`` overrides applied (values in YAML syntax), as the launcher reads
+    them; an unreadable config file counts as empty (``check`` names it)."""
+    try:
+        cfg = read_config(space.config)
+    except ValueError:
+        cfg = {}
+    for text in overrides:
+        key, _, rhs = text.partition("=")
+        cfg[key.strip()] = load_value(rhs)
+    return cfg
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` is not a key of a TRL trial (None: it is)."""
+    if key in DRIVER_KEYS:
+        return f"{key} is set by the driver"
+    known = LAUNCHER_KEYS if "." in key else GRPO_FIELDS
+    if key in known:
+        return None
+    near = difflib.get_close_matches(key, list(known), n=1)
+    kind = "launcher key (model.*, data.*, reward.*, eval.*, runtime.*)" if "." in key else \
+        f"GRPOConfig field (trl {TRL_VERSION})"
+    return f"unknown {kind} {key!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+
+
+def trl_python(space: Space) -> str:
+    """TRL's interpreter: ``trial.python``, else the driver's own (``make install`` puts trl into ``.venv``)."""
+    return space.trial.python or sys.executable
+
+
+def _corner_sets(space: Space) -> list[tuple[str, list[str]]]:
+    """(where, overrides) of the default point, the baseline, each parameter at its ends and the joint corners."""
+    sets = [("overrides", space.trainer_overrides({}))]
+    if space.study.baseline:
+        sets.append(("study.baseline", [*sets[0][1], *(f"{k}={format_value(v)}"
+                                                       for k, v in space.study.baseline.items())]))
+    for p in space.params:
+        sets += [(f"params.{p.name}", space.trainer_overrides({p.name: v})) for v in p.corner_values()]
+    lows = {p.name: p.corner_values()[0] for p in space.params}
+    highs = {p.name: p.corner_values()[-1] for p in space.params}
+    sets += [("params", space.trainer_overrides(lows)), ("params", space.trainer_overrides(highs))]
+    return sets[:MAX_CORNERS]
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def checkpoint_complete(folder: Path) -> bool:
+    """A ``checkpoint-N`` the Trainer resumes: ``trainer_state.json`` (written last) at step N, the weights, and the
+    optimizer and scheduler states unless none of them was saved (``save_only_model``)."""
+    m = _CHECKPOINT.match(folder.name)
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text())
+        names = {p.name for p in folder.iterdir()}
+    except (OSError, ValueError):
+        return False
+    if m is None or not isinstance(state, dict) or state.get("global_step") != int(m.group(1)):
+        return False
+    states = {"optimizer.pt", "scheduler.pt", "rng_state.pth"} & names
+    return bool(names & set(WEIGHTS)) and (not states or {"optimizer.pt", "scheduler.pt"} <= names)
+
+
+def checkpoint_step(checkpoints: Path) -> int | None:
+    """The step of the newest complete checkpoint in an ``output_dir``; None when there is none."""
+    try:
+        steps = sorted((int(m.group(1)) for d in checkpoints.iterdir() if (m := _CHECKPOINT.match(d.name))),
+                       reverse=True)
+    except OSError:
+        return None
+    return next((s for s in steps if checkpoint_complete(checkpoints / f"checkpoint-{s}")), None)
+
+
+def resumed_from(trial_dir: Path) -> Path | None:
+    """The checkpoint an attempt started from (``resume_from_checkpoint=`` in its ``command.json``)."""
+    try:
+        argv = json.loads((trial_dir / "command.json").read_text())["argv"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    value = next((a.partition("=")[2] for a in argv if isinstance(a, str) and a.startswith("resume_from_checkpoint=")),
+                 None)
+    return None if value in (None, "", "null") else Path(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """Where a retry continues (``checkpoint``, a ``checkpoint-<step>`` directory) and the metrics files of the attempts
+    whose training led to it (``lineage``, oldest first; ``starts``: the step each resumed from, None: fresh)."""
+
+    checkpoint: Path
+    step: int
+    lineage: tuple[Path, ...]
+    starts: tuple[int | None, ...]
+
+    def records(self) -> list[tuple[int, dict[str, Any]]]:
+        from hpo.backends.verl._resume import replay_records  # one curve from a lineage: any backend's files
+
+        return replay_records(self.lineage, self.step, self.starts)
+
+
+def resume_point(trials_dir: Path, history: Sequence[int]) -> ResumePoint | None:
+    """The newest complete checkpoint along a retry chain (attempt k ran as trial ``history[k]``), and the lineage of
+    attempts that led to it; None when no attempt left one (the retry starts afresh)."""
+    best: tuple[int, int] | None = None  # (step, attempt)
+    for k, number in enumerate(history):
+        step = checkpoint_step(trials_dir / str(number) / "checkpoints")
+        if step is not None and (best is None or step >= best[0]):
+            best = (step, k)
+    if best is None:
+        return None
+    step, k = best
+    index = {str(n): i for i, n in enumerate(history)}
+    chain: list[tuple[int, int | None]] = []  # (attempt, the step it resumed from)
+    attempt: int | None = k
+    while attempt is not None and attempt not in {a for a, _ in chain}:
+        source = resumed_from(trials_dir / str(history[attempt]))
+        m = _CHECKPOINT.match(source.name) if source is not None else None
+        chain.append((attempt, int(m.group(1)) if m else None))
+        attempt = index.get(source.parent.parent.name) if source is not None and m else None
+    chain.reverse()
+    return ResumePoint(trials_dir / str(history[k]) / "checkpoints" / f"checkpoint-{step}", step,
+                       tuple(metrics_file(trials_dir / str(history[a]), a) for a, _ in chain),
+                       tuple(s for _, s in chain))
+
+
+def metrics_file(trial_dir: Path, attempt: int) -> Path:
+    """``metrics.jsonl`` for a first attempt, ``metrics.attempt<k>.jsonl`` for the k-th retry."""
+    return trial_dir / ("metrics.jsonl" if attempt == 0 else f"metrics.attempt{attempt}.jsonl")
+
+
+# ----------------------------------------------------------------------------- the backend
+class TrlBackend(Backend):
+    name: ClassVar[str] = "trl"
+    every_key_is_code: ClassVar[bool] = True  # reward.path, model.path, model_init_kwargs (trust_remote_code)
+
+    def check(self, space: Space, origin: Mapping[str, str]) -> None:
+        """The command, every key (config file, overrides, parameters, baseline), the steps and the objective."""
+        def error(where: str, msg: str) -> SpaceError:
+            return located_error(space, dict(origin), where, msg)
+
+        if tuple(space.trial.command) != DEFAULT_COMMAND:
+            raise error("trial.command", f"not used with trial.backend: trl (the command is {LAUNCHER.name} in "
+                        "trial.python)")
+        try:
+            cfg = read_config(space.config)
+        except ValueError as err:
+            raise error("config", str(err)) from None
+        for key in cfg:
+            if (problem := key_problem(key)) is not None:
+                raise error("config", f"{space.config}: {problem}")
+        places = [(f"overrides.{k}", k) for k in space.overrides]
+        places += [(f"params.{p.name}.key", p.key) for p in space.params]
+        places += [(f"study.baseline.{k}", k) for k in space.study.baseline]
+        for where, key in places:
+            if (problem := key_problem(key)) is not None:
+                raise error(where, problem)
+        steps = merged_config(space, space.trainer_overrides({})).get("max_steps")
+        if not any(p.key == "max_steps" for p in space.params) and (
+                isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
+            raise error("overrides.max_steps", f"a trial needs a positive max_steps (config or overrides), got "
+                        f"{steps!r}")
+        check_metrics(space.objective, lambda m: m in EVAL_METRICS or m.startswith(("train/", "eval/trl/")),
+                      list(EVAL_METRICS), error)
+
+    def verify(self, space: Space, origin: Mapping[str, str]) -> None:
+        """``GRPOConfig`` of the default point, the baseline and the corners, built in TRL's interpreter (its own
+        checks: batch sizes against ``num_generations``, exclusive keys, value types)."""
+        self.check_launch(space)
+        sets = _corner_sets(space)
+        problems, why = None, "no answer"
+        try:
+            res = subprocess.run([trl_python(space), str(LAUNCHER), "--check", "--config", space.config],
+                                 input=json.dumps([s for _, s in sets]), capture_output=True, text=True,
+                                 timeout=CHECK_TIMEOUT_S, check=False)
+            why = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+            problems = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as err:
+            why = f"{type(err).__name__}: {err}"
+        if not isinstance(problems, list) or len(problems) != len(sets):
+            raise located_error(space, dict(origin), "trial.python", f"the GRPOConfig check in {trl_python(space)} "
+                                f"failed: {why[:300]}")
+        for (where, overrides), problem in zip(sets, problems, strict=True):
+            if problem:
+                shown = " ".join(o for o in overrides if o not in space.trainer_overrides({})) or "the fixed keys"
+                raise located_error(space, dict(origin), where, f"rejected by TRL with {shown}: {problem}")
+
+    def check_launch(self, space: Space) -> None:
+        python = trl_python(space)
+        if python == sys.executable:
+            if importlib.util.find_spec("trl") is None:
+                raise SpaceError(f"{space.source}: trial.backend: trl is not installed in {python}; {INSTALL_HINT}")
+            return
+        if not Path(python).exists():
+            raise SpaceError(f"{space.source}: trial.python: {python} does not exist; {INSTALL_HINT}")
+        found = subprocess.run([python, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('trl') is None)"],
+                               capture_output=True, timeout=60, check=False)
+        if found.returncode != 0:
+            raise SpaceError(f"{space.source}: trial.python: trl is not installed in {python}; {INSTALL_HINT}")
+
+    def prepare_argv(self, space: Space) -> list[str] | None:
+        """The launcher's ``--prepare`` (builds ``builtin:`` models and writes ``builtin:`` data once), unless the
+        experiment names its own ``trial.prepare_command``."""
+        if space.trial.prepare_command:
+            return super().prepare_argv(space)
+        return [trl_python(space), str(LAUNCHER), "--prepare", "--config", space.config, *space.trainer_overrides({})]
+
+    def configure(self, space: Space, values: Mapping[str, Any], trial_dir: Path,
+                  extra: Mapping[str, Any] | None = None, tail: Sequence[str] = ()) -> TrialConfig:
+        """Fixed, tuned, ``extra`` (a confirmation run's seed and held-out split) and ``tail``; a search trial never
+        scores the held-out split (``data.test_files=null``)."""
+        extra = dict(extra or {})
+        tuned = [o for o in space.trainer_overrides(dict(values)) if o.partition("=")[0] not in extra]
+        overrides = [*tuned, *(f"{k}={format_value(v)}" for k, v in extra.items())]
+        if TEST_KEY not in extra:
+            overrides.append(f"{TEST_KEY}=null")
+        overrides += tail
+        merged = merged_config(space, overrides)
+        merged["output_dir"] = str(trial_dir.absolute() / "checkpoints")
+        steps = merged.get("max_steps")
+        total = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
+        text = f"# {space.config} with the trial's overrides (hpo/backends/trl/_train.py reads it so)\n" + \
+            yaml.safe_dump(merged, sort_keys=False)
+        return TrialConfig(overrides, total, text, loaded=merged)
+
+    def metrics_path(self, trial_dir: Path, attempt: int) -> Path:
+        return metrics_file(trial_dir, attempt)
+
+    def launch(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Launch:
+        argv = [trl_python(space), str(LAUNCHER), "--config", space.config, "--metrics-file", str(ctx.metrics),
+                *config.overrides, f"output_dir={ctx.trial_dir.absolute() / 'checkpoints'}"]
+        if ctx.resume_from is not None:
+            argv.append(f"resume_from_checkpoint={ctx.resume_from.absolute()}")
+        env = dict(ctx.env)
+        env.update(PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   HF_DATASETS_OFFLINE="1")
+        return Launch(argv, env)
+
+    def resume_point(self, trials_dir: Path, history: Sequence[int]) -> ResumePoint | None:
+        return resume_point(trials_dir, history)
+
+    def seed_keys(self, space: Space) -> tuple[str, ...]:
+        return (space.study.confirm.seed_key,) if space.study.confirm.seed_key else ("seed",)
+
+    def default_seed(self, space: Space, key: str) -> int | None:
+        """The config's value (the fixed overrides applied), else TrainingArguments' default for ``seed``."""
+        value = merged_config(space, space.trainer_overrides({})).get(key, DEFAULT_SEED if key == "seed" else None)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def heldout_overrides(self, space: Space) -> dict[str, Any]:
+        """``study.confirm.test_files``, else the built-in task's test split when ``data.val_files`` is
+        ``builtin:<task>`` (the launcher's default)."""
+        extra = super().heldout_overrides(space)
+        if extra:
+            return extra
+        val = merged_config(space, space.trainer_overrides({})).get("data.val_files",
+                                                                   LAUNCHER_KEYS["data.val_files"])
+        return {TEST_KEY: val} if isinstance(val, str) and val.startswith("builtin:") else {}
