@@ -12,7 +12,6 @@ that runs code is run only when it matches a local file or the user says so (:mo
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import signal
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hpo.analysis import FileRefused, check_regular
-from hpo.backends import backend_of, load_checked_space
+from hpo.backends import load_checked_space
 from hpo.experiment._space import SPACES_DIR, Space, SpaceError, StudySpec
 from hpo.experiment._tracking import TRACKING_FLAG_HELP
 from hpo.storages._storage import mask_url
@@ -200,81 +199,49 @@ def _stop_on_signals(stop: threading.Event, got: list[int]) -> Iterator[None]:
 
 
 def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Path, args: argparse.Namespace) -> int:
-    """search (``space`` given) or resume (the stored space, checked by :mod:`hpo.experiment._trust`)."""
-    from hpo.backends._preflight import check_space_fits
-    from hpo.experiment._trust import check_stored_experiment
-    from hpo.record import ATTR_DIGEST, ATTR_SOURCE
+    """search (``space`` given), or resume / worker / confirm of the stored study; the exit code."""
+    from hpo.reporting._dashboard import DashboardCallback, dashboard_path, write_final_page
     from hpo.reporting._report import Reporter, summary
     from hpo.storages._retrying import StorageUnavailable
-    from hpo.study._driver import Driver, resolve_devices
+    from hpo.study._driver import Driver, check_search, open_stored, queue_confirm, study_target
     from hpo.study._errors import DriverError, TrialInterrupted
-    from hpo.study._optuna import load_stored, open_study, quiet_optuna
+    from hpo.study._optuna import open_study, quiet_optuna
+    from hpo.study._population import NoHealthyMember
     from hpo.study._slots import n_finished
 
     quiet_optuna()
     stop, got = threading.Event(), list[int]()
     with _stop_on_signals(stop, got), ExitStack() as closing:  # closing: the trackers' flush (hpo.tracking)
         if space is None:
-            # a worker (often started by a scheduler) waits for a database that is starting or restarting
-            wait_s = StudySpec().storage_retry_s if args.cmd == "worker" else 0.0
-            space, study = load_stored(study_name, storage_url, getattr(args, "n_trials", None), wait_s)
-            check_stored_experiment(space, study_name, args.space, study.user_attrs.get(ATTR_SOURCE),
-                                    args.trust_stored_experiment, study.user_attrs.get(ATTR_DIGEST),
-                                    backend_of(space).every_key_is_code)
-            if getattr(args, "n_jobs", None) is not None:
-                space = dataclasses.replace(space, trial=dataclasses.replace(space.trial, n_jobs=args.n_jobs))
-            space = _with_ray_address(space, getattr(args, "ray_address", None))
-            devices = [] if space.trial.executor == "ray" else resolve_devices(
-                space.trial, _device_list(getattr(args, "devices", None)))
-            backend_of(space).check_launch(space)
+            space, study, devices = open_stored(
+                study_name, storage_url, local_space=args.space, trust=args.trust_stored_experiment,
+                n_trials=getattr(args, "n_trials", None), n_jobs=getattr(args, "n_jobs", None),
+                devices=_device_list(getattr(args, "devices", None)), ray_address=getattr(args, "ray_address", None),
+                # a worker (often started by a scheduler) waits for a database that is starting or restarting
+                wait_s=StudySpec().storage_retry_s if args.cmd == "worker" else 0.0)
             tracking = _tracking_spec(space, args)
-            _check_ray(space)
         else:
-            space = _with_ray_address(space, getattr(args, "ray_address", None))
-            devices = [] if space.trial.executor == "ray" else resolve_devices(space.trial)
-            backend_of(space).check_launch(space)
-            if space.trial.executor != "ray":  # the memory pre-flight knows this host's devices, not the cluster's
-                check_space_fits(space, devices)
-            _check_ray(space)
+            space, devices = check_search(space, getattr(args, "ray_address", None))
             tracking = _tracking_spec(space, args)
             study = open_study(space, study_name, storage_url)
-        target = space.study.n_trials
-        if space.study.strategy == "pbt":  # shown as the segments of the plan (rollbacks add some)
-            from hpo.study._population import pbt_total
-
-            pbt = space.study.pbt
-            target = pbt.population * -(-pbt_total(space) // pbt.interval_steps)
+        target = study_target(space)
         reporter = Reporter(sys.stdout, target, space.objective.direction_literal)
         progress = _start_tracking(tracking, study_name, storage_url, studies_dir, reporter, closing)
         driver = Driver(space, study, studies_dir, progress, stop, devices=devices)
         confirming = args.cmd == "confirm"
         if confirming:
-            from hpo.study._confirm import pending, queue_confirmations
-            from hpo.study._population import NoHealthyMember
+            from hpo.study._confirm import pending
 
-            if space.objective.multi:
-                raise SpaceError(f"study {study_name!r} is multi-objective (pareto): confirm ranks by one objective")
-            top_k = args.top or space.study.confirm.top_k
-            n_seeds = args.seeds or space.study.confirm.seeds
+            top_k, n_seeds = args.top or space.study.confirm.top_k, args.seeds or space.study.confirm.seeds
             try:
-                if space.study.strategy == "pbt":  # the winning schedules, re-run from scratch
-                    from hpo.study._population import queue_schedule_confirmations
-
-                    queued = queue_schedule_confirmations(study, space, top_k, n_seeds)
-                else:
-                    queued = queue_confirmations(study, space, top_k, n_seeds)
+                queued = queue_confirm(study, space, top_k, n_seeds)
             except NoHealthyMember as err:  # every member collapsed: nothing to confirm (exit 1, not a bad file)
                 return _fail(str(err), 1)
-            except ValueError as err:
-                raise SpaceError(str(err)) from None
             reporter.note(f"study {study_name}: confirming the top {top_k} configuration(s) with {n_seeds} fresh "
                           f"seed(s) each: {len(queued)} run(s) queued, {pending(study)} pending")
         else:
             reporter.header(study_name, storage_url, str(driver.trials_dir), n_finished(study), target)
-        from hpo.reporting._dashboard import DashboardCallback, dashboard_path, write_page_apart
-
-        page = dashboard_path(studies_dir, study_name)
-        pages = DashboardCallback(page, storage_url, studies_dir, every=5)
+        pages = DashboardCallback(dashboard_path(studies_dir, study_name), storage_url, studies_dir, every=5)
         try:
             ran = driver.run_confirm([pages]) if confirming else driver.run(target, [pages])
         except TrialInterrupted:
@@ -283,31 +250,12 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             return _fail(str(err), 1)
         except StorageUnavailable as err:
             return _fail(f"{err}; finished trials are kept: verl-hpo resume --study {study_name} once it is back", 1)
-        pages.wait(60)
-        try:
-            write_page_apart(study_name, storage_url, studies_dir, page)  # plotly and its kin stay out of here
-            reporter.note(f"dashboard: {page}")
-        except Exception as err:  # noqa: BLE001 - the page must never fail a search
-            reporter.note(f"dashboard not written: {type(err).__name__}: {err}")
-        done = n_finished(study)
+        write_final_page(pages, study_name, storage_url, studies_dir, reporter.note)
+        signum = (got[0] if got else signal.SIGINT) if got or ran < 0 else None
         if confirming:
-            from hpo.reporting._report import confirmed_table
-            from hpo.study._confirm import pending
-
-            left = pending(study)
-            if got or ran < 0:
-                signum = got[0] if got else signal.SIGINT
-                print(f"stopped by {signal.Signals(signum).name}: {left} confirmation run(s) left; run verl-hpo "
-                      f"confirm --study {study_name} again to finish them", file=sys.stderr)
-                return EXIT_SIGNAL.get(signum, 130)
-            from hpo.reporting._verdict import verdict_lines
-
-            print(confirmed_table(study, space))
-            for line in verdict_lines(study, space):
-                print(line)
-            return 0
-        if (got or ran < 0) and (done < target or space.study.strategy == "pbt"):
-            signum = got[0] if got else signal.SIGINT
+            return _confirm_exit(study, space, study_name, signum)
+        done = n_finished(study)
+        if signum is not None and (done < target or space.study.strategy == "pbt"):
             print(f"stopped by {signal.Signals(signum).name}: {done}/{target} trials finished; "
                   f"interrupted trials are queued: verl-hpo resume --study {study_name}"
                   + (f" --storage {mask_url(storage_url)}" if "sqlite" not in storage_url else ""), file=sys.stderr)
@@ -315,6 +263,22 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         if ran == 0:
             reporter.note(f"study {study_name} already has {done} finished trials (target {target})")
         print(summary(study, storage_url, str(driver.trials_dir)))
+    return 0
+
+
+def _confirm_exit(study: Any, space: Space, study_name: str, signum: int | None) -> int:
+    """After ``confirm``: the confirmed table and the verdict, or (stopped by a signal) how many runs are left."""
+    from hpo.reporting._report import confirmed_table
+    from hpo.reporting._verdict import verdict_lines
+    from hpo.study._confirm import pending
+
+    if signum is not None:
+        print(f"stopped by {signal.Signals(signum).name}: {pending(study)} confirmation run(s) left; run verl-hpo "
+              f"confirm --study {study_name} again to finish them", file=sys.stderr)
+        return EXIT_SIGNAL.get(signum, 130)
+    print(confirmed_table(study, space))
+    for line in verdict_lines(study, space):
+        print(line)
     return 0
 
 
@@ -368,27 +332,6 @@ def _track(study_name: str, storage_url: str, studies_dir: Path, flags: Sequence
                      "or --tracking wandb")
     spec = checked_tracking(spec, space.source, False, lambda line: None)
     return catch_up(spec, study_name, storage_url, studies_dir)
-
-
-def _check_ray(space: Space) -> None:
-    """A Ray-job study's cluster must be named and answer before any trial is asked for (RayClusterError)."""
-    if space.trial.executor != "ray":
-        return
-    from hpo.execution.ray_jobs import cluster_view
-    from hpo.study._ray_trials import address
-
-    cluster_view(address(space.trial))
-
-
-def _with_ray_address(space: Space, address: str | None) -> Space:
-    """``--ray-address`` over ``trial.ray.address`` (not stored: each driver names the cluster as it reaches it)."""
-    if address is None:
-        return space
-    from hpo.experiment._ray_spec import parse_ray
-
-    ray = parse_ray({**space.raw.get("trial", {}).get("ray", {}), "address": address},
-                    lambda where, msg: SpaceError(f"--ray-address: {msg}"))
-    return dataclasses.replace(space, trial=dataclasses.replace(space.trial, ray=ray))
 
 
 def _device_list(text: str | None) -> list[str] | None:

@@ -161,6 +161,11 @@ class Backend:
         return Launch([*cmd, "--config", space.config, "--metrics-file", str(ctx.metrics), *config.overrides],
                       dict(ctx.env))
 
+    def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
+        """The command a user runs to train with ``overrides`` outside the driver (``verl-hpo best --format
+        command``): no driver keys, no metrics file."""
+        return [*space.trial.command, "--config", space.config, *overrides]
+
     def predict(self, space: Space, config: TrialConfig, devices: Sequence[str]) -> PredictionLike | None:
         return None
 

@@ -297,8 +297,9 @@ def validate_space(space: Space, devices: Sequence[str], out: Any, *, lengths: S
     if backend == "verl":
         return _validate_verl(space, devices, out, lengths)
     if backend != "verl_core":
-        what = "trial.command is not the default trainer" if backend == "command" else f"trial.backend is {backend}"
-        print(f"{space.source}: {what}: only the space itself was checked", file=out)
+        what = ("trial.command is not the default trainer: only the space itself was checked" if backend == "command"
+                else f"trial.backend {backend}: keys and corners checked by the trainer; no memory estimate")
+        print(f"{space.source}: {what}", file=out)
         print("All checks passed", file=out)
         return 0
     per_trial = list(devices[: space.trial.gpus_per_trial])

@@ -8,7 +8,7 @@ import importlib
 from collections.abc import Callable
 
 from hpo.backends._base import Backend
-from hpo.experiment._space import DEFAULT_COMMAND, Space, TrialSpec
+from hpo.experiment._space import BACKEND_NAMES, DEFAULT_COMMAND, Space, TrialSpec
 
 # trial.backend -> "module:attribute" of a zero-argument factory (a Backend subclass)
 _FACTORIES: dict[str, str | Callable[[], Backend]] = {
@@ -21,9 +21,12 @@ _CACHE: dict[str, Backend] = {}
 
 
 def register(name: str, factory: str | Callable[[], Backend]) -> None:
-    """Make ``trial.backend: <name>`` run trials through ``factory`` (a Backend subclass or "module:attribute")."""
+    """Make ``trial.backend: <name>`` run trials through ``factory`` (a Backend subclass or "module:attribute"): the
+    experiment schema accepts the name from then on, in this process."""
     _FACTORIES[name] = factory
     _CACHE.pop(name, None)
+    if name not in BACKEND_NAMES and name != "command":
+        BACKEND_NAMES.append(name)
 
 
 def known_backends() -> tuple[str, ...]:

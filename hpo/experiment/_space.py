@@ -34,6 +34,8 @@ from hpo.experiment._tracking import TrackingSpec, parse_tracking
 SPACES_DIR = Path("search_spaces")
 DEFAULT_COMMAND = ("python", "-m", "verl_core", "train")
 DEFAULT_PREPARE_COMMAND = ("python", "-m", "verl_core", "prepare")
+# The names trial.backend accepts: the trainers hpo.backends knows (hpo.backends.register adds one).
+BACKEND_NAMES = ["verl_core", "verl", "trl"]
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 
 
@@ -41,7 +43,7 @@ class SpaceError(ValueError):
     """A bad experiment file or override; ``str(err)`` is one line for the user."""
 
 
-def _meta(help: str, choices: tuple[Any, ...] | None = None) -> dict[str, Any]:
+def _meta(help: str, choices: typing.Sequence[Any] | None = None) -> dict[str, Any]:
     return {"help": help, "choices": choices}
 
 
@@ -214,8 +216,8 @@ class StudySpec:
 class TrialSpec:
     backend: str = field(default="verl_core", metadata=_meta(
         "Trainer: verl_core (python -m verl_core train), verl (python -m verl.trainer.main_ppo in trial.python, "
-        "hydra overrides; see docs/verl.md) or trl (TRL's GRPOTrainer in trial.python; see docs/trl.md).",
-        ("verl_core", "verl", "trl")))
+        "hydra overrides; see docs/verl.md) or trl (TRL's GRPOTrainer in trial.python; see docs/trl.md); a "
+        "registered backend's name (docs/layout.md).", BACKEND_NAMES))
     python: str | None = field(default=None, metadata=_meta(
         "backend verl: verl's interpreter; null = .venv-gpu-verl/bin/python (make install-verl-gpu), else "
         ".venv-verl/bin/python (make install-verl), else the driver's own. backend trl: TRL's interpreter "

@@ -34,7 +34,7 @@ import sys
 import threading
 import urllib.parse
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -311,6 +311,19 @@ def write_dashboard(study: optuna.Study, out: Path, *, storage_url: str, studies
 
 def dashboard_path(studies_dir: Path, study_name: str) -> Path:
     return studies_dir / study_name / "dashboard.html"
+
+
+def write_final_page(callback: DashboardCallback, study_name: str, storage_url: str, studies_dir: Path,
+                     note: Callable[[str], None]) -> None:
+    """After a run: the in-flight page write finishes, then the page is written once more (in a process of its own:
+    plotly and its kin stay out of the driver); a failure is a note, never an error of the search."""
+    callback.wait(60)
+    page = dashboard_path(studies_dir, study_name)
+    try:
+        write_page_apart(study_name, storage_url, studies_dir, page)
+        note(f"dashboard: {page}")
+    except Exception as err:  # noqa: BLE001 - the page must never fail a search
+        note(f"dashboard not written: {type(err).__name__}: {err}")
 
 
 ENV_STORAGE = "VERL_HPO_PAGE_STORAGE"  # the storage URL reaches the page's process in its environment, not argv

@@ -16,6 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from hpo.backends import backend_of
 from hpo.experiment._space import Space, format_value
 from hpo.record import ATTR_SPACE
 from hpo.study._checkpoints import CHECKPOINTS, checkpoint_problem
@@ -101,8 +102,7 @@ def render_pbt_best(space: Space, found: dict[str, Any], fmt: str) -> tuple[str,
         fixed = [f"{k}={format_value(v)}" for k, v in space.overrides.items()]
         resume = [] if found["checkpoint"] is None else [
             "trainer.resume_mode=resume_path", f"trainer.resume_from_path={found['checkpoint']}"]
-        return header, shlex.join([*space.trial.command, "--config", space.config, *fixed, *last["overrides"],
-                                   *resume])
+        return header, shlex.join(backend_of(space).command_line(space, [*fixed, *last["overrides"], *resume]))
     return header, shlex.join(last["overrides"])
 
 

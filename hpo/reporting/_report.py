@@ -15,6 +15,7 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo.backends import backend_of
 from hpo.experiment._space import Space, format_value
 from hpo.record import is_confirm
 from hpo.storages._retrying import storage_downtime, storage_outages
@@ -316,6 +317,5 @@ def render_best(space: Space, trial: FrozenTrial, fmt: str) -> str:
     tuned = best_overrides(space, trial)
     if fmt == "command":
         fixed = [f"{k}={format_value(v)}" for k, v in space.overrides.items()]
-        argv = [*space.trial.command, "--config", space.config, *fixed, *tuned]
-        return shlex.join(argv)
+        return shlex.join(backend_of(space).command_line(space, [*fixed, *tuned]))
     return shlex.join(tuned)

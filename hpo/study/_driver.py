@@ -14,6 +14,7 @@ count towards ``study.n_trials``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from hpo.backends import backend_of
 from hpo.execution._devices import DevicePool, detect_devices
 from hpo.execution._identity import driver_identity
 from hpo.execution._process import sweep_orphans
@@ -53,6 +55,93 @@ def resolve_devices(spec: TrialSpec, override: Sequence[str] | None = None) -> l
         raise SpaceError(f"trial.gpus_per_trial={spec.gpus_per_trial} but only {len(devices)} device(s) are "
                          f"available ({','.join(devices)})")
     return devices
+
+
+# ----------------------------------------------------------------------------- opening a run
+def with_ray_address(space: Space, address: str | None) -> Space:
+    """``--ray-address`` over ``trial.ray.address`` (not stored: each driver names the cluster as it reaches it)."""
+    if address is None:
+        return space
+    from hpo.experiment._ray_spec import parse_ray
+
+    ray = parse_ray({**space.raw.get("trial", {}).get("ray", {}), "address": address},
+                    lambda where, msg: SpaceError(f"--ray-address: {msg}"))
+    return dataclasses.replace(space, trial=dataclasses.replace(space.trial, ray=ray))
+
+
+def _check_ray(space: Space) -> None:
+    """A Ray-job study's cluster must be named and answer before any trial is asked for (RayClusterError)."""
+    if space.trial.executor != "ray":
+        return
+    from hpo.execution.ray_jobs import cluster_view
+    from hpo.study._ray_trials import address
+
+    cluster_view(address(space.trial))
+
+
+def check_search(space: Space, ray_address: str | None = None) -> tuple[Space, list[str]]:
+    """What ``search`` checks before its study is created (nothing half-written on a refusal): the devices, the
+    backend's launch check, the memory pre-flight (this host's devices, not a Ray cluster's) and the Ray cluster.
+    The space (with ``--ray-address``) and the devices; SpaceError / RayClusterError with one line."""
+    from hpo.backends._preflight import check_space_fits
+
+    space = with_ray_address(space, ray_address)
+    devices = [] if space.trial.executor == "ray" else resolve_devices(space.trial)
+    backend_of(space).check_launch(space)
+    if space.trial.executor != "ray":
+        check_space_fits(space, devices)
+    _check_ray(space)
+    return space, devices
+
+
+def open_stored(study_name: str, storage_url: str, *, local_space: str | None = None, trust: bool = False,
+                n_trials: int | None = None, n_jobs: int | None = None, devices: Sequence[str] | None = None,
+                ray_address: str | None = None, wait_s: float = 0.0) -> tuple[Space, optuna.Study, list[str]]:
+    """The stored study for ``resume``, ``worker`` and ``confirm``: its experiment may run here
+    (:mod:`hpo.experiment._trust`), with this driver's ``n_jobs``, Ray address and devices, and the backend's launch
+    check. ``wait_s``: ride out a database that is (re)starting this long (a worker started by a scheduler)."""
+    from hpo.experiment._trust import check_stored_experiment
+    from hpo.record import ATTR_DIGEST, ATTR_SOURCE
+    from hpo.study._optuna import load_stored
+
+    space, study = load_stored(study_name, storage_url, n_trials, wait_s)
+    check_stored_experiment(space, study_name, local_space, study.user_attrs.get(ATTR_SOURCE), trust,
+                            study.user_attrs.get(ATTR_DIGEST), backend_of(space).every_key_is_code)
+    if n_jobs is not None:
+        space = dataclasses.replace(space, trial=dataclasses.replace(space.trial, n_jobs=n_jobs))
+    space = with_ray_address(space, ray_address)
+    found = [] if space.trial.executor == "ray" else resolve_devices(space.trial, devices)
+    backend_of(space).check_launch(space)
+    _check_ray(space)
+    return space, study, found
+
+
+def study_target(space: Space) -> int:
+    """The finished trials a search aims at: ``study.n_trials``, or for PBT the segments of its plan (population x
+    segments per member; rollbacks add some)."""
+    if space.study.strategy != "pbt":
+        return space.study.n_trials
+    pbt = space.study.pbt
+    return pbt.population * -(-pbt_total(space) // pbt.interval_steps)
+
+
+def queue_confirm(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -> list[tuple[int, int]]:
+    """``verl-hpo confirm``: queue the top ``top_k`` configurations' runs on ``n_seeds`` fresh seeds (a PBT study:
+    its winning schedules, re-run from scratch); the (trial, seed) runs queued. SpaceError for a study that cannot
+    be confirmed; NoHealthyMember (one line) when every PBT member collapsed."""
+    from hpo.study._confirm import queue_confirmations
+    from hpo.study._population import NoHealthyMember, queue_schedule_confirmations
+
+    if space.objective.multi:
+        raise SpaceError(f"study {study.study_name!r} is multi-objective (pareto): confirm ranks by one objective")
+    try:
+        if space.study.strategy == "pbt":
+            return queue_schedule_confirmations(study, space, top_k, n_seeds)
+        return queue_confirmations(study, space, top_k, n_seeds)
+    except NoHealthyMember:
+        raise
+    except ValueError as err:
+        raise SpaceError(str(err)) from None
 
 
 # ----------------------------------------------------------------------------- the driver

@@ -301,6 +301,9 @@ class TrlBackend(Backend):
     def metrics_path(self, trial_dir: Path, attempt: int) -> Path:
         return metrics_file(trial_dir, attempt)
 
+    def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
+        return [space.trial.python or "python", str(LAUNCHER), "--config", space.config, *overrides]
+
     def launch(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Launch:
         argv = [trl_python(space), str(LAUNCHER), "--config", space.config, "--metrics-file", str(ctx.metrics),
                 *config.overrides, f"output_dir={ctx.trial_dir.absolute() / 'checkpoints'}"]

@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 from hpo.backends._base import Backend, Launch, LaunchContext, ResumePointLike, TrialConfig, steps_in
 from hpo.backends.verl._compose import SEED_KEYS
 from hpo.backends.verl._launch import (
+    MAIN_MODULE,
+    config_args,
     default_python,
     scratch_dir,
     verl_argv,
@@ -89,6 +91,9 @@ class VerlBackend(Backend):
         # no GPU: verl on the CPU; verl's weight-sync sockets have fixed names under /tmp (issue 21 item 3)
         return Launch(argv, verl_env(ctx.env, ctx.trial_dir, ctx.attempt, cpu=not ctx.devices),
                       scratch_dir(ctx.trial_dir, ctx.attempt) / "slash-tmp")
+
+    def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
+        return [space.trial.python or "python", "-m", MAIN_MODULE, *config_args(space.config), *overrides]
 
     def resume_point(self, trials_dir: Path, history: Sequence[int]) -> ResumePointLike | None:
         return resume_point(trials_dir, history)

@@ -3,6 +3,7 @@ on the CPU (4 trials, one at a time), prunes a trial that falls behind, and ``ve
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from optuna.trial import TrialState
@@ -30,3 +31,10 @@ def test_search_prunes_and_best_recommends(studies: Path, tiny_model_dir: Path) 
     best = run_cli(["best", "--study", "trl_grpo_arith"], studies)
     assert best.returncode == 0, best.stderr
     assert "learning_rate=" in best.stdout and "num_generations=" in best.stdout
+    # the command a user runs outside the driver is TRL's launcher with the config, not the default trainer's
+    command = run_cli(["best", "--study", "trl_grpo_arith", "--format", "command"], studies)
+    assert command.returncode == 0, command.stderr
+    argv = shlex.split(command.stdout.strip().splitlines()[-1])
+    assert argv[1].endswith("hpo/backends/trl/_train.py") and argv[2:4] == ["--config", str(
+        Path("search_spaces/trl_configs/grpo_arith.yaml"))] and "verl_core" not in argv
+    assert any(a.startswith("learning_rate=") for a in argv) and "max_steps=12" in argv

@@ -1,0 +1,80 @@
+"""The backend registry: ``trial.backend`` names a :class:`~hpo.backends.Backend`; ``verl_core`` with a command of its
+own is a plain command; a registered trainer runs a study without any change to the study loop."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpo.backends import Backend, TrialConfig, backend_of, known_backends, load_space, register
+from hpo.backends._registry import _CACHE, _FACTORIES
+from tests.hpo.conftest import ROOT, fake_space, load, run_cli
+
+
+def test_each_shipped_backend_is_known() -> None:
+    assert {"verl_core", "verl", "trl", "command"} <= set(known_backends())
+    assert backend_of(load_space("kl_lr", spaces_dir=ROOT / "search_spaces")).name == "verl_core"
+    assert backend_of(load_space("verl_grpo_cpu", spaces_dir=ROOT / "search_spaces", check=False)).name == "verl"
+    assert backend_of(load_space("trl_grpo_arith", spaces_dir=ROOT / "search_spaces", check=False)).name == "trl"
+
+
+def test_verl_core_with_a_command_of_its_own_is_a_plain_command(tmp_path: Path) -> None:
+    raw = yaml.safe_load((ROOT / "search_spaces" / "kl_lr.yaml").read_text())
+    raw["trial"] = {"command": [sys.executable, "trainer.py"]}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    space = load_space(str(path))
+    backend = backend_of(space)
+    assert backend.name == "command" and backend.prepare_argv(space) is None  # no verl_core prepare step
+    cfg = backend.configure(space, {"kl_coef": 0.05, "actor_lr": 1e-5}, tmp_path)
+    assert cfg.loaded is None and sorted(cfg.overrides[-2:]) == ["actor_rollout_ref.actor.optim.lr=1e-05",
+                                                                 "algorithm.kl_ctrl.kl_coef=0.05"]
+    assert not any(o.startswith(("trainer.default_local_dir=", "data.test_files=")) for o in cfg.overrides)
+
+
+class _Recording(Backend):
+    """A trainer the driver does not know: the default command contract, with its own metrics file name."""
+
+    name = "recording"
+    configured: list[dict[str, Any]] = []
+
+    def configure(self, space: Any, values: Any, trial_dir: Path, extra: Any = None, tail: Any = ()) -> TrialConfig:
+        type(self).configured.append(dict(values))
+        return super().configure(space, values, trial_dir, extra, tail)
+
+    def metrics_path(self, trial_dir: Path, attempt: int) -> Path:
+        return trial_dir / f"recording.{attempt}.jsonl"
+
+
+def test_a_registered_backend_runs_a_study(tmp_path: Path, monkeypatch: Any) -> None:
+    """In-process (``register`` is per process): the schema accepts the new name and the driver asks the registered
+    backend for every trial; no module of the study loop knows it."""
+    from hpo._cli import main
+    from hpo.experiment._space import BACKEND_NAMES
+
+    monkeypatch.setattr("hpo.experiment._space.BACKEND_NAMES", BACKEND_NAMES)  # restored list object below
+    names, factories = list(BACKEND_NAMES), dict(_FACTORIES)
+    try:
+        register("recording", _Recording)
+        path = fake_space(tmp_path, trial={"command": [sys.executable, str(ROOT / "tests/hpo/fake_trainer.py"),
+                                                       "train"], "backend": "recording"}, study={"n_trials": 2})
+        studies = tmp_path / "studies"
+        assert main(["search", "--space", str(path), "--studies-dir", str(studies)]) == 0
+    finally:
+        BACKEND_NAMES[:] = names
+        _FACTORIES.clear()
+        _FACTORIES.update(factories)
+        _CACHE.pop("recording", None)
+    trials = load(studies, "fake").get_trials(deepcopy=False)
+    assert len(trials) == 2 and len(_Recording.configured) == 2
+    assert all((Path(t.user_attrs["trial_dir"]) / "recording.0.jsonl").is_file() for t in trials)
+
+
+def test_an_unregistered_backend_is_one_line(tmp_path: Path) -> None:
+    path = fake_space(tmp_path, trial={"backend": "openrlhf"})
+    res = run_cli(["search", "--space", str(path)], tmp_path / "studies")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "trial.backend" in res.stderr and "openrlhf" in res.stderr and "Traceback" not in res.stderr
