@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import yaml
 
 from hpo.backends._base import Backend, Launch, LaunchContext, TrialConfig
+from hpo.backends._replay import replay_records
 from hpo.backends.trl._keys import (
     DRIVER_KEYS,
     GRPO_FIELDS,
@@ -169,8 +170,6 @@ class ResumePoint:
     starts: tuple[int | None, ...]
 
     def records(self) -> list[tuple[int, dict[str, Any]]]:
-        from hpo.backends.verl._resume import replay_records  # one curve from a lineage: any backend's files
-
         return replay_records(self.lineage, self.step, self.starts)
 
 
