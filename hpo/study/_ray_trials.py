@@ -95,13 +95,16 @@ def admit(study: optuna.Study, trial: Trial, spec: TrialSpec, stop: threading.Ev
                 others.append((float(claim.get("at", 0)), t._trial_id, JobResources.from_claim(claim),
                                bool(claim.get("admitted"))))
         nodes, _ = cluster_view(where)
-        try:
-            ok, why = fits_now(nodes, need, [o[2] for o in others])
-        except RayClusterError:
-            if where not in _FITTED:  # never big enough since this driver started: a mistake in trial.ray
-                raise
-            ok, why = False, "nodes it had are gone: waiting for them to come back"
-        _FITTED.add(where)
+        if not nodes:  # a head just started (its autoscaler has not reported yet), or every node is gone
+            ok, why = False, "Ray's report lists no alive node yet: waiting for one"
+        else:
+            try:
+                ok, why = fits_now(nodes, need, [o[2] for o in others])
+            except RayClusterError:
+                if where not in _FITTED:  # never big enough since this driver started: a mistake in trial.ray
+                    raise
+                ok, why = False, "nodes it had are gone: waiting for them to come back"
+            _FITTED.add(where)
         if ok:
             storage.set_trial_system_attr(trial_id, ATTR_CLAIM, {**need.as_claim(), "at": claimed_at,
                                                                   "admitted": True})

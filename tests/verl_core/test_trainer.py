@@ -66,9 +66,27 @@ def test_same_seed_same_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert [_non_timing(r) for r in read_metrics(tmp_path / "c.jsonl")] != runs[0]
 
 
+# The tiny_arith rule, gated: once the file named by $GATE exists, the next score blocks forever (after touching
+# "$GATE.reached"), so the test kills the trainer at a known point whatever the machine's speed.
+GATED_REWARD = """
+import os, pathlib, time
+from verl_core.rewards import arith_score
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    gate = os.environ.get("GATE")
+    if gate and pathlib.Path(gate).is_file():
+        pathlib.Path(gate + ".reached").touch()
+        while True:
+            time.sleep(1)
+    return arith_score(data_source, solution_str, ground_truth, extra_info)
+"""
+
+
 @pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_resume_after_kill_matches_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
-    args = ["trainer.total_training_steps=6", "trainer.save_freq=2", "trainer.test_freq=3", *FAST]
+    (tmp_path / "gated.py").write_text(GATED_REWARD)
+    args = ["trainer.total_training_steps=6", "trainer.save_freq=2", "trainer.test_freq=3", *FAST,
+            "custom_reward_function.path=gated.py"]
     ref = run_trainer(["train", "--metrics-file", "ref.jsonl", "trainer.default_local_dir=ck_ref", *args], tmp_path)
     assert ref.returncode == 0, ref.stderr[-2000:]
     expected = [_non_timing(r) for r in read_metrics(tmp_path / "ref.jsonl")]
@@ -76,19 +94,22 @@ def test_resume_after_kill_matches_uninterrupted_run(tiny_model_dir: Path, tmp_p
     cmd = [sys.executable, "-m", "verl_core", "train", "--metrics-file", "int.jsonl",
            "trainer.default_local_dir=ck_int", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics = tmp_path / "int.jsonl"
+    # the gate opens with step 4's checkpoint: step 5's rollout is scored, blocks, and is killed there
+    checkpoint = tmp_path / "ck_int" / "global_step_4" / "state.pt"
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**env, "GATE": str(checkpoint)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    reached = Path(f"{checkpoint}.reached")
     deadline = time.time() + 300
-    while time.time() < deadline:  # kill it right after step 5 is logged (last checkpoint: step 4)
-        if metrics.is_file() and any(r["step"] == 5 for r in read_metrics(metrics)):
-            break
+    while time.time() < deadline and not reached.is_file() and proc.poll() is None:
         time.sleep(0.05)
+    assert reached.is_file(), f"the trainer never scored a rollout after step 4's checkpoint (rc {proc.poll()})"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert (tmp_path / "ck_int" / "global_step_4" / "state.pt").is_file()
+    assert [r["step"] for r in read_metrics(tmp_path / "int.jsonl")] == [1, 2, 3, 4]
     resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout and "global_step_4" in resumed.stdout
+    metrics = tmp_path / "int.jsonl"
     got = [_non_timing(r) for r in read_metrics(metrics)]
     assert [r["step"] for r in read_metrics(metrics)] == [1, 2, 3, 4, 5, 6]
     assert got == expected
