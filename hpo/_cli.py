@@ -237,8 +237,10 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
                 queued = queue_confirm(study, space, top_k, n_seeds)
             except NoHealthyMember as err:  # every member collapsed: nothing to confirm (exit 1, not a bad file)
                 return _fail(str(err), 1)
-            reporter.note(f"study {study_name}: confirming the top {top_k} configuration(s) with {n_seeds} fresh "
-                          f"seed(s) each: {len(queued)} run(s) queued, {pending(study)} pending")
+            how = (f"racing the top {top_k} configuration(s) seed by seed (at most {n_seeds} fresh seeds each)"
+                   if space.study.confirm.race else
+                   f"confirming the top {top_k} configuration(s) with {n_seeds} fresh seed(s) each")
+            reporter.note(f"study {study_name}: {how}: {len(queued)} run(s) queued, {pending(study)} pending")
         else:
             reporter.header(study_name, storage_url, str(driver.trials_dir), n_finished(study), target)
         pages = DashboardCallback(dashboard_path(studies_dir, study_name), storage_url, studies_dir, every=5)

@@ -130,7 +130,17 @@ class ConfirmSpec:
     confirmation seeds never overlap."""
 
     top_k: int = field(default=3, metadata=_meta("Trials to confirm (best first)."))
-    seeds: int = field(default=3, metadata=_meta("Fresh seeds per confirmed trial."))
+    seeds: int = field(default=3, metadata=_meta("Fresh seeds per confirmed trial (race: at most this many)."))
+    race: bool = field(default=False, metadata=_meta(
+        "Racing confirmation: the candidates (and the baseline) run seed by seed; after each round a candidate "
+        "whose paired 95% interval against the leader lies above 0 is dropped, and the race ends when the leader is "
+        "alone (separated), when every other candidate is within +-resolution of it (tied), or at `seeds` (seed "
+        "cap); the baseline stops once the improvement over it excludes 0. false = every seed of every candidate "
+        "at once."))
+    min_seeds: int = field(default=2, metadata=_meta("race: seeds before anything is dropped or decided (>= 2)."))
+    resolution: float | None = field(default=None, metadata=_meta(
+        "race: differences smaller than this do not matter (the candidates left are tied); null = "
+        "early_stopping.plateau_min_delta, else 1% of the leader's mean."))
     seed_key: str | None = field(default=None, metadata=_meta(
         "Trainer key of the run's seed; null = trainer.seed (verl_core) or data.seed (verl)."))
     seed_base: int = field(default=1000, metadata=_meta("First confirmation seed."))
@@ -698,6 +708,12 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     if study.grace_period < 2 * study.heartbeat_interval:
         raise ctx.error("study.grace_period", f"{study.grace_period} is under twice study.heartbeat_interval="
                         f"{study.heartbeat_interval}: a live driver's trial would be taken for dead between beats")
+    conf = study.confirm
+    if conf.race and not 2 <= conf.min_seeds <= conf.seeds:
+        raise ctx.error("study.confirm.min_seeds", f"{conf.min_seeds}: a race needs 2 <= min_seeds <= "
+                        f"study.confirm.seeds={conf.seeds} (an interval needs 2 seeds)")
+    if conf.resolution is not None and not (math.isfinite(conf.resolution) and conf.resolution >= 0):
+        raise ctx.error("study.confirm.resolution", f"{conf.resolution}: must be a finite number >= 0")
     if study.sampler.type == "gp":
         import importlib.util
 

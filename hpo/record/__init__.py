@@ -11,6 +11,7 @@ from hpo.record._attrs import (
     ATTR_DIGEST,
     ATTR_HEARTBEAT,
     ATTR_JOB_TYPE,
+    ATTR_RACE,
     ATTR_RAY_CLAIM,
     ATTR_RECOVERING,
     ATTR_RESULT,
@@ -33,7 +34,7 @@ from hpo.record._attrs import (
 )
 
 __all__ = ["ATTR_BASELINE", "ATTR_CONFIRM_OF", "ATTR_CONFIRM_SEED", "ATTR_DIGEST", "ATTR_HEARTBEAT", "ATTR_JOB_TYPE",
-           "ATTR_RAY_CLAIM", "ATTR_RECOVERING", "ATTR_RESULT", "ATTR_RETRY_HISTORY", "ATTR_RETRY_OF", "ATTR_SOURCE",
-           "ATTR_SPACE", "ATTR_TARGET", "ATTR_TRACKING_KEY", "ATTR_TRACKING_RUN", "USER_ATTRS", "chain_root",
-           "is_baseline", "is_confirm", "is_finished", "is_segment", "is_segment_attrs", "retry_history",
-           "runs_steps"]
+           "ATTR_RACE", "ATTR_RAY_CLAIM", "ATTR_RECOVERING", "ATTR_RESULT", "ATTR_RETRY_HISTORY", "ATTR_RETRY_OF",
+           "ATTR_SOURCE", "ATTR_SPACE", "ATTR_TARGET", "ATTR_TRACKING_KEY", "ATTR_TRACKING_RUN", "USER_ATTRS",
+           "chain_root", "is_baseline", "is_confirm", "is_finished", "is_segment", "is_segment_attrs",
+           "retry_history", "runs_steps"]

@@ -3,7 +3,8 @@ reporting, tracking and the dashboard read them; all of them read the keys and t
 
 Study system attributes: :data:`ATTR_SPACE` (the experiment as parsed), :data:`ATTR_SOURCE` (its file),
 :data:`ATTR_TARGET` (the trial target), :data:`ATTR_DIGEST` (sha256 of the experiment), :data:`ATTR_TRACKING_KEY`
-and :data:`ATTR_TRACKING_RUN` (MLflow / W&B run ids of each retry chain).
+and :data:`ATTR_TRACKING_RUN` (MLflow / W&B run ids of each retry chain), :data:`ATTR_RACE` (racing confirmation's
+settings).
 
 Trial system attributes (set before a trial runs, by whoever queued it):
 
@@ -32,6 +33,7 @@ ATTR_TARGET = "hpo:n_trials"
 ATTR_DIGEST = "hpo:space_sha256"
 ATTR_TRACKING_KEY = "hpo:tracking:key"  # the study's tracking key (run ids derive from it)
 ATTR_TRACKING_RUN = "hpo:tracking:{root}"  # {"mlflow": run id, "wandb": run id} of a retry chain
+ATTR_RACE = "hpo:race"  # racing confirmation's settings: candidates, seeds (min, max), resolution (hpo.study._confirm)
 
 # ----------------------------------------------------------------------------- trial system attributes
 ATTR_RETRY_OF = "failed_trial"  # Optuna's RetryFailedTrialCallback key

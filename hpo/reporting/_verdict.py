@@ -9,7 +9,8 @@ import math
 import optuna
 
 from hpo.experiment._space import Space, format_value
-from hpo.study._compare import RULE, Difference, Verdict, improvement, verdict
+from hpo.record import is_confirm
+from hpo.study._compare import RULE, Difference, Verdict, improvement, race_state, verdict
 from hpo.study._confirm import Confirmed, baseline_confirmed, confirmed, heldout_note
 
 
@@ -32,7 +33,33 @@ def study_verdict(study: optuna.Study, space: Space) -> Verdict | None:
     ranked = confirmed(study)
     if not ranked:
         return None
-    return verdict(ranked, _maximize(study), tolerance(space, ranked))
+    race = race_state(study, space)
+    out = frozenset(race.dropped) if race is not None else frozenset()
+    if race is not None and race.alive and ranked[0].trial.number in out:  # a dropped one's lucky first runs
+        ranked = [c for c in ranked if c.trial.number not in out] + [c for c in ranked if c.trial.number in out]
+    return verdict(ranked, _maximize(study), tolerance(space, ranked), out)
+
+
+def race_lines(study: optuna.Study, space: Space) -> list[str]:
+    """What a racing confirmation decided: how it ended (or that it goes on), who was dropped when, and the runs it
+    spent against the runs confirming every seed of every candidate would have taken."""
+    race = race_state(study, space)
+    if race is None:
+        return []
+    shown = {None: "goes on", "separated": "ended: the leader is separated from every other candidate",
+             "tied": f"ended: the candidates left are tied at the resolution {race.resolution:.4g}",
+             "seed cap": f"ended at the seed cap ({len(race.seeds)}): the candidates left are not separated"}
+    out = [f"racing confirmation {shown.get(race.end, race.end)} after {race.rounds} seed(s); leader trial "
+           f"{race.leader}"]
+    for c, (seeds, gap) in sorted(race.dropped.items()):
+        why = "a run failed" if gap is None else f"behind the leader by {gap.text()} (paired 95%)"
+        out.append(f"racing confirmation dropped trial {c} after {seeds} seed(s): {why}")
+    runs = sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+               if is_confirm(t))
+    every = len(race.candidates) * len(race.seeds) + (len(race.seeds) if space.study.baseline else 0)
+    out.append(f"racing confirmation ran {runs} run(s) (the baseline's included) where every seed of every candidate "
+               f"takes {every}")
+    return out
 
 
 def _steps(v: float) -> str:
@@ -48,6 +75,7 @@ def verdict_lines(study: optuna.Study, space: Space) -> list[str]:
     v = study_verdict(study, space)
     if v is None:
         return out
+    out += race_lines(study, space)
     top = v.top.trial.number
     for c in confirmed(study)[1:]:
         d = v.gaps.get(c.trial.number)

@@ -17,6 +17,13 @@ apart: every such setting is tied). **Preference among tied settings** (:func:`p
 
 Only validation values select (the tie, the preference); the held-out test values are reported beside them and
 never choose, or the test split would become a second validation set.
+
+**Racing confirmation** (``study.confirm.race``; F-race's idea with a paired t-test in place of Friedman's): the
+candidates and the baseline run seed by seed; after each round a candidate behind the leader on the seeds they share
+(:func:`paired` interval above 0) is dropped, and the race ends when the leader is alone, when the others are within
+a stated resolution of it, or at the seed cap (:func:`race_step`). The baseline runs only until the improvement over
+it is clear. The race is replayed from the finished runs by whoever asks (:func:`race_state`), so several drivers and
+a killed one agree on it; only its settings are stored.
 """
 
 from __future__ import annotations
@@ -25,10 +32,21 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from optuna.trial import FrozenTrial
+import optuna
+from optuna.trial import FrozenTrial, TrialState
 
-from hpo.study._confirm import Confirmed
+from hpo.experiment._space import Space
+from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, ATTR_RACE, is_confirm
+from hpo.study._confirm import (
+    Confirmed,
+    baseline_confirmed,
+    confirm_seeds,
+    confirmed,
+    queue_runs,
+    top_trials,
+)
 
 LEVEL = 0.95  # the intervals' confidence level
 RULE = "fewer bad runs, then fewer steps to plateau, then the better confirmed mean"  # see the module docstring
@@ -166,9 +184,11 @@ class Verdict:
     bad: dict[int, int]
 
 
-def verdict(ranked: Sequence[Confirmed], maximize: bool, tolerance: float) -> Verdict:
+def verdict(ranked: Sequence[Confirmed], maximize: bool, tolerance: float,
+            out: frozenset[int] = frozenset()) -> Verdict:
     """Ties with the best confirmed setting (``ranked`` best first, as :func:`hpo.study._confirm.confirmed`) and the
-    preferred one among them (see the module docstring)."""
+    preferred one among them (see the module docstring). ``out``: trials a racing confirmation dropped as behind
+    (never tied, whatever their few runs' Welch interval says)."""
     top = ranked[0]
     sign = 1.0 if maximize else -1.0
     gaps: dict[int, Difference | None] = {}
@@ -176,7 +196,7 @@ def verdict(ranked: Sequence[Confirmed], maximize: bool, tolerance: float) -> Ve
     for c in ranked[1:]:
         d = welch([sign * v for v in top.values], [sign * v for v in c.values])
         gaps[c.trial.number] = d
-        if d is None or not d.excludes_zero:
+        if (d is None or not d.excludes_zero) and c.trial.number not in out:
             tied.append(c)
     steps = {c.trial.number: mean_steps_to_plateau(c, tolerance, maximize) for c in ranked}
     bad = {c.trial.number: bad_runs(c) for c in ranked}
@@ -195,3 +215,207 @@ def improvement(pick: Sequence[float], baseline: Sequence[float], maximize: bool
     """How much better ``pick`` is than the baseline (> 0 better, whatever the direction), with its interval."""
     sign = 1.0 if maximize else -1.0
     return welch([sign * v for v in pick], [sign * v for v in baseline])
+
+
+# ----------------------------------------------------------------------------- racing confirmation
+def paired(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Difference | None:
+    """The paired-t interval of ``mean(a_i - b_i)`` over the seeds both ran (``a[i]``, ``b[i]``: seed ``i``): runs
+    on one seed share its data order and sampling, so the differences vary less than the values (the blocking of
+    F-race). None with fewer than 2 finite pairs; pairs without spread give a zero-width interval."""
+    d = [float(x) - float(y) for x, y in zip(a, b, strict=False) if math.isfinite(x) and math.isfinite(y)]
+    if len(d) < 2:
+        return None
+    mean, sd = statistics.fmean(d), statistics.stdev(d)
+    if sd == 0.0:
+        return Difference(mean, mean, mean, math.inf)
+    half = t_quantile(0.5 + level / 2.0, len(d) - 1) * sd / math.sqrt(len(d))
+    return Difference(mean, mean - half, mean + half, len(d) - 1.0)
+
+
+@dataclass(frozen=True)
+class RaceStep:
+    """What a race does after a round (:func:`race_step`)."""
+
+    leader: int
+    dropped: tuple[int, ...]  # candidates behind the leader (their paired interval excludes 0), out from now on
+    gaps: dict[int, Difference | None]  # candidate -> leader - it (sign-adjusted), over the shared seeds
+    end: str | None  # why the candidates' race ends ("separated", "tied", "seed cap"), None: it goes on
+    baseline_more: bool  # the baseline needs another seed
+
+
+def race_step(values: dict[int, Sequence[float]], baseline: Sequence[float] | None, maximize: bool, *,
+              resolution: float, min_seeds: int, max_seeds: int, tests: dict[int, Sequence[float]] | None = None,
+              baseline_tests: Sequence[float] | None = None) -> RaceStep:
+    """One decision of racing confirmation over the alive candidates' runs (``values``: candidate -> its values
+    seed by seed, every candidate on the same seeds; dict order breaks ties, best search value first).
+
+    * The leader is the best mean. Before ``min_seeds`` seeds nothing is dropped and the race goes on.
+    * A candidate whose paired interval against the leader (:func:`paired`) lies above 0 is behind: dropped; one
+      with a failed run (a non-finite value: the worst) is dropped at once (it breaks under some seed).
+    * The race ends "separated" when only the leader is left; "tied" when every other candidate's interval lies
+      within ``[-resolution, +resolution]`` (they cannot differ by more than the resolution: more seeds would not
+      change the pick by more than that); "seed cap" after ``max_seeds`` seeds.
+    * The baseline needs another seed while it has fewer than ``min_seeds``, or while the improvement of the leader
+      over it (Welch, on the held-out test values when ``tests`` (candidate -> test values) and ``baseline_tests``
+      have them, else on validation: what ``best`` reports) contains 0, up to ``max_seeds``.
+    """
+    sign = 1.0 if maximize else -1.0
+    alive = list(values)
+    n = min((len(v) for v in values.values()), default=0)
+    failed = [c for c in alive if not all(math.isfinite(v) for v in values[c][:n])]  # a run failed (worst value)
+    sound = [c for c in alive if c not in failed] or alive
+    leader = max(sound, key=lambda c: (sign * statistics.fmean(values[c][:n]) if n else 0.0, -alive.index(c)))
+    gaps: dict[int, Difference | None] = {}
+    dropped: list[int] = [c for c in failed if c != leader]  # breaks under a seed: out at once, like confirmed()
+    if n >= min_seeds:
+        for c in alive:
+            if c != leader and c not in dropped:
+                gap = gaps[c] = paired([sign * v for v in values[leader][:n]], [sign * v for v in values[c][:n]])
+                if gap is not None and gap.low > 0.0:
+                    dropped.append(c)
+    end: str | None = None
+    rest = [c for c in alive if c != leader and c not in dropped]
+    if n >= min_seeds:
+        if not rest:
+            end = "separated"
+        elif all(g is not None and -resolution <= g.low and g.high <= resolution for g in (gaps[c] for c in rest)):
+            end = "tied"
+        elif n >= max_seeds:
+            end = "seed cap"
+    more = False
+    if baseline is not None and len(baseline) < max_seeds:
+        if len(baseline) < min_seeds:
+            more = True
+        else:
+            lead_tests = (tests or {}).get(leader)
+            pick, base = (lead_tests, baseline_tests) if lead_tests and baseline_tests else (values[leader], baseline)
+            d = improvement(pick, base, maximize)
+            more = d is None or not d.excludes_zero
+    return RaceStep(leader, tuple(dropped), gaps, end, more)
+
+
+# ----------------------------------------------------------------------------- the race's state in the study
+def start_race(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -> list[tuple[int, int]]:
+    """``confirm`` with ``study.confirm.race``: keep the race's candidates (the top ``top_k``) and seeds in the study
+    (:data:`~hpo.record.ATTR_RACE`, once: every driver and a later ``confirm`` go on with the same race), then queue
+    its next round (:func:`advance_race`; the first seed of every candidate on the first call)."""
+    if ATTR_RACE not in study._storage.get_study_system_attrs(study._study_id):
+        conf = space.study.confirm
+        study._storage.set_study_system_attr(study._study_id, ATTR_RACE, {
+            "candidates": [t.number for t in top_trials(study, top_k)], "max_seeds": int(n_seeds),
+            "min_seeds": min(conf.min_seeds, int(n_seeds)), "resolution": conf.resolution})
+    return advance_race(study, space)
+
+
+@dataclass(frozen=True)
+class Race:
+    """Where a racing confirmation stands, replayed from its finished runs round by round (the same answer for every
+    driver, whoever ran what; nothing but the settings is stored)."""
+
+    candidates: tuple[int, ...]
+    seeds: tuple[int, ...]  # the race's seeds, in order (max_seeds of them)
+    alive: tuple[int, ...]  # candidates still racing (or left at the end), best search value first
+    dropped: dict[int, tuple[int, Any]]  # candidate -> (seeds it had when dropped, its gap to the leader)
+    rounds: int  # seeds every alive candidate has finished
+    leader: int | None
+    end: str | None  # "separated" | "tied" | "seed cap" | None (going on)
+    baseline_runs: int
+    baseline_more: bool
+    resolution: float
+
+
+def race_resolution(space: Space, settings: dict[str, Any], values: list[float]) -> float:
+    """``study.confirm.resolution``, else ``early_stopping.plateau_min_delta``, else 1% of the leader's mean."""
+    if isinstance(settings.get("resolution"), (int, float)):
+        return float(settings["resolution"])
+    if space.early_stopping.plateau_min_delta > 0:
+        return float(space.early_stopping.plateau_min_delta)
+    finite = [v for v in values if math.isfinite(v)]
+    return 0.01 * abs(statistics.fmean(finite)) if finite else 0.0
+
+
+def _by_seed(c: Confirmed | None, seeds: tuple[int, ...], test: bool = False) -> list[float]:
+    """``c``'s values on ``seeds`` in order, up to the first seed it has not finished."""
+    if c is None:
+        return []
+    got = dict(zip(c.seeds, c.values, strict=False)) if not test else {
+        int(r.system_attrs.get(ATTR_CONFIRM_SEED, -1)): float(r.user_attrs["test_value"]) for r in c.runs
+        if isinstance(r.user_attrs.get("test_value"), (int, float))}
+    out = []
+    for s in seeds:
+        if s not in got:
+            break
+        out.append(got[s])
+    return out
+
+
+def race_state(study: optuna.Study, space: Space) -> Race | None:
+    """The race of a study confirmed with ``study.confirm.race`` (None otherwise): the rounds every alive candidate
+    finished are replayed through :func:`hpo.study._compare.race_step`, so a candidate dropped at round r stays
+    dropped and the answer does not depend on which driver asks."""
+    settings = study._storage.get_study_system_attrs(study._study_id).get(ATTR_RACE)
+    if not isinstance(settings, dict) or not isinstance(settings.get("candidates"), list):
+        return None
+    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+    max_seeds = max(1, int(settings.get("max_seeds", 3)))
+    min_seeds = max(2, min(int(settings.get("min_seeds", 2)), max_seeds))
+    seeds = tuple(confirm_seeds(space, max_seeds))
+    runs = {c.trial.number: c for c in confirmed(study)}
+    base = baseline_confirmed(study)
+    candidates = tuple(int(c) for c in settings["candidates"])
+    values = {c: _by_seed(runs.get(c), seeds) for c in candidates}
+    resolution = race_resolution(space, settings, [v for vs in values.values() for v in vs])
+    base_values = _by_seed(base, seeds) if space.study.baseline else None
+    alive, dropped = list(candidates), {}
+    leader: int | None = candidates[0] if candidates else None
+    end, more, rounds = None, bool(space.study.baseline), 0
+    for r in range(1, max_seeds + 1):
+        if not alive or any(len(values[c]) < r for c in alive):
+            break
+        rounds = r
+        step = race_step({c: values[c][:r] for c in alive}, base_values, maximize, resolution=resolution,
+                         min_seeds=min_seeds, max_seeds=max_seeds,
+                         tests={c: _by_seed(runs.get(c), seeds, True)[:r] for c in alive},
+                         baseline_tests=_by_seed(base, seeds, True) if base_values is not None else None)
+        leader = step.leader
+        for c in step.dropped:
+            dropped[c] = (r, step.gaps.get(c))
+        alive = [c for c in alive if c not in step.dropped]
+        end, more = step.end, step.baseline_more
+        if end is not None:
+            break
+    if base_values is not None and rounds == 0:
+        more = len(base_values) < max_seeds
+    return Race(candidates, seeds, tuple(alive), dropped, rounds, leader, end, len(base_values or []),
+                more and base_values is not None, resolution)
+
+
+def advance_race(study: optuna.Study, space: Space) -> list[tuple[int, int]]:
+    """Queue what the race needs next: every alive candidate's next seed (while the race goes on) and the
+    baseline's next seed (while it needs one); returns what was queued. Idempotent: a run already queued, running or
+    finished is never queued again (two drivers asking at once may still both queue one: the runner drops the
+    later twin as surplus, :func:`twin_of`)."""
+    race = race_state(study, space)
+    if race is None:
+        return []
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    runs: list[tuple[FrozenTrial | None, int]] = []
+    if race.end is None and race.rounds < len(race.seeds):
+        runs += [(trials[c], race.seeds[race.rounds]) for c in race.alive if c in trials]
+    if race.baseline_more and race.baseline_runs < len(race.seeds):
+        runs.append((None, race.seeds[race.baseline_runs]))
+    return queue_runs(study, runs)
+
+
+def twin_of(study: optuna.Study, run: FrozenTrial) -> int | None:
+    """Another confirmation run of the same (trial, seed) that goes first (finished, or queued or running with a
+    lower number: the lowest of live twins runs): ``run`` is then surplus. None when ``run`` is the one to run."""
+    key = (run.system_attrs.get(ATTR_CONFIRM_OF), run.system_attrs.get(ATTR_CONFIRM_SEED))
+    for t in study.get_trials(deepcopy=False):
+        if t.number == run.number or not is_confirm(t) or (
+                t.system_attrs.get(ATTR_CONFIRM_OF), t.system_attrs.get(ATTR_CONFIRM_SEED)) != key:
+            continue
+        if t.state == TrialState.COMPLETE or (
+                t.state in (TrialState.RUNNING, TrialState.WAITING) and t.number < run.number):
+            return t.number
+    return None

@@ -147,29 +147,42 @@ def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
     return out
 
 
-def queue_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -> list[tuple[int, int]]:
-    """Queue the missing (trial, seed) runs of the top ``top_k`` trials; returns what was queued."""
-    seeds = confirm_seeds(space, n_seeds)
-    present = {(t.system_attrs[ATTR_CONFIRM_OF], t.system_attrs.get(ATTR_CONFIRM_SEED))
-               for t in study.get_trials(deepcopy=False) if is_confirm(t)
-               and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)}
+def present_runs(study: optuna.Study) -> set[tuple[Any, Any]]:
+    """(confirmed trial, seed) of every confirmation run queued, running or finished (not failed-and-retried)."""
+    return {(t.system_attrs[ATTR_CONFIRM_OF], t.system_attrs.get(ATTR_CONFIRM_SEED))
+            for t in study.get_trials(deepcopy=False) if is_confirm(t)
+            and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)}
+
+
+def queue_runs(study: optuna.Study, runs: list[tuple[FrozenTrial | None, int]]) -> list[tuple[int, int]]:
+    """Queue a run per (trial, seed) not present yet (None: the baseline); returns what was queued."""
+    present = present_runs(study)
     queued = []
-    for t in top_trials(study, top_k):
-        for seed in seeds:
-            if (t.number, seed) in present:
-                continue
+    for t, seed in runs:
+        of = BASELINE_OF if t is None else t.number
+        if (of, seed) in present:
+            continue
+        if t is None:
+            study.add_trial(optuna.create_trial(
+                state=TrialState.WAITING, params={}, distributions={},
+                system_attrs={ATTR_CONFIRM_OF: BASELINE_OF, ATTR_CONFIRM_SEED: seed, ATTR_BASELINE: True}))
+        else:
             study.add_trial(optuna.create_trial(
                 state=TrialState.WAITING, params=t.params, distributions=t.distributions,
                 system_attrs={ATTR_CONFIRM_OF: t.number, ATTR_CONFIRM_SEED: seed}))
-            queued.append((t.number, seed))
-    if space.study.baseline:  # the same seeds for the setting a user would have run anyway
-        for seed in seeds:
-            if (BASELINE_OF, seed) not in present:
-                study.add_trial(optuna.create_trial(
-                    state=TrialState.WAITING, params={}, distributions={},
-                    system_attrs={ATTR_CONFIRM_OF: BASELINE_OF, ATTR_CONFIRM_SEED: seed, ATTR_BASELINE: True}))
-                queued.append((BASELINE_OF, seed))
+        present.add((of, seed))
+        queued.append((of, seed))
     return queued
+
+
+def queue_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -> list[tuple[int, int]]:
+    """Queue the missing (trial, seed) runs of the top ``top_k`` trials (and the baseline's); returns what was
+    queued. (A racing confirmation queues round by round instead: :func:`hpo.study._compare.start_race`.)"""
+    seeds = confirm_seeds(space, n_seeds)
+    runs: list[tuple[FrozenTrial | None, int]] = [(t, seed) for t in top_trials(study, top_k) for seed in seeds]
+    if space.study.baseline:  # the same seeds for the setting a user would have run anyway
+        runs += [(None, seed) for seed in seeds]
+    return queue_runs(study, runs)
 
 
 def pending(study: optuna.Study) -> int:

@@ -33,6 +33,7 @@ from hpo.record import ATTR_RETRY_OF
 from hpo.storages._retrying import StorageUnavailable
 from hpo.storages._storage import check_study_name
 from hpo.study._command import prepare
+from hpo.study._compare import advance_race, twin_of
 from hpo.study._confirm import is_confirm
 from hpo.study._errors import TrialInterrupted, TrialLost, TrialRetried
 from hpo.study._population import Population, pbt_total, schedule_confirms
@@ -129,6 +130,7 @@ def queue_confirm(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -
     """``verl-hpo confirm``: queue the top ``top_k`` configurations' runs on ``n_seeds`` fresh seeds (a PBT study:
     its winning schedules, re-run from scratch); the (trial, seed) runs queued. SpaceError for a study that cannot
     be confirmed; NoHealthyMember (one line) when every PBT member collapsed."""
+    from hpo.study._compare import start_race
     from hpo.study._confirm import queue_confirmations
     from hpo.study._population import NoHealthyMember, queue_schedule_confirmations
 
@@ -137,6 +139,8 @@ def queue_confirm(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -
     try:
         if space.study.strategy == "pbt":
             return queue_schedule_confirmations(study, space, top_k, n_seeds)
+        if space.study.confirm.race:
+            return start_race(study, space, top_k, n_seeds)
         return queue_confirmations(study, space, top_k, n_seeds)
     except NoHealthyMember:
         raise
@@ -249,8 +253,15 @@ class Driver:
                                                                              trials):
                             trials = self.study.get_trials(deepcopy=False)  # a schedule's next step range
                         if not any(is_confirm(t) and t.state == TrialState.WAITING for t in trials):
-                            return
-                        full = False
+                            if not self.space.study.confirm.race:
+                                return
+                            if advance_race(self.study, self.space):  # a racing confirmation's next round
+                                continue
+                            if not any(is_confirm(t) and t.state == TrialState.RUNNING for t in trials):
+                                return  # the race is decided
+                            full = True  # its running runs decide the next round
+                        else:
+                            full = False
                     elif self.population is not None:  # pbt: done when the population is; asks only its queue
                         schedule_confirms(self.study, self.space, self.study_dir, trials)
                         if self.population.schedule(trials):
@@ -283,9 +294,10 @@ class Driver:
         it was surplus or lost."""
         frozen = frozen_trial(self.study, trial.number)
         queued = ATTR_RETRY_OF in frozen.system_attrs or is_confirm(frozen)  # requested work: never surplus
+        twin = is_confirm(frozen) and twin_of(self.study, frozen) is not None  # two drivers queued one race run
         if self.population is not None and not self.confirming:  # pbt: its own segments, each once
             queued = not self.population.is_surplus(frozen, self.study.get_trials(deepcopy=False))
-        if not queued and (self.confirming or self.population is not None or not Slots.count(
+        if twin or not queued and (self.confirming or self.population is not None or not Slots.count(
                 self.study.get_trials(deepcopy=False), self.space.study.max_retry).admits(trial.number, target)):
             trial.set_user_attr("stop_reason", "surplus")
             finish(self.study, trial._trial_id, TrialState.FAIL, None)
