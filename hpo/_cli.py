@@ -12,6 +12,8 @@ that runs code is run only when it matches a local file or the user says so (:mo
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
 import signal
 import sys
@@ -63,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="trial.executor ray: the cluster's dashboard (http://head:8265); default "
                              "trial.ray.address, else $RAY_ADDRESS")
 
+    def budget_arg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--budget", type=float, default=None, metavar="RUNS",
+                        help="full-run equivalents the search and its confirmation may spend together (default: "
+                             "study.budget; none)")
+
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--storage", help="Optuna storage URL (default sqlite:///<studies-dir>/<study>.db); any "
                                           "SQLAlchemy URL, or redis://... (JournalStorage, needs redis)")
@@ -77,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="space field (study.n_trials=4, params.kl_coef.high=0.1, trial.timeout_s=60) or fixed "
                         "trainer override (trainer.total_training_steps=10); repeatable")
     tracking_args(s)
+    budget_arg(s)
     ray_arg(s)
     common(s)
 
@@ -86,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     ray_arg(r)
     trust_args(r)
     tracking_args(r)
+    budget_arg(r)
     common(r)
 
     w = sub.add_parser("worker", help="join an existing study (its stored experiment) and run trials until the "
@@ -98,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     ray_arg(w)
     trust_args(w)
     tracking_args(w)
+    budget_arg(w)
     common(w)
 
     c = sub.add_parser("confirm", help="re-run the top trials with fresh seeds (as tagged trials of the study); "
@@ -109,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fresh seeds per configuration (default: study.confirm.seeds); never a tuning seed")
     trust_args(c)
     tracking_args(c)
+    budget_arg(c)
     common(c)
 
     v = sub.add_parser("validate", help="check an experiment file without running it: the space, every corner "
@@ -224,8 +235,13 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             space, devices = check_search(space, getattr(args, "ray_address", None))
             tracking = _tracking_spec(space, args)
             study = open_study(space, study_name, storage_url)
+        budget = getattr(args, "budget", None)
+        if budget is not None:
+            if not (math.isfinite(budget) and budget > 0):
+                return _fail(f"--budget {budget:g}: must be a positive number of full-run equivalents", 2)
+            space = dataclasses.replace(space, study=dataclasses.replace(space.study, budget=budget))
         target = study_target(space)
-        reporter = Reporter(sys.stdout, target, space.objective.direction_literal)
+        reporter = Reporter(sys.stdout, target, space.objective.direction_literal, space.study.budget)
         progress = _start_tracking(tracking, study_name, storage_url, studies_dir, reporter, closing)
         driver = Driver(space, study, studies_dir, progress, stop, devices=devices)
         confirming = args.cmd == "confirm"
@@ -234,7 +250,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
 
             top_k, n_seeds = args.top or space.study.confirm.top_k, args.seeds or space.study.confirm.seeds
             try:
-                queued = queue_confirm(study, space, top_k, n_seeds)
+                queued = queue_confirm(study, space, top_k, n_seeds, studies_dir)
             except NoHealthyMember as err:  # every member collapsed: nothing to confirm (exit 1, not a bad file)
                 return _fail(str(err), 1)
             how = (f"racing the top {top_k} configuration(s) seed by seed (at most {n_seeds} fresh seeds each)"

@@ -176,6 +176,24 @@ class Backend:
         """After the attempt's process tree is gone (the trial's logs stay)."""
 
     # ------------------------------------------------------------------ confirmation
+    def trainer_version(self, space: Space) -> str | None:
+        """What, beside the experiment's own keys, decides a run's result on this host (the trainer's code and the
+        libraries it runs on), as a digest; None when unknown: a confirmation's baseline runs are then never reused
+        from another study (:func:`hpo.study._confirm.baseline_key`). A custom command: the contents of the files
+        its argv names (its script) and the interpreter's version; a trainer whose result depends on other code
+        that changes sets ``study.confirm.reuse_baseline: false``."""
+        import hashlib
+
+        digest = hashlib.sha256(sys.version.encode())
+        for arg in space.trial.command:
+            path = Path(arg)
+            try:
+                if path.is_file() and path.stat().st_size < 50_000_000:
+                    digest.update(arg.encode() + b"\0" + path.read_bytes())
+            except OSError:
+                return None
+        return digest.hexdigest()[:16]
+
     def seed_keys(self, space: Space) -> tuple[str, ...]:
         """The trainer keys of a run's seeds (``study.confirm.seed_key`` wins)."""
         return (space.study.confirm.seed_key,) if space.study.confirm.seed_key else ("trainer.seed",)

@@ -137,6 +137,9 @@ class ConfirmSpec:
         "alone (separated), when every other candidate is within +-resolution of it (tied), or at `seeds` (seed "
         "cap); the baseline stops once the improvement over it excludes 0. false = every seed of every candidate "
         "at once."))
+    reuse_baseline: bool = field(default=True, metadata=_meta(
+        "Reuse the baseline's runs this host already made for the same experiment, seed and trainer version (kept "
+        "under <studies>/.baselines/); false = always run them."))
     min_seeds: int = field(default=2, metadata=_meta("race: seeds before anything is dropped or decided (>= 2)."))
     resolution: float | None = field(default=None, metadata=_meta(
         "race: differences smaller than this do not matter (the candidates left are tied); null = "
@@ -208,6 +211,11 @@ class StudySpec:
         "A RUNNING trial without heartbeat this long (s) is stale (its driver is dead): at least twice "
         "heartbeat_interval."))
     max_retry: int | None = field(default=3, metadata=_meta("Retries of an interrupted trial; null = unlimited."))
+    budget: float | None = field(default=None, metadata=_meta(
+        "Full-run equivalents (a full run = a search trial's trainer steps) the search and its confirmation may "
+        "spend together: the search asks for no new trial once what the study spent plus the confirmation's least "
+        "(its candidates and baseline on min_seeds seeds; seeds when not racing) reaches it, and a race ends "
+        "('budget') when its next round would pass it; null = no limit (--budget sets it)."))
     confirm: ConfirmSpec = field(default_factory=ConfirmSpec, metadata=_meta("verl-hpo confirm defaults."))
     baseline: dict[str, Any] = field(default_factory=dict, metadata=_meta(
         "The setting a user would run without a search, as trainer overrides on top of the fixed ones (e.g. the "
@@ -708,6 +716,8 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     if study.grace_period < 2 * study.heartbeat_interval:
         raise ctx.error("study.grace_period", f"{study.grace_period} is under twice study.heartbeat_interval="
                         f"{study.heartbeat_interval}: a live driver's trial would be taken for dead between beats")
+    if study.budget is not None and not (math.isfinite(study.budget) and study.budget > 0):
+        raise ctx.error("study.budget", f"{study.budget}: must be a positive number of full-run equivalents")
     conf = study.confirm
     if conf.race and not 2 <= conf.min_seeds <= conf.seeds:
         raise ctx.error("study.confirm.min_seeds", f"{conf.min_seeds}: a race needs 2 <= min_seeds <= "

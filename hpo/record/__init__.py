@@ -1,6 +1,7 @@
 """The stored record: every attribute key a study or trial carries in the Optuna storage and what a stored trial is
-(finished, a confirmation run, a PBT segment, a retry chain). The study loop writes the record; reporting, tracking
-and the dashboard read it, all through this package (``_attrs``).
+(finished, a confirmation run, a PBT segment, a retry chain), and what a study spent (``_cost``: steps and full-run
+equivalents). The study loop writes the record; reporting, tracking and the dashboard read it, all through this
+package (``_attrs``, ``_cost``).
 
 May import: nothing of ``hpo``."""
 
@@ -32,9 +33,10 @@ from hpo.record._attrs import (
     retry_history,
     runs_steps,
 )
+from hpo.record._cost import Cost, full_steps, steps_run, study_cost
 
 __all__ = ["ATTR_BASELINE", "ATTR_CONFIRM_OF", "ATTR_CONFIRM_SEED", "ATTR_DIGEST", "ATTR_HEARTBEAT", "ATTR_JOB_TYPE",
            "ATTR_RACE", "ATTR_RAY_CLAIM", "ATTR_RECOVERING", "ATTR_RESULT", "ATTR_RETRY_HISTORY", "ATTR_RETRY_OF",
            "ATTR_SOURCE", "ATTR_SPACE", "ATTR_TARGET", "ATTR_TRACKING_KEY", "ATTR_TRACKING_RUN", "USER_ATTRS",
            "chain_root", "is_baseline", "is_confirm", "is_finished", "is_segment", "is_segment_attrs",
-           "retry_history", "runs_steps"]
+           "retry_history", "runs_steps", "Cost", "full_steps", "steps_run", "study_cost"]

@@ -65,6 +65,8 @@ USER_ATTRS: dict[str, str] = {
     "stderr_tail": "the end of its stderr",
     "exit_code": "the trainer's exit status",
     "last_step": "the last step it logged",
+    "total_steps": "the steps its run was set to (a full run's length)",
+    "baseline_reused": "a baseline run copied from an earlier study's identical run on this host (costs nothing)",
     "wall_time_s": "wall time of its process",
     "peak_memory_gb": "its peak memory",
     "first_metric_s": "seconds to its first metrics line",

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo.backends import backend_of
 from hpo.experiment._space import Space, format_value
-from hpo.record import is_confirm
+from hpo.record import is_confirm, study_cost
 from hpo.storages._retrying import storage_downtime, storage_outages
 from hpo.storages._storage import mask_url
 from hpo.study._confirm import Confirmed, baseline_confirmed, confirmed
@@ -65,8 +65,10 @@ class Reporter:
     On a TTY the live line is redrawn in place; otherwise one line is printed per evaluation, so logs
     and tests see the same information."""
 
-    def __init__(self, stream: TextIO | None = None, target: int = 0, direction: str = "maximize") -> None:
+    def __init__(self, stream: TextIO | None = None, target: int = 0, direction: str = "maximize",
+                 budget: float | None = None) -> None:
         self.stream = stream or sys.stdout
+        self.budget = budget  # study.budget (full-run equivalents), shown beside what the study spent
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.target = target
         self.direction = direction
@@ -124,7 +126,10 @@ class Reporter:
         extra = f" {wall:.1f}s" if isinstance(wall, (int, float)) else ""
         if isinstance(ua.get("peak_memory_gb"), (int, float)):
             extra += f" peak {ua['peak_memory_gb']:.2f} GB"
-        self._write(f"[{bar}] {finished}/{self.target} | {best_txt} | trial {trial.number} "
+        cost = study_cost(study.get_trials(deepcopy=False))
+        spent = f" | spent {cost.total_runs:.1f}{f'/{self.budget:g}' if self.budget else ''} runs" \
+            if cost.full else ""
+        self._write(f"[{bar}] {finished}/{self.target} | {best_txt}{spent} | trial {trial.number} "
                     f"{trial.state.name} {fmt_values(trial.values)} {outcome(trial)}{extra}")
 
 
@@ -286,6 +291,7 @@ def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
     return (f"{top_table(study)}\n"
             f"trials: {parts}; early stopping and pruning saved ~{saved:.0f}s of trainer time; "
             f"driver peak RSS {driver_mb:.0f} MB; {disk}\n"
+            f"spent: {study_cost(study.get_trials(deepcopy=False)).text()}\n"
             f"{outages}"
             f"study {study.study_name} in {mask_url(storage)}\n"
             f"trial logs in {trials_dir}/<number>/ (command.json, config.yaml, stdout.log, stderr.log, "

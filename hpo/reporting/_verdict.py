@@ -9,7 +9,7 @@ import math
 import optuna
 
 from hpo.experiment._space import Space, format_value
-from hpo.record import is_confirm
+from hpo.record import is_confirm, study_cost
 from hpo.study._compare import RULE, Difference, Verdict, improvement, race_state, verdict
 from hpo.study._confirm import Confirmed, baseline_confirmed, confirmed, heldout_note
 
@@ -93,6 +93,7 @@ def verdict_lines(study: optuna.Study, space: Space) -> list[str]:
     else:
         out.append(f"trial {top} is better than every other confirmed setting (Welch 95% intervals exclude 0)")
     out += baseline_lines(study, space, v.pick)
+    out.append(f"spent: {study_cost(study.get_trials(deepcopy=False)).text()}")
     return out
 
 
@@ -120,7 +121,11 @@ def baseline_lines(study: optuna.Study, space: Space, pick: Confirmed) -> list[s
     else:
         word = "cannot be told apart from the baseline at this spread"
     same = sorted(set(pick.seeds) & set(base.seeds))
-    return [f"improvement of trial {pick.trial.number} over the baseline ({shown}; mean {base.mean:.4g} +- "
+    reused = [str(r.user_attrs["baseline_reused"]) for r in base.runs if r.user_attrs.get("baseline_reused")]
+    kept = [f"{len(reused)} of the baseline's {len(base.runs)} run(s) reused from this host's earlier runs of the same "
+            f"experiment, seed and trainer version (study#trial: {', '.join(reused[:3])}"
+            f"{', ...' if len(reused) > 3 else ''})"] if reused else []
+    return kept + [f"improvement of trial {pick.trial.number} over the baseline ({shown}; mean {base.mean:.4g} +- "
             f"{base.std:.3g}" + (f", test {base.test_mean:.4g} +- {base.test_std:.3g}" if base.test_values else "")
             + f") on seeds {', '.join(map(str, same)) or '-'}: {'; '.join(parts)} (Welch 95%): {word}"]
 

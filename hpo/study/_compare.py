@@ -32,13 +32,14 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.experiment._space import Space
-from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, ATTR_RACE, is_confirm
+from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, ATTR_RACE, is_confirm, study_cost
 from hpo.study._confirm import (
     Confirmed,
     baseline_confirmed,
@@ -295,7 +296,8 @@ def race_step(values: dict[int, Sequence[float]], baseline: Sequence[float] | No
 
 
 # ----------------------------------------------------------------------------- the race's state in the study
-def start_race(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -> list[tuple[int, int]]:
+def start_race(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
+               cache: Path | None = None) -> list[tuple[int, int]]:
     """``confirm`` with ``study.confirm.race``: keep the race's candidates (the top ``top_k``) and seeds in the study
     (:data:`~hpo.record.ATTR_RACE`, once: every driver and a later ``confirm`` go on with the same race), then queue
     its next round (:func:`advance_race`; the first seed of every candidate on the first call)."""
@@ -304,7 +306,7 @@ def start_race(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -> l
         study._storage.set_study_system_attr(study._study_id, ATTR_RACE, {
             "candidates": [t.number for t in top_trials(study, top_k)], "max_seeds": int(n_seeds),
             "min_seeds": min(conf.min_seeds, int(n_seeds)), "resolution": conf.resolution})
-    return advance_race(study, space)
+    return advance_race(study, space, cache)
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,7 @@ class Race:
     dropped: dict[int, tuple[int, Any]]  # candidate -> (seeds it had when dropped, its gap to the leader)
     rounds: int  # seeds every alive candidate has finished
     leader: int | None
-    end: str | None  # "separated" | "tied" | "seed cap" | None (going on)
+    end: str | None  # "separated" | "tied" | "seed cap" | "budget" | None (going on)
     baseline_runs: int
     baseline_more: bool
     resolution: float
@@ -386,11 +388,21 @@ def race_state(study: optuna.Study, space: Space) -> Race | None:
             break
     if base_values is not None and rounds == 0:
         more = len(base_values) < max_seeds
+    budget = space.study.budget
+    if budget is not None and rounds >= min_seeds:  # study.budget: the next round (or baseline run) must fit in it
+        trials = study.get_trials(deepcopy=False)
+        spent = study_cost(trials)
+        flying = any(is_confirm(t) and t.state in (TrialState.WAITING, TrialState.RUNNING)
+                     and t.system_attrs.get(ATTR_CONFIRM_OF) in alive for t in trials)
+        if spent.full and end is None and not flying and spent.total_runs + len(alive) > budget:
+            end = "budget"
+        if spent.full and spent.total_runs + 1 > budget:
+            more = False
     return Race(candidates, seeds, tuple(alive), dropped, rounds, leader, end, len(base_values or []),
                 more and base_values is not None, resolution)
 
 
-def advance_race(study: optuna.Study, space: Space) -> list[tuple[int, int]]:
+def advance_race(study: optuna.Study, space: Space, cache: Path | None = None) -> list[tuple[int, int]]:
     """Queue what the race needs next: every alive candidate's next seed (while the race goes on) and the
     baseline's next seed (while it needs one); returns what was queued. Idempotent: a run already queued, running or
     finished is never queued again (two drivers asking at once may still both queue one: the runner drops the
@@ -404,7 +416,7 @@ def advance_race(study: optuna.Study, space: Space) -> list[tuple[int, int]]:
         runs += [(trials[c], race.seeds[race.rounds]) for c in race.alive if c in trials]
     if race.baseline_more and race.baseline_runs < len(race.seeds):
         runs.append((None, race.seeds[race.baseline_runs]))
-    return queue_runs(study, runs)
+    return queue_runs(study, runs, space, cache)
 
 
 def twin_of(study: optuna.Study, run: FrozenTrial) -> int | None:

@@ -24,9 +24,13 @@ queued, running or finished run with that seed), so an interrupted confirmation 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -154,15 +158,25 @@ def present_runs(study: optuna.Study) -> set[tuple[Any, Any]]:
             and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)}
 
 
-def queue_runs(study: optuna.Study, runs: list[tuple[FrozenTrial | None, int]]) -> list[tuple[int, int]]:
-    """Queue a run per (trial, seed) not present yet (None: the baseline); returns what was queued."""
+def queue_runs(study: optuna.Study, runs: list[tuple[FrozenTrial | None, int]],
+               space: Space | None = None, cache: Path | None = None) -> list[tuple[int, int]]:
+    """Queue a run per (trial, seed) not present yet (None: the baseline); returns what was queued. A baseline run
+    this host already ran for the same experiment, seed and trainer version (``cache``: :func:`baseline_cache`) is
+    added finished, from there, instead of queued (user attr ``baseline_reused``)."""
     present = present_runs(study)
     queued = []
+    key = baseline_key(space) if space is not None and cache is not None else None
     for t, seed in runs:
         of = BASELINE_OF if t is None else t.number
         if (of, seed) in present:
             continue
-        if t is None:
+        kept = cached_baseline(cache, key, seed) if t is None and cache is not None and key else None
+        if kept is not None:
+            study.add_trial(optuna.create_trial(
+                state=TrialState.COMPLETE, value=kept["value"], params={}, distributions={},
+                intermediate_values=kept["intermediate_values"], user_attrs=kept["user_attrs"],
+                system_attrs={ATTR_CONFIRM_OF: BASELINE_OF, ATTR_CONFIRM_SEED: seed, ATTR_BASELINE: True}))
+        elif t is None:
             study.add_trial(optuna.create_trial(
                 state=TrialState.WAITING, params={}, distributions={},
                 system_attrs={ATTR_CONFIRM_OF: BASELINE_OF, ATTR_CONFIRM_SEED: seed, ATTR_BASELINE: True}))
@@ -175,14 +189,101 @@ def queue_runs(study: optuna.Study, runs: list[tuple[FrozenTrial | None, int]]) 
     return queued
 
 
-def queue_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -> list[tuple[int, int]]:
-    """Queue the missing (trial, seed) runs of the top ``top_k`` trials (and the baseline's); returns what was
-    queued. (A racing confirmation queues round by round instead: :func:`hpo.study._compare.start_race`.)"""
+# ----------------------------------------------------------------------------- the baseline's runs, kept per host
+BASELINES = ".baselines"  # under the studies directory: <key>/<seed>.json (never a study name: those start alnum)
+_KEPT_ATTRS = ("last_step", "total_steps", "test_value", "test_metric", "stop_reason", "diagnosis")
+
+
+def baseline_cache(studies_dir: Path) -> Path:
+    return studies_dir / BASELINES
+
+
+def baseline_key(space: Space) -> str | None:
+    """What decides a baseline run's result besides its seed, as a digest: the backend and its trainer version
+    (:meth:`~hpo.backends._base.Backend.trainer_version`), the trainer command and config, the fixed and baseline
+    overrides, the held-out split, the seed keys, the objective, the diagnosis and (when confirmation runs use
+    them) the early-stopping rules. None when the backend cannot say its version: never reused."""
+    if not space.study.baseline or not space.study.confirm.reuse_baseline:
+        return None
+    version = backend_of(space).trainer_version(space)
+    if version is None:
+        return None
+    raw = space.raw if isinstance(space.raw, dict) else {}
+    what = {"backend": space.trial.backend, "version": version, "command": list(space.trial.command),
+            "config": space.config, "overrides": space.trainer_overrides({}), "baseline": space.study.baseline,
+            "heldout": heldout_overrides(space), "seed_keys": list(seed_keys(space)), "objective": raw.get("objective"),
+            "diagnosis": raw.get("diagnosis"),
+            "early_stopping": raw.get("early_stopping") if space.study.confirm.early_stopping else None}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def cached_baseline(cache: Path, key: str | None, seed: int) -> dict[str, Any] | None:
+    """The kept run of ``key`` on ``seed`` (None when there is none or it is not a well-formed record: the file is
+    read as untrusted)."""
+    if key is None:
+        return None
+    path = cache / key / f"{int(seed)}.json"
+    try:
+        if not path.is_file() or path.stat().st_size > 1_000_000:
+            return None
+        rec = json.loads(path.read_text())
+        value = float(rec["value"])
+        inter = {int(k): float(v) for k, v in dict(rec.get("intermediate_values") or {}).items()}
+        attrs = {k: v for k, v in dict(rec.get("user_attrs") or {}).items()
+                 if k in _KEPT_ATTRS and isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+        source = f"{str(rec.get('study', '?'))[:200]}#{int(rec.get('trial', -1))}"
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if not math.isfinite(value) or not all(math.isfinite(v) for v in inter.values()):
+        return None
+    return {"value": value, "intermediate_values": inter,
+            "user_attrs": {**attrs, "baseline_reused": source, "confirm_of": "baseline", "confirm_seed": int(seed)}}
+
+
+def confirm_reserve(space: Space, cache: Path | None = None) -> int:
+    """The least full runs the confirmation needs (what a ``study.budget`` keeps for it): ``top_k`` candidates and
+    the baseline on ``min_seeds`` seeds when racing (``seeds`` when not), less the baseline runs this host keeps."""
+    conf = space.study.confirm
+    n = conf.min_seeds if conf.race else conf.seeds
+    base = 0
+    if space.study.baseline:
+        key = baseline_key(space) if cache is not None else None
+        base = sum(1 for seed in confirm_seeds(space, n)
+                   if cache is None or cached_baseline(cache, key, seed) is None)
+    return conf.top_k * n + base
+
+
+def remember_baseline(cache: Path, space: Space, study_name: str, run: FrozenTrial) -> bool:
+    """Keep a finished baseline run for later studies on this host (COMPLETE, finite, not failed, not itself
+    reused); written whole or not at all. Returns whether it was kept."""
+    key = baseline_key(space)
+    if (key is None or run.state != TrialState.COMPLETE or run.values is None or not math.isfinite(run.values[0])
+            or "fail_reason" in run.user_attrs or run.user_attrs.get("baseline_reused")):
+        return False
+    seed = run.system_attrs.get(ATTR_CONFIRM_SEED)
+    if not isinstance(seed, int):
+        return False
+    folder = cache / key
+    folder.mkdir(parents=True, exist_ok=True)
+    rec = {"value": run.values[0], "intermediate_values": {str(k): v for k, v in run.intermediate_values.items()},
+           "user_attrs": {k: run.user_attrs[k] for k in _KEPT_ATTRS if k in run.user_attrs},
+           "study": study_name, "trial": run.number}
+    tmp = folder / f".{seed}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(rec, default=str))
+    os.replace(tmp, folder / f"{seed}.json")
+    return True
+
+
+def queue_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
+                        cache: Path | None = None) -> list[tuple[int, int]]:
+    """Queue the missing (trial, seed) runs of the top ``top_k`` trials (and the baseline's, reused from ``cache``
+    where this host has them); returns what was queued. (A racing confirmation queues round by round instead:
+    :func:`hpo.study._compare.start_race`.)"""
     seeds = confirm_seeds(space, n_seeds)
     runs: list[tuple[FrozenTrial | None, int]] = [(t, seed) for t in top_trials(study, top_k) for seed in seeds]
     if space.study.baseline:  # the same seeds for the setting a user would have run anyway
         runs += [(None, seed) for seed in seeds]
-    return queue_runs(study, runs)
+    return queue_runs(study, runs, space, cache)
 
 
 def pending(study: optuna.Study) -> int:

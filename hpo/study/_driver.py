@@ -29,12 +29,12 @@ from hpo.execution._devices import DevicePool, detect_devices
 from hpo.execution._identity import driver_identity
 from hpo.execution._process import sweep_orphans
 from hpo.experiment._space import Space, SpaceError, TrialSpec
-from hpo.record import ATTR_RETRY_OF
+from hpo.record import ATTR_RETRY_OF, is_baseline, study_cost
 from hpo.storages._retrying import StorageUnavailable
 from hpo.storages._storage import check_study_name
 from hpo.study._command import prepare
 from hpo.study._compare import advance_race, twin_of
-from hpo.study._confirm import is_confirm
+from hpo.study._confirm import baseline_cache, confirm_reserve, is_confirm, remember_baseline
 from hpo.study._errors import TrialInterrupted, TrialLost, TrialRetried
 from hpo.study._population import Population, pbt_total, schedule_confirms
 from hpo.study._progress import Progress
@@ -126,12 +126,14 @@ def study_target(space: Space) -> int:
     return pbt.population * -(-pbt_total(space) // pbt.interval_steps)
 
 
-def queue_confirm(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -> list[tuple[int, int]]:
+def queue_confirm(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
+                  studies_dir: Path | None = None) -> list[tuple[int, int]]:
     """``verl-hpo confirm``: queue the top ``top_k`` configurations' runs on ``n_seeds`` fresh seeds (a PBT study:
-    its winning schedules, re-run from scratch); the (trial, seed) runs queued. SpaceError for a study that cannot
-    be confirmed; NoHealthyMember (one line) when every PBT member collapsed."""
+    its winning schedules, re-run from scratch; a racing confirmation: its next round); the (trial, seed) runs
+    queued. Baseline runs this host kept under ``studies_dir`` are reused. SpaceError for a study that cannot be
+    confirmed; NoHealthyMember (one line) when every PBT member collapsed."""
     from hpo.study._compare import start_race
-    from hpo.study._confirm import queue_confirmations
+    from hpo.study._confirm import baseline_cache, queue_confirmations
     from hpo.study._population import NoHealthyMember, queue_schedule_confirmations
 
     if space.objective.multi:
@@ -139,9 +141,10 @@ def queue_confirm(study: optuna.Study, space: Space, top_k: int, n_seeds: int) -
     try:
         if space.study.strategy == "pbt":
             return queue_schedule_confirmations(study, space, top_k, n_seeds)
+        cache = baseline_cache(studies_dir) if studies_dir is not None else None
         if space.study.confirm.race:
-            return start_race(study, space, top_k, n_seeds)
-        return queue_confirmations(study, space, top_k, n_seeds)
+            return start_race(study, space, top_k, n_seeds, cache)
+        return queue_confirmations(study, space, top_k, n_seeds, cache)
     except NoHealthyMember:
         raise
     except ValueError as err:
@@ -175,6 +178,8 @@ class Driver:
         self.population = Population(space, study, self.study_dir, pbt_total(space), reporter.note) \
             if space.study.strategy == "pbt" else None
         self._errors: list[BaseException] = []
+        self.cache = baseline_cache(studies_dir)  # baseline runs kept for later studies on this host
+        self._said_budget = False
         self._count_lock = threading.Lock()
         self._ask_lock = threading.Lock()
 
@@ -255,7 +260,7 @@ class Driver:
                         if not any(is_confirm(t) and t.state == TrialState.WAITING for t in trials):
                             if not self.space.study.confirm.race:
                                 return
-                            if advance_race(self.study, self.space):  # a racing confirmation's next round
+                            if advance_race(self.study, self.space, self.cache):  # a race's next round
                                 continue
                             if not any(is_confirm(t) and t.state == TrialState.RUNNING for t in trials):
                                 return  # the race is decided
@@ -269,7 +274,7 @@ class Driver:
                         full = not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
                     else:
                         slots = Slots.count(trials, self.space.study.max_retry)
-                        if slots.finished >= target:
+                        if slots.finished >= target or self._budget_spent(trials):
                             return
                         full = not slots.waiting and len(slots.held) >= target
                     trial = None if full else self.study.ask()
@@ -288,6 +293,26 @@ class Driver:
             self._errors.append(err)
             if isinstance(err, StorageUnavailable):  # past study.storage_retry_s: stop the other jobs' trials too
                 self.stop_event.set()  # (they stay RUNNING in the storage; resume or any worker recovers them)
+
+    def _budget_spent(self, trials: list[FrozenTrial]) -> bool:
+        """``study.budget``: what the study spent (running trials at their last evaluation) plus the confirmation's
+        least reaches it: no new search trial (said once)."""
+        budget = self.space.study.budget
+        if budget is None:
+            return False
+        cost = study_cost(trials)
+        if not cost.full:  # no trial finished yet: a full run's length is unknown
+            return False
+        running = sum(max(t.intermediate_values, default=0) for t in trials if t.state == TrialState.RUNNING)
+        reserve = confirm_reserve(self.space, self.cache)
+        spent = cost.total_runs + running / cost.full
+        if spent + reserve < budget:
+            return False
+        if not self._said_budget:
+            self._said_budget = True
+            self.reporter.note(f"budget: {spent:.1f} of {budget:g} full-run equivalents spent and {reserve} kept for "
+                               "confirmation: no new search trial")
+        return True
 
     def _one_trial(self, trial: Trial, target: int) -> FrozenTrial | None:
         """Check the slot of an asked trial (another driver may have taken it), run, record and tell it; None when
@@ -321,6 +346,12 @@ class Driver:
             except (ValueError, UpdateFinishedTrialError):
                 raise TrialLost(f"trial {trial.number} was finished by another driver before its result was "
                                 "told") from None
+            if is_baseline(frozen):
+                try:
+                    remember_baseline(self.cache, self.space, self.study.study_name,
+                                      frozen_trial(self.study, trial.number))
+                except OSError as err:  # a full or read-only disk: the run stands, it is just not kept
+                    self.reporter.note(f"baseline run {trial.number} not kept for later studies: {err}")
         except (TrialLost, UpdateFinishedTrialError) as err:
             why = str(err) if isinstance(err, TrialLost) else f"trial {trial.number} was finished by another driver"
             self.reporter.note(f"{why}; its result here is dropped (its retry runs instead)")

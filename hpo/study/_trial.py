@@ -312,7 +312,7 @@ def run_attrs(result: RunResult, watch: Watch, launch_overhead_s: float | None,
     """The user attrs of a trial whose process ran (whatever its outcome)."""
     attrs: dict[str, Any] = {
         "peak_memory_gb": round(result.peak_memory_gb, 4), "wall_time_s": round(result.wall_time_s, 3),
-        "exit_code": result.exit_code, "last_step": result.last_step,
+        "exit_code": result.exit_code, "last_step": result.last_step, "total_steps": watch.total_steps,
         "first_metric_s": None if result.first_metric_s is None else round(result.first_metric_s, 3),
         # driver time between a device being free and the trainer being spawned (files, config)
         "launch_overhead_s": None if launch_overhead_s is None else round(launch_overhead_s, 4),

@@ -316,6 +316,10 @@ class TrlBackend(Backend):
     def resume_point(self, trials_dir: Path, history: Sequence[int]) -> ResumePoint | None:
         return resume_point(trials_dir, history)
 
+    def trainer_version(self, space: Space) -> str | None:
+        """Unknown from the driver (TRL runs in its own interpreter): baseline runs are never reused across studies."""
+        return None
+
     def seed_keys(self, space: Space) -> tuple[str, ...]:
         return (space.study.confirm.seed_key,) if space.study.confirm.seed_key else ("seed",)
 

@@ -101,6 +101,10 @@ class VerlBackend(Backend):
     def cleanup(self, trial_dir: Path, attempt: int) -> None:
         verl_cleanup(trial_dir, attempt, keep_logs=True)  # Ray's scratch (sockets, spilled objects); logs kept
 
+    def trainer_version(self, space: Space) -> str | None:
+        """Unknown from the driver (verl runs in its own interpreter): baseline runs are never reused across studies."""
+        return None
+
     def seed_keys(self, space: Space) -> tuple[str, ...]:
         """Every seed of a verl run (each checked to exist in verl 0.9.1's composed config)."""
         return (space.study.confirm.seed_key,) if space.study.confirm.seed_key else tuple(SEED_KEYS)

@@ -49,6 +49,28 @@ class VerlCoreBackend(Backend):
         cfg = load_config(space.config, overrides)
         return TrialConfig(overrides, int(cfg.trainer.total_training_steps), dump_yaml(cfg), loaded=cfg)
 
+    def trainer_version(self, space: Space) -> str | None:
+        """A digest of verl_core's code and shipped configs (the tiny model's builder included), of the config file
+        when it is a path, and of the torch and transformers versions installed."""
+        import hashlib
+        import importlib.metadata
+
+        import verl_core
+
+        digest = hashlib.sha256()
+        root = Path(verl_core.__file__).parent
+        for f in sorted([*root.rglob("*.py"), *root.rglob("*.yaml")]):
+            digest.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+        config = Path(space.config)
+        if config.suffix in (".yaml", ".yml") and config.is_file():
+            digest.update(config.read_bytes())
+        for dist in ("torch", "transformers"):
+            try:
+                digest.update(f"{dist}=={importlib.metadata.version(dist)}".encode())
+            except importlib.metadata.PackageNotFoundError:
+                digest.update(f"{dist} missing".encode())
+        return digest.hexdigest()[:16]
+
     def predict(self, space: Space, config: TrialConfig, devices: Sequence[str]) -> PredictionLike | None:
         from hpo.backends._preflight import predict
 
