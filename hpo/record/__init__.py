@@ -31,6 +31,7 @@ from hpo.record._attrs import (
     is_segment,
     is_segment_attrs,
     retry_history,
+    rungs,
     runs_steps,
 )
 from hpo.record._cost import Cost, full_steps, steps_run, study_cost
@@ -39,4 +40,4 @@ __all__ = ["ATTR_BASELINE", "ATTR_CONFIRM_OF", "ATTR_CONFIRM_SEED", "ATTR_DIGEST
            "ATTR_RACE", "ATTR_RAY_CLAIM", "ATTR_RECOVERING", "ATTR_RESULT", "ATTR_RETRY_HISTORY", "ATTR_RETRY_OF",
            "ATTR_SOURCE", "ATTR_SPACE", "ATTR_TARGET", "ATTR_TRACKING_KEY", "ATTR_TRACKING_RUN", "USER_ATTRS",
            "chain_root", "is_baseline", "is_confirm", "is_finished", "is_segment", "is_segment_attrs",
-           "retry_history", "runs_steps", "Cost", "full_steps", "steps_run", "study_cost"]
+           "retry_history", "rungs", "runs_steps", "Cost", "full_steps", "steps_run", "study_cost"]

@@ -126,6 +126,17 @@ def is_segment(t: FrozenTrial) -> bool:
     return is_segment_attrs(t.system_attrs)
 
 
+RUNG = "completed_rung_{}"  # Optuna's SuccessiveHalvingPruner / HyperbandPruner: the value a trial had at rung k
+
+
+def rungs(t: FrozenTrial) -> int:
+    """How many rungs of successive halving ``t`` completed (0: none, or another pruner)."""
+    k = 0
+    while RUNG.format(k) in t.system_attrs:
+        k += 1
+    return k
+
+
 def runs_steps(system: dict[str, Any]) -> bool:
     """A segment of the population or of a schedule's confirmation chain: it runs a step range."""
     return PBT_START in system

@@ -42,7 +42,7 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
-from hpo.record import ATTR_SOURCE, is_confirm
+from hpo.record import ATTR_SOURCE, is_confirm, rungs, steps_run, study_cost
 from hpo.reporting._figures import (
     PLOT_CONFIG,
     SCORE_PREFIX,
@@ -163,6 +163,7 @@ def header_html(study: optuna.Study, storage_url: str, names: list[str], params:
         ("trials", _e(f"{len(trials)}" + (f" ({by_state})" if trials else ""))),
         ("outcomes", _e(by_outcome or "-")), ("best", best),
         ("compute", _e(f"{_seconds(total)} of trainer time; pruning and early stopping saved ~{_seconds(saved)}")),
+        ("spent", _e(study_cost(trials).text())),
         ("written", _e(datetime.datetime.now().isoformat(timespec="seconds"))),
     ]
     body = "\n".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
@@ -189,8 +190,9 @@ def table_html(study: optuna.Study, names: list[str], params: list[str], out_dir
                studies_dir: Path | None) -> str:
     trials = study.get_trials(deepcopy=False)
     scores = sorted({k for t in trials for k in t.user_attrs if k.startswith(SCORE_PREFIX)})
-    head = ["#", "state", "outcome", "diagnosis", *names, *scores, *params, "duration", "peak memory", "saved",
-            "logs", "error"]
+    show_rungs = any(rungs(t) for t in trials)  # successive halving: the rungs each trial completed
+    head = ["#", "state", "outcome", "diagnosis", *names, *scores, *params, *(["rungs"] if show_rungs else []),
+            "steps", "duration", "peak memory", "saved", "logs", "error"]
     th = "".join(f"<th>{_e(h)}</th>" for h in head)
     rows = []
     for t in trials:
@@ -214,6 +216,7 @@ def table_html(study: optuna.Study, names: list[str], params: list[str], out_dir
             f'{_e(ua.get("diagnosis", "-"))}</span>',
             *(_num(v) for v in values), *(_num(ua.get(k)) for k in scores),
             *(_param_text(t.params[p]) if p in t.params else "-" for p in params),
+            *([str(rungs(t))] if show_rungs else []), str(steps_run(t)),
             "-" if d is None else _e(_seconds(d)),
             f"{peak:.2f} GB" if isinstance(peak, (int, float)) else "-",
             _num(ua.get("compute_saved_s")), link, detail,

@@ -79,8 +79,9 @@ def _base_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
                                               max_resource=spec.max_resource or "auto",
                                               reduction_factor=spec.reduction_factor)
     if spec.type == "successive_halving":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=spec.min_resource,
-                                                      reduction_factor=spec.reduction_factor)
+        from hpo.samplers._halving import ChainHalvingPruner
+
+        return ChainHalvingPruner(min_resource=spec.min_resource, reduction_factor=spec.reduction_factor)
     return optuna.pruners.NopPruner()
 
 

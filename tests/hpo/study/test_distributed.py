@@ -418,3 +418,61 @@ def test_a_pid_is_judged_only_where_it_is_comparable() -> None:
     assert identity_alive({**me, "pid": gone.pid, "started": time.time()}) is False
     for key, other in (("host", "elsewhere"), ("boot_id", "another-boot"), ("pidns", 1), ("boot_id", None)):
         assert identity_alive({**me, key: other, "pid": gone.pid}) is None, key  # only a heartbeat can tell
+
+
+# ----------------------------------------------------------------------------- successive halving, killed at a rung
+@pytest.mark.slow
+def test_workers_killed_at_a_rung_boundary_keep_successive_halving_whole(tmp_path: Path, studies: Path,
+                                                                          study_name: str) -> None:
+    """3 workers on PostgreSQL run successive halving (rungs at steps 2 and 6); a worker is SIGKILLed right after one
+    of its trials completed a rung, 3 times, and restarted. At the end: exactly n_trials finished; every interrupted
+    trial retried once, its retry carrying the rungs it had completed (and so never judged at them again); every
+    pruned trial stopped at a rung; every completed one passed both."""
+    _need(PG_URL)
+    n_trials, kills = 12, 3
+    make_study(PG_URL, study_name, tmp_path, studies, n_trials=n_trials,
+               overrides={"trainer.total_training_steps": 8, "trainer.test_freq": 2, "fake.step_s": 0.15},
+               study={"heartbeat_interval": 1, "grace_period": 3, "max_retry": 10,
+                      "pruner": {"type": "successive_halving", "min_resource": 2, "reduction_factor": 3}})
+    tag = uuid.uuid4().hex
+    workers = [start(["worker", "--study", study_name, "--storage", PG_URL], studies, tag) for _ in range(3)]
+    study = load(PG_URL, study_name)
+    killed, seen, deadline = 0, set(), time.monotonic() + 240
+    while killed < kills and time.monotonic() < deadline and all(w.poll() is None for w in workers):
+        at_rung = [t for t in study.get_trials(states=(TrialState.RUNNING,))
+                   if t.number not in seen and any(k.startswith("completed_rung_") for k in t.system_attrs)]
+        pids = {t.user_attrs.get("worker", {}).get("pid"): t for t in at_rung}
+        victim = next((i for i, w in enumerate(workers) if w.pid in pids), None)
+        if victim is None:
+            time.sleep(0.05)
+            continue
+        seen.add(pids[workers[victim].pid].number)
+        workers[victim].send_signal(signal.SIGKILL)
+        workers[victim].wait()
+        killed += 1
+        workers[victim] = start(["worker", "--study", study_name, "--storage", PG_URL], studies, tag)
+    for w in workers:
+        _, err = w.communicate(timeout=300)
+        assert w.returncode == 0, err
+    assert killed == kills, "the study ended before the kills"
+    wait_for(lambda: not trial_procs(tag))
+    trials = load(PG_URL, study_name).trials
+    done = [t for t in trials if is_finished(t)]
+    assert len(done) == n_trials
+    by_number = {t.number: t for t in trials}
+    retries = Counter(t.system_attrs["failed_trial"] for t in trials if "failed_trial" in t.system_attrs)
+    interrupted = [t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("stop_reason") != "surplus"]
+    assert {t.number for t in interrupted} >= seen and all(retries[t.number] == 1 for t in interrupted)
+    for t in trials:
+        if "failed_trial" in t.system_attrs:  # a retry starts at the rungs its attempt completed
+            before = by_number[t.system_attrs["failed_trial"]].system_attrs
+            for k, v in before.items():
+                if k.startswith("completed_rung_"):
+                    assert t.system_attrs.get(k) == v, (t.number, k)
+    for t in done:
+        rungs = sorted(k for k in t.system_attrs if k.startswith("completed_rung_"))
+        if t.state == TrialState.PRUNED:
+            assert max(t.intermediate_values) in (2, 6) and rungs, (t.number, t.intermediate_values, rungs)
+        else:
+            assert t.state == TrialState.COMPLETE and rungs == ["completed_rung_0", "completed_rung_1"], t.number
+            assert t.user_attrs["last_step"] == 8
