@@ -6,7 +6,9 @@ Parts (``--only``): ``trainer`` (ours vs TRL), ``overhead``, ``pruning``, ``sear
 runnable alone), ``workers`` (3 vs 1 ``verl-hpo worker`` on one PostgreSQL study; ``benchmarks/workers.py``),
 ``footprint`` (the driver's peak RSS in a ``kl_lr`` search and a worker's start-up to its first trial;
 ``--before DIR`` compares with another checkout; ``benchmarks/footprint.py``), ``pays`` (the kl_lr study's confirmed
-pick against its baseline on the held-out test split, over 3 study seeds; ``benchmarks/pays.py``), ``pbt``
+pick against its baseline on the held-out test split, over 3 study seeds; ``benchmarks/pays.py``), ``search_cost``
+(full-run equivalents to a confirmed pick: today's method against successive halving with racing confirmation, on
+kl_lr and kl_lr_clip over 3 study seeds; ``benchmarks/search_cost.py``), ``pbt``
 (population-based training vs TPE and random at equal trainer steps; ``benchmarks/pbt.py``), ``verl_cpu`` (real
 verl 0.9.1 trials on the CPU through the driver: start-up, step times, the driver's own CPU, RSS and wall beside
 them; skipped without ``.venv-verl``; ``benchmarks/verl_cpu.py``), ``rehearse`` (``verl-hpo rehearse`` of the shipped
@@ -30,7 +32,7 @@ from benchmarks._common import REPO, Row, all_versions, load_average, log, machi
 from benchmarks._results import render
 
 PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint", "pays",
-         "pbt", "verl_cpu", "rehearse")
+         "search_cost", "pbt", "verl_cpu", "rehearse")
 
 
 def _rows(doc: dict[str, Any]) -> list[Row]:
@@ -193,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import pays
 
         attempt("pays", lambda: pays.bench(args.smoke, args.workdir))
+    if "search_cost" in parts:
+        from benchmarks import search_cost
+
+        attempt("search_cost", lambda: search_cost.bench(args.smoke, args.workdir))
     if "pbt" in parts:
         from benchmarks import pbt
 

@@ -388,3 +388,31 @@ def test_the_driver_never_loads_the_page_s_libraries(tmp_path: Path) -> None:
     page = studies / "fake" / "dashboard.html"
     assert page.is_file() and "Plotly.newPlot" in page.read_text()
     assert "dashboard not written" not in res.stderr
+
+
+def test_successive_halving_rungs_steps_and_spending_are_shown(tmp_path: Path) -> None:
+    """A study run by successive halving: each trial's rungs and steps in the table, what it spent in the header."""
+    from hpo.samplers import ChainHalvingPruner
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="asha", direction="maximize",
+                                pruner=ChainHalvingPruner(min_resource=2, reduction_factor=3))
+    for curve in ({2: 0.5, 6: 0.6, 8: 0.7}, {2: 0.4, 4: 0.45}, {2: 0.8, 6: 0.9, 8: 0.95}):
+        t = study.ask({"x": FloatDistribution(0.0, 1.0)})
+        pruned = False
+        for step, v in curve.items():
+            t.report(v, step)
+            t.set_user_attr("last_step", step)
+            if t.should_prune():
+                pruned = True
+                break
+        t.set_user_attr("total_steps", 8)
+        study.tell(t, None if pruned else curve[8], state=TrialState.PRUNED if pruned else TrialState.COMPLETE)
+    html = build_html(study, storage_url=f"sqlite:///{tmp_path / 's.db'}", out_dir=tmp_path)
+    table = html[html.index('id="trials"'):]
+    head = re.findall(r"<th>(.*?)</th>", table[:table.index("</thead>")])
+    rows = re.findall(r'<tr data-trial="(\d+)">(.*?)</tr>', table)
+    cells = {int(n): re.findall(r"<td[^>]*>(.*?)</td>", body) for n, body in rows}
+    rung, steps = head.index("rungs"), head.index("steps")
+    assert [cells[n][rung] for n in range(3)] == ["2", "1", "2"]  # trial 1 was pruned at rung 0 (step 2)
+    assert [cells[n][steps] for n in range(3)] == ["8", "2", "8"]
+    assert "18 steps" not in html and "2.2 full-run equivalents (2.2 search + 0.0 confirmation" in html
