@@ -298,14 +298,18 @@ def race_step(values: dict[int, Sequence[float]], baseline: Sequence[float] | No
 # ----------------------------------------------------------------------------- the race's state in the study
 def start_race(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
                cache: Path | None = None) -> list[tuple[int, int]]:
-    """``confirm`` with ``study.confirm.race``: keep the race's candidates (the top ``top_k``) and seeds in the study
-    (:data:`~hpo.record.ATTR_RACE`, once: every driver and a later ``confirm`` go on with the same race), then queue
-    its next round (:func:`advance_race`; the first seed of every candidate on the first call)."""
+    """``confirm`` with ``study.confirm.race``: keep the race's candidates (the top ``top_k``) and seed cap in the
+    study (:data:`~hpo.record.ATTR_RACE`, once: every driver and a later ``confirm`` go on with the same race, whatever
+    ``--top`` / ``--seeds`` it is given), then queue its next round (:func:`advance_race`; the first seed of every
+    candidate on the first call)."""
     if ATTR_RACE not in study._storage.get_study_system_attrs(study._study_id):
         conf = space.study.confirm
+        candidates = [t.number for t in top_trials(study, top_k)]
+        if not candidates:  # nothing finished with a finite value yet: no race (and no baseline) to run
+            return []
         study._storage.set_study_system_attr(study._study_id, ATTR_RACE, {
-            "candidates": [t.number for t in top_trials(study, top_k)], "max_seeds": int(n_seeds),
-            "min_seeds": min(conf.min_seeds, int(n_seeds)), "resolution": conf.resolution})
+            "candidates": candidates, "max_seeds": int(n_seeds), "min_seeds": min(conf.min_seeds, int(n_seeds)),
+            "resolution": conf.resolution})
     return advance_race(study, space, cache)
 
 
@@ -386,8 +390,8 @@ def race_state(study: optuna.Study, space: Space) -> Race | None:
         end, more = step.end, step.baseline_more
         if end is not None:
             break
-    if base_values is not None and rounds == 0:
-        more = len(base_values) < max_seeds
+    if base_values is not None and (rounds == 0 or end is None):  # in step with the candidates' rounds
+        more = len(base_values) < 1 if rounds == 0 else more and len(base_values) <= rounds
     budget = space.study.budget
     if budget is not None and rounds >= min_seeds:  # study.budget: the next round (or baseline run) must fit in it
         trials = study.get_trials(deepcopy=False)
