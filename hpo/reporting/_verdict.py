@@ -92,8 +92,8 @@ def verdict_lines(study: optuna.Study, space: Space) -> list[str]:
                    f"{v.pick.trial.number} by the rule {RULE} ({why})")
     else:
         out.append(f"trial {top} is better than every other confirmed setting (Welch 95% intervals exclude 0)")
-    out += baseline_lines(study, space, v.pick)
     out.append(f"spent: {study_cost(study.get_trials(deepcopy=False)).text()}")
+    out += baseline_lines(study, space, v.pick)
     return out
 
 

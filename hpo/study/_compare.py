@@ -372,6 +372,8 @@ def race_state(study: optuna.Study, space: Space) -> Race | None:
     values = {c: _by_seed(runs.get(c), seeds) for c in candidates}
     resolution = race_resolution(space, settings, [v for vs in values.values() for v in vs])
     base_values = _by_seed(base, seeds) if space.study.baseline else None
+    tests = {c: _by_seed(runs.get(c), seeds, True) for c in candidates}  # held-out values: the baseline's judge
+    base_tests = _by_seed(base, seeds, True) if base_values is not None else None
     alive, dropped = list(candidates), {}
     leader: int | None = candidates[0] if candidates else None
     end, more, rounds = None, bool(space.study.baseline), 0
@@ -381,8 +383,7 @@ def race_state(study: optuna.Study, space: Space) -> Race | None:
         rounds = r
         step = race_step({c: values[c][:r] for c in alive}, base_values, maximize, resolution=resolution,
                          min_seeds=min_seeds, max_seeds=max_seeds,
-                         tests={c: _by_seed(runs.get(c), seeds, True)[:r] for c in alive},
-                         baseline_tests=_by_seed(base, seeds, True) if base_values is not None else None)
+                         tests={c: tests[c][:r] for c in alive}, baseline_tests=base_tests)
         leader = step.leader
         for c in step.dropped:
             dropped[c] = (r, step.gaps.get(c))

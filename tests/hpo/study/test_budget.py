@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from optuna.trial import TrialState
 
 from tests.hpo.conftest import fake_space, load, run_cli
@@ -41,6 +42,7 @@ def test_a_budget_stops_the_search_and_keeps_room_for_confirmation(tmp_path: Pat
     assert run_cli(["search", "--space", str(space), "--budget", "0"], studies).returncode == 2
 
 
+@pytest.mark.slow  # ~30 s on 2 busy cores: make test-slow (CI runs it)
 def test_baseline_runs_are_reused_by_a_later_study_of_the_same_experiment(tmp_path: Path, studies: Path) -> None:
     log = tmp_path / "runs.jsonl"
     OVERRIDES_LOG = {**OVERRIDES, "fake.log_file": str(log)}

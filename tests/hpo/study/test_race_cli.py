@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from optuna.trial import TrialState
 
 from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, load, run_cli
@@ -53,6 +54,7 @@ def test_a_race_separates_the_candidates_in_two_seeds_and_best_says_so(tmp_path:
     assert _runs(studies) == runs
 
 
+@pytest.mark.slow  # ~30 s on 2 busy cores: make test-slow (CI runs it)
 def test_two_drivers_racing_one_study_run_each_seed_once(tmp_path: Path, studies: Path) -> None:
     space = _space(tmp_path)
     assert run_cli(["search", "--space", str(space)], studies).returncode == 0
