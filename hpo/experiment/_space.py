@@ -213,9 +213,10 @@ class StudySpec:
     max_retry: int | None = field(default=3, metadata=_meta("Retries of an interrupted trial; null = unlimited."))
     budget: float | None = field(default=None, metadata=_meta(
         "Full-run equivalents (a full run = a search trial's trainer steps) the search and its confirmation may "
-        "spend together: the search asks for no new trial once what the study spent plus the confirmation's least "
-        "(its candidates and baseline on min_seeds seeds; seeds when not racing) reaches it, and a race ends "
-        "('budget') when its next round would pass it; null = no limit (--budget sets it)."))
+        "spend together, a cap: the search asks for no new trial, and stops a running one at its evaluation "
+        "(stop_reason=budget), once what the study spent plus the confirmation's least (its candidates and baseline "
+        "on min_seeds seeds; seeds when not racing) plus one evaluation interval per running trial would pass it, "
+        "and a race ends ('budget') when its next round would pass it; null = no limit (--budget sets it)."))
     confirm: ConfirmSpec = field(default_factory=ConfirmSpec, metadata=_meta("verl-hpo confirm defaults."))
     baseline: dict[str, Any] = field(default_factory=dict, metadata=_meta(
         "The setting a user would run without a search, as trainer overrides on top of the fixed ones (e.g. the "

@@ -38,7 +38,7 @@ def fmt_params(params: dict[str, Any]) -> str:
 
 
 def outcome(t: FrozenTrial) -> str:
-    """One word for how a trial ended: ok, converged, collapsed, pruned, oom, predicted_oom, killed, timeout,
+    """One word for how a trial ended: ok, converged, collapsed, pruned, budget, oom, predicted_oom, killed, timeout,
     crash, bad_metrics, interrupted, driver_error, surplus, running, queued."""
     ua = t.user_attrs
     if t.state == TrialState.RUNNING:
@@ -49,8 +49,8 @@ def outcome(t: FrozenTrial) -> str:
         return str(ua["fail_reason"])
     if t.state == TrialState.FAIL:  # surplus (never run), driver_error (could not be launched), or interrupted
         return str(ua.get("stop_reason", "interrupted"))
-    if t.state == TrialState.PRUNED:
-        return "pruned"
+    if t.state == TrialState.PRUNED:  # by the pruner, or by study.budget
+        return "budget" if ua.get("stop_reason") == "budget" else "pruned"
     return str(ua.get("stop_reason", "ok"))
 
 

@@ -38,7 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo.backends import backend_of
 from hpo.experiment._space import Space
-from hpo.record import ATTR_BASELINE, ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
+from hpo.record import ATTR_BASELINE, ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, study_cost
 
 BASELINE_OF = -1  # hpo:confirm_of of a baseline run (no trial of the search)
 MAX_TUNED_SEEDS = 100_000  # a tuned integer seed range larger than this is treated as "any seed" (refused)
@@ -251,6 +251,37 @@ def confirm_reserve(space: Space, cache: Path | None = None) -> int:
         base = sum(1 for seed in confirm_seeds(space, n)
                    if cache is None or cached_baseline(cache, key, seed) is None)
     return conf.top_k * n + base
+
+
+def search_over_budget(trials: list[FrozenTrial], space: Space, cache: Path | None,
+                       starting: int = 0) -> tuple[float, int] | None:
+    """``study.budget`` for the search: (what the study spent, in full runs, and what it keeps for the confirmation,
+    :func:`confirm_reserve`) once the search has no room left, None while it has (or without a budget, or before a
+    full run's length is known).
+
+    Room is what the budget leaves after the study's steps (a running trial's up to its last evaluation) and the
+    confirmation's least, less one evaluation interval (the largest gap between two evaluations a search trial
+    logged, from step 0) for every running search trial and each of ``starting`` trials about to start: a trial is
+    only checked at its evaluations, so that interval is what it may still run before its next check. The search
+    stops asking for trials, and stops a running one (``stop_reason=budget``), once there is none: it never spends
+    past ``budget`` less the reserve."""
+    budget = space.study.budget
+    if budget is None:
+        return None
+    cost = study_cost(trials)
+    if not cost.full:
+        return None
+    search = [t for t in trials if not is_confirm(t)]
+    gap = 0
+    for t in search:
+        steps = [0, *sorted(t.intermediate_values)]
+        gap = max([gap, *(b - a for a, b in zip(steps, steps[1:]))])
+    running = sum(1 for t in search if t.state == TrialState.RUNNING)
+    reserve = confirm_reserve(space, cache)
+    spent = cost.search_steps + cost.confirm_steps
+    if spent + reserve * cost.full + (running + starting) * (gap or cost.full) <= budget * cost.full:
+        return None
+    return spent / cost.full, reserve
 
 
 def remember_baseline(cache: Path, space: Space, study_name: str, run: FrozenTrial) -> bool:

@@ -29,12 +29,12 @@ from hpo.execution._devices import DevicePool, detect_devices
 from hpo.execution._identity import driver_identity
 from hpo.execution._process import sweep_orphans
 from hpo.experiment._space import Space, SpaceError, TrialSpec
-from hpo.record import ATTR_RETRY_OF, is_baseline, study_cost
+from hpo.record import ATTR_RETRY_OF, is_baseline
 from hpo.storages._retrying import StorageUnavailable
 from hpo.storages._storage import check_study_name
 from hpo.study._command import prepare
 from hpo.study._compare import advance_race, twin_of
-from hpo.study._confirm import baseline_cache, confirm_reserve, is_confirm, remember_baseline
+from hpo.study._confirm import baseline_cache, is_confirm, remember_baseline, search_over_budget
 from hpo.study._errors import TrialInterrupted, TrialLost, TrialRetried
 from hpo.study._population import Population, pbt_total, schedule_confirms
 from hpo.study._progress import Progress
@@ -170,7 +170,8 @@ class Driver:
         self.pool = DevicePool(devices if devices is not None else resolve_devices(space.trial),
                                space.trial.gpus_per_trial)
         self.runner = TrialRunner(space, study, self.trials_dir, reporter, stop_event, self.cwd, self.identity,
-                                  self.pool)
+                                  self.pool, self._trial_over_budget if space.study.budget is not None and
+                                  space.study.strategy != "pbt" else None)
         self.heartbeat: Heartbeat | None = None
         self.ran = 0
         self.confirming = False  # run_confirm: only the queued confirmation trials
@@ -295,24 +296,28 @@ class Driver:
                 self.stop_event.set()  # (they stay RUNNING in the storage; resume or any worker recovers them)
 
     def _budget_spent(self, trials: list[FrozenTrial]) -> bool:
-        """``study.budget``: what the study spent (running trials at their last evaluation) plus the confirmation's
-        least reaches it: no new search trial (said once)."""
-        budget = self.space.study.budget
-        if budget is None:
+        """``study.budget``: no room for a new search trial (:func:`search_over_budget`; said once)."""
+        over = search_over_budget(trials, self.space, self.cache, starting=1)
+        if over is None:
             return False
-        cost = study_cost(trials)
-        if not cost.full:  # no trial finished yet: a full run's length is unknown
+        self._say_budget(*over)
+        return True
+
+    def _trial_over_budget(self) -> bool:
+        """Asked by a running search trial at each evaluation: ``study.budget`` leaves it no room to go on
+        (:func:`search_over_budget`), so it stops (``stop_reason=budget``)."""
+        if self.confirming:
             return False
-        running = sum(max(t.intermediate_values, default=0) for t in trials if t.state == TrialState.RUNNING)
-        reserve = confirm_reserve(self.space, self.cache)
-        spent = cost.total_runs + running / cost.full
-        if spent + reserve < budget:
-            return False
+        over = search_over_budget(self.study.get_trials(deepcopy=False), self.space, self.cache)
+        if over is not None:
+            self._say_budget(*over)
+        return over is not None
+
+    def _say_budget(self, spent: float, reserve: int) -> None:
         if not self._said_budget:
             self._said_budget = True
-            self.reporter.note(f"budget: {spent:.1f} of {budget:g} full-run equivalents spent and {reserve} kept for "
-                               "confirmation: no new search trial")
-        return True
+            self.reporter.note(f"budget: {spent:.1f} of {self.space.study.budget:g} full-run equivalents spent and "
+                               f"{reserve} kept for confirmation: no new search trial")
 
     def _one_trial(self, trial: Trial, target: int) -> FrozenTrial | None:
         """Check the slot of an asked trial (another driver may have taken it), run, record and tell it; None when

@@ -13,6 +13,8 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
   ``entropy_collapse``, ``kl_blowup``); with no finite evaluation yet, the worst value. Every trial also gets
   ``diagnosis`` (one label), ``diagnosis_labels`` and ``diagnosis_evidence``.
 * ``stop_reason=pruned``    -> PRUNED (Optuna stores the last reported value), ``compute_saved_s``
+* ``stop_reason=budget``    -> the same: ``study.budget`` left the search no room for the trial's next evaluation
+  interval (:func:`hpo.study._confirm.search_over_budget`)
 * ``fail_reason=oom|timeout|bad_metrics|killed|crash`` -> COMPLETE with the worst value (``-inf``/``+inf``), or FAIL
   with ``on_failure: fail``; ``stderr_tail`` (and ``error``) say why. ``oom`` only when it is one (the
   driver's cap, a final MemoryError / CUDA OOM, or a kernel OOM kill confirmed); another signal death is
@@ -35,6 +37,7 @@ import copy
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +75,8 @@ from hpo.study._watch import Watch
 # errors of the study's database (not of the disk or a launch): they go to the caller as they are
 DB_ERRORS: tuple[type[BaseException], ...] = (
     *(e for e in STORAGE_ERRORS if e is not OSError), optuna.exceptions.StorageInternalError)
-STOPS = ("pruned", "converged", "collapsed", "plateau")  # a stop decided by the Watch (or ``collapsed:<label>``)
+# a stop decided by the Watch (or ``collapsed:<label>``)
+STOPS = ("pruned", "budget", "converged", "collapsed", "plateau")
 
 
 class _TrialStop(threading.Event):
@@ -126,7 +130,8 @@ class TrialRunner:
     """Runs one asked trial to the state and values its driver tells (see the module docstring)."""
 
     def __init__(self, space: Space, study: optuna.Study, trials_dir: Path, reporter: Progress,
-                 stop_event: threading.Event, cwd: str, identity: dict[str, Any], pool: DevicePool) -> None:
+                 stop_event: threading.Event, cwd: str, identity: dict[str, Any], pool: DevicePool,
+                 over_budget: Callable[[], bool] | None = None) -> None:
         self.space = space
         self.study = study
         self.trials_dir = trials_dir
@@ -135,6 +140,7 @@ class TrialRunner:
         self.cwd = cwd
         self.identity = identity
         self.pool = pool
+        self.over_budget = over_budget  # study.budget: a search trial stops when it leaves no room (the driver's)
         self.backend: Backend = backend_of(space)
 
     def run(self, trial: Trial, lost: threading.Event) -> tuple[TrialState, list[float] | None]:
@@ -259,6 +265,7 @@ class TrialRunner:
                 watch(step, data)  # its decisions are the live run's to make again at its next evaluation
             trial.set_user_attr("resumed_from_step", point.step)
             trial.set_user_attr("replayed_steps", len(replayed))
+        watch.over_budget = None if confirming else self.over_budget  # the live run's evaluations only
         run: dict[str, Any] = {
             "argv": argv, "env": env, "log_dir": plan.trial_dir, "metrics_path": plan.metrics, "cwd": self.cwd,
             "timeout_s": spec.timeout_s, "memory_limit_gb": spec.memory_limit_gb, "on_metrics": watch,
@@ -340,9 +347,9 @@ def outcome(trial: Trial, space: Space, result: RunResult, watch: Watch, trial_d
         saved = watch.compute_saved_s(result.last_step, result.wall_time_s)
         if saved is not None:
             trial.set_user_attr("compute_saved_s", saved)
-        if result.stop == "pruned":
+        if result.stop in ("pruned", "budget"):
             record_scores(trial, space, watch.scored)
-            raise optuna.TrialPruned(f"pruned at step {result.last_step}")
+            raise optuna.TrialPruned(f"{result.stop} at step {result.last_step}")
         if watch.scored is None:  # collapsed before any finite evaluation: nothing to score but the worst
             record_scores(trial, space, None)
             if space.trial.on_failure == "fail":

@@ -1,6 +1,6 @@
 """One trial's live state: each metrics line's objective values go to Optuna, and the pruner, the plateau rule, the
-spread rule (``early_stopping``) and the run diagnosis decide whether the trial stops (the ``stop_reason``s of
-:mod:`hpo.study._trial`)."""
+spread rule (``early_stopping``), the run diagnosis and the study's budget decide whether the trial stops (the
+``stop_reason``s of :mod:`hpo.study._trial`)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ class Watch:
     early_stop: bool = True  # the early_stopping rules (plateau, spread); False: confirmation runs' full budget
     test_metric: str | None = None  # a confirmation run's held-out metric (its last value: test_value)
     test_value: float | None = None
+    # study.budget: asked at each evaluation before the last; True stops the trial (stop_reason=budget)
+    over_budget: Callable[[], bool] | None = None
     value: float | None = None
     streak: int = 0
     step_times: list[float] = dataclasses.field(default_factory=list)
@@ -84,6 +86,10 @@ class Watch:
             label = self.diagnoser.update(step, data)
             if decision is None and label is not None:
                 decision = f"collapsed:{label}"
+        if decision is None and self.over_budget is not None and self.evals.get(step, (None,))[0] is not None \
+                and step == max(self.evals) and (self.total_steps is None or step < self.total_steps) \
+                and self.over_budget():
+            decision = "budget"  # the last: a trial that stops anyway for another reason is not the budget's
         return decision
 
     def _plateaued(self, es: EarlyStopping) -> bool:

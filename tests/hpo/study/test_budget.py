@@ -42,6 +42,25 @@ def test_a_budget_stops_the_search_and_keeps_room_for_confirmation(tmp_path: Pat
     assert run_cli(["search", "--space", str(space), "--budget", "0"], studies).returncode == 2
 
 
+def test_a_budget_is_a_cap_a_running_trial_stops_at_the_evaluation_that_leaves_no_room(tmp_path: Path,
+                                                                                      studies: Path) -> None:
+    space = _space(tmp_path, n_trials=20)
+    res = run_cli(["search", "--space", str(space), "--budget", "6.5"], studies)
+    assert res.returncode == 0, res.stderr
+    study = load(studies, "fake")
+    search = [t for t in study.trials if t.state != TrialState.WAITING]
+    # 2 full runs (12 steps) + 4 kept (24) + one 2-step interval for the running third: 38 <= 39, so it starts; at
+    # its step-2 evaluation 14 + 24 + 2 = 40 > 39: it stops there, and no fourth trial starts
+    assert [t.state for t in search] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED], search
+    third = search[2]
+    assert third.user_attrs["stop_reason"] == "budget" and third.user_attrs["last_step"] == 2
+    assert "budget: 2.3 of 6.5 full-run equivalents spent and 4 kept for confirmation" in res.stdout, res.stdout
+    conf = run_cli(["confirm", "--study", "fake"], studies)
+    assert conf.returncode == 0, conf.stderr
+    assert "spent: 6.3 full-run equivalents (2.3 search + 4.0 confirmation; a full run = 6 steps)" in conf.stdout, \
+        conf.stdout
+
+
 @pytest.mark.slow  # ~30 s on 2 busy cores: make test-slow (CI runs it)
 def test_baseline_runs_are_reused_by_a_later_study_of_the_same_experiment(tmp_path: Path, studies: Path) -> None:
     log = tmp_path / "runs.jsonl"
