@@ -40,19 +40,26 @@ TODAY = ["study.pruner.type=median", "study.pruner.n_startup_trials=4", "study.p
 BUDGET = 7.0
 
 
-def racing(test_freq: int) -> list[str]:
+def racing(test_freq: int, budget: float = BUDGET) -> list[str]:
     return ["study.pruner.type=successive_halving", f"study.pruner.min_resource={test_freq}",
             "study.pruner.reduction_factor=3", "study.pruner.n_warmup_evals=0", "study.confirm.race=true",
-            "study.confirm.top_k=2", "study.confirm.seeds=3", "study.confirm.min_seeds=2", f"study.budget={BUDGET:g}"]
+            "study.confirm.top_k=2", "study.confirm.seeds=3", "study.confirm.min_seeds=2", f"study.budget={budget:g}"]
 
 
 METHODS = ("today", "racing")
+# real verl 0.9.1 on the CPU (search_spaces/verl_grpo_cpu.yaml, ~4 min a full run here): the racing method alone, one
+# study seed; verl trials never reuse kept baseline runs, so its budget also pays the baseline's 2 runs
+VERL_SPACE = "verl_grpo_cpu"
+VERL_BUDGET = 8.0
+VERL_EXTRA = ["study.n_trials=12", "study.confirm.seeds=2"]
 SMOKE = ["study.n_trials=3", "trainer.total_training_steps=4", "trainer.test_freq=2"]
 
 
 def _overrides(space: str, method: str, smoke: bool) -> list[str]:
     raw = yaml.safe_load((REPO / "search_spaces" / f"{space}.yaml").read_text())
     test_freq = 2 if smoke else int(raw["overrides"]["trainer.test_freq"])
+    if space == VERL_SPACE:
+        return [*racing(test_freq, VERL_BUDGET), *VERL_EXTRA]
     out = TODAY if method == "today" else racing(test_freq)
     if smoke:
         out = [o for o in out if not o.startswith("study.budget")] + [*SMOKE, "study.confirm.seeds=2"]
@@ -137,6 +144,37 @@ def bench(smoke: bool, workdir: Path | None = None, spaces: tuple[str, ...] = SP
     return rows, details
 
 
+def bench_verl(smoke: bool, workdir: Path | None = None) -> tuple[list[Row], dict[str, Any]]:
+    """The racing method on real verl on the CPU, one study seed (skipped without ``.venv-verl``). Today's method is
+    not run here: its confirmation alone is 12 full runs (top 3 x 3 seeds + the baseline's 3), ~50 min on 2 cores."""
+    if not (REPO / ".venv-verl" / "bin" / "python").exists():
+        log("search_cost verl: no .venv-verl (make install-verl): skipped")
+        return [], {"skipped": "no .venv-verl"}
+    with tempfile.TemporaryDirectory(prefix="bench_cost_verl_") as tmp:
+        studies = (workdir or Path(tmp)) / "studies"
+        studies.mkdir(parents=True, exist_ok=True)
+        d = one_study(VERL_SPACE, "racing", 0, studies, smoke)
+        (studies / f"cost_{VERL_SPACE}_racing_0.json").write_text(json.dumps(d, default=str))
+    details = {"budget": VERL_BUDGET, f"{VERL_SPACE}/racing/0": d}
+    cost = runs(d, "racing")
+    rows = [make_row(f"search cost: full-run equivalents to a confirmed pick (search + confirmation), {VERL_SPACE} "
+                     "(real verl 0.9.1 on the CPU)", "full runs", [cost], None, higher_is_better=False, group=GROUP,
+                     note=f"racing method, study seed 0, budget {VERL_BUDGET:g} (the baseline's 2 runs included: "
+                          f"verl trials never reuse kept ones); {d['search_steps']} search + {d['confirm_steps']} "
+                          f"confirm steps, a full run = {d['full']} steps, {d['search_trials']} search trials "
+                          f"{d['states']}, race {d['race']}, {d['wall_s'] / 60:.0f} min; today's method not run "
+                          "(its confirmation alone is 12 full runs)")]
+    if d["improvement_test"]:
+        diff, low, high = d["improvement_test"]
+        rows.append(make_row(f"racing pick's improvement over the baseline (held-out test), {VERL_SPACE}", "reward",
+                             [diff], None, group=GROUP,
+                             note=f"pick {d['pick']['params']} test {[round(x, 4) for x in d['pick']['test_values']]}"
+                                  f"; difference {diff:+.4f} [{low:+.4f}, {high:+.4f}] (Welch 95%) over verl's "
+                                  "defaults (lr 1e-6, kl_loss_coef 0.001); the race's values are the test file's "
+                                  "(verl confirmation validates on it), so the pick is chosen on it too"))
+    return rows, details
+
+
 def _rows(space: str, seeds: tuple[int, ...], details: dict[str, Any]) -> list[Row]:
     new = [details[f"{space}/racing/{s}"] for s in seeds]
     old = [details[f"{space}/today/{s}"] for s in seeds]
@@ -177,9 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.search_cost", description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="one seed, 3 trials of 4 steps")
     p.add_argument("--workdir", type=Path, default=None, help="keep the studies here")
-    p.add_argument("--space", action="append", default=None, choices=SPACES, help="default: both")
+    p.add_argument("--space", action="append", default=None, choices=(*SPACES, VERL_SPACE),
+                   help=f"default: {' and '.join(SPACES)} ({VERL_SPACE}: real verl, the racing method alone)")
     args = p.parse_args(argv)
-    rows, details = bench(args.smoke, args.workdir, tuple(args.space or SPACES))
+    spaces = tuple(args.space or SPACES)
+    rows, details = bench(args.smoke, args.workdir, tuple(s for s in spaces if s != VERL_SPACE))
+    if VERL_SPACE in spaces:
+        more, details["verl"] = bench_verl(args.smoke, args.workdir)
+        rows += more
     for r in rows:
         print(f"{r.name}: {r.ours} vs {r.baseline} {r.unit} [{r.note}]")
     print(json.dumps({"rows": [r.to_json() for r in rows], "details": details}, default=str))

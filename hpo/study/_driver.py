@@ -196,7 +196,11 @@ class Driver:
         self.recover()
         if not self.confirming and self.population is None and n_finished(self.study) >= target:
             return 0
-        prepare(self.space, self.study_dir, self.cwd, self.reporter, self.stop_event)
+        ready = self.space
+        if self.confirming:  # the held-out data the confirmation runs read, which the search never named
+            held = self.runner.backend.heldout_overrides(self.space)
+            ready = dataclasses.replace(self.space, overrides={**self.space.overrides, **held})
+        prepare(ready, self.study_dir, self.cwd, self.reporter, self.stop_event)
         n_jobs = self.space.trial.n_jobs
         with Heartbeat(self.study, self.space.study.heartbeat_interval) as self.heartbeat:
             if n_jobs == 1:

@@ -157,3 +157,20 @@ def test_a_verl_confirmation_run_validates_on_its_own_test_file(tmp_path: Path) 
     assert heldout_metric_of(space) == space.objective.primary_metric
     assert heldout_note(space).startswith("confirmation runs validate on the test file /data/test.parquet "
                                           "(data.val_files swapped)")
+
+
+def test_confirm_prepares_the_held_out_data_the_search_never_named(tmp_path: Path, studies: Path) -> None:
+    """The prepare step runs before the search with the experiment's overrides, and before the confirmation with
+    the held-out ones too (a generated test file exists only if someone asks for it)."""
+    log = tmp_path / "prepare.log"
+    prep = f"import json, sys; open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')"
+    space = fake_space(tmp_path, overrides={"trainer.total_training_steps": 4, "trainer.test_freq": 2,
+                                            "fake.step_s": 0.01, "trainer.seed": 1000},
+                       study={"n_trials": 2, "pruner": {"type": "none"},
+                              "confirm": {"top_k": 1, "seeds": 1, "test_files": "heldout.parquet"}},
+                       trial={"prepare_command": ["python", "-c", prep]})
+    assert run_cli(["search", "--space", str(space)], studies).returncode == 0
+    assert run_cli(["confirm", "--study", "fake"], studies).returncode == 0
+    search, confirm = (line for line in log.read_text().splitlines())
+    assert "data.test_files=heldout.parquet" not in search
+    assert "data.test_files=heldout.parquet" in confirm
