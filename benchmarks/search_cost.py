@@ -13,8 +13,13 @@ where this host's kept runs were reused; the racing method reuses them (run once
 study, reported apart). Quality: the confirmed pick's held-out test mean of each method (``best``'s pick,
 :func:`hpo.reporting._verdict.study_verdict`) and, with a baseline, its improvement over it (Welch 95%).
 
-Run alone: ``python -m benchmarks.search_cost [--smoke] [--workdir DIR] [--space kl_lr ...]``; from
-``benchmarks/run.py`` (part ``search_cost``) call :func:`bench`.
+Real verl (:func:`bench_verl`, part ``search_cost_verl``): ``search_spaces/verl_grpo_cpu.yaml`` on the CPU, the racing
+method alone on one study seed (today's confirmation alone would be 12 verl runs), its budget paying the baseline's
+runs (verl trials never reuse kept ones).
+
+Run alone: ``python -m benchmarks.search_cost [--smoke] [--workdir DIR] [--space kl_lr ...]`` (``--space
+verl_grpo_cpu`` for the verl row); from ``benchmarks/run.py`` (parts ``search_cost``, ``search_cost_verl``) call
+:func:`bench` / :func:`bench_verl`.
 """
 
 from __future__ import annotations
