@@ -219,6 +219,10 @@ class Backend:
         split = next(iter(extra.values()))
         return f"confirmation runs also evaluate the held-out test split {split} at their last step"
 
+    def check_heldout(self, space: Space) -> None:
+        """Before confirmation runs launch (after the prepare step): SpaceError, one line, when the held-out data
+        they would read is missing (None: nothing to check here, the trainer reports it)."""
+
     # ------------------------------------------------------------------ population-based training
     def segment_overrides(self, space: Space, end: int, checkpoint: str | None) -> tuple[list[str], Path | None]:
         """A PBT segment that trains to step ``end`` and saves there, continuing ``checkpoint`` when given: its

@@ -201,6 +201,8 @@ class Driver:
             held = self.runner.backend.heldout_overrides(self.space)
             ready = dataclasses.replace(self.space, overrides={**self.space.overrides, **held})
         prepare(ready, self.study_dir, self.cwd, self.reporter, self.stop_event)
+        if self.confirming:
+            self.runner.backend.check_heldout(self.space)  # one line now, not a crash in every run
         n_jobs = self.space.trial.n_jobs
         with Heartbeat(self.study, self.space.study.heartbeat_interval) as self.heartbeat:
             if n_jobs == 1:

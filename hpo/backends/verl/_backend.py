@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from hpo.backends._base import Backend, Launch, LaunchContext, ResumePointLike, TrialConfig, steps_in
 from hpo.backends.verl._compose import SEED_KEYS
+from hpo.backends.verl._data import resolve_path, split_list
 from hpo.backends.verl._launch import (
     MAIN_MODULE,
     config_args,
@@ -115,6 +116,21 @@ class VerlBackend(Backend):
     def heldout_overrides(self, space: Space) -> dict[str, Any]:
         files = space.study.confirm.test_files
         return {"data.val_files": files} if files else {}
+
+    def check_heldout(self, space: Space) -> None:
+        """Each local file of ``study.confirm.test_files`` (``~`` and ``${oc.env:...}`` resolved as verl does)
+        exists: else every confirmation run would crash in verl's dataset loader."""
+        files = space.study.confirm.test_files
+        for text in split_list(files) if files else []:
+            if "://" in text:  # hdfs://, s3://: verl copies them itself
+                continue
+            try:
+                path = resolve_path(text)
+            except ValueError as err:
+                raise SpaceError(f"{space.source}: study.confirm.test_files: {err}") from None
+            if not path.is_file():
+                raise SpaceError(f"{space.source}: study.confirm.test_files: {path} does not exist (the held-out "
+                                 "data confirmation runs validate on)")
 
     def heldout_metric(self, space: Space) -> str | None:
         """The objective's metric itself: the validation set is the test file."""
