@@ -25,6 +25,8 @@ Behaviour keys (all optional):
     fake.nan_at         actor/pg_loss is NaN from this step on (finite, 0.1, before)
     fake.peak_at        eval/reward_mean rises until this step and stays at that value after it
     fake.gate_at        at this step, wait while the file fake.gate_file exists (a test holds a trial mid-run)
+    fake.gate_from_run  the gate holds only once fake.log_file records this many finished runs (default 0)
+    fake.gate_max_s     the gate holds at most this many seconds (default: no bound)
     data.test_files     when set (not null): test/reward_mean = the final value + fake.test_offset (default -0.05) at
                         the last step, as verl_core logs its held-out split
 """
@@ -94,8 +96,9 @@ def main(argv: list[str]) -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
             if str(step) == opts.get("fake.hang_at"):
                 time.sleep(3600)
-            if str(step) == opts.get("fake.gate_at"):
-                while os.path.exists(opts["fake.gate_file"]):
+            if str(step) == opts.get("fake.gate_at") and _runs_logged(opts) >= int(opts.get("fake.gate_from_run", 0)):
+                until = time.monotonic() + float(opts.get("fake.gate_max_s", "inf"))
+                while os.path.exists(opts["fake.gate_file"]) and time.monotonic() < until:
                     time.sleep(0.05)
             if "fake.alloc_mb" in opts:
                 block = bytearray(int(float(opts["fake.alloc_mb"]) * 2**20))
@@ -117,6 +120,15 @@ def main(argv: list[str]) -> int:
             log.write(json.dumps({"trial": os.environ.get("VERL_HPO_TRIAL"), "cuda": os.environ.get(
                 "CUDA_VISIBLE_DEVICES"), "x": x, "seed": seed, "start": started, "end": time.time()}) + "\n")
     return int(opts.get("fake.exit_code", 0))
+
+
+def _runs_logged(opts: dict[str, str]) -> int:
+    """How many finished runs ``fake.log_file`` records (0 without one)."""
+    path = opts.get("fake.log_file")
+    if not path or not os.path.exists(path):
+        return 0
+    with open(path) as fh:
+        return sum(1 for line in fh if line.strip())
 
 
 if __name__ == "__main__":

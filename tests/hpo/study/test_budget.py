@@ -44,9 +44,18 @@ def test_a_budget_stops_the_search_and_keeps_room_for_confirmation(tmp_path: Pat
 
 def test_a_budget_is_a_cap_a_running_trial_stops_at_the_evaluation_that_leaves_no_room(tmp_path: Path,
                                                                                       studies: Path) -> None:
-    space = _space(tmp_path, n_trials=20)
+    # the third run is held after its step-2 evaluation (for up to 120 s), so it ends early only if the driver stops
+    # it there, however late the driver reads the evaluation on a busy machine
+    gate, log = tmp_path / "gate", tmp_path / "runs.jsonl"
+    gate.touch()
+    space = fake_space(tmp_path, name="fake", overrides={
+        **OVERRIDES, "fake.log_file": str(log), "fake.gate_at": 3, "fake.gate_file": str(gate),
+        "fake.gate_from_run": 2, "fake.gate_max_s": 120}, study={
+        "n_trials": 20, "pruner": {"type": "none"}, "heartbeat_interval": 1, "grace_period": 3,
+        "confirm": {"top_k": 1, "seeds": 2}, "baseline": {"fake.x": 1.0}})
     res = run_cli(["search", "--space", str(space), "--budget", "6.5"], studies)
     assert res.returncode == 0, res.stderr
+    gate.unlink()
     study = load(studies, "fake")
     search = [t for t in study.trials if t.state != TrialState.WAITING]
     # 2 full runs (12 steps) + 4 kept (24) + one 2-step interval for the running third: 38 <= 39, so it starts; at
