@@ -209,8 +209,11 @@ class Backend:
         return {TEST_KEY: files} if files else {}
 
     def heldout_metric(self, space: Space) -> str | None:
-        """The metric a confirmation run's held-out value is read from (None without a held-out split)."""
-        return heldout_metric(space.objective.primary_metric) if self.heldout_overrides(space) else None
+        """The metric a confirmation run's held-out value is read from (None without a held-out split):
+        ``study.confirm.test_metric``, else the objective's metric under the trainer's test prefix."""
+        if not self.heldout_overrides(space):
+            return None
+        return space.study.confirm.test_metric or heldout_metric(space.objective.primary_metric)
 
     def heldout_note(self, space: Space) -> str:
         extra = self.heldout_overrides(space)

@@ -18,7 +18,11 @@ def _checked(space: Space, origin: dict[str, str]) -> Space:
         raise located_error(space, origin, "study.strategy", f"pbt needs a trainer that resumes its checkpoints "
                             f"(verl_core or verl); trial.backend is {space.trial.backend}")
     backend.check(space, origin)
-    return backend.normalize(space)
+    space = backend.normalize(space)
+    if space.study.confirm.test_metric and not backend.heldout_overrides(space):
+        raise located_error(space, origin, "study.confirm.test_metric", f"{space.study.confirm.test_metric!r} needs "
+                            "held-out data for confirmation runs (study.confirm.test_files)")
+    return space
 
 
 def load_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR,

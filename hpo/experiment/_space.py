@@ -150,8 +150,14 @@ class ConfirmSpec:
     test_files: str | None = field(default=None, metadata=_meta(
         "Held-out test data of confirmation runs (never seen by the search). verl_core: data.test_files, evaluated "
         "once at the last step (test/*); null = the built-in task's test split when data.val_files is builtin:<task>, "
-        "else none. verl: replaces data.val_files in confirmation runs, whose values are then measured on it; "
-        "null = none."))
+        "else none. verl: validated beside data.val_files when test_metric is set, else it replaces data.val_files "
+        "in confirmation runs (whose values, the ones the race picks on, are then test values); null = none."))
+    test_metric: str | None = field(default=None, metadata=_meta(
+        "The metric a confirmation run's held-out value is read from; null = the trainer's name for the objective's "
+        "metric on the test split (verl_core, TRL: test/..., test-core/...). verl names validation metrics by each "
+        "row's data_source (val-core/<data_source>/acc/mean@1): set it to the test file's, and confirmation runs "
+        "validate on data.val_files and test_files together, so the race and the ranking use the validation metric "
+        "and only the report reads the test one."))
     early_stopping: bool = field(default=False, metadata=_meta(
         "Confirmation runs stop early by the early_stopping rules (plateau, spread) as search trials do; false = "
         "they run the full budget, so the confirmed value measures the setting, not the stopping rule (never "
@@ -725,6 +731,9 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
                         f"study.confirm.seeds={conf.seeds} (an interval needs 2 seeds)")
     if conf.resolution is not None and not (math.isfinite(conf.resolution) and conf.resolution >= 0):
         raise ctx.error("study.confirm.resolution", f"{conf.resolution}: must be a finite number >= 0")
+    if conf.test_metric is not None and (not conf.test_metric.strip() or conf.test_metric in objective.metrics):
+        raise ctx.error("study.confirm.test_metric", f"{conf.test_metric!r}: must name the held-out metric, not the "
+                        "objective's (trials are scored on validation data; the test value is only reported)")
     if study.sampler.type == "gp":
         import importlib.util
 

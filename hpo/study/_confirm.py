@@ -60,9 +60,9 @@ def heldout_note(space: Space) -> str:
 
 
 def heldout_metric_of(space: Space) -> str | None:
-    """The metric a confirmation run's held-out value is read from: verl_core's ``test/...`` twin of the objective's
-    metric; verl's objective metric itself when ``data.val_files`` is swapped for the test file; None without a
-    held-out split."""
+    """The metric a confirmation run's held-out value is read from: ``study.confirm.test_metric``, else verl_core's
+    ``test/...`` twin of the objective's metric, or verl's objective metric itself when ``data.val_files`` is swapped
+    for the test file; None without a held-out split."""
     return backend_of(space).heldout_metric(space)
 
 

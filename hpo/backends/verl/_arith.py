@@ -8,7 +8,9 @@ Writes, into :data:`ARITH_DIR` (``~/.cache/verl_hpo/verl_arith``) and only what 
   a warm start that answers ``a+b+1`` greedily on almost every problem while sampling finds the sum 15-20% of the
   time), built by ``verl_core`` in this interpreter (the driver's, which has torch) and copied;
 * ``train.parquet``, ``val.parquet``, ``test.parquet``: ``verl_core``'s ``arith`` split (450/225/225 problems
-  ``a+b=``, data source ``synthetic/arith``) in verl's row format;
+  ``a+b=``) in verl's row format, data source ``synthetic/arith`` (:data:`TEST_SOURCE` for the test rows, so a
+  confirmation run that validates on both files logs the test metric apart; one written by an older version with the
+  validation's source is rewritten);
 * ``reward.py``: :data:`REWARD_SOURCE`, verl's custom-reward contract (``compute_score``), 1.0 when the response's
   leading integer is the sum. verl records it as ``acc``: validation logs ``val-core/synthetic/arith/acc/mean@1``.
 
@@ -29,6 +31,7 @@ from hpo.backends.verl._data import ARITH_DIR, ARITH_FILES, prepare_args, resolv
 
 SPLITS = dict(zip(ARITH_FILES, ("train", "val", "test"), strict=True))
 MODEL, REWARD = "model", "reward.py"
+TEST_SOURCE = "synthetic/arith_test"  # verl logs the test rows as val-core/synthetic/arith_test/acc/mean@1
 KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "reward.custom_reward_function.path")
 REWARD_SOURCE = '''"""Reward of the arith task (verl's custom-reward contract): 1.0 when the response starts with the
 sum."""
@@ -70,8 +73,21 @@ def _write_split(dest: Path) -> None:
 
     _, splits, rows = BUILTIN["arith"]
     train, val, test = splits()
-    problems = {"train": train, "val": val, "test": test}[SPLITS[dest.name]]
-    write_parquet(rows(problems, SPLITS[dest.name]), dest)
+    split = SPLITS[dest.name]
+    out = rows({"train": train, "val": val, "test": test}[split], split)
+    if split == "test":
+        out = [{**row, "data_source": TEST_SOURCE} for row in out]
+    write_parquet(out, dest)
+
+
+def _stale(path: Path) -> bool:
+    """A test split written before its rows had a data source of their own."""
+    if path.name != "test.parquet" or not path.is_file():
+        return False
+    import pyarrow.parquet as pq
+
+    sources = pq.read_table(path, columns=["data_source"]).column("data_source").to_pylist()
+    return sources[:1] != [TEST_SOURCE]
 
 
 def ensure(paths: Sequence[Path]) -> list[Path]:
@@ -79,7 +95,7 @@ def ensure(paths: Sequence[Path]) -> list[Path]:
     ValueError (one line) for a missing path outside it."""
     home, written = arith_dir(), []
     for path in paths:
-        if path.exists():
+        if path.exists() and not (path.parent == home and _stale(path)):
             continue
         if path.parent != home or path.name not in (*SPLITS, MODEL, REWARD):
             raise ValueError(f"{path} does not exist (only the arith task's files in {home} are generated)")

@@ -1,7 +1,7 @@
 """Real verl as a :class:`~hpo.backends._base.Backend`: the argv, environment and scratch of an attempt
 (``_launch``), the retry's resume point (``_resume``), the composed-config check in verl's interpreter (``_check``),
-its seed keys (every seed of a run, ``_compose.SEED_KEYS``) and the held-out split (``data.val_files`` swapped for
-``study.confirm.test_files``)."""
+its seed keys (every seed of a run, ``_compose.SEED_KEYS``) and the held-out split (``study.confirm.test_files``
+validated beside ``data.val_files`` and read by its data source, ``study.confirm.test_metric``; or swapped for it)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ class VerlBackend(Backend):
         if tuple(space.trial.command) != DEFAULT_COMMAND:
             raise located_error(space, dict(origin), "trial.command", "not used with trial.backend: verl (the "
                                 "command is python -m verl.trainer.main_ppo in trial.python)")
+        if space.study.confirm.test_metric and not _files(space.overrides.get("data.val_files")):
+            raise located_error(space, dict(origin), "study.confirm.test_metric", "needs data.val_files among the "
+                                "overrides: confirmation runs validate on it and study.confirm.test_files together")
 
     def verify(self, space: Space, origin: Mapping[str, str]) -> None:
         from hpo.backends.verl._check import VerlConfigError, check_verl_space
@@ -114,8 +117,14 @@ class VerlBackend(Backend):
         return SEED_DEFAULTS.get(key)
 
     def heldout_overrides(self, space: Space) -> dict[str, Any]:
+        """``data.val_files``: the validation files and the test files (``study.confirm.test_metric`` set: verl logs
+        each data source's metrics apart), else the test files alone."""
         files = space.study.confirm.test_files
-        return {"data.val_files": files} if files else {}
+        if not files:
+            return {}
+        if space.study.confirm.test_metric:
+            return {"data.val_files": [*_files(space.overrides.get("data.val_files")), *split_list(files)]}
+        return {"data.val_files": files}
 
     def check_heldout(self, space: Space) -> None:
         """Each local file of ``study.confirm.test_files`` (``~`` and ``${oc.env:...}`` resolved as verl does)
@@ -133,15 +142,22 @@ class VerlBackend(Backend):
                                  "data confirmation runs validate on)")
 
     def heldout_metric(self, space: Space) -> str | None:
-        """The objective's metric itself: the validation set is the test file."""
-        return space.objective.primary_metric if self.heldout_overrides(space) else None
+        """``study.confirm.test_metric`` (the test file's data source), else the objective's metric itself: the
+        validation set is the test file."""
+        if not self.heldout_overrides(space):
+            return None
+        return space.study.confirm.test_metric or space.objective.primary_metric
 
     def heldout_note(self, space: Space) -> str:
-        extra = self.heldout_overrides(space)
-        if not extra:
+        files = space.study.confirm.test_files
+        if not files:
             return ""
-        return (f"confirmation runs validate on the test file {extra['data.val_files']} (data.val_files swapped): "
-                "their values are held-out test values")
+        if space.study.confirm.test_metric:
+            return (f"confirmation runs validate on the test file {files} beside data.val_files: they are compared "
+                    f"on the validation metric, and the held-out value is {space.study.confirm.test_metric}")
+        return (f"confirmation runs validate on the test file {files} (data.val_files swapped): their values, "
+                "which the race and the ranking compare, are held-out test values (set study.confirm.test_metric to "
+                "keep the choice on validation data)")
 
     def segment_overrides(self, space: Space, end: int, checkpoint: str | None) -> tuple[list[str], Path | None]:
         """:func:`verl_argv` adds resume_mode=resume_path and resume_from_path; the weights only, so that the config's
@@ -150,3 +166,10 @@ class VerlBackend(Backend):
         if not checkpoint:
             return out, None
         return [*out, *weights_only_overrides()], Path(checkpoint)
+
+
+def _files(value: Any) -> list[str]:
+    """The paths of a ``data.*_files`` override: a YAML list or one string (a path or a hydra list)."""
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return split_list(str(value)) if value is not None else []

@@ -7,11 +7,12 @@ from __future__ import annotations
 import runpy
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from hpo.backends.verl import ComposedConfig, interpreter_problem, verl_argv, verl_env
-from hpo.backends.verl._arith import REWARD_SOURCE, ensure
+from hpo.backends.verl._arith import REWARD_SOURCE, TEST_SOURCE, ensure
 from hpo.backends.verl._cpu import (
     CPU_OVERRIDES,
     PLUGIN_MODULE,
@@ -102,3 +103,19 @@ def test_the_arith_prepare_step_writes_only_its_own_missing_files(tmp_path: Path
     assert score("synthetic/arith", " 19<|eos|>", "19") == 1.0 and score("synthetic/arith", "20", "19") == 0.0
     with pytest.raises(ValueError, match="does not exist"):
         ensure([tmp_path / "elsewhere" / "train.parquet"])  # the user's path: never generated
+
+
+def test_the_arith_test_split_has_a_data_source_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl logs validation metrics per data source: the test rows' own source keeps their accuracy apart from the
+    validation rows' when a confirmation run validates on both files. A test file from before is rewritten."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    home = tmp_path / ".cache" / "verl_hpo" / "verl_arith"
+    test, val = home / "test.parquet", home / "val.parquet"
+    assert ensure([val, test]) == [val, test]
+    rows, val_rows = pq.read_table(test).to_pylist(), pq.read_table(val).to_pylist()
+    assert len(rows) == 225 and {r["data_source"] for r in rows} == {TEST_SOURCE}
+    assert not {r["prompt"][0]["content"] for r in rows} & {r["prompt"][0]["content"] for r in val_rows}
+    assert ensure([test]) == []
+    pq.write_table(pa.Table.from_pylist([{**r, "data_source": "synthetic/arith"} for r in rows]), test)  # older
+    assert ensure([test]) == [test]
+    assert {r["data_source"] for r in pq.read_table(test).to_pylist()} == {TEST_SOURCE}

@@ -22,6 +22,7 @@ import optuna
 import pytest
 import yaml
 
+from hpo.backends import backend_of, load_space
 from hpo.backends.verl import _arith
 from hpo.backends.verl._launch import verl_argv, verl_env, verl_metrics_path, verl_overrides, weights_only_overrides
 from hpo.backends.verl._resume import checkpoint_complete
@@ -31,6 +32,7 @@ from tests.hpo.conftest import PY, ROOT, cli_env
 VERL_PY = ROOT / ".venv-verl" / "bin" / "python"
 SPACE = ROOT / "search_spaces" / "verl_grpo_cpu.yaml"
 VAL = "val-core/synthetic/arith/acc/mean@1"
+TEST = "val-core/synthetic/arith_test/acc/mean@1"  # the held-out rows' data source (study.confirm.test_metric)
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not VERL_PY.exists(), reason="real verl is not installed: run `make install-verl`"),
@@ -194,12 +196,17 @@ def test_a_killed_driver_s_real_verl_trial_resumes_from_verl_s_checkpoint(tmp_pa
     assert wait_until_gone(studies) == []
 
 
-def run_segment(tmp_path: Path, number: int, end: int, lr: float, resume: Path | None) -> list[tuple[int, dict]]:
+def run_segment(tmp_path: Path, number: int, end: int, lr: float, resume: Path | None,
+                heldout: bool = False) -> list[tuple[int, dict]]:
     """A real verl run launched as the driver launches a PBT segment on the CPU (hpo.study._population): the
-    segment's step range, its learning rate, a checkpoint at its end, the weights only from ``resume``."""
+    segment's step range, its learning rate, a checkpoint at its end, the weights only from ``resume``; ``heldout``:
+    validated on the shipped experiment's held-out file too, as a confirmation run is."""
     fixed = dict(yaml.safe_load(SPACE.read_text())["overrides"])
     fixed.update({"trainer.total_training_steps": end, "trainer.save_freq": end, "trainer.test_freq": 2,
                   "trainer.val_before_train": False})
+    if heldout:
+        space = load_space(str(SPACE), check=False)
+        fixed.update(backend_of(space).heldout_overrides(space))
     assert _arith.main([f"{k}={v}" for k, v in fixed.items()]) == 0  # the prepare step (model, data, reward)
     trial_dir = tmp_path / "trials" / str(number)
     trial_dir.mkdir(parents=True)
@@ -220,6 +227,10 @@ def test_a_pbt_segment_continues_a_real_verl_checkpoint_with_its_own_learning_ra
     assert {d["actor/lr"] for s, d in first if "actor/lr" in d} == {1e-4}
     ckpt = tmp_path / "trials" / "0" / "checkpoints" / "global_step_2"
     assert (ckpt / "actor").is_dir() and checkpoint_complete(ckpt)
-    seg = run_segment(tmp_path, 1, end=4, lr=5e-4, resume=ckpt)
+    seg = run_segment(tmp_path, 1, end=4, lr=5e-4, resume=ckpt, heldout=True)
     assert [s for s, d in seg if "actor/lr" in d] == [3, 4]  # verl continued after the checkpoint
     assert {d["actor/lr"] for _, d in seg if "actor/lr" in d} == {5e-4}  # the segment's own rate from its 1st step
+    # validated as a confirmation run is (study.confirm.test_metric): both files, each data source's accuracy apart
+    last = dict(seg)[4]
+    assert {VAL, TEST} <= set(last) and 0.0 <= last[TEST] <= 1.0, sorted(k for k in last if k.startswith("val-"))
+    assert sorted(k for k in last if k.startswith("val-core/")) == sorted([VAL, TEST])

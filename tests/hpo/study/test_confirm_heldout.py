@@ -159,6 +159,48 @@ def test_a_verl_confirmation_run_validates_on_its_own_test_file(tmp_path: Path) 
                                           "(data.val_files swapped)")
 
 
+def test_a_verl_test_metric_keeps_the_comparison_on_validation_data(tmp_path: Path) -> None:
+    """verl with study.confirm.test_metric: confirmation runs validate on data.val_files and the test files together
+    (verl logs each data source apart); the objective stays the validation metric, the held-out value is read from
+    test_metric, and confirm says so."""
+    from hpo.backends import backend_of
+    from hpo.study._confirm import confirm_overrides, heldout_metric_of, heldout_note
+    from tests.hpo.backends.test_verl import SPACE_FILE, load_verl_space
+
+    plain = load_verl_space(SPACE_FILE)
+    test_metric = "val-core/heldout/reward/mean@1"
+    space = load_verl_space(SPACE_FILE, study={**plain.raw["study"], "confirm": {
+        "test_files": "/data/test.parquet", "test_metric": test_metric}})
+    val = space.overrides["data.val_files"]
+    values = {p.name: p.low if p.low is not None else (p.choices or [None])[0] for p in space.params}
+    search = backend_of(space).configure(space, values, tmp_path).overrides
+    confirm = backend_of(space).configure(space, values, tmp_path, confirm_overrides(space, 1000)).overrides
+    quoted = f"'{val}'"  # hydra would read ${...} bare as an interpolation of the whole value: quoted, as verl gets it
+    assert [o for o in search if o.startswith("data.val_files=")] == [f"data.val_files={quoted}"]
+    assert [o for o in confirm if o.startswith("data.val_files=")] == [
+        f"data.val_files=[{quoted},/data/test.parquet]"]
+    assert heldout_metric_of(space) == test_metric != space.objective.primary_metric
+    assert heldout_note(space).startswith("confirmation runs validate on the test file /data/test.parquet beside "
+                                          "data.val_files: they are compared on the validation metric")
+
+
+@pytest.mark.parametrize("confirm, needle", [
+    ({"test_files": "/t.parquet", "test_metric": "val-core/openai/gsm8k/acc/mean@1"},
+     "study.confirm.test_metric: 'val-core/openai/gsm8k/acc/mean@1': must name the held-out metric, not the "
+     "objective's"),
+    ({"test_metric": "val-core/heldout/acc/mean@1"},
+     "study.confirm.test_metric: 'val-core/heldout/acc/mean@1' needs held-out data for confirmation runs"),
+])
+def test_a_test_metric_that_cannot_be_read_apart_is_one_line(confirm: dict[str, str], needle: str) -> None:
+    from hpo.backends import load_space
+    from hpo.experiment._space import SpaceError
+    from tests.hpo.backends.test_verl import SPACE_FILE
+
+    with pytest.raises(SpaceError) as err:
+        load_space(str(SPACE_FILE), overrides=[f"study.confirm.{k}={v}" for k, v in confirm.items()])
+    assert needle in str(err.value) and "\n" not in str(err.value), err.value  # names the --override that set it
+
+
 def test_confirm_prepares_the_held_out_data_the_search_never_named(tmp_path: Path, studies: Path) -> None:
     """The prepare step runs before the search with the experiment's overrides, and before the confirmation with
     the held-out ones too (a generated test file exists only if someone asks for it)."""
