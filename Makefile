@@ -10,6 +10,9 @@ STUDY ?=
 N_TRIALS ?=
 STORAGE ?=
 PYTEST_ARGS ?=
+# `make test` runs its files on this many pytest-xdist workers: the suite waits on subprocesses (drivers, trials,
+# servers) more than it computes, so 2 workers on 2 cores halve its wall time; 1 = serial.
+TEST_WORKERS ?= 2
 
 .PHONY: install install-vllm test-vllm search resume confirm best dashboard test test-slow test-fast lint typecheck \
 	bench bench-smoke bench-venvs gpu-check gpu-check-dry
@@ -57,9 +60,11 @@ dashboard: $(STAMP)
 	$(VENV)/bin/verl-hpo dashboard --study $(or $(STUDY),$(SPACE)) $(if $(STORAGE),--storage $(STORAGE))
 
 # `make test`: everything but the `slow` suites (chaos with killed workers, the pretrained model, real verl trials
-# configs), ~15 min on 2 cores; `make test-slow` runs those (CI runs both, see .ci/run).
+# configs), ~15 min on 2 cores; `make test-slow` runs those (CI runs both, see .ci/run). Each test file runs whole on
+# one worker (--dist loadfile: a module's fixtures are built once).
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" --durations=15 $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) \
+		--dist loadfile) $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow --durations=15 $(PYTEST_ARGS)
