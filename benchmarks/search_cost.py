@@ -175,8 +175,8 @@ def bench_verl(smoke: bool, workdir: Path | None = None) -> tuple[list[Row], dic
                              [diff], None, group=GROUP,
                              note=f"pick {d['pick']['params']} test {[round(x, 4) for x in d['pick']['test_values']]}"
                                   f"; difference {diff:+.4f} [{low:+.4f}, {high:+.4f}] (Welch 95%) over verl's "
-                                  "defaults (lr 1e-6, kl_loss_coef 0.001); the race's values are the test file's "
-                                  "(verl confirmation validates on it), so the pick is chosen on it too"))
+                                  "defaults (lr 1e-6, kl_loss_coef 0.001); the race and the pick use the validation "
+                                  "file's values, the test file is validated beside it (study.confirm.test_metric)"))
     return rows, details
 
 
