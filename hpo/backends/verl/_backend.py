@@ -50,7 +50,7 @@ class VerlBackend(Backend):
         if tuple(space.trial.command) != DEFAULT_COMMAND:
             raise located_error(space, dict(origin), "trial.command", "not used with trial.backend: verl (the "
                                 "command is python -m verl.trainer.main_ppo in trial.python)")
-        if space.study.confirm.test_metric and not _files(space.overrides.get("data.val_files")):
+        if space.study.confirm.test_metric and not split_list(space.overrides.get("data.val_files")):
             raise located_error(space, dict(origin), "study.confirm.test_metric", "needs data.val_files among the "
                                 "overrides: confirmation runs validate on it and study.confirm.test_files together")
 
@@ -123,14 +123,14 @@ class VerlBackend(Backend):
         if not files:
             return {}
         if space.study.confirm.test_metric:
-            return {"data.val_files": [*_files(space.overrides.get("data.val_files")), *split_list(files)]}
+            return {"data.val_files": [*split_list(space.overrides.get("data.val_files")), *split_list(files)]}
         return {"data.val_files": files}
 
     def check_heldout(self, space: Space) -> None:
         """Each local file of ``study.confirm.test_files`` (``~`` and ``${oc.env:...}`` resolved as verl does)
         exists: else every confirmation run would crash in verl's dataset loader."""
         files = space.study.confirm.test_files
-        for text in split_list(files) if files else []:
+        for text in split_list(files):
             if "://" in text:  # hdfs://, s3://: verl copies them itself
                 continue
             try:
@@ -166,10 +166,3 @@ class VerlBackend(Backend):
         if not checkpoint:
             return out, None
         return [*out, *weights_only_overrides()], Path(checkpoint)
-
-
-def _files(value: Any) -> list[str]:
-    """The paths of a ``data.*_files`` override: a YAML list or one string (a path or a hydra list)."""
-    if isinstance(value, (list, tuple)):
-        return [str(v) for v in value]
-    return split_list(str(value)) if value is not None else []

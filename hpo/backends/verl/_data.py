@@ -153,9 +153,14 @@ def resolve_path(text: str) -> Path:
     return Path(os.path.expanduser(_ENV.sub(env, text.strip().strip("'\""))))
 
 
-def split_list(text: str) -> list[str]:
-    """The paths of a ``data.*_files`` value: one path, or a hydra/YAML list ``[a, 'b']``."""
-    text = text.strip()
+def split_list(value: str | Sequence[Any] | None) -> list[str]:
+    """The paths of a ``data.*_files`` value: one path, a hydra/YAML list string ``[a, 'b']``, or a list (a YAML
+    list in an experiment file); None is no path."""
+    if value is None:
+        return []
+    if not isinstance(value, str):
+        return [str(v) for v in value]
+    text = value.strip()
     if not (text.startswith("[") and text.endswith("]")):
         return [text] if text else []
     return [t.strip().strip("'\"") for t in text[1:-1].split(",") if t.strip()]
@@ -168,10 +173,10 @@ def is_shipped(path: Path) -> bool:
             or (path.parent == Path(os.path.expanduser(ARITH_DIR)) and path.name in ARITH_FILES))
 
 
-def missing_files(key: str, value: str | Sequence[str]) -> str | None:
+def missing_files(key: str, value: str | Sequence[str] | None) -> str | None:
     """One line naming the first file of ``key`` that does not exist and will not be written here, else None
     (remote paths such as ``hdfs://`` are left to verl)."""
-    for text in split_list(value) if isinstance(value, str) else list(value):
+    for text in split_list(value):
         if "://" in text:
             continue
         path = resolve_path(text)
@@ -185,12 +190,12 @@ def ensure(train: str | None, val: str | None) -> list[Path]:
     """Write the files of the shipped set that the config names and that do not exist yet; returns the paths
     written. ValueError (one line) for any other missing file."""
     for key, text in (("data.train_files", train), ("data.val_files", val)):
-        problem = missing_files(key, text or "")
+        problem = missing_files(key, text)
         if problem:
             raise ValueError(problem)
     written = []
     for text in (train, val):
-        for item in split_list(text or ""):
+        for item in split_list(text):
             path = resolve_path(item) if "://" not in item else None
             if path is not None and is_shipped(path) and not path.exists():
                 written.append(write_parquet(path, DEFAULT_FILES[path.name]))

@@ -21,6 +21,7 @@ from hpo.backends.verl._cpu import (
     storage_units,
     transfer_queue_overrides,
 )
+from hpo.backends.verl._data import missing_files, split_list
 
 TQ = "transfer_queue.backend.SimpleStorage.num_data_storage_units"
 
@@ -87,6 +88,22 @@ def test_the_interpreter_check_on_the_cpu_asks_for_the_plugin_and_vllm_s_cpu_bui
     assert "vllm 0.27.1" in (interpreter_problem({**ready, "vllm_version": "0.27.1"}, info, "py", cpu=True) or "")
     assert "SGLang" in (interpreter_problem(ready, _composed(rollout_name="sglang"), "py", cpu=True) or "")
     assert "without CUDA" in (interpreter_problem(ready, info, "py", cpu=False) or "")  # the same venv for GPUs
+
+
+@pytest.mark.parametrize(("value", "paths"), [
+    ("a.parquet", ["a.parquet"]), (" [a.parquet, 'b c.parquet', \"d\"] ", ["a.parquet", "b c.parquet", "d"]),
+    (["a.parquet", Path("b.parquet")], ["a.parquet", "b.parquet"]), ("[]", []), ("", []), (None, [])])
+def test_a_files_value_is_one_path_a_hydra_list_or_a_yaml_list(value: object, paths: list[str]) -> None:
+    assert split_list(value) == paths  # type: ignore[arg-type]
+
+
+def test_a_missing_file_is_found_in_any_form_of_the_value(tmp_path: Path) -> None:
+    (tmp_path / "here.parquet").write_bytes(b"")
+    here, gone = str(tmp_path / "here.parquet"), str(tmp_path / "gone.parquet")
+    for value in (f"[{here}, {gone}]", [here, gone]):
+        assert (missing_files("data.val_files", value) or "").startswith(f"data.val_files: {gone} does not exist")
+    assert missing_files("data.val_files", [here, "hdfs://x/y.parquet"]) is None
+    assert missing_files("data.val_files", None) is None
 
 
 def test_the_arith_prepare_step_writes_only_its_own_missing_files(tmp_path: Path,
