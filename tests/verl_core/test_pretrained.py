@@ -16,6 +16,7 @@ from verl_core.pretrained import ENV_GGUF, SMOLLM2_CONFIG, find_gguf
 from verl_core.rewards import addition_score, default_compute_score
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.cpu_heavy  # SmolLM2 trained on every core: one at a time in make test-slow
 
 
 @pytest.mark.parametrize("response, score", [

@@ -25,6 +25,7 @@ from tests.hpo.backends.test_verl import needs_verl
 
 ROOT = Path(__file__).resolve().parents[3]
 ARITH = Path.home() / ".cache" / "verl_hpo" / "verl_arith"
+pytestmark = pytest.mark.cpu_heavy  # verl on every core: make test-slow runs these one at a time
 
 
 def rehearse(space: Path | str, studies: Path, *extra: str, timeout: float = 1500) -> tuple[int, str, str]:

@@ -37,6 +37,7 @@ from verl_core.memory_verl import read_sequence_lengths
 GiB = 2**30
 AR = "actor_rollout_ref"
 QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
+pytestmark = pytest.mark.cpu_heavy  # verl on every core: make test-slow runs these one at a time
 # the shipped space's keys as verl composes them (verl's defaults for the rest)
 BASE: dict[str, Any] = {
     "trainer.n_gpus_per_node": 1, "trainer.nnodes": 1, "data.max_prompt_length": 256,

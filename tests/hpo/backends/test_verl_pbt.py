@@ -15,6 +15,8 @@ from hpo.backends.verl._check import compose_corners
 from hpo.backends.verl._launch import verl_argv, weights_only_overrides
 from tests.hpo.backends.test_verl import VERL_PY, needs_verl
 
+pytestmark = pytest.mark.cpu_heavy  # verl on every core: make test-slow runs these one at a time
+
 
 @pytest.mark.slow  # ~10-30 s on 2 cores: verl's imports and one hydra composition
 @needs_verl

@@ -35,6 +35,7 @@ VAL = "val-core/synthetic/arith/acc/mean@1"
 TEST = "val-core/synthetic/arith_test/acc/mean@1"  # the held-out rows' data source (study.confirm.test_metric)
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.cpu_heavy,  # real verl trials on every core: one at a time in make test-slow
     pytest.mark.skipif(not VERL_PY.exists(), reason="real verl is not installed: run `make install-verl`"),
 ]
 
