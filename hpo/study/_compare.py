@@ -40,6 +40,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo.experiment._space import Space
 from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, ATTR_RACE, is_confirm, study_cost
+from hpo.record._attrs import PBT_INDEX
 from hpo.study._confirm import (
     Confirmed,
     baseline_confirmed,
@@ -425,14 +426,19 @@ def advance_race(study: optuna.Study, space: Space, cache: Path | None = None) -
 
 
 def twin_of(study: optuna.Study, run: FrozenTrial) -> int | None:
-    """Another confirmation run of the same (trial, seed) that goes first (finished, or queued or running with a
-    lower number: the lowest of live twins runs): ``run`` is then surplus. None when ``run`` is the one to run."""
-    key = (run.system_attrs.get(ATTR_CONFIRM_OF), run.system_attrs.get(ATTR_CONFIRM_SEED))
+    """Another confirmation run of the same (trial, seed, PBT schedule range) that goes first (finished, or queued or
+    running with a lower number: the lowest of live twins runs): ``run`` is then surplus. None when ``run`` is the one
+    to run. The segments of a PBT schedule's confirmation share its trial and seed: each range is a run of its own."""
     for t in study.get_trials(deepcopy=False):
-        if t.number == run.number or not is_confirm(t) or (
-                t.system_attrs.get(ATTR_CONFIRM_OF), t.system_attrs.get(ATTR_CONFIRM_SEED)) != key:
+        if t.number == run.number or not is_confirm(t) or _run_key(t) != _run_key(run):
             continue
         if t.state == TrialState.COMPLETE or (
                 t.state in (TrialState.RUNNING, TrialState.WAITING) and t.number < run.number):
             return t.number
     return None
+
+
+def _run_key(run: FrozenTrial) -> tuple[Any, Any, Any]:
+    """What makes a confirmation run one run: its trial, its seed, and for a PBT schedule its range's index."""
+    attrs = run.system_attrs
+    return attrs.get(ATTR_CONFIRM_OF), attrs.get(ATTR_CONFIRM_SEED), attrs.get(PBT_INDEX)

@@ -5,9 +5,13 @@ from __future__ import annotations
 import math
 import statistics
 
+import optuna
 import pytest
+from optuna.trial import FrozenTrial, TrialState
 
-from hpo.study._compare import paired, race_step, t_quantile, welch
+from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED
+from hpo.record._attrs import PBT_INDEX
+from hpo.study._compare import paired, race_step, t_quantile, twin_of, welch
 
 KW = {"resolution": 0.01, "min_seeds": 2, "max_seeds": 4}
 
@@ -83,3 +87,27 @@ def test_the_baseline_is_judged_on_the_held_out_values_when_both_have_them() -> 
     tests = {1: [0.90, 0.70]}  # but on the test split the leader is spread out
     assert race_step(leader, base, True, **KW, tests=tests, baseline_tests=[0.80, 0.81]).baseline_more
     assert not race_step(leader, base, True, **KW, tests={1: [0.90, 0.91]}, baseline_tests=[0.80, 0.81]).baseline_more
+
+
+def _queued(study: optuna.Study, **attrs: object) -> FrozenTrial:
+    study.enqueue_trial({}, skip_if_exists=False)
+    trial = study.trials[-1]
+    for key, value in attrs.items():
+        study._storage.set_trial_system_attr(trial._trial_id, key, value)
+    return study.trials[-1]
+
+
+def test_a_twin_is_the_same_trial_seed_and_schedule_range() -> None:
+    """Two drivers queueing one race run: the later is surplus. The ranges of one PBT schedule's confirmation share
+    trial and seed, and each is a run of its own (found by the real PBT study in test_pbt_real.py)."""
+    study = optuna.create_study()
+    first = _queued(study, **{ATTR_CONFIRM_OF: 3, ATTR_CONFIRM_SEED: 1000})
+    twin = _queued(study, **{ATTR_CONFIRM_OF: 3, ATTR_CONFIRM_SEED: 1000})
+    other_seed = _queued(study, **{ATTR_CONFIRM_OF: 3, ATTR_CONFIRM_SEED: 1001})
+    assert twin_of(study, twin) == first.number and twin_of(study, first) is None and twin_of(study, other_seed) is None
+    seg0 = _queued(study, **{ATTR_CONFIRM_OF: 6, ATTR_CONFIRM_SEED: 1000, PBT_INDEX: 0})
+    seg1 = _queued(study, **{ATTR_CONFIRM_OF: 6, ATTR_CONFIRM_SEED: 1000, PBT_INDEX: 1})
+    study._storage.set_trial_state_values(seg0._trial_id, TrialState.COMPLETE, [0.5])
+    assert twin_of(study, seg1) is None
+    seg1_again = _queued(study, **{ATTR_CONFIRM_OF: 6, ATTR_CONFIRM_SEED: 1000, PBT_INDEX: 1})
+    assert twin_of(study, seg1_again) == seg1.number
