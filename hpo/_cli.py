@@ -248,12 +248,16 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         if confirming:
             from hpo.study._confirm import pending
 
-            top_k, n_seeds = args.top or space.study.confirm.top_k, args.seeds or space.study.confirm.seeds
+            speed = space.study.kind == "throughput"  # re-measured against the user's config (hpo.study._speed)
+            top_k = args.top or (space.study.throughput.top_k if speed else space.study.confirm.top_k)
+            n_seeds = args.seeds or (space.study.throughput.repeats if speed else space.study.confirm.seeds)
             try:
                 queued = queue_confirm(study, space, top_k, n_seeds, studies_dir)
             except NoHealthyMember as err:  # every member collapsed: nothing to confirm (exit 1, not a bad file)
                 return _fail(str(err), 1)
-            how = (f"racing the top {top_k} configuration(s) seed by seed (at most {n_seeds} fresh seeds each)"
+            how = (f"re-measuring the {top_k} fastest configuration(s) against your config, interleaved, {n_seeds} "
+                   "time(s) each, one run at a time" if speed else
+                   f"racing the top {top_k} configuration(s) seed by seed (at most {n_seeds} fresh seeds each)"
                    if space.study.confirm.race else
                    f"confirming the top {top_k} configuration(s) with {n_seeds} fresh seed(s) each")
             reporter.note(f"study {study_name}: {how}: {len(queued)} run(s) queued, {pending(study)} pending")
@@ -294,6 +298,12 @@ def _confirm_exit(study: Any, space: Space, study_name: str, signum: int | None)
         print(f"stopped by {signal.Signals(signum).name}: {pending(study)} confirmation run(s) left; run verl-hpo "
               f"confirm --study {study_name} again to finish them", file=sys.stderr)
         return EXIT_SIGNAL.get(signum, 130)
+    if space.study.kind == "throughput":
+        from hpo.study._speed import speed_lines, speed_report
+
+        report = speed_report(study, space)
+        print("\n".join(speed_lines(report, space)) if report else "no run of your config finished")
+        return 0
     print(confirmed_table(study, space))
     for line in verdict_lines(study, space):
         print(line)
@@ -479,6 +489,18 @@ def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None 
         return 0
     if fmt == "schedule":
         return _fail(f"--format schedule: study {study_name!r} is not a pbt study (study.strategy: pbt)")
+    if space.study.kind == "throughput" and trial_number is None:
+        from hpo.study._speed import speed_lines, speed_report
+
+        report = speed_report(study, space)
+        if report is not None:  # re-measured: the recommended pick, never one whose math differs
+            print("\n".join(f"# {line}" for line in speed_lines(report, space)), file=sys.stderr)
+            if report.recommended is None:
+                return 1
+            print(render_best(space, report.recommended.trial, fmt))
+            return 0
+        print(f"# not re-measured yet (verl-hpo confirm --study {study_name} checks the pick against your config "
+              "and its math); the fastest search trial:", file=sys.stderr)
     if space.objective.multi and trial_number is None:
         front = pareto_front(study)
         if not front:

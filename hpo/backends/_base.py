@@ -15,6 +15,8 @@ The study loop, confirmation, PBT, tracking and reporting never test a backend's
 * ``heldout_overrides(space)``, ``heldout_metric(space)``: how a confirmation run measures the held-out split.
 * ``segment_overrides(space, start, end, checkpoint)``: a PBT segment's overrides (``supports_pbt``).
 * ``cleanup(trial_dir, attempt)``: what goes once an attempt's process is gone (scratch directories).
+* ``speed_keys``, ``math_metrics``: the keys a throughput study may tune (they change speed and memory, not the
+  update) and the first-step metrics its same-math check compares (:mod:`hpo.experiment._throughput`).
 
 The base class is a custom command (``trial.command``, any program that takes ``--config``, ``--metrics-file`` and
 ``key=value`` overrides and writes the JSONL file): no config is loaded, nothing is estimated or resumed.
@@ -108,6 +110,12 @@ class Backend:
     name: ClassVar[str] = "command"
     supports_pbt: ClassVar[bool] = False  # it resumes a checkpoint at a given step with new values
     ray_hold: ClassVar[bool] = True  # a one-node Ray job may hold its GPUs itself (verl starts its own Ray)
+    # study.kind throughput: keys (fnmatch patterns) that change speed and memory but not the update; a custom
+    # command knows none (study.throughput.neutral_keys names them), and the first-step metrics that must agree
+    speed_keys: ClassVar[tuple[str, ...]] = ()
+    math_metrics: ClassVar[tuple[str, ...]] = (
+        "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss", "critic/vf_loss", "critic/score/mean",
+        "response_length/mean")
 
     # ------------------------------------------------------------------ the experiment
     def normalize(self, space: Space) -> Space:

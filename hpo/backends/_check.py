@@ -8,8 +8,10 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from hpo.backends._base import Backend
 from hpo.backends._registry import backend_of
 from hpo.experiment._space import SPACES_DIR, Space, load_space_origin, located_error, space_from_stored
+from hpo.experiment._throughput import check_speed_keys
 
 
 def _checked(space: Space, origin: dict[str, str]) -> Space:
@@ -19,10 +21,34 @@ def _checked(space: Space, origin: dict[str, str]) -> Space:
                             f"(verl_core or verl); trial.backend is {space.trial.backend}")
     backend.check(space, origin)
     space = backend.normalize(space)
+    if space.study.kind == "throughput":
+        _check_throughput(space, origin, backend)
     if space.study.confirm.test_metric and not backend.heldout_overrides(space):
         raise located_error(space, origin, "study.confirm.test_metric", f"{space.study.confirm.test_metric!r} needs "
                             "held-out data for confirmation runs (study.confirm.test_files)")
     return space
+
+
+def _check_throughput(space: Space, origin: dict[str, str], backend: Backend) -> None:
+    """A throughput study tunes (and its baseline sets) only the trainer's math-neutral keys, and its trials run
+    more steps than their warm-up."""
+    def error(where: str, msg: str) -> Exception:
+        return located_error(space, origin, where, msg)
+
+    spec = space.study.throughput
+    patterns = (*backend.speed_keys, *(spec.neutral_keys or ()))
+    keys = [(f"params.{p.name}.key", p.key) for p in space.params]
+    keys += [(f"study.baseline.{k}", k) for k in space.study.baseline]
+    check_speed_keys(keys, patterns, space.trial.backend if backend.speed_keys else f"trial.backend {backend.name}",
+                     error)
+    config = backend.configure(space, {p.name: p.corner_values()[0] for p in space.params}, Path("trial"))
+    steps = config.total_steps
+    if steps is None:
+        raise error("overrides", "a throughput study needs a fixed trial length: set trainer.total_training_steps "
+                    f"(more than study.throughput.warmup_steps={spec.warmup_steps})")
+    if spec.warmup_steps >= steps:
+        raise error("study.throughput.warmup_steps", f"{spec.warmup_steps}: a trial runs {steps} step(s) "
+                    "(trainer.total_training_steps), so no step would be measured; the warm-up must be shorter")
 
 
 def load_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR,

@@ -17,7 +17,8 @@ Three modes (``objective.mode``), all data in YAML, never code:
 
 ``aggregate`` (any mode): how a trial's evaluations become its value: ``last`` (the final evaluation, the
 default), ``best`` (the best evaluation so far: a run that peaks and then degrades keeps its peak) or
-``mean_last_k`` (the mean of the last ``k`` evaluations: averages evaluation noise, at no extra cost). The
+``mean_last_k`` (the mean of the last ``k`` evaluations: averages evaluation noise, at no extra cost) or ``mean``
+(every evaluation: a throughput study's steps after its warm-up, :mod:`hpo.experiment._throughput`). The
 value reported to the pruner at each evaluation is the same aggregate of the evaluations so far, so pruning and
 the final value rank trials alike. Applied to each objective (or to the weighted score), never to constraints.
 
@@ -37,7 +38,7 @@ MODES = ("single", "weighted", "pareto")
 DIRECTIONS = ("maximize", "minimize")
 TRANSFORMS = ("identity", "excess", "deficit")
 OPS = ("<=", ">=")
-AGGREGATES = ("last", "best", "mean_last_k")
+AGGREGATES = ("last", "best", "mean_last_k", "mean")
 ErrorFn = Callable[[str, str], Exception]
 
 
@@ -102,6 +103,8 @@ class Objective:
         columns = list(zip(*history, strict=True))
         if self.aggregate == "mean_last_k":
             return [sum(c[-self.k:]) / len(c[-self.k:]) for c in columns]
+        if self.aggregate == "mean":
+            return [sum(c) / len(c) for c in columns]
         return [max(c) if d == "maximize" else min(c) for c, d in zip(columns, self.directions, strict=True)]
 
     @property
@@ -138,6 +141,8 @@ class Objective:
     def _agg_text(self) -> str:
         if self.aggregate == "last":
             return ""
+        if self.aggregate == "mean":
+            return " (mean over the measured steps)"
         return " (best evaluation)" if self.aggregate == "best" else f" (mean of last {self.k} evaluations)"
 
     @property

@@ -29,6 +29,7 @@ from hpo.analysis._files import MAX_FILE_BYTES, FileRefused, check_regular, read
 from hpo.experiment._heldout import check_no_test_split, parse_baseline
 from hpo.experiment._objective import Objective, parse_objective
 from hpo.experiment._ray_spec import EXECUTORS, RaySpec, parse_ray, split_ray
+from hpo.experiment._throughput import ThroughputSpec, check_throughput, throughput_defaults
 from hpo.experiment._tracking import TrackingSpec, parse_tracking
 
 SPACES_DIR = Path("search_spaces")
@@ -232,6 +233,15 @@ class StudySpec:
         "optuna: the sampler suggests each trial's parameters; pbt: population-based training (study.pbt).",
         ("optuna", "pbt")))
     pbt: PbtSpec = field(default_factory=PbtSpec, metadata=_meta("strategy pbt: the population and its rules."))
+    kind: str = field(default="learning", metadata=_meta(
+        "learning: trials are scored on what the model learns; throughput: on how fast it trains (tokens per second "
+        "after study.throughput.warmup_steps), tuning only math-neutral speed keys (hpo/experiment/_throughput.py, "
+        "docs/verl.md 'Tuning speed').", ("learning", "throughput")))
+    throughput: ThroughputSpec = field(default_factory=ThroughputSpec, metadata=_meta(
+        "kind throughput: warm-up, the re-measurement of picks and the same-math check."))
+    speed_from: str | None = field(default=None, metadata=_meta(
+        "A learning study: the name of a throughput study in the same storage whose confirmed pick's speed settings "
+        "every trial runs with (verl-hpo best --study <it> --format overrides); null = none."))
     storage_retry_s: float = field(default=300.0, metadata=_meta(
         "Ride out an unreachable storage (a database restart, a full disk) this long (s): storage calls are "
         "retried with backoff and running trials go on; past it the driver exits with one line."))
@@ -565,7 +575,7 @@ def _build(cls: type, raw: Any, where: str, ctx: _Ctx) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and f.name not in (
             "seed", "n_warmup_steps", "n_startup_trials", "max_retry", "gpus_per_trial", "threshold", "min_value",
             "preflight_margin", "n_warmup_evals", "min_delta", "seed_base", "hacking_min_drop", "plateau_min_delta",
-            "keep_checkpoints", "burn_in_steps", "resample_probability", "max_rollbacks",
+            "keep_checkpoints", "burn_in_steps", "resample_probability", "max_rollbacks", "warmup_steps",
         ):
             raise ctx.error(sub, f"must be positive, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 and f.name != "min_value":
@@ -685,6 +695,7 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     config = raw.get("config")
     if not isinstance(config, str) or not config:
         raise ctx.error("config", f"expected a trainer config name or path, got {config!r}")
+    throughput_defaults(raw)  # study.kind throughput: no pruner, no early stopping, the mean of measured steps
     fixed = raw.get("overrides") or {}
     if not isinstance(fixed, dict):
         raise ctx.error("overrides", f"expected a mapping of dotted trainer keys to values, got {fixed!r}")
@@ -694,6 +705,9 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
         if isinstance(v, dict):
             raise ctx.error(f"overrides.{k}", f"expected a value, got a mapping {v!r}")
     params_raw = raw.get("params")
+    if not params_raw and isinstance(raw.get("study"), dict) and raw["study"].get("kind") == "throughput":
+        raise ctx.error("params", "a throughput study needs at least one speed knob to tune (a micro-batch size, a "
+                        "token budget, offload, gradient checkpointing, the rollout engine's batching)")
     if not isinstance(params_raw, dict) or not params_raw:
         raise ctx.error("params", f"expected a non-empty mapping of parameters, got {params_raw!r}")
     if len(params_raw) > MAX_PARAMS:
@@ -757,6 +771,9 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     tracking = parse_tracking(raw.get("tracking"), ctx.error)  # MLflow / W&B (hpo.experiment._tracking)
     if study.strategy == "pbt":
         _check_pbt(study.pbt, params, objective.multi, ctx)
+    if study.kind == "throughput":
+        check_throughput(objective, study.pruner.type, early.enabled, study.strategy, study.speed_from,
+                         study.throughput, ctx.error)
     return Space(name=name, source=source, config=config, overrides=dict(fixed), params=params,
                  objective=objective, early_stopping=early, diagnosis=sections["diagnosis"],
                  study=sections["study"], trial=trial, tracking=tracking, raw=raw)

@@ -69,7 +69,8 @@ def heldout_metric_of(space: Space) -> str | None:
 def confirm_overrides(space: Space, seed: int, baseline: bool = False) -> dict[str, Any]:
     """Everything a confirmation run sets beyond the tuned values: the baseline's overrides (baseline runs), every
     seed key, the held-out split."""
-    return {**(space.study.baseline if baseline else {}), **seed_overrides(space, seed), **heldout_overrides(space)}
+    held = heldout_overrides(space) if space.study.kind != "throughput" else {}  # a speed run measures no data
+    return {**(space.study.baseline if baseline else {}), **seed_overrides(space, seed), **held}
 
 
 def seed_keys(space: Space) -> tuple[str, ...]:

@@ -136,6 +136,13 @@ def queue_confirm(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
     from hpo.study._confirm import baseline_cache, queue_confirmations
     from hpo.study._population import NoHealthyMember, queue_schedule_confirmations
 
+    if space.study.kind == "throughput":  # the picks against the user's config, interleaved (hpo.study._speed)
+        from hpo.study._speed import queue_speed_check
+
+        try:
+            return queue_speed_check(study, space, top_k, n_seeds)
+        except ValueError as err:
+            raise SpaceError(str(err)) from None
     if space.objective.multi:
         raise SpaceError(f"study {study.study_name!r} is multi-objective (pareto): confirm ranks by one objective")
     try:
@@ -197,13 +204,15 @@ class Driver:
         if not self.confirming and self.population is None and n_finished(self.study) >= target:
             return 0
         ready = self.space
-        if self.confirming:  # the held-out data the confirmation runs read, which the search never named
+        heldout = self.confirming and self.space.study.kind != "throughput"  # speed re-measurements read no test data
+        if heldout:  # the held-out data the confirmation runs read, which the search never named
             held = self.runner.backend.heldout_overrides(self.space)
             ready = dataclasses.replace(self.space, overrides={**self.space.overrides, **held})
         prepare(ready, self.study_dir, self.cwd, self.reporter, self.stop_event)
-        if self.confirming:
+        if heldout:
             self.runner.backend.check_heldout(self.space)  # one line now, not a crash in every run
-        n_jobs = self.space.trial.n_jobs
+        # a throughput study's re-measurements run one at a time, in their interleaved order (hpo.study._speed)
+        n_jobs = 1 if self.confirming and self.space.study.kind == "throughput" else self.space.trial.n_jobs
         with Heartbeat(self.study, self.space.study.heartbeat_interval) as self.heartbeat:
             if n_jobs == 1:
                 self._loop(target, callbacks)
@@ -357,7 +366,7 @@ class Driver:
             except (ValueError, UpdateFinishedTrialError):
                 raise TrialLost(f"trial {trial.number} was finished by another driver before its result was "
                                 "told") from None
-            if is_baseline(frozen):
+            if is_baseline(frozen) and self.space.study.kind != "throughput":  # a timing is this run's own
                 try:
                     remember_baseline(self.cache, self.space, self.study.study_name,
                                       frozen_trial(self.study, trial.number))

@@ -256,9 +256,13 @@ class TrialRunner:
         diagnoser = Diagnoser(diag, self.space.objective.primary_metric,
                               self.space.objective.direction_literal == "maximize") if diag.enabled else None
         confirming = plan.confirm_seed is not None  # full budget unless study.confirm.early_stopping
+        speed = self.space.study.kind == "throughput"
         watch = Watch(trial, self.space, total, on_eval, diagnoser, prune=not confirming,
                       early_stop=not confirming or self.space.study.confirm.early_stopping,
-                      test_metric=heldout_metric_of(self.space) if confirming else None)
+                      test_metric=heldout_metric_of(self.space) if confirming and not speed else None,
+                      warmup_steps=self.space.study.throughput.warmup_steps if speed else None,
+                      math_metrics=(self.space.study.throughput.math_metrics or self.backend.math_metrics)
+                      if speed else ())
         if point is not None:  # the earlier attempts' curve up to the checkpoint: aggregate, pruner, diagnosis
             replayed = point.records()
             for step, data in replayed:
@@ -331,6 +335,10 @@ def run_attrs(result: RunResult, watch: Watch, launch_overhead_s: float | None,
     }
     if watch.test_value is not None:  # a confirmation run's held-out value (hpo.study._confirm)
         attrs.update(test_value=watch.test_value, test_metric=watch.test_metric)
+    if watch.warmup_steps is not None:  # a throughput trial: its measured steps' spread, its first step's math
+        attrs.update(watch.throughput_spread())
+        if watch.first_step is not None:
+            attrs["first_step"] = watch.first_step
     if result.metrics_bad_lines:  # skipped: not JSON, too long, no step in 0..2^31, ...
         attrs["metrics_bad_lines"] = result.metrics_bad_lines
     if watch.diagnoser is not None:

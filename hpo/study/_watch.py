@@ -33,6 +33,11 @@ class Watch:
     test_value: float | None = None
     # study.budget: asked at each evaluation before the last; True stops the trial (stop_reason=budget)
     over_budget: Callable[[], bool] | None = None
+    # study.kind throughput: evaluations up to this step are warm-up (not measured); the first training step's
+    # math_metrics are kept for the same-math check (hpo.study._speed)
+    warmup_steps: int | None = None
+    math_metrics: tuple[str, ...] = ()
+    first_step: dict[str, float] | None = None
     value: float | None = None
     streak: int = 0
     step_times: list[float] = dataclasses.field(default_factory=list)
@@ -55,7 +60,13 @@ class Watch:
         objective = self.space.objective
         if self.test_metric is not None and is_finite(data.get(self.test_metric)):
             self.test_value = float(data[self.test_metric])
+        if self.math_metrics and step > 0 and (self.first_step is None or step < self.first_step["step"]) \
+                and any(m in data for m in self.math_metrics):
+            self.first_step = {"step": step, **{m: float(data[m]) for m in self.math_metrics
+                                                if m in data and is_finite(data[m])}}
         evaluated = objective.evaluate(data)
+        if evaluated is not None and self.warmup_steps is not None and step <= self.warmup_steps:
+            evaluated = None  # a warm-up step: compilation and caches, not the config's speed
         if evaluated is not None and step not in self.evals:  # a resumed trainer re-logs steps: count each once
             raw, parts = evaluated
             finite = all(is_finite(v) for v in raw)
@@ -91,6 +102,16 @@ class Watch:
                 and self.over_budget():
             decision = "budget"  # the last: a trial that stops anyway for another reason is not the budget's
         return decision
+
+    def throughput_spread(self) -> dict[str, float | int]:
+        """The measured steps' first objective: its standard deviation, coefficient of variation and count."""
+        xs = [h[0] for h in self.history]
+        if not xs:
+            return {}
+        std = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        mean = sum(xs) / len(xs)
+        return {"throughput_std": round(std, 6), "throughput_cv": round(std / mean, 6) if mean else math.nan,
+                "throughput_steps": len(xs)}
 
     def _plateaued(self, es: EarlyStopping) -> bool:
         """The last ``plateau_evals`` evaluations (first objective) did not beat the best before them by more

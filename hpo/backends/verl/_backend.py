@@ -39,6 +39,38 @@ class VerlBackend(Backend):
     supports_pbt: ClassVar[bool] = True
     ray_hold: ClassVar[bool] = False  # verl starts a Ray cluster of its own inside the job
     every_key_is_code: ClassVar[bool] = True  # hydra's _target_ and verl's custom reward paths load code
+    # verl 0.9.1's keys that change speed and memory, not the update (ppo_trainer.yaml; perf_tuning.rst's five
+    # families): per-GPU micro-batches and token budgets, padding removal, checkpointing and offload, FSDP's
+    # prefetch and resharding, the rollout engine's memory, batching and parallelism, worker counts
+    speed_keys: ClassVar[tuple[str, ...]] = (
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.use_dynamic_bsz",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+        "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu", "critic.use_dynamic_bsz",
+        "critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu",
+        "reward_model.micro_batch_size_per_gpu", "reward_model.use_dynamic_bsz",
+        "reward_model.forward_max_token_len_per_gpu",
+        "actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
+        "actor_rollout_ref.model.enable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing",
+        "actor_rollout_ref.model.enable_activation_offload", "critic.model.enable_activation_offload",
+        "actor_rollout_ref.model.use_fused_kernels", "actor_rollout_ref.actor.entropy_checkpointing",
+        "actor_rollout_ref.*.fsdp_config.param_offload", "actor_rollout_ref.*.fsdp_config.optimizer_offload",
+        "actor_rollout_ref.*.fsdp_config.offload_policy", "actor_rollout_ref.*.fsdp_config.forward_prefetch",
+        "actor_rollout_ref.*.fsdp_config.reshard_after_forward",
+        "critic.fsdp.param_offload", "critic.fsdp.optimizer_offload", "critic.fsdp.offload_policy",
+        "critic.fsdp.forward_prefetch", "critic.fsdp.reshard_after_forward",
+        "actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.max_num_batched_tokens",
+        "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.rollout.enable_chunked_prefill",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.enforce_eager",
+        "actor_rollout_ref.rollout.cudagraph_capture_sizes", "actor_rollout_ref.rollout.free_cache_engine",
+        "actor_rollout_ref.rollout.enable_prefix_caching", "actor_rollout_ref.rollout.agent.num_workers",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+        "reward.num_workers", "data.dataloader_num_workers",
+    )
 
     def normalize(self, space: Space) -> Space:
         """verl logs a spread only with ``val_kwargs.n > 1``: early stopping is off unless the experiment asks."""

@@ -18,6 +18,21 @@ from hpo.experiment._space import DEFAULT_PREPARE_COMMAND, Space, format_value
 class VerlCoreBackend(Backend):
     name: ClassVar[str] = "verl_core"
     supports_pbt: ClassVar[bool] = True
+    # micro-batches are pre-scaled to sum to the mini-batch loss (verl_core/workers.py), so their size moves only
+    # float rounding; the rollout engine's batching and memory, checkpointing and threads change no value either
+    speed_keys: ClassVar[tuple[str, ...]] = (
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+        "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu",
+        "reward_model.micro_batch_size_per_gpu",
+        "actor_rollout_ref.model.enable_gradient_checkpointing",
+        "actor_rollout_ref.rollout.fast_decode",
+        "actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.max_num_seqs",
+        "actor_rollout_ref.rollout.max_num_batched_tokens", "actor_rollout_ref.rollout.enforce_eager",
+        "actor_rollout_ref.rollout.free_cache_engine", "actor_rollout_ref.rollout.cpu_kvcache_space_gb",
+        "trainer.cpu_threads",
+    )
 
     def normalize(self, space: Space) -> Space:
         import dataclasses

@@ -7,7 +7,11 @@ import itertools
 from collections.abc import Mapping
 
 from hpo.experiment._objective import check_metrics
+from hpo.experiment._throughput import SPEED_METRICS
 from hpo.experiment._space import Space, SpaceError, format_value, located_error
+
+# the memory metrics verl_core logs every step (perf/max_memory_allocated_gb on CUDA only)
+VERL_CORE_MEMORY_METRICS = ("perf/cpu_memory_used_gb", "perf/max_memory_allocated_gb")
 
 MAX_CORNER_CHECKS = 64
 # Trainer keys the driver sets itself for every trial (so a space must not).
@@ -63,7 +67,11 @@ def check_trainer(space: Space, origin: Mapping[str, str] | None = None) -> None
             raise ctx.error("study.baseline", f"rejected by the trainer: {err}") from None
     from verl_core.config import eval_metric_names, produces_metric
 
-    check_metrics(space.objective, lambda m: produces_metric(base, m), eval_metric_names(base), ctx.error)
+    known = eval_metric_names(base)
+    if space.study.kind == "throughput":  # scored on every training step's own perf/ and timing_s/ metrics
+        known = [*SPEED_METRICS, *VERL_CORE_MEMORY_METRICS]
+    speed = space.study.kind == "throughput"
+    check_metrics(space.objective, lambda m: m in known or not speed and produces_metric(base, m), known, ctx.error)
     # Each parameter alone at its ends / choices, then all parameters jointly at their corners.
     for p in space.params:
         for v in p.corner_values():

@@ -1,0 +1,131 @@
+"""Throughput studies (``study.kind: throughput``): tune how fast a run goes, never what it learns.
+
+A throughput trial runs a few trainer steps; the first ``study.throughput.warmup_steps`` (compilation, allocator and
+cache warm-up, the first weight sync) are dropped and the trial is scored on the mean of the throughput metric over
+the steps after them (``objective.aggregate: mean``), the spread recorded beside it (user attrs ``throughput_std``,
+``throughput_cv``, ``throughput_steps``). Only math-neutral keys may be tuned: each backend lists its own
+(``Backend.speed_keys``: micro-batch sizes, token budgets, padding removal, offload, gradient checkpointing, the
+rollout engine's memory and batching), ``study.throughput.neutral_keys`` adds keys of a trainer the driver does not
+know, and ``verl-hpo confirm`` checks every pick: the pick and the user's config (``study.baseline``) run
+interleaved on the same seeds, the speed-up is their paired throughput ratio with its interval, and the first
+step's losses and gradient norm must agree within ``tolerance``, else the pick is reported and not recommended
+(:mod:`hpo.study._speed`).
+
+Objectives: ``perf/throughput`` (tokens per second, maximize; verl's and ``verl_core``'s name) or a step time
+(``perf/time_per_step``, ``timing_s/step``; minimize); with ``mode: pareto``, the throughput first and peak memory
+second (``perf/max_memory_allocated_gb``, ``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``; minimize).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+# metric -> the direction a faster run moves it
+SPEED_METRICS = {"perf/throughput": "maximize", "perf/time_per_step": "minimize", "timing_s/step": "minimize"}
+MEMORY_METRICS = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb", "perf/cpu_memory_used_gb")
+ErrorFn = Callable[[str, str], Exception]
+
+
+def _meta(help: str) -> dict[str, Any]:
+    return {"help": help, "choices": None}
+
+
+@dataclass(frozen=True)
+class ThroughputSpec:
+    """``study.throughput``: how a throughput trial is measured and how its pick is checked."""
+
+    warmup_steps: int = field(default=1, metadata=_meta(
+        "Trainer steps dropped at the start of every throughput trial (compilation, cache warm-up, the first weight "
+        "sync); the trial is scored on the mean over the steps after them, so it must run more steps than this."))
+    repeats: int = field(default=3, metadata=_meta(
+        "verl-hpo confirm: runs of each pick and of the user's config (study.baseline), interleaved (the user's "
+        "config, then each pick, on one seed; then the next seed); the speed-up is their paired ratio."))
+    top_k: int = field(default=2, metadata=_meta("verl-hpo confirm: picks re-measured (fastest first)."))
+    tolerance: float = field(default=0.02, metadata=_meta(
+        "Same-math check: every metric of math_metrics at the first step of a pick's run and of the user's "
+        "config's run on the same seed must agree within tolerance x max(1, |value|) (absolute near 0, relative "
+        "above 1)."))
+    math_metrics: tuple[str, ...] | None = field(default=None, metadata=_meta(
+        "Metrics of the first step compared by the same-math check; null = the trainer's (losses, gradient norm, "
+        "score: Backend.math_metrics)."))
+    neutral_keys: tuple[str, ...] | None = field(default=None, metadata=_meta(
+        "Keys (fnmatch patterns) this study may tune beside the trainer's known speed keys: keys of a trainer the "
+        "driver does not know that do not change the update; the same-math check still checks every pick."))
+
+
+def is_speed_key(key: str, patterns: Iterable[str]) -> bool:
+    """``key`` (a leading ``+`` ignored) matches one of the fnmatch ``patterns``."""
+    bare = key.lstrip("+")
+    return any(fnmatch.fnmatchcase(bare, p.lstrip("+")) for p in patterns)
+
+
+def throughput_defaults(raw: dict[str, Any]) -> None:
+    """Fill in place what a throughput study means by default where the file is silent: no pruner (a trial is a few
+    steps), no early stopping, the mean over the measured steps."""
+    study = raw.get("study")
+    if not isinstance(study, dict) or study.get("kind") != "throughput":
+        return
+    if isinstance(study.get("pruner"), dict) or study.get("pruner") is None:
+        study["pruner"] = {"type": "none", **(study.get("pruner") or {})}
+    if raw.get("early_stopping") is None:
+        raw["early_stopping"] = {"enabled": False}
+    objective = raw.get("objective")
+    if objective is None:
+        raw["objective"] = {"metric": "perf/throughput", "direction": "maximize", "aggregate": "mean"}
+    elif isinstance(objective, dict) and "aggregate" not in objective:
+        objective["aggregate"] = "mean"
+
+
+def check_throughput(objective: Any, pruner_type: str, early_stopping: bool, strategy: str, speed_from: str | None,
+                     spec: ThroughputSpec, error: ErrorFn) -> None:
+    """A throughput study's schema rules (the keys and the trial length are its backend's: ``hpo.backends``)."""
+    speed_names = ", ".join(f"{m} ({d})" for m, d in SPEED_METRICS.items())
+    targets = [(f"objective.objectives[{i}]", t.metric, t.direction) for i, t in enumerate(objective.objectives)] \
+        if objective.multi else [("objective", objective.metric, objective.direction)]
+    if objective.mode == "weighted":
+        raise error("objective.mode", f"weighted is not a throughput objective; a throughput study is scored on one "
+                    f"of {speed_names}, optionally with peak memory as a second pareto objective")
+    where, metric, direction = targets[0]
+    if metric not in SPEED_METRICS:
+        raise error(f"{where}.metric", f"{metric!r} is not a throughput metric; a throughput study is scored on one "
+                    f"of {speed_names}")
+    if direction != SPEED_METRICS[metric]:
+        faster = "higher" if SPEED_METRICS[metric] == "maximize" else "lower"
+        raise error(f"{where}.direction", f"{direction}: a faster run has a {faster} {metric}; use "
+                    f"{SPEED_METRICS[metric]}")
+    for where, metric, direction in targets[1:]:
+        if metric not in MEMORY_METRICS or direction != "minimize":
+            raise error(f"{where}.metric", f"{metric!r} ({direction}): a throughput study's second objective is peak "
+                        f"memory, minimized: one of {', '.join(MEMORY_METRICS)}")
+    if objective.aggregate != "mean":
+        raise error("objective.aggregate", f"{objective.aggregate}: a throughput trial is scored on the mean over its "
+                    "steps after study.throughput.warmup_steps (aggregate: mean)")
+    if objective.constraints:
+        raise error("objective.constraints", "not used by a throughput study (memory is its pre-flight's and its "
+                    "second objective's)")
+    if pruner_type != "none":
+        raise error("study.pruner.type", f"{pruner_type}: a throughput trial is a few steps long and its warm-up steps "
+                    "are not measured; use none")
+    if early_stopping:
+        raise error("early_stopping.enabled", "true: a throughput trial runs all its steps; set it to false")
+    if strategy != "optuna":
+        raise error("study.strategy", f"{strategy}: a throughput study samples with optuna")
+    if speed_from is not None:
+        raise error("study.speed_from", f"{speed_from!r}: only a learning study takes its speed settings from a "
+                    "throughput study")
+    if spec.tolerance <= 0:
+        raise error("study.throughput.tolerance", f"must be positive, got {spec.tolerance}")
+
+
+def check_speed_keys(keys: Iterable[tuple[str, str]], patterns: tuple[str, ...], trainer: str,
+                     error: ErrorFn) -> None:
+    """Every tuned (or baseline) key must be math-neutral: one of the trainer's ``patterns`` (its
+    ``Backend.speed_keys`` and ``study.throughput.neutral_keys``). ``keys``: (field, key)."""
+    for where, key in keys:
+        if not is_speed_key(key, patterns):
+            known = ", ".join(patterns[:6]) + (", ..." if len(patterns) > 6 else "")
+            raise error(where, f"{key!r} changes what the model learns, not only how fast; a throughput study tunes "
+                        f"only {trainer}'s math-neutral keys ({known}; study.throughput.neutral_keys adds others)")

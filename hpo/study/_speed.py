@@ -1,0 +1,213 @@
+"""A throughput study's picks, re-measured against the user's config and checked for the same math.
+
+``verl-hpo confirm`` of a throughput study (:mod:`hpo.experiment._throughput`) queues, for each of
+``study.throughput.repeats`` seeds (``study.confirm.seed_base`` upwards), a run of the user's config
+(``study.baseline``: its speed settings as overrides on the fixed ones; empty = the fixed overrides as they are) and
+then one of each of the ``top_k`` fastest distinct search trials, in that order; the driver runs them one at a time
+(:class:`~hpo.study._driver.Driver`), so the user's config and the picks alternate on the same host and a slow
+minute of a shared machine falls on both. Runs are ordinary confirmation runs of the study (``hpo:confirm_of``,
+``hpo:confirm_seed``, ``hpo:baseline``): several drivers share them, and an interrupted confirm resumes.
+
+:func:`speed_report` then gives, per pick:
+
+* the speed-up: the geometric mean of the paired ratios pick / user's config of the runs on one seed (in the faster
+  direction: time-per-step objectives are inverted), with its 95% t interval over the log ratios;
+* the same-math check: at each seed, the first training step's ``math_metrics`` (losses, gradient norm, score) of the
+  pick's run and of the user's config's run must agree within ``tolerance x max(1, |value|)``, and a metric logged by
+  one run only disagrees. A pick that disagrees anywhere is reported with the metric and both values, and is not
+  recommended.
+
+The recommendation is the fastest pick that passes the same-math check and is faster than the user's config (ratio >
+1); ``best --format overrides`` prints its speed settings and a learning study takes them with ``study.speed_from``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from hpo.experiment._space import Space
+from hpo.experiment._throughput import SPEED_METRICS
+from hpo.record import ATTR_BASELINE, ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
+from hpo.study._compare import LEVEL, t_quantile
+from hpo.study._confirm import BASELINE_OF, confirm_seeds, queue_runs, top_trials
+
+
+def queue_speed_check(study: optuna.Study, space: Space, top_k: int, repeats: int) -> list[tuple[int, int]]:
+    """Queue the interleaved runs (user's config, then each pick, seed by seed) not queued yet; ValueError when the
+    search has no finite trial."""
+    picks = top_trials(study, top_k)
+    if not picks:
+        raise ValueError(f"study {study.study_name!r} has no completed throughput trial with a finite value yet")
+    runs: list[tuple[FrozenTrial | None, int]] = []
+    for seed in confirm_seeds(space, repeats):
+        runs.append((None, seed))
+        runs += [(t, seed) for t in picks]
+    return queue_runs(study, runs)
+
+
+@dataclass
+class SpeedPick:
+    """One pick against the user's config."""
+
+    trial: FrozenTrial
+    search_value: float
+    pairs: list[tuple[int, float, float]] = field(default_factory=list)  # (seed, pick's value, user's value)
+    failed: int = 0  # runs of the pick that ended without a finite value (an OOM, a crash)
+    ratio: float | None = None  # > 1: faster than the user's config
+    low: float | None = None
+    high: float | None = None
+    disagreements: list[str] = field(default_factory=list)  # the same-math check's findings
+    compared: int = 0  # seeds whose first steps were compared
+
+    @property
+    def same_math(self) -> bool | None:
+        """True: every compared first step agrees; False: one does not; None: nothing compared yet."""
+        if self.disagreements:
+            return False
+        return True if self.compared else None
+
+
+@dataclass
+class SpeedReport:
+    metric: str
+    picks: list[SpeedPick]
+    baseline_values: dict[int, float]  # seed -> the user's config's value
+    tolerance: float
+    pending: int
+
+    @property
+    def recommended(self) -> SpeedPick | None:
+        ok = [p for p in self.picks if p.same_math and p.ratio is not None and p.ratio > 1.0]
+        return max(ok, key=lambda p: p.ratio or 0.0) if ok else None
+
+
+def _latest_runs(study: optuna.Study) -> tuple[dict[tuple[int, int], FrozenTrial], int]:
+    """(confirmed trial or BASELINE_OF, seed) -> its finished run (the newest), and how many are still to run."""
+    runs: dict[tuple[int, int], FrozenTrial] = {}
+    pending = 0
+    for t in study.get_trials(deepcopy=False):
+        if not is_confirm(t):
+            continue
+        if t.state in (TrialState.WAITING, TrialState.RUNNING):
+            pending += 1
+        if t.state != TrialState.COMPLETE:
+            continue
+        of = BASELINE_OF if t.system_attrs.get(ATTR_BASELINE) else int(t.system_attrs[ATTR_CONFIRM_OF])
+        runs[(of, int(t.system_attrs[ATTR_CONFIRM_SEED]))] = t
+    return runs, pending
+
+
+def _value(t: FrozenTrial) -> float | None:
+    v = t.values[0] if t.values else None
+    return float(v) if v is not None and math.isfinite(v) and v > 0 else None
+
+
+def math_disagreements(pick: dict[str, Any], base: dict[str, Any], tolerance: float) -> list[str]:
+    """The first-step metrics (``first_step`` user attrs) that differ beyond ``tolerance x max(1, |base|)``, or that
+    only one run logged; ``step`` is where each was taken."""
+    out = []
+    for m in sorted((set(pick) | set(base)) - {"step"}):
+        a, b = pick.get(m), base.get(m)
+        if a is None or b is None:
+            out.append(f"{m} logged by {'the pick' if b is None else 'your config'} only")
+        elif not abs(float(a) - float(b)) <= tolerance * max(1.0, abs(float(b))):
+            out.append(f"{m} {float(a):.6g} vs {float(b):.6g}")
+    if pick.get("step") != base.get("step") and "step" in pick and "step" in base:
+        out.append(f"first step {pick['step']} vs {base['step']}")
+    return out
+
+
+def _ratio(pairs: list[tuple[int, float, float]], faster_is_higher: bool) -> tuple[float, float | None, float | None]:
+    """Geometric mean of the paired ratios (in the faster direction) and its t interval over the log ratios."""
+    logs = [math.log(a / b) if faster_is_higher else math.log(b / a) for _, a, b in pairs]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), None, None
+    half = t_quantile(0.5 + LEVEL / 2.0, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def speed_report(study: optuna.Study, space: Space) -> SpeedReport | None:
+    """The re-measured picks (None before any run of the user's config finished)."""
+    runs, pending = _latest_runs(study)
+    base = {seed: t for (of, seed), t in runs.items() if of == BASELINE_OF}
+    if not base:
+        return None
+    metric = space.objective.objectives[0].metric if space.objective.multi else space.objective.metric
+    higher = SPEED_METRICS.get(metric, "maximize") == "maximize"
+    tol = space.study.throughput.tolerance
+    numbers = sorted({of for of, _ in runs if of != BASELINE_OF})
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False) if t.number in numbers}
+    picks = []
+    for n in numbers:
+        trial = by_number[n]
+        pick = SpeedPick(trial, float(trial.values[0]) if trial.values else math.nan)
+        for (of, seed), run in sorted(runs.items()):
+            if of != n or seed not in base:
+                continue
+            a, b = _value(run), _value(base[seed])
+            if a is None:
+                pick.failed += 1
+            if a is not None and b is not None:
+                pick.pairs.append((seed, a, b))
+            first_a, first_b = run.user_attrs.get("first_step"), base[seed].user_attrs.get("first_step")
+            if isinstance(first_a, dict) and isinstance(first_b, dict):
+                pick.compared += 1
+                pick.disagreements += [f"seed {seed}: {d}" for d in math_disagreements(first_a, first_b, tol)]
+        if pick.pairs:
+            pick.ratio, pick.low, pick.high = _ratio(pick.pairs, higher)
+        picks.append(pick)
+    picks.sort(key=lambda p: -(p.ratio or 0.0))
+    return SpeedReport(metric, picks, {s: v for s, t in base.items() if (v := _value(t)) is not None}, tol, pending)
+
+
+def speed_lines(report: SpeedReport, space: Space) -> list[str]:
+    """The report as lines: one per pick, then the recommendation."""
+    names = [p.name for p in space.params]
+    base = list(report.baseline_values.values())
+    out = [f"user's config: {report.metric} {statistics.fmean(base):.4g} over {len(base)} run(s)" if base else
+           "user's config: no finished run with a finite value"]
+    for p in report.picks:
+        setting = " ".join(f"{n}={p.trial.params.get(n)}" for n in names)
+        if p.ratio is None:
+            speed = "no paired run yet" if not p.failed else f"{p.failed} run(s) failed (no value)"
+        else:
+            interval = "" if p.low is None else f" [{p.low:.3f}, {p.high:.3f}] (95%, {len(p.pairs)} paired runs)"
+            speed = f"{p.ratio:.3f}x your config's speed{interval}"
+        same = {True: "same math: agrees", False: "same math: DIFFERS (" + "; ".join(p.disagreements[:3]) + ")",
+                None: "same math: not checked (no first step logged by both)"}[p.same_math]
+        out.append(f"trial {p.trial.number} ({setting}): {speed}; {same}")
+    rec = report.recommended
+    if rec is None:
+        why = ("no pick computes the same update as your config" if report.picks and not any(
+            p.same_math for p in report.picks) else "no pick is faster than your config")
+        out.append(f"recommended: keep your config ({why})" + (f"; {report.pending} run(s) still to run"
+                                                               if report.pending else ""))
+    else:
+        sure = " (its interval excludes 1)" if rec.low is not None and rec.low > 1.0 else \
+            " (its interval includes 1: not separated from your config)"
+        out.append(f"recommended: trial {rec.trial.number}, {rec.ratio:.3f}x{sure}; verl-hpo best --format overrides "
+                   "prints its settings")
+    return out
+
+
+def speed_settings(study: optuna.Study, space: Space) -> tuple[dict[str, Any], SpeedPick]:
+    """The recommended pick's speed settings {trainer key: value} (what ``study.speed_from`` runs with); ValueError
+    (one line) when the study is not a re-measured throughput study with a recommendation."""
+    if space.study.kind != "throughput":
+        raise ValueError(f"study {study.study_name!r} is not a throughput study (study.kind: {space.study.kind})")
+    report = speed_report(study, space)
+    if report is None:
+        raise ValueError(f"throughput study {study.study_name!r} is not re-measured yet: run verl-hpo confirm --study "
+                         f"{study.study_name} first")
+    rec = report.recommended
+    if rec is None:
+        raise ValueError(f"throughput study {study.study_name!r} recommends keeping the user's config: "
+                         + speed_lines(report, space)[-1].removeprefix("recommended: keep your config "))
+    return {p.key: rec.trial.params[p.name] for p in space.params if p.name in rec.trial.params}, rec
