@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hpo.analysis import FileRefused, check_regular
-from hpo.backends import load_checked_space
+from hpo.backends import load_checked_space, load_space
 from hpo.experiment._space import SPACES_DIR, Space, SpaceError, StudySpec
 from hpo.experiment._tracking import TRACKING_FLAG_HELP
 from hpo.storages._storage import mask_url
@@ -262,6 +262,12 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
                    f"confirming the top {top_k} configuration(s) with {n_seeds} fresh seed(s) each")
             reporter.note(f"study {study_name}: {how}: {len(queued)} run(s) queued, {pending(study)} pending")
         else:
+            speed_info = getattr(args, "speed_info", None)
+            if speed_info is not None:  # study.speed_from: what each learning trial saves
+                from hpo.study._speed import speed_from_note
+
+                reporter.note(speed_from_note(speed_info))
+                study.set_user_attr("speed_from", speed_info)
             reporter.header(study_name, storage_url, str(driver.trials_dir), n_finished(study), target)
         pages = DashboardCallback(dashboard_path(studies_dir, study_name), storage_url, studies_dir, every=5)
         try:
@@ -424,6 +430,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.n_trials is not None:
                 overrides.append(f"study.n_trials={args.n_trials}")
             spaces_dir = Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
+            quick = load_space(args.space, overrides, spaces_dir)
+            speed_name = quick.study.speed_from
+            if speed_name is not None:  # a throughput study's confirmed speed settings, fixed for every trial
+                from hpo.study._speed import speed_from
+
+                speed_url = args.storage or default_storage_url(studies_dir, check_study_name(speed_name,
+                                                                                              "study.speed_from"))
+                check_storage_url(speed_url)
+                extra, args.speed_info = speed_from(quick, speed_url)
+                overrides += extra
             space = load_checked_space(args.space, overrides, spaces_dir)
             study_name = (check_study_name(args.study) if args.study is not None
                           else check_study_name(space.name, "space name"))

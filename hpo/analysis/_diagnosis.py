@@ -32,6 +32,25 @@ label (by priority)   rule: metric, condition [default]                         
 
 "Stops" is the default of the label's ``stop_on_<label>`` switch.
 
+Speed health (``health``, never a stop, apart from the label above; verl's performance-tuning guide's table), each
+with the knob to look at, judged on the mean over the steps after the first (the first step compiles and warms up):
+
+====================  ==========================================================================================
+health label          rule [default]; the knob
+====================  ==========================================================================================
+``gpu_underused``     GPU utilisation (``perf/gpu_util`` %, else verl's ``perf/mfu/actor`` x 100) below
+                      ``util_low`` [60]: larger micro-batches or ``use_dynamic_bsz`` token budgets, less offload
+                      or gradient checkpointing where memory allows, ``use_remove_padding``
+``gpu_saturated``     GPU utilisation above ``util_high`` [95]: compute-bound; batch knobs will not help, more GPUs
+                      or the rollout's ``tensor_model_parallel_size`` will
+``generation_bound``  ``timing_s/gen`` over ``timing_s/step`` at or above ``gen_fraction`` [0.7]: the rollout engine's
+                      ``gpu_memory_utilization`` (KV cache), ``max_num_seqs``, ``max_num_batched_tokens``,
+                      ``enable_chunked_prefill``, ``tensor_model_parallel_size``
+``sync_bound``        ``timing_s/update_weights`` over ``timing_s/step`` at or above ``sync_fraction`` [0.3]:
+                      ``rollout.checkpoint_engine.update_weights_bucket_megabytes``, ``free_cache_engine``, the
+                      actor's ``fsdp_config`` offload (weights gathered from the CPU)
+====================  ==========================================================================================
+
 Why these defaults, for a user deciding whether to change them:
 
 * ``kl_factor`` 10 / ``kl_floor`` 0.05: healthy LLM runs keep ``actor/ppo_kl`` around 1e-4..1e-2 and the KL
@@ -71,6 +90,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 HEALTHY = "healthy"
+HEALTH_LABELS = ("gpu_underused", "gpu_saturated", "generation_bound", "sync_bound")
+HEALTH_KNOBS = {
+    "gpu_underused": "larger micro-batches or use_dynamic_bsz token budgets (ppo_max_token_len_per_gpu, "
+                     "log_prob_max_token_len_per_gpu), less param/optimizer offload or gradient checkpointing where "
+                     "memory allows, use_remove_padding",
+    "gpu_saturated": "compute-bound: more GPUs or the rollout's tensor_model_parallel_size; batch knobs will not help",
+    "generation_bound": "the rollout engine: gpu_memory_utilization (KV cache), max_num_seqs, max_num_batched_tokens, "
+                        "enable_chunked_prefill, tensor_model_parallel_size",
+    "sync_bound": "the weight sync: rollout.checkpoint_engine.update_weights_bucket_megabytes, free_cache_engine, the "
+                  "actor's fsdp_config param_offload",
+}
 LABELS = ("nan", "kl_blowup", "entropy_collapse", "reward_hacking", "length_clipping")  # priority order
 KL_METRICS = ("actor/ppo_kl", "actor/reward_kl_penalty", "actor/kl_loss")
 ENTROPY_METRIC = "actor/entropy"
@@ -111,6 +141,14 @@ class DiagnosisSpec:
     clip_ratio_threshold: float = field(default=0.5, metadata=_meta(
         "Length clipping: response_length/clip_ratio at or above this, in (0, 1]."))
     clip_patience: int = field(default=3, metadata=_meta("Length clipping: consecutive steps at or above."))
+    util_low: float = field(default=60.0, metadata=_meta(
+        "Health gpu_underused: mean GPU utilisation (%) below this after the first step."))
+    util_high: float = field(default=95.0, metadata=_meta(
+        "Health gpu_saturated: mean GPU utilisation (%) above this after the first step."))
+    gen_fraction: float = field(default=0.7, metadata=_meta(
+        "Health generation_bound: timing_s/gen over timing_s/step at or above this, in (0, 1]."))
+    sync_fraction: float = field(default=0.3, metadata=_meta(
+        "Health sync_bound: timing_s/update_weights over timing_s/step at or above this, in (0, 1]."))
 
     def validate(self) -> list[tuple[str, str]]:
         """The problems of this spec as ``(field, message)`` pairs; ``[]`` when valid. Never raises."""
@@ -127,7 +165,10 @@ class DiagnosisSpec:
                   ("kl_floor", self.kl_floor > 0, "must be > 0"),
                   ("entropy_fraction", 0 < self.entropy_fraction < 1, "must be in (0, 1)"),
                   ("hacking_min_drop", self.hacking_min_drop >= 0, "must be >= 0"),
-                  ("clip_ratio_threshold", 0 < self.clip_ratio_threshold <= 1, "must be in (0, 1]"))
+                  ("clip_ratio_threshold", 0 < self.clip_ratio_threshold <= 1, "must be in (0, 1]"),
+                  ("util_high", 0 < self.util_low < self.util_high, "must be above util_low > 0"),
+                  ("gen_fraction", 0 < self.gen_fraction <= 1, "must be in (0, 1]"),
+                  ("sync_fraction", 0 < self.sync_fraction <= 1, "must be in (0, 1]"))
         bad = {name for name, _ in out}
         out += [(name, f"{msg}, got {getattr(self, name)!r}") for name, ok, msg in checks
                 if not ok and name not in bad]
@@ -200,6 +241,9 @@ class Diagnoser:
         self._hack_count = 0
         # length_clipping
         self._clip_run = _Run(spec.clip_patience)
+        # speed health: per quantity, the values of the steps after the first
+        self._health: dict[str, list[float]] = {"util": [], "gen": [], "sync": []}
+        self._first_train_step: int | None = None
 
     # ------------------------------------------------------------------ results
     @property
@@ -216,6 +260,23 @@ class Diagnoser:
     def stopped(self) -> str | None:
         """The label ``update`` returned to stop the trial, if it did."""
         return self._stopped
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        """``{health label: facts}`` (see the module docstring), each with its mean, steps and the knob to look at."""
+        s, out = self.spec, {}
+        means = {k: statistics.fmean(v) for k, v in self._health.items() if v}
+        counts = {k: len(v) for k, v in self._health.items()}
+        rules = (("gpu_underused", "util", means.get("util", math.inf) < s.util_low, s.util_low),
+                 ("gpu_saturated", "util", means.get("util", -math.inf) > s.util_high, s.util_high),
+                 ("generation_bound", "gen", means.get("gen", 0.0) >= s.gen_fraction, s.gen_fraction),
+                 ("sync_bound", "sync", means.get("sync", 0.0) >= s.sync_fraction, s.sync_fraction))
+        for label, key, hit, threshold in rules:
+            if hit:
+                what = {"util": "mean GPU utilisation (%)", "gen": "mean share of timing_s/step in timing_s/gen",
+                        "sync": "mean share of timing_s/step in timing_s/update_weights"}[key]
+                out[label] = {"what": what, "value": _fact(means[key]), "threshold": _fact(threshold),
+                              "steps": counts[key], "knob": HEALTH_KNOBS[label]}
+        return out
 
     def evidence(self) -> dict[str, dict[str, Any]]:
         """``{label: facts}`` for every label that applied, in priority order: metric, step, value, baseline..."""
@@ -240,6 +301,7 @@ class Diagnoser:
         self._check_entropy(step, finite.get(ENTROPY_METRIC))
         self._check_hacking(step, finite.get(SCORE_METRIC), finite.get(self.objective_metric))
         self._check_clip(step, finite.get(CLIP_METRIC))
+        self._note_health(step, finite)
         fired = [lb for lb in LABELS if lb in self._evidence and lb not in before and self.spec.stops(lb)]
         if self._stopped is None and fired:
             self._stopped = fired[0]
@@ -307,6 +369,22 @@ class Diagnoser:
                            objective_values=[_fact(v) for _, v, _ in window],
                            train_scores=[_fact(t) if t is not None else None for _, _, t in window],
                            eval_steps=[st for st, _, _ in window])
+
+    def _note_health(self, step: int, values: dict[str, float]) -> None:
+        total = values.get("timing_s/step")
+        if total is None or total <= 0:
+            return
+        if self._first_train_step is None:
+            self._first_train_step = step  # the first step compiles and warms up: not judged
+            return
+        util = values.get("perf/gpu_util")
+        if util is None and "perf/mfu/actor" in values:
+            util = 100.0 * values["perf/mfu/actor"]
+        if util is not None:
+            self._health["util"].append(util)
+        for key, metric in (("gen", "timing_s/gen"), ("sync", "timing_s/update_weights")):
+            if metric in values:
+                self._health[key].append(values[metric] / total)
 
     def _check_clip(self, step: int, x: float | None) -> None:
         if x is not None and self._clip_run.push(x >= self.spec.clip_ratio_threshold, step):

@@ -15,6 +15,7 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo.analysis._diagnosis import HEALTH_KNOBS
 from hpo.backends import backend_of
 from hpo.experiment._space import Space, format_value
 from hpo.record import is_confirm, study_cost
@@ -285,6 +286,23 @@ def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
     kept = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("checkpoint_kept")]
     disk = (f"trial directories hold {disk_usage(Path(trials_dir)):.2f} GB"
             + (f" (checkpoints kept of trial(s) {', '.join(str(t.number) for t in kept)})" if kept else ""))
+    trials = study.get_trials(deepcopy=False)
+    skipped = sum(1 for t in trials if t.user_attrs.get("fail_reason") == "predicted_oom")
+    ooms = sum(1 for t in trials if t.user_attrs.get("fail_reason") == "oom")
+    memory = (f"memory: {skipped} trial(s) not launched (predicted OOM: their estimate did not fit), {ooms} ran out "
+              "of memory; both recorded with the worst value\n") if skipped or ooms else ""
+    cvs = sorted(float(t.user_attrs["throughput_cv"]) for t in trials
+                 if isinstance(t.user_attrs.get("throughput_cv"), (int, float)) and not is_confirm(t))
+    spread = (f"throughput spread over each trial's measured steps (after its warm-up): coefficient of variation "
+              f"median {100 * cvs[len(cvs) // 2]:.1f}%, max {100 * cvs[-1]:.1f}% over {len(cvs)} trial(s)\n"
+              if cvs else "")
+    health: dict[str, list[int]] = {}
+    for t in trials:
+        labels = t.user_attrs.get("health")
+        for label in labels if isinstance(labels, list) else []:
+            health.setdefault(str(label), []).append(t.number)
+    speed = "".join(f"health {label}: trial(s) {', '.join(map(str, ns[:8]))}{' ...' if len(ns) > 8 else ''}; look at "
+                    f"{HEALTH_KNOBS.get(label, 'its evidence')}\n" for label, ns in sorted(health.items()))
     n_out = storage_outages(study._storage)
     outages = (f"storage unreachable for {storage_downtime(study._storage):.0f} s ({n_out} outage"
                f"{'s' if n_out != 1 else ''}), ridden out: every call waited and went through\n") if n_out else ""
@@ -292,7 +310,7 @@ def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
             f"trials: {parts}; early stopping and pruning saved ~{saved:.0f}s of trainer time; "
             f"driver peak RSS {driver_mb:.0f} MB; {disk}\n"
             f"spent: {study_cost(study.get_trials(deepcopy=False)).text()}\n"
-            f"{outages}"
+            f"{memory}{spread}{speed}{outages}"
             f"study {study.study_name} in {mask_url(storage)}\n"
             f"trial logs in {trials_dir}/<number>/ (command.json, config.yaml, stdout.log, stderr.log, "
             f"metrics.jsonl)")

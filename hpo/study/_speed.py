@@ -211,3 +211,44 @@ def speed_settings(study: optuna.Study, space: Space) -> tuple[dict[str, Any], S
         raise ValueError(f"throughput study {study.study_name!r} recommends keeping the user's config: "
                          + speed_lines(report, space)[-1].removeprefix("recommended: keep your config "))
     return {p.key: rec.trial.params[p.name] for p in space.params if p.name in rec.trial.params}, rec
+
+
+def speed_from(space: Space, storage_url: str) -> tuple[list[str], dict[str, Any]]:
+    """``study.speed_from``: the trainer overrides (``key=value`` texts) of the named throughput study's
+    recommendation, for a learning study's every trial, and what to report of it; SpaceError (one line) when the
+    study cannot give one or a setting clashes with a key this study tunes."""
+    from hpo.experiment._space import SpaceError, format_value
+    from hpo.study._optuna import load_stored
+
+    name = space.study.speed_from
+    assert name is not None
+    where = f"{space.source}: study.speed_from: {name!r}"
+    try:
+        speed_space, speed_study = load_stored(name, storage_url, None)
+        settings, pick = speed_settings(speed_study, speed_space)
+    except (SpaceError, ValueError) as err:
+        raise SpaceError(f"{where}: {err}") from None
+    if speed_space.trial.backend != space.trial.backend:
+        raise SpaceError(f"{where}: its trials ran trial.backend {speed_space.trial.backend}, this study's run "
+                         f"{space.trial.backend}")
+    tuned = {p.key.lstrip("+"): p.name for p in space.params}
+    for key in settings:
+        if key.lstrip("+") in tuned:
+            raise SpaceError(f"{where}: it sets {key}, which this study tunes (params.{tuned[key.lstrip('+')]}); a "
+                             "speed setting is fixed for every learning trial")
+    replaced = {k: space.overrides[k] for k in settings if k in space.overrides and space.overrides[k] != settings[k]}
+    info = {"study": name, "trial": pick.trial.number, "ratio": pick.ratio, "low": pick.low, "high": pick.high,
+            "settings": {k: format_value(v) for k, v in settings.items()},
+            "replaced": {k: format_value(v) for k, v in replaced.items()}}
+    return [f"{k}={format_value(v)}" for k, v in settings.items()], info
+
+
+def speed_from_note(info: dict[str, Any]) -> str:
+    """One line for the search's start: which settings, from where, and what they save per trial."""
+    ratio, low, high = info["ratio"], info.get("low"), info.get("high")
+    interval = "" if low is None or high is None else f" [{low:.3f}, {high:.3f}]"
+    settings = " ".join(f"{k}={v}" for k, v in info["settings"].items())
+    replaced = "; replacing " + ", ".join(f"{k}={v}" for k, v in info["replaced"].items()) if info["replaced"] else ""
+    return (f"speed settings from throughput study {info['study']} (trial {info['trial']}, same math as your config, "
+            f"{ratio:.3f}x{interval} its throughput): {settings}{replaced}; each learning trial's training steps take "
+            f"~{100 * (1 - 1 / ratio):.0f}% less time")

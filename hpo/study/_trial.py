@@ -344,6 +344,8 @@ def run_attrs(result: RunResult, watch: Watch, launch_overhead_s: float | None,
     if watch.diagnoser is not None:
         attrs.update(diagnosis=watch.diagnoser.label, diagnosis_labels=list(watch.diagnoser.labels),
                      diagnosis_evidence=watch.diagnoser.evidence())
+        health = watch.diagnoser.health()  # speed health: label-only, with the knob to look at
+        attrs.update(health=list(health), health_evidence=health)
     return attrs
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hpo.backends._base import Backend, Launch, LaunchContext, ResumePointLike, TrialConfig, steps_in
+from hpo.backends._base import Backend, Launch, LaunchContext, PredictionLike, ResumePointLike, TrialConfig, steps_in
 from hpo.backends.verl._compose import SEED_KEYS
 from hpo.backends.verl._data import resolve_path, split_list
 from hpo.backends.verl._launch import (
@@ -130,6 +130,20 @@ class VerlBackend(Backend):
 
     def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
         return [space.trial.python or "python", "-m", MAIN_MODULE, *config_args(space.config), *overrides]
+
+    def predict(self, space: Space, config: TrialConfig, devices: Sequence[str]) -> PredictionLike | None:
+        """A throughput study's trial on GPUs: its own composed config against the GPUs' free memory (a learning
+        study's space is judged whole before it starts, :func:`hpo.backends._preflight.check_space_fits`). On the
+        CPU verl's GPU estimate says nothing about the trial: None."""
+        if space.study.kind != "throughput" or not devices:
+            return None
+        from hpo.backends._preflight import predict_verl
+        from verl_core.memory_verl import ModelConfigUnavailable
+
+        try:
+            return predict_verl(space, config.overrides, devices)
+        except ModelConfigUnavailable:  # no config.json here without a download: the trial runs unjudged
+            return None
 
     def resume_point(self, trials_dir: Path, history: Sequence[int]) -> ResumePointLike | None:
         return resume_point(trials_dir, history)

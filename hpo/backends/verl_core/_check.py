@@ -7,8 +7,8 @@ import itertools
 from collections.abc import Mapping
 
 from hpo.experiment._objective import check_metrics
-from hpo.experiment._throughput import SPEED_METRICS
 from hpo.experiment._space import Space, SpaceError, format_value, located_error
+from hpo.experiment._throughput import SPEED_METRICS
 
 # the memory metrics verl_core logs every step (perf/max_memory_allocated_gb on CUDA only)
 VERL_CORE_MEMORY_METRICS = ("perf/cpu_memory_used_gb", "perf/max_memory_allocated_gb")
