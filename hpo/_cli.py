@@ -248,7 +248,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         if confirming:
             from hpo.study._confirm import pending
 
-            speed = space.study.kind == "throughput"  # re-measured against the user's config (hpo.study._speed)
+            speed = space.study.kind == "throughput"  # re-measured against the user's config (hpo.reporting._speed)
             top_k = args.top or (space.study.throughput.top_k if speed else space.study.confirm.top_k)
             n_seeds = args.seeds or (space.study.throughput.repeats if speed else space.study.confirm.seeds)
             try:
@@ -264,7 +264,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         else:
             speed_info = getattr(args, "speed_info", None)
             if speed_info is not None:  # study.speed_from: what each learning trial saves
-                from hpo.study._speed import speed_from_note
+                from hpo.reporting._speed import speed_from_note
 
                 reporter.note(speed_from_note(speed_info))
                 study.set_user_attr("speed_from", speed_info)
@@ -305,7 +305,7 @@ def _confirm_exit(study: Any, space: Space, study_name: str, signum: int | None)
               f"confirm --study {study_name} again to finish them", file=sys.stderr)
         return EXIT_SIGNAL.get(signum, 130)
     if space.study.kind == "throughput":
-        from hpo.study._speed import speed_lines, speed_report
+        from hpo.reporting._speed import speed_lines, speed_report
 
         report = speed_report(study, space)
         print("\n".join(speed_lines(report, space)) if report else "no run of your config finished")
@@ -433,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             quick = load_space(args.space, overrides, spaces_dir)
             speed_name = quick.study.speed_from
             if speed_name is not None:  # a throughput study's confirmed speed settings, fixed for every trial
-                from hpo.study._speed import speed_from
+                from hpo.reporting._speed import speed_from
 
                 speed_url = args.storage or default_storage_url(studies_dir, check_study_name(speed_name,
                                                                                               "study.speed_from"))
@@ -506,7 +506,7 @@ def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None 
     if fmt == "schedule":
         return _fail(f"--format schedule: study {study_name!r} is not a pbt study (study.strategy: pbt)")
     if space.study.kind == "throughput" and trial_number is None:
-        from hpo.study._speed import speed_lines, speed_report
+        from hpo.reporting._speed import speed_lines, speed_report
 
         report = speed_report(study, space)
         if report is not None:  # re-measured: the recommended pick, never one whose math differs

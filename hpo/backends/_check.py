@@ -19,28 +19,34 @@ def _checked(space: Space, origin: dict[str, str]) -> Space:
     if space.study.strategy == "pbt" and not backend.supports_pbt:
         raise located_error(space, origin, "study.strategy", f"pbt needs a trainer that resumes its checkpoints "
                             f"(verl_core or verl); trial.backend is {space.trial.backend}")
+    speed = space.study.kind == "throughput"
+    if speed:  # a learning key is the first thing wrong with a throughput study, whatever its value
+        _check_speed_keys(space, origin, backend)
     backend.check(space, origin)
     space = backend.normalize(space)
-    if space.study.kind == "throughput":
-        _check_throughput(space, origin, backend)
+    if speed:
+        _check_trial_length(space, origin, backend)
     if space.study.confirm.test_metric and not backend.heldout_overrides(space):
         raise located_error(space, origin, "study.confirm.test_metric", f"{space.study.confirm.test_metric!r} needs "
                             "held-out data for confirmation runs (study.confirm.test_files)")
     return space
 
 
-def _check_throughput(space: Space, origin: dict[str, str], backend: Backend) -> None:
-    """A throughput study tunes (and its baseline sets) only the trainer's math-neutral keys, and its trials run
-    more steps than their warm-up."""
+def _check_speed_keys(space: Space, origin: dict[str, str], backend: Backend) -> None:
+    """A throughput study tunes (and its baseline sets) only the trainer's math-neutral keys."""
+    patterns = (*backend.speed_keys, *(space.study.throughput.neutral_keys or ()))
+    keys = [(f"params.{p.name}.key", p.key) for p in space.params]
+    keys += [(f"study.baseline.{k}", k) for k in space.study.baseline]
+    check_speed_keys(keys, patterns, space.trial.backend if backend.speed_keys else f"trial.backend {backend.name}",
+                     lambda where, msg: located_error(space, origin, where, msg))
+
+
+def _check_trial_length(space: Space, origin: dict[str, str], backend: Backend) -> None:
+    """A throughput trial runs more steps than its warm-up."""
     def error(where: str, msg: str) -> Exception:
         return located_error(space, origin, where, msg)
 
     spec = space.study.throughput
-    patterns = (*backend.speed_keys, *(spec.neutral_keys or ()))
-    keys = [(f"params.{p.name}.key", p.key) for p in space.params]
-    keys += [(f"study.baseline.{k}", k) for k in space.study.baseline]
-    check_speed_keys(keys, patterns, space.trial.backend if backend.speed_keys else f"trial.backend {backend.name}",
-                     error)
     config = backend.configure(space, {p.name: p.corner_values()[0] for p in space.params}, Path("trial"))
     steps = config.total_steps
     if steps is None:

@@ -139,7 +139,8 @@ def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], 
     import subprocess
     from pathlib import Path
 
-    from hpo.backends.verl import COMPOSE_SCRIPT, INSTALL_HINT, default_python, format_override, is_config_path
+    from hpo.backends.verl._check import COMPOSE_SCRIPT
+    from hpo.backends.verl._launch import INSTALL_HINT, default_python, format_override, is_config_path
     from verl_core.memory_verl import VERL_MEMORY_KEYS
 
     python = python or space.trial.python or default_python()

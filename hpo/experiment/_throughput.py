@@ -9,7 +9,7 @@ rollout engine's memory and batching), ``study.throughput.neutral_keys`` adds ke
 know, and ``verl-hpo confirm`` checks every pick: the pick and the user's config (``study.baseline``) run
 interleaved on the same seeds, the speed-up is their paired throughput ratio with its interval, and the first
 step's losses and gradient norm must agree within ``tolerance``, else the pick is reported and not recommended
-(:mod:`hpo.study._speed`).
+(:mod:`hpo.reporting._speed`).
 
 Objectives: ``perf/throughput`` (tokens per second, maximize; verl's and ``verl_core``'s name) or a step time
 (``perf/time_per_step``, ``timing_s/step``; minimize); with ``mode: pareto``, the throughput first and peak memory

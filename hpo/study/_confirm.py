@@ -306,6 +306,22 @@ def remember_baseline(cache: Path, space: Space, study_name: str, run: FrozenTri
     return True
 
 
+def queue_speed_check(study: optuna.Study, space: Space, top_k: int, repeats: int) -> list[tuple[int, int]]:
+    """A throughput study's confirmation (:mod:`hpo.reporting._speed` reads it): for each of ``repeats`` seeds a run
+    of the user's config (``study.baseline``), then one of each of the ``top_k`` fastest distinct search trials, in
+    that order (the driver runs them one at a time, so they alternate on the host); what is not queued yet is
+    queued, never from the kept baselines (a timing is its run's own). ValueError when the search has no finite
+    trial."""
+    picks = top_trials(study, top_k)
+    if not picks:
+        raise ValueError(f"study {study.study_name!r} has no completed throughput trial with a finite value yet")
+    runs: list[tuple[FrozenTrial | None, int]] = []
+    for seed in confirm_seeds(space, repeats):
+        runs.append((None, seed))
+        runs += [(t, seed) for t in picks]
+    return queue_runs(study, runs)
+
+
 def queue_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
                         cache: Path | None = None) -> list[tuple[int, int]]:
     """Queue the missing (trial, seed) runs of the top ``top_k`` trials (and the baseline's, reused from ``cache``

@@ -136,8 +136,8 @@ def queue_confirm(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
     from hpo.study._confirm import baseline_cache, queue_confirmations
     from hpo.study._population import NoHealthyMember, queue_schedule_confirmations
 
-    if space.study.kind == "throughput":  # the picks against the user's config, interleaved (hpo.study._speed)
-        from hpo.study._speed import queue_speed_check
+    if space.study.kind == "throughput":  # the picks against the user's config, interleaved (hpo.reporting._speed)
+        from hpo.study._confirm import queue_speed_check
 
         try:
             return queue_speed_check(study, space, top_k, n_seeds)
@@ -211,7 +211,7 @@ class Driver:
         prepare(ready, self.study_dir, self.cwd, self.reporter, self.stop_event)
         if heldout:
             self.runner.backend.check_heldout(self.space)  # one line now, not a crash in every run
-        # a throughput study's re-measurements run one at a time, in their interleaved order (hpo.study._speed)
+        # a throughput study's re-measurements run one at a time, in their interleaved order (hpo.reporting._speed)
         n_jobs = 1 if self.confirming and self.space.study.kind == "throughput" else self.space.trial.n_jobs
         with Heartbeat(self.study, self.space.study.heartbeat_interval) as self.heartbeat:
             if n_jobs == 1:

@@ -34,7 +34,7 @@ class Watch:
     # study.budget: asked at each evaluation before the last; True stops the trial (stop_reason=budget)
     over_budget: Callable[[], bool] | None = None
     # study.kind throughput: evaluations up to this step are warm-up (not measured); the first training step's
-    # math_metrics are kept for the same-math check (hpo.study._speed)
+    # math_metrics are kept for the same-math check (hpo.reporting._speed)
     warmup_steps: int | None = None
     math_metrics: tuple[str, ...] = ()
     first_step: dict[str, float] | None = None

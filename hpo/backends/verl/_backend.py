@@ -119,7 +119,7 @@ class VerlBackend(Backend):
 
     def launch(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Launch:
         spec = space.trial
-        argv = verl_argv(spec.python or default_python(ctx.cwd), space.config, config.overrides, ctx.study,
+        argv = verl_argv(spec.python or default_python(), space.config, config.overrides, ctx.study,
                          ctx.number, ctx.trial_dir, spec.ray.num_gpus if ctx.ray_job else ctx.devices,
                          ctx.resume_from, spec.ray.nodes if ctx.ray_job else 1)
         if ctx.ray_job:

@@ -206,13 +206,18 @@ def weights_only_overrides() -> list[str]:
     return [format_override(k, ["model"]) for k in WEIGHTS_ONLY_KEYS]
 
 
-def default_python(cwd: str | os.PathLike[str] = ".") -> str:
-    """verl's interpreter when ``trial.python`` is not set, the first that exists under ``cwd``:
+PROJECT_ROOT = Path(__file__).resolve().parents[3]  # where `make install-verl` puts its venvs (this checkout)
+
+
+def default_python(root: str | os.PathLike[str] | None = None) -> str:
+    """verl's interpreter when ``trial.python`` is not set, the first that exists under ``root`` (default: this
+    project's checkout, wherever the driver is started from; issue 43 found ``validate`` in an experiment's own
+    directory saying verl "is not installed" right after ``make install-verl``):
     ``.venv-gpu-verl/bin/python`` (``make install-verl-gpu``, what GPU trials need),
     ``.venv-verl/bin/python`` (``make install-verl``: verl on the CPU, ``hpo.backends.verl._cpu``); else the
     driver's own."""
     for venv in (GPU_VENV, DEFAULT_VENV):
-        python = Path(cwd) / venv / "bin" / "python"
+        python = Path(PROJECT_ROOT if root is None else root) / venv / "bin" / "python"
         if python.exists():
             return str(python)
     return sys.executable

@@ -355,3 +355,46 @@ def test_real_trainer_stream(tmp_path: Path, overrides: list[str], label: str, l
         assert stops == []
     else:
         assert len(stops) == 1 and stops[0][1] == "kl_blowup" and stops[0][0] <= 3
+
+
+# ----------------------------------------------------------------------------- speed health (verl's tuning table)
+def _timed(steps: int, gen: float, sync: float, step_s: float = 2.0,
+           **extra: float) -> list[tuple[int, dict[str, Any]]]:
+    """Lines with verl's timing names: gen and update_weights as fractions of timing_s/step."""
+    return [(s, {"timing_s/step": step_s, "timing_s/gen": gen * step_s, "timing_s/update_weights": sync * step_s,
+                 **extra}) for s in range(1, steps + 1)]
+
+
+def _health(lines: Iterable[tuple[int, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    d = Diagnoser(DiagnosisSpec(), "val-core/x/acc/mean@1", True)
+    for step, data in lines:
+        assert d.update(step, data) is None  # health never stops a trial
+    return d.health()
+
+
+def test_a_run_whose_time_goes_to_generation_or_weight_sync_is_labelled_with_the_knob() -> None:
+    gen = _health(_timed(5, gen=0.85, sync=0.05))
+    assert list(gen) == ["generation_bound"]
+    assert gen["generation_bound"]["value"] == pytest.approx(0.85) and gen["generation_bound"]["steps"] == 4
+    assert "max_num_seqs" in gen["generation_bound"]["knob"]
+    sync = _health(_timed(5, gen=0.4, sync=0.45))
+    assert list(sync) == ["sync_bound"] and "update_weights_bucket_megabytes" in sync["sync_bound"]["knob"]
+    assert _health(_timed(5, gen=0.5, sync=0.1)) == {}  # a balanced step: no label
+
+
+def test_the_first_step_is_warm_up_and_not_judged() -> None:
+    lines = _timed(1, gen=0.1, sync=0.9) + [(s, d) for s, d in _timed(4, gen=0.3, sync=0.1) if s > 1]
+    assert _health(lines) == {}
+
+
+def test_gpu_utilisation_outside_60_to_95_percent_is_labelled() -> None:
+    low = _health(_timed(4, gen=0.3, sync=0.1, **{"perf/gpu_util": 35.0}))
+    assert list(low) == ["gpu_underused"] and "micro-batches" in low["gpu_underused"]["knob"]
+    mfu = _health(_timed(4, gen=0.3, sync=0.1, **{"perf/mfu/actor": 0.98}))  # verl's MFU as a fraction
+    assert list(mfu) == ["gpu_saturated"]
+    assert _health(_timed(4, gen=0.3, sync=0.1, **{"perf/gpu_util": 80.0})) == {}
+
+
+def test_health_thresholds_are_validated() -> None:
+    bad = dict(DiagnosisSpec(gen_fraction=1.5, util_low=99.0).validate())
+    assert "gen_fraction" in bad and "util_high" in bad

@@ -1,6 +1,6 @@
 """A throughput study's picks, re-measured against the user's config and checked for the same math.
 
-``verl-hpo confirm`` of a throughput study (:mod:`hpo.experiment._throughput`) queues, for each of
+``verl-hpo confirm`` of a throughput study (:func:`hpo.study._confirm.queue_speed_check`) queues, for each of
 ``study.throughput.repeats`` seeds (``study.confirm.seed_base`` upwards), a run of the user's config
 (``study.baseline``: its speed settings as overrides on the fixed ones; empty = the fixed overrides as they are) and
 then one of each of the ``top_k`` fastest distinct search trials, in that order; the driver runs them one at a time
@@ -35,20 +35,7 @@ from hpo.experiment._space import Space
 from hpo.experiment._throughput import SPEED_METRICS
 from hpo.record import ATTR_BASELINE, ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
 from hpo.study._compare import LEVEL, t_quantile
-from hpo.study._confirm import BASELINE_OF, confirm_seeds, queue_runs, top_trials
-
-
-def queue_speed_check(study: optuna.Study, space: Space, top_k: int, repeats: int) -> list[tuple[int, int]]:
-    """Queue the interleaved runs (user's config, then each pick, seed by seed) not queued yet; ValueError when the
-    search has no finite trial."""
-    picks = top_trials(study, top_k)
-    if not picks:
-        raise ValueError(f"study {study.study_name!r} has no completed throughput trial with a finite value yet")
-    runs: list[tuple[FrozenTrial | None, int]] = []
-    for seed in confirm_seeds(space, repeats):
-        runs.append((None, seed))
-        runs += [(t, seed) for t in picks]
-    return queue_runs(study, runs)
+from hpo.study._confirm import BASELINE_OF
 
 
 @dataclass
