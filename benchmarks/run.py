@@ -13,7 +13,9 @@ real verl on the CPU, one study seed), ``pbt``
 (population-based training vs TPE and random at equal trainer steps; ``benchmarks/pbt.py``), ``verl_cpu`` (real
 verl 0.9.1 trials on the CPU through the driver: start-up, step times, the driver's own CPU, RSS and wall beside
 them; skipped without ``.venv-verl``; ``benchmarks/verl_cpu.py``), ``rehearse`` (``verl-hpo rehearse`` of the shipped
-GPU experiment on the CPU: its wall, the time before the first launch, each corner; ``benchmarks/rehearse.py``).
+GPU experiment on the CPU: its wall, the time before the first launch, each corner; ``benchmarks/rehearse.py``),
+``throughput`` (a throughput study's pick against a poor start and against the shipped config, on verl_core and real
+verl on the CPU; ``benchmarks/throughput.py``).
 ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/`` (or ``--out``), never over the real
 results.
 """
@@ -33,7 +35,7 @@ from benchmarks._common import REPO, Row, all_versions, load_average, log, machi
 from benchmarks._results import render
 
 PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint", "pays",
-         "search_cost", "search_cost_verl", "pbt", "verl_cpu", "rehearse")
+         "search_cost", "search_cost_verl", "pbt", "verl_cpu", "rehearse", "throughput")
 
 
 def _rows(doc: dict[str, Any]) -> list[Row]:
@@ -216,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import rehearse
 
         attempt("rehearse", lambda: rehearse.bench(args.smoke))
+    if "throughput" in parts:
+        from benchmarks import throughput
+
+        attempt("throughput", lambda: throughput.bench(args.smoke, args.workdir))
     if "memory" in parts:
         from benchmarks import memory_estimate
 

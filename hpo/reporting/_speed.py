@@ -3,7 +3,8 @@
 ``verl-hpo confirm`` of a throughput study (:func:`hpo.study._confirm.queue_speed_check`) queues, for each of
 ``study.throughput.repeats`` seeds (``study.confirm.seed_base`` upwards), a run of the user's config
 (``study.baseline``: its speed settings as overrides on the fixed ones; empty = the fixed overrides as they are) and
-then one of each of the ``top_k`` fastest distinct search trials, in that order; the driver runs them one at a time
+one of each of the ``top_k`` fastest distinct search trials, in that order on even seeds and reversed on odd ones
+(ABBA: a linear drift of the host's speed cancels out); the driver runs them one at a time
 (:class:`~hpo.study._driver.Driver`), so the user's config and the picks alternate on the same host and a slow
 minute of a shared machine falls on both. Runs are ordinary confirmation runs of the study (``hpo:confirm_of``,
 ``hpo:confirm_seed``, ``hpo:baseline``): several drivers share them, and an interrupted confirm resumes.

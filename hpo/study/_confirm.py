@@ -308,17 +308,18 @@ def remember_baseline(cache: Path, space: Space, study_name: str, run: FrozenTri
 
 def queue_speed_check(study: optuna.Study, space: Space, top_k: int, repeats: int) -> list[tuple[int, int]]:
     """A throughput study's confirmation (:mod:`hpo.reporting._speed` reads it): for each of ``repeats`` seeds a run
-    of the user's config (``study.baseline``), then one of each of the ``top_k`` fastest distinct search trials, in
-    that order (the driver runs them one at a time, so they alternate on the host); what is not queued yet is
+    of the user's config (``study.baseline``) and one of each of the ``top_k`` fastest distinct search trials, in that
+    order on even seeds and the reverse on odd ones (the driver runs them one at a time, so they alternate on the
+    host and a linear drift of its speed cancels out); what is not queued yet is
     queued, never from the kept baselines (a timing is its run's own). ValueError when the search has no finite
     trial."""
     picks = top_trials(study, top_k)
     if not picks:
         raise ValueError(f"study {study.study_name!r} has no completed throughput trial with a finite value yet")
     runs: list[tuple[FrozenTrial | None, int]] = []
-    for seed in confirm_seeds(space, repeats):
-        runs.append((None, seed))
-        runs += [(t, seed) for t in picks]
+    for i, seed in enumerate(confirm_seeds(space, repeats)):
+        one = [None, *picks]  # the user's config first, then each pick; the next seed the other way round (ABBA):
+        runs += [(t, seed) for t in (one if i % 2 == 0 else one[::-1])]  # a drift of the host's speed cancels out
     return queue_runs(study, runs)
 
 

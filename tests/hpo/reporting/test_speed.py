@@ -85,7 +85,7 @@ def test_a_throughput_study_measures_after_warmup_confirms_and_recommends(tmp_pa
     assert confirm.returncode == 0, confirm.stderr
     runs = [t for t in load(tmp_path / "studies", "fast").trials if is_confirm(t)]
     order = ["baseline" if t.system_attrs.get("hpo:baseline") else "pick" for t in sorted(runs, key=lambda t: t.number)]
-    assert order == ["baseline", "pick", "baseline", "pick"]  # interleaved, seed by seed
+    assert order == ["baseline", "pick", "pick", "baseline"]  # interleaved seed by seed, ABBA
     assert all(t.state == TrialState.COMPLETE for t in runs)
     assert "same math: agrees" in confirm.stdout and "recommended: trial 0" in confirm.stdout, confirm.stdout
     ratio = float(confirm.stdout.split("trial 0 (micro=32): ")[1].split("x")[0])

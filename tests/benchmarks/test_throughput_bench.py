@@ -1,0 +1,30 @@
+"""``python -m benchmarks.throughput --smoke --only verl_core`` (throughput_cpu, 2 trials, 1 re-measurement): the
+search, the confirmation and the comparison with the shipped config run through the real CLI and the rows come out,
+so the benchmark does not rot. ~1 min on 2 cores: slow."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_throughput_smoke_compares_the_pick_with_both_configs(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.throughput", "--smoke", "--only", "verl_core",
+                           "--workdir", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])["rows"]}
+    poor = rows["throughput study's pick vs a deliberately poor start (the experiment's study.baseline), verl_core "
+                "(tiny_arith)"]
+    shipped = rows["throughput study's pick vs the shipped learning config, verl_core (tiny_arith)"]
+    assert poor["ours"] > 1.0 and "same math: agrees" in poor["note"], poor["note"]
+    assert shipped["ours"] > 0 and shipped["raw"]["report"]["same_math"] is True
+    assert (tmp_path / "studies" / "throughput_cpu.db").is_file()
