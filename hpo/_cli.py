@@ -235,10 +235,16 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             space, devices = check_search(space, getattr(args, "ray_address", None))
             tracking = _tracking_spec(space, args)
             study = open_study(space, study_name, storage_url)
+        from hpo.record import ATTR_BUDGET
+
         budget = getattr(args, "budget", None)
+        if budget is None:  # the budget the search was given, kept in the study (an untrusted value: checked)
+            kept = study.user_attrs.get(ATTR_BUDGET)
+            budget = float(kept) if isinstance(kept, (int, float)) and not isinstance(kept, bool) and \
+                math.isfinite(kept) and kept >= 1 else None
+        elif args.cmd == "search" or budget != study.user_attrs.get(ATTR_BUDGET):
+            study.set_user_attr(ATTR_BUDGET, budget)
         if budget is not None:
-            if not (math.isfinite(budget) and budget > 0):
-                return _fail(f"--budget {budget:g}: must be a positive number of full-run equivalents", 2)
             space = dataclasses.replace(space, study=dataclasses.replace(space.study, budget=budget))
         target = study_target(space)
         reporter = Reporter(sys.stdout, target, space.objective.direction_literal, space.study.budget)
@@ -262,6 +268,16 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
                    f"confirming the top {top_k} configuration(s) with {n_seeds} fresh seed(s) each")
             reporter.note(f"study {study_name}: {how}: {len(queued)} run(s) queued, {pending(study)} pending")
         else:
+            if space.study.budget is not None:  # said before any run: a budget the confirmation alone would spend
+                from hpo.study._confirm import baseline_cache, confirm_reserve
+
+                conf, reserve = space.study.confirm, confirm_reserve(space, baseline_cache(studies_dir))
+                left = space.study.budget - reserve
+                if left < 1:
+                    reporter.note(f"warning: a budget of {space.study.budget:g} full runs leaves the search "
+                                  f"{max(0.0, left):g} after the confirmation's least ({reserve} runs: the top "
+                                  f"{conf.top_k} and the baseline on {conf.min_seeds if conf.race else conf.seeds} "
+                                  "seeds); the search may run no trial")
             speed_info = getattr(args, "speed_info", None)
             if speed_info is not None:  # study.speed_from: what each learning trial saves
                 from hpo.reporting._speed import speed_from_note
@@ -389,6 +405,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         ("--seeds", getattr(args, "seeds", None))):
             if n is not None and n <= 0:
                 return _fail(f"{flag} {n}: must be positive")
+        budget = getattr(args, "budget", None)
+        if budget is not None and not (math.isfinite(budget) and budget >= 1):  # before any study exists
+            return _fail(f"--budget {budget:g}: must be a finite number of full-run equivalents, at least 1 (one "
+                         "trial's full length)")
         if args.cmd == "validate":
             from hpo.backends._preflight import validate_space
             from hpo.study._driver import resolve_devices
@@ -411,8 +431,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "rehearse":
             from hpo.backends._rehearse import rehearse
 
-            space = load_checked_space(args.space, list(args.override),
-                                       Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR))))
+            spaces_dir = Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
+            # --recheck reruns checks on kept runs: the quick load (a second), not every corner composed by verl
+            space = (load_space if args.recheck else load_checked_space)(args.space, list(args.override), spaces_dir)
             from hpo.backends._rehearse import refusal
 
             if refusal(space):

@@ -450,20 +450,30 @@ def recheck(space: Space, studies_dir: Path, *, fmt: str = "text", out: TextIO =
         state = json.loads(read_bounded(home / STATE, STATE, 16 << 20))
     except (OSError, FileRefused, ValueError):
         raise SpaceError(f"{space.source}: no finished rehearsal in {home}: run verl-hpo rehearse first") from None
+    if not isinstance(state, dict):
+        raise SpaceError(f"{space.source}: the rehearsal state {home / STATE} is malformed (a JSON "
+                         f"{type(state).__name__}, not an object): rehearse again")
     if state.get("fingerprint") != fingerprint(space):
         raise SpaceError(f"{space.source}: config, overrides, params or trial changed since the rehearsal in {home}: "
                          "rehearse again (--recheck only reruns the checks)")
-    outcomes = []
-    for c in state["corners"]:
-        corner = RehearsalCorner(c["name"], c["values"], [])
-        o = CornerOutcome(corner, Path(c["trial_dir"]), int(c["index"]), resumed_from=c.get("resumed_from"))
-        for attempt, r in enumerate(c["results"]):
-            o.results.append(RunResult(r["exit_code"], r["stop"], 0.0, float(r["wall_time_s"]), None, None,
-                                       r["stderr_tail"], final_exception=r["final_exception"]))
-            o.records.append(_read_records(verl_metrics_path(o.trial_dir, attempt)))
-        outcomes.append(o)
-    findings = [Finding(**f) for f in state["before"]] + check_runs(space, outcomes, resumed=not state["quick"])
-    text = render(space, state["swaps"], findings, fmt, time.monotonic() - started, home)
+    try:  # a file on disk: anything may be in it
+        outcomes = []
+        for c in state["corners"]:
+            corner = RehearsalCorner(str(c["name"]), dict(c["values"]), [])
+            o = CornerOutcome(corner, Path(c["trial_dir"]), int(c["index"]), resumed_from=c.get("resumed_from"))
+            for attempt, r in enumerate(c["results"]):
+                o.results.append(RunResult(r["exit_code"], r["stop"], 0.0, float(r["wall_time_s"]), None, None,
+                                           str(r["stderr_tail"]), final_exception=r["final_exception"]))
+                o.records.append(_read_records(verl_metrics_path(o.trial_dir, attempt)))
+            outcomes.append(o)
+        before = [Finding(**f) for f in state["before"]]
+        quick = bool(state["quick"])
+        swaps = [str(x) for x in state["swaps"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise SpaceError(f"{space.source}: the rehearsal state {home / STATE} is malformed ({type(err).__name__}: "
+                         f"{str(err)[:200]}): rehearse again") from None
+    findings = before + check_runs(space, outcomes, resumed=not quick)
+    text = render(space, swaps, findings, fmt, time.monotonic() - started, home)
     out.write(text)
     out.flush()
     return EXIT_FAIL if any(f.level == "problem" for f in findings) else EXIT_PASS

@@ -737,8 +737,9 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     if study.grace_period < 2 * study.heartbeat_interval:
         raise ctx.error("study.grace_period", f"{study.grace_period} is under twice study.heartbeat_interval="
                         f"{study.heartbeat_interval}: a live driver's trial would be taken for dead between beats")
-    if study.budget is not None and not (math.isfinite(study.budget) and study.budget > 0):
-        raise ctx.error("study.budget", f"{study.budget}: must be a positive number of full-run equivalents")
+    if study.budget is not None and not (math.isfinite(study.budget) and study.budget >= 1):
+        raise ctx.error("study.budget", f"{study.budget}: must be at least 1 full-run equivalent (one trial's full "
+                        "length); below it no trial and no confirmation run fits")
     conf = study.confirm
     if conf.race and not 2 <= conf.min_seeds <= conf.seeds:
         raise ctx.error("study.confirm.min_seeds", f"{conf.min_seeds}: a race needs 2 <= min_seeds <= "

@@ -33,6 +33,7 @@ ATTR_TARGET = "hpo:n_trials"
 ATTR_DIGEST = "hpo:space_sha256"
 ATTR_TRACKING_KEY = "hpo:tracking:key"  # the study's tracking key (run ids derive from it)
 ATTR_TRACKING_RUN = "hpo:tracking:{root}"  # {"mlflow": run id, "wandb": run id} of a retry chain
+ATTR_BUDGET = "hpo:budget"  # the --budget the search was given (full runs): resume, worker and confirm keep to it
 ATTR_RACE = "hpo:race"  # racing confirmation's settings: candidates, seeds (min, max), resolution (hpo.study._confirm)
 
 # ----------------------------------------------------------------------------- trial system attributes

@@ -115,3 +115,25 @@ def test_baseline_runs_are_reused_by_a_later_study_of_the_same_experiment(tmp_pa
     reused = [t for t in load(studies, "fourth").trials if t.user_attrs.get("baseline_reused")]
     assert not reused  # the damaged records were not used (and the runs made then rewrote them)
     assert all(json.loads(p.read_text())["study"] == "fourth" for p in kept)
+
+
+@pytest.mark.parametrize("budget", ["0", "-1", "nan", "inf", "0.5"])
+def test_a_bad_budget_is_refused_before_any_study_exists(tmp_path: Path, studies: Path, budget: str) -> None:
+    res = run_cli(["search", "--space", str(_space(tmp_path)), "--budget", budget], studies)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert f"--budget {float(budget):g}" in res.stderr and "Traceback" not in res.stderr
+    assert not studies.exists() or not any(studies.iterdir())
+
+
+def test_the_search_budget_is_kept_for_confirm_and_a_budget_the_confirmation_eats_is_said(tmp_path: Path,
+                                                                                       studies: Path) -> None:
+    """``--budget 4`` is all the confirmation's least (1 candidate + the baseline on 2 seeds): said before any run;
+    the study keeps 4, so ``confirm`` without ``--budget`` keeps to it (its race-free confirmation fits exactly)."""
+    space = _space(tmp_path, n_trials=2)
+    res = run_cli(["search", "--space", str(space), "--budget", "4"], studies)
+    assert res.returncode == 0, res.stderr
+    assert "warning: a budget of 4 full runs leaves the search 0 after the confirmation's least (4 runs" in res.stdout
+    assert load(studies, "fake").user_attrs["hpo:budget"] == 4.0
+    conf = run_cli(["confirm", "--study", "fake"], studies)
+    assert conf.returncode == 0, conf.stderr
+    assert "/4 runs" in conf.stdout or "of 4 full-run" in conf.stdout, conf.stdout

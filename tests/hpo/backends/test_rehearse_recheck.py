@@ -1,0 +1,47 @@
+"""``verl-hpo rehearse --recheck`` without a rehearsal, or on a state file that is not what the rehearsal wrote: one
+line, exit 2, at once (the quick load: no corner is composed by verl), never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpo.backends import load_space
+from hpo.backends._rehearse import MARKER, STATE, fingerprint
+from tests.hpo.conftest import cli_env
+
+SPACE = Path(__file__).resolve().parents[3] / "search_spaces" / "verl_grpo_cpu.yaml"
+
+
+def _recheck(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "hpo", "rehearse", "--space", str(SPACE), "--recheck",
+                           "--studies-dir", str(tmp_path / "studies")], cwd=tmp_path, env=cli_env(),
+                          capture_output=True, text=True, timeout=300)
+    return proc, time.monotonic() - started
+
+
+def test_recheck_without_a_rehearsal_is_one_line_at_once(tmp_path: Path) -> None:
+    proc, seconds = _recheck(tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "no finished rehearsal" in proc.stderr and "Traceback" not in proc.stderr
+    assert seconds < 30, seconds  # the quick load (~1 s); composing every corner took 50-109 s
+
+
+def test_a_malformed_state_is_one_line(tmp_path: Path) -> None:
+    home = tmp_path / "studies" / "rehearsals" / "verl_grpo_cpu"
+    home.mkdir(parents=True)
+    (home / MARKER).touch()
+    (home / STATE).write_text("[]")
+    proc, _ = _recheck(tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "is malformed (a JSON list" in proc.stderr and "Traceback" not in proc.stderr
+    space = load_space(str(SPACE))  # the right fingerprint, corners that are not what the rehearsal writes
+    (home / STATE).write_text(json.dumps({"fingerprint": fingerprint(space), "corners": [{"name": 1}], "before": [],
+                                          "quick": True, "swaps": []}))
+    proc, _ = _recheck(tmp_path)
+    assert proc.returncode == 2 and "is malformed (KeyError" in proc.stderr and "Traceback" not in proc.stderr, \
+        proc.stderr
