@@ -77,6 +77,13 @@ def check_sqlite_file(db: Path, url: str) -> None:
     """SpaceError unless ``db`` is absent, empty, or an SQLite database: nothing (not even ``<db>.lock``) is
     created beside a file that is something else (``--storage sqlite:////etc/passwd``)."""
     try:
+        real = db.expanduser().resolve()
+        if any(real.is_relative_to(pseudo) for pseudo in ("/proc", "/sys", "/dev")):
+            raise SpaceError(f"--storage {mask_url(url)}: {db} is on a kernel pseudo-filesystem, not a place a "
+                             "database file can live")
+        if real.parent.is_dir() and not os.access(real.parent, os.W_OK | os.X_OK):
+            raise SpaceError(f"--storage {mask_url(url)}: cannot create files in {real.parent} (SQLite writes "
+                             f"{db.name}-journal and the driver {db.name}.lock there)")
         if not db.exists() or (db.is_file() and db.stat().st_size == 0):
             return  # SQLite makes a new database here (an empty file is one too)
         if not db.is_file():

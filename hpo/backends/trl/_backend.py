@@ -63,6 +63,18 @@ assert TEST_FILES == TEST_KEY  # the launcher's held-out key is the one hpo.expe
 
 
 # ----------------------------------------------------------------------------- the config
+def resolve_beside(path: str, source: str) -> str:
+    """A relative ``path`` named in the experiment file ``source``: the file beside the experiment if there is one,
+    else the one under the working directory; ``path`` unchanged when neither exists (``check`` names it)."""
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return path
+    here = Path(source).expanduser().parent / p
+    if Path(source).expanduser().is_file() and here.is_file():
+        return str(here.resolve())
+    return str(p.resolve()) if p.is_file() else path
+
+
 def read_config(path: str) -> dict[str, Any]:
     """The config file's keys (the launcher's sections as dotted keys); ValueError (one line) when unreadable."""
     try:
@@ -208,8 +220,16 @@ class TrlBackend(Backend):
     name: ClassVar[str] = "trl"
     every_key_is_code: ClassVar[bool] = True  # reward.path, model.path, model_init_kwargs (trust_remote_code)
 
+    def normalize(self, space: Space) -> Space:
+        """``config``, a relative path, resolved beside the experiment file (then the working directory, as before),
+        so an experiment given by its absolute path from any directory finds its own config file."""
+        resolved = resolve_beside(space.config, space.source)
+        return space if resolved == space.config else dataclasses.replace(space, config=resolved)
+
     def check(self, space: Space, origin: Mapping[str, str]) -> None:
         """The command, every key (config file, overrides, parameters, baseline), the steps and the objective."""
+        space = self.normalize(space)  # the config file beside the experiment, as the trials will read it
+
         def error(where: str, msg: str) -> SpaceError:
             return located_error(space, dict(origin), where, msg)
 
@@ -257,7 +277,10 @@ class TrlBackend(Backend):
         for (where, overrides), problem in zip(sets, problems, strict=True):
             if problem:
                 shown = " ".join(o for o in overrides if o not in space.trainer_overrides({})) or "the fixed keys"
-                raise located_error(space, dict(origin), where, f"rejected by TRL with {shown}: {problem}")
+                named = next((k for k in space.overrides if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w.])", problem)),
+                             None)  # a fixed key the problem names (deepspeed=/etc/passwd) is the place to look
+                raise located_error(space, dict(origin), f"overrides.{named}" if named else where,
+                                    f"rejected by TRL with {shown}: {problem}")
 
     def check_launch(self, space: Space) -> None:
         python = trl_python(space)
@@ -267,9 +290,19 @@ class TrlBackend(Backend):
             return
         if not Path(python).exists():
             raise SpaceError(f"{space.source}: trial.python: {python} does not exist; {INSTALL_HINT}")
-        found = subprocess.run([python, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('trl') is None)"],
-                               capture_output=True, timeout=60, check=False)
-        if found.returncode != 0:
+        try:
+            probe = "import importlib.util as u; print('trl', u.find_spec('trl') is not None)"
+            found = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+        except OSError as err:  # not executable, not a program: the interpreter's fault, never the storage's
+            raise SpaceError(f"{space.source}: trial.python: cannot run {python} ({err.strerror}): not a Python "
+                             f"interpreter; {INSTALL_HINT}") from None
+        except subprocess.TimeoutExpired:
+            raise SpaceError(f"{space.source}: trial.python: {python} did not answer in 60 s") from None
+        answer = found.stdout.strip().splitlines()[-1:] if found.returncode == 0 else []
+        if answer not in (["trl True"], ["trl False"]):
+            raise SpaceError(f"{space.source}: trial.python: {python} is not a Python interpreter (exit "
+                             f"{found.returncode}, it printed {found.stdout.strip()[:60]!r} for `-c`); {INSTALL_HINT}")
+        if answer != ["trl True"]:
             raise SpaceError(f"{space.source}: trial.python: trl is not installed in {python}; {INSTALL_HINT}")
 
     def prepare_argv(self, space: Space) -> list[str] | None:

@@ -334,6 +334,8 @@ def check(override_sets: list[list[str]], config: str | None) -> list[str | None
             out.append(None)
         except UserError as err:
             out.append(str(err))
+        except Exception as err:  # noqa: BLE001 - TRL or a library it loads for a key's value (deepspeed=...)
+            out.append(f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:300]}")
     return out
 
 

@@ -378,3 +378,17 @@ def test_an_unwritable_storage_past_the_window_is_one_line_exit_1_and_resume_rec
     trials = optuna.load_study(study_name="fake", storage=url).trials
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
     assert trials[1].params == trials[0].params and trials[1].user_attrs["last_step"] == 60
+
+
+@pytest.mark.parametrize("db", ["/proc/self/mem", "/sys/kernel/notes.db", "/dev/null"])
+def test_an_sqlite_path_on_a_pseudo_filesystem_is_a_bad_storage_exit_2(tmp_path: Path, db: str) -> None:
+    """A storage the user typed that can never hold a database is their input's error (exit 2), not an outage."""
+    from hpo.experiment._space import SpaceError
+    from hpo.storages._storage import check_storage_url
+
+    with pytest.raises(SpaceError, match="pseudo-filesystem|is not a file"):
+        check_storage_url(f"sqlite:///{db}")
+    res = run_cli(["search", "--space", str(fake_space(tmp_path)), "--storage", f"sqlite:///{db}"],
+                  tmp_path / "studies")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert not (tmp_path / "studies").exists()

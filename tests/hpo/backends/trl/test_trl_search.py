@@ -36,5 +36,5 @@ def test_search_prunes_and_best_recommends(studies: Path, tiny_model_dir: Path) 
     assert command.returncode == 0, command.stderr
     argv = shlex.split(command.stdout.strip().splitlines()[-1])
     assert argv[1].endswith("hpo/backends/trl/_train.py") and argv[2:4] == ["--config", str(
-        Path("search_spaces/trl_configs/grpo_arith.yaml"))] and "verl_core" not in argv
+        Path("search_spaces/trl_configs/grpo_arith.yaml").resolve())] and "verl_core" not in argv
     assert any(a.startswith("learning_rate=") for a in argv) and "max_steps=12" in argv
