@@ -258,7 +258,7 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
             top_k = args.top or (space.study.throughput.top_k if speed else space.study.confirm.top_k)
             n_seeds = args.seeds or (space.study.throughput.repeats if speed else space.study.confirm.seeds)
             try:
-                queued = queue_confirm(study, space, top_k, n_seeds, studies_dir)
+                queued = queue_confirm(study, space, top_k, n_seeds, studies_dir, reporter.note)
             except NoHealthyMember as err:  # every member collapsed: nothing to confirm (exit 1, not a bad file)
                 return _fail(str(err), 1)
             how = (f"re-measuring the {top_k} fastest configuration(s) against your config, interleaved, {n_seeds} "

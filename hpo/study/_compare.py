@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,7 +298,7 @@ def race_step(values: dict[int, Sequence[float]], baseline: Sequence[float] | No
 
 # ----------------------------------------------------------------------------- the race's state in the study
 def start_race(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
-               cache: Path | None = None) -> list[tuple[int, int]]:
+               cache: Path | None = None, note: Callable[[str], None] | None = None) -> list[tuple[int, int]]:
     """``confirm`` with ``study.confirm.race``: keep the race's candidates (the top ``top_k``) and seed cap in the
     study (:data:`~hpo.record.ATTR_RACE`, once: every driver and a later ``confirm`` go on with the same race, whatever
     ``--top`` / ``--seeds`` it is given), then queue its next round (:func:`advance_race`; the first seed of every
@@ -311,7 +311,7 @@ def start_race(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
         study._storage.set_study_system_attr(study._study_id, ATTR_RACE, {
             "candidates": candidates, "max_seeds": int(n_seeds), "min_seeds": min(conf.min_seeds, int(n_seeds)),
             "resolution": conf.resolution})
-    return advance_race(study, space, cache)
+    return advance_race(study, space, cache, note)
 
 
 @dataclass(frozen=True)
@@ -408,7 +408,8 @@ def race_state(study: optuna.Study, space: Space) -> Race | None:
                 more and base_values is not None, resolution)
 
 
-def advance_race(study: optuna.Study, space: Space, cache: Path | None = None) -> list[tuple[int, int]]:
+def advance_race(study: optuna.Study, space: Space, cache: Path | None = None,
+                 note: Callable[[str], None] | None = None) -> list[tuple[int, int]]:
     """Queue what the race needs next: every alive candidate's next seed (while the race goes on) and the
     baseline's next seed (while it needs one); returns what was queued. Idempotent: a run already queued, running or
     finished is never queued again (two drivers asking at once may still both queue one: the runner drops the
@@ -422,7 +423,7 @@ def advance_race(study: optuna.Study, space: Space, cache: Path | None = None) -
         runs += [(trials[c], race.seeds[race.rounds]) for c in race.alive if c in trials]
     if race.baseline_more and race.baseline_runs < len(race.seeds):
         runs.append((None, race.seeds[race.baseline_runs]))
-    return queue_runs(study, runs, space, cache)
+    return queue_runs(study, runs, space, cache, note)
 
 
 def twin_of(study: optuna.Study, run: FrozenTrial) -> int | None:

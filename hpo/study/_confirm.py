@@ -27,8 +27,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import statistics
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo.backends import backend_of
 from hpo.experiment._space import Space
-from hpo.record import ATTR_BASELINE, ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, study_cost
+from hpo.record import ATTR_BASELINE, ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, retry_history, study_cost
+from hpo.record._kept import file_digest, read_kept, write_kept
 
 BASELINE_OF = -1  # hpo:confirm_of of a baseline run (no trial of the search)
 MAX_TUNED_SEEDS = 100_000  # a tuned integer seed range larger than this is treated as "any seed" (refused)
@@ -160,7 +162,8 @@ def present_runs(study: optuna.Study) -> set[tuple[Any, Any]]:
 
 
 def queue_runs(study: optuna.Study, runs: list[tuple[FrozenTrial | None, int]],
-               space: Space | None = None, cache: Path | None = None) -> list[tuple[int, int]]:
+               space: Space | None = None, cache: Path | None = None, note: Note | None = None
+               ) -> list[tuple[int, int]]:
     """Queue a run per (trial, seed) not present yet (None: the baseline); returns what was queued. A baseline run
     this host already ran for the same experiment, seed and trainer version (``cache``: :func:`baseline_cache`) is
     added finished, from there, instead of queued (user attr ``baseline_reused``)."""
@@ -171,7 +174,7 @@ def queue_runs(study: optuna.Study, runs: list[tuple[FrozenTrial | None, int]],
         of = BASELINE_OF if t is None else t.number
         if (of, seed) in present:
             continue
-        kept = cached_baseline(cache, key, seed) if t is None and cache is not None and key else None
+        kept = cached_baseline(cache, key, seed, space, note) if t is None and cache is not None and key else None
         if kept is not None:
             study.add_trial(optuna.create_trial(
                 state=TrialState.COMPLETE, value=kept["value"], params={}, distributions={},
@@ -218,27 +221,124 @@ def baseline_key(space: Space) -> str | None:
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def cached_baseline(cache: Path, key: str | None, seed: int) -> dict[str, Any] | None:
-    """The kept run of ``key`` on ``seed`` (None when there is none or it is not a well-formed record: the file is
-    read as untrusted)."""
+Note = Callable[[str], None]
+_SAID: set[str] = set()  # lines said without a reporter (once per process)
+
+
+def _say(note: Note | None, line: str) -> None:
+    if note is not None:
+        note(line)
+    elif line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr)
+
+
+def _number(x: Any) -> float | None:
+    """A finite float from a JSON number (never a boolean, never one too large for a float)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        v = float(x)
+    except OverflowError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _checked_kept(raw: Any, key: str, seed: int) -> tuple[dict[str, Any] | None, str]:
+    """A kept record's fields, each type- and range-checked, or None and why not."""
+    if not isinstance(raw, dict):
+        return None, f"a JSON {type(raw).__name__}, not a kept run"
+    value, trial, study = _number(raw.get("value")), raw.get("trial"), raw.get("study")
+    if value is None:
+        return None, f"value {str(raw.get('value'))[:40]!r} is not a finite number"
+    if isinstance(trial, bool) or not isinstance(trial, int) or not 0 <= trial < 2**31:
+        return None, f"trial {str(trial)[:40]!r} is not a trial number"
+    if not isinstance(study, str) or not 0 < len(study) <= 200:
+        return None, "no study name"
+    if raw.get("key") != key or raw.get("seed") != seed:
+        return None, "kept for another experiment or seed"
+    inter_raw = raw.get("intermediate_values")
+    if not isinstance(inter_raw, dict) or len(inter_raw) > 100_000:
+        return None, "intermediate values are not a mapping of steps"
+    inter: dict[int, float] = {}
+    for k, v in inter_raw.items():
+        x = _number(v)
+        if not (isinstance(k, str) and k.isdigit() and len(k) < 10) or x is None:
+            return None, f"intermediate value {str(k)[:20]!r}: {str(v)[:20]!r} is not a step and a finite number"
+        inter[int(k)] = x
+    metrics, digest = raw.get("metrics"), raw.get("metrics_sha256")
+    if not isinstance(metrics, str) or not isinstance(digest, str) or len(digest) != 64:
+        return None, "no digest of the metrics file it came from (kept by an older verl-hpo)"
+    attrs = {k: v for k, v in dict(raw.get("user_attrs") or {}).items()
+             if k in _KEPT_ATTRS and isinstance(v, (int, float, str)) and not isinstance(v, bool)
+             and (not isinstance(v, float) or math.isfinite(v)) and (not isinstance(v, str) or len(v) <= 4000)} \
+        if isinstance(raw.get("user_attrs"), dict) else {}
+    return {"value": value, "intermediate_values": inter, "user_attrs": attrs, "study": study, "trial": trial,
+            "metrics": metrics, "metrics_sha256": digest}, ""
+
+
+def value_from_metrics(space: Space, path: Path) -> float | None:
+    """The objective's value of a run recomputed from its metrics file (each step's first line, its finite
+    evaluations in step order, the objective's aggregate); None when it has none."""
+    from hpo.analysis._files import FileRefused, read_bounded
+
+    try:
+        text = read_bounded(path, str(path), 256 << 20).decode("utf-8", "replace")
+    except (OSError, FileRefused):
+        return None
+    evals: dict[int, list[float]] = {}
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        step, data = (rec.get("step"), rec.get("data")) if isinstance(rec, dict) else (None, None)
+        if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict) or step in evals:
+            continue
+        got = space.objective.evaluate(data)
+        if got is not None and all(math.isfinite(v) for v in got[0]):
+            evals[step] = [float(v) for v in got[0]]
+    history = [evals[k] for k in sorted(evals)]
+    return space.objective.aggregated(history)[0] if history else None
+
+
+def cached_baseline(cache: Path, key: str | None, seed: int, space: Space | None = None,
+                    note: Note | None = None) -> dict[str, Any] | None:
+    """The kept run of ``key`` on ``seed``, or None: none is kept, or the kept file is not one the store wrote
+    (:mod:`hpo.record._kept`: no symlink followed, size-capped, every field checked), its metrics file is gone or
+    changed since, or (``space`` given) its value is not what that file gives; each of those is one line
+    (``note``) and the run is made again."""
     if key is None:
         return None
-    path = cache / key / f"{int(seed)}.json"
+    where = f"{cache.name}/{key}/{int(seed)}.json"
     try:
-        if not path.is_file() or path.stat().st_size > 1_000_000:
-            return None
-        rec = json.loads(path.read_text())
-        value = float(rec["value"])
-        inter = {int(k): float(v) for k, v in dict(rec.get("intermediate_values") or {}).items()}
-        attrs = {k: v for k, v in dict(rec.get("user_attrs") or {}).items()
-                 if k in _KEPT_ATTRS and isinstance(v, (int, float, str)) and not isinstance(v, bool)}
-        source = f"{str(rec.get('study', '?'))[:200]}#{int(rec.get('trial', -1))}"
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        raw = read_kept(cache.parent, (cache.name, key), f"{int(seed)}.json")
+    except OSError as err:  # KeptRefused included
+        _say(note, f"kept baseline run {where} not reused: {err}; it runs again")
         return None
-    if not math.isfinite(value) or not all(math.isfinite(v) for v in inter.values()):
+    if raw is None:
         return None
-    return {"value": value, "intermediate_values": inter,
-            "user_attrs": {**attrs, "baseline_reused": source, "confirm_of": "baseline", "confirm_seed": int(seed)}}
+    rec, why = _checked_kept(raw, key, int(seed))
+    if rec is None:
+        _say(note, f"kept baseline run {where} not reused: {why}; it runs again")
+        return None
+    metrics = Path(rec["metrics"])
+    digest = file_digest(metrics)
+    why = ("its metrics file " + str(metrics) + (" is gone" if digest is None else " changed since it was kept")
+           if digest != rec["metrics_sha256"] else "")
+    if not why and space is not None:
+        value = value_from_metrics(space, metrics)
+        if value is None or not math.isclose(value, rec["value"], rel_tol=1e-9, abs_tol=1e-12):
+            shown = "none" if value is None else f"{value:.6g}"
+            why = f"its value {rec['value']:.6g} is not its metrics file's ({shown})"
+    if why:
+        _say(note, f"kept baseline run {where} (from {rec['study']}#{rec['trial']}) not reused: {why}; it runs "
+                   "again")
+        return None
+    source = f"{rec['study']}#{rec['trial']}"
+    return {"value": rec["value"], "intermediate_values": rec["intermediate_values"],
+            "user_attrs": {**rec["user_attrs"], "baseline_reused": source, "confirm_of": "baseline",
+                           "confirm_seed": int(seed)}}
 
 
 def confirm_reserve(space: Space, cache: Path | None = None) -> int:
@@ -250,7 +350,7 @@ def confirm_reserve(space: Space, cache: Path | None = None) -> int:
     if space.study.baseline:
         key = baseline_key(space) if cache is not None else None
         base = sum(1 for seed in confirm_seeds(space, n)
-                   if cache is None or cached_baseline(cache, key, seed) is None)
+                   if cache is None or cached_baseline(cache, key, seed, space, note=lambda _: None) is None)
     return conf.top_k * n + base
 
 
@@ -287,22 +387,26 @@ def search_over_budget(trials: list[FrozenTrial], space: Space, cache: Path | No
 
 def remember_baseline(cache: Path, space: Space, study_name: str, run: FrozenTrial) -> bool:
     """Keep a finished baseline run for later studies on this host (COMPLETE, finite, not failed, not itself
-    reused); written whole or not at all. Returns whether it was kept."""
+    reused), with the path and sha256 of the metrics file its value came from; written whole or not at all
+    (:func:`hpo.record._kept.write_kept`: no symlink followed, no temporary file left). Returns whether it was kept;
+    OSError (KeptRefused included) when the store or the disk refuses."""
     key = baseline_key(space)
     if (key is None or run.state != TrialState.COMPLETE or run.values is None or not math.isfinite(run.values[0])
             or "fail_reason" in run.user_attrs or run.user_attrs.get("baseline_reused")):
         return False
     seed = run.system_attrs.get(ATTR_CONFIRM_SEED)
-    if not isinstance(seed, int):
+    trial_dir = run.user_attrs.get("trial_dir")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not isinstance(trial_dir, str):
         return False
-    folder = cache / key
-    folder.mkdir(parents=True, exist_ok=True)
+    metrics = backend_of(space).metrics_path(Path(trial_dir), len(retry_history(run))).resolve()
+    digest = file_digest(metrics)
+    if digest is None:
+        return False
     rec = {"value": run.values[0], "intermediate_values": {str(k): v for k, v in run.intermediate_values.items()},
            "user_attrs": {k: run.user_attrs[k] for k in _KEPT_ATTRS if k in run.user_attrs},
-           "study": study_name, "trial": run.number}
-    tmp = folder / f".{seed}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(rec, default=str))
-    os.replace(tmp, folder / f"{seed}.json")
+           "study": study_name, "trial": run.number, "key": key, "seed": seed, "metrics": str(metrics),
+           "metrics_sha256": digest}
+    write_kept(cache.parent, (cache.name, key), f"{seed}.json", json.loads(json.dumps(rec, default=str)))
     return True
 
 
@@ -324,7 +428,7 @@ def queue_speed_check(study: optuna.Study, space: Space, top_k: int, repeats: in
 
 
 def queue_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
-                        cache: Path | None = None) -> list[tuple[int, int]]:
+                        cache: Path | None = None, note: Note | None = None) -> list[tuple[int, int]]:
     """Queue the missing (trial, seed) runs of the top ``top_k`` trials (and the baseline's, reused from ``cache``
     where this host has them); returns what was queued. (A racing confirmation queues round by round instead:
     :func:`hpo.study._compare.start_race`.)"""
@@ -332,7 +436,7 @@ def queue_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: 
     runs: list[tuple[FrozenTrial | None, int]] = [(t, seed) for t in top_trials(study, top_k) for seed in seeds]
     if space.study.baseline:  # the same seeds for the setting a user would have run anyway
         runs += [(None, seed) for seed in seeds]
-    return queue_runs(study, runs, space, cache)
+    return queue_runs(study, runs, space, cache, note)
 
 
 def pending(study: optuna.Study) -> int:

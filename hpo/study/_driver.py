@@ -127,7 +127,8 @@ def study_target(space: Space) -> int:
 
 
 def queue_confirm(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
-                  studies_dir: Path | None = None) -> list[tuple[int, int]]:
+                  studies_dir: Path | None = None, note: Callable[[str], None] | None = None
+                  ) -> list[tuple[int, int]]:
     """``verl-hpo confirm``: queue the top ``top_k`` configurations' runs on ``n_seeds`` fresh seeds (a PBT study:
     its winning schedules, re-run from scratch; a racing confirmation: its next round); the (trial, seed) runs
     queued. Baseline runs this host kept under ``studies_dir`` are reused. SpaceError for a study that cannot be
@@ -150,8 +151,8 @@ def queue_confirm(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
             return queue_schedule_confirmations(study, space, top_k, n_seeds)
         cache = baseline_cache(studies_dir) if studies_dir is not None else None
         if space.study.confirm.race:
-            return start_race(study, space, top_k, n_seeds, cache)
-        return queue_confirmations(study, space, top_k, n_seeds, cache)
+            return start_race(study, space, top_k, n_seeds, cache, note)
+        return queue_confirmations(study, space, top_k, n_seeds, cache, note)
     except NoHealthyMember:
         raise
     except ValueError as err:
@@ -276,7 +277,7 @@ class Driver:
                         if not any(is_confirm(t) and t.state == TrialState.WAITING for t in trials):
                             if not self.space.study.confirm.race:
                                 return
-                            if advance_race(self.study, self.space, self.cache):  # a race's next round
+                            if advance_race(self.study, self.space, self.cache, self.reporter.note):  # next round
                                 continue
                             if not any(is_confirm(t) and t.state == TrialState.RUNNING for t in trials):
                                 return  # the race is decided
