@@ -109,8 +109,19 @@ def unwritable(directory: Path) -> str | None:
                 pass
 
 
+def _file_store_refused() -> bool:
+    """MLflow 3 raises on its filesystem backend (``FileStore``: "in maintenance mode") unless the user opted out with
+    ``MLFLOW_ALLOW_FILE_STORE`` (read as MLflow does)."""
+    return os.environ.get("MLFLOW_ALLOW_FILE_STORE", "false").strip().lower() not in ("true", "1")
+
+
 def _store_problem(uri: str) -> str | None:
     """Why an MLflow ``file:`` store or ``sqlite:`` database cannot be written here (None: it can, or remote)."""
+    low = uri.lower()
+    if (low.startswith("file:") or "://" not in low and not low.startswith("sqlite:")) and _file_store_refused():
+        return (f"MLflow store {redact_uri(uri)}: MLflow refuses new runs in its filesystem backend (maintenance "
+                "mode): use a database (sqlite:///path/mlflow.db) or a tracking server, or set "
+                "MLFLOW_ALLOW_FILE_STORE=true")
     path = local_path(uri)
     if path is None:
         return None

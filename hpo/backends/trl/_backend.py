@@ -249,6 +249,12 @@ class TrlBackend(Backend):
         for where, key in places:
             if (problem := key_problem(key)) is not None:
                 raise error(where, problem)
+        model = merged_config(space, space.trainer_overrides({})).get("model.path")
+        if isinstance(model, str) and not model.startswith("builtin:") and \
+                not (Path(model).expanduser() / "config.json").is_file():  # the launcher's rule, before a study
+            where = "overrides.model.path" if "model.path" in space.overrides else "config"
+            raise error(where, f"model.path={model!r}: not a local Hugging Face model directory (no config.json); "
+                        "a directory of a saved model, or builtin:tiny_arith / builtin:smollm2")
         steps = merged_config(space, space.trainer_overrides({})).get("max_steps")
         if not any(p.key == "max_steps" for p in space.params) and (
                 isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):

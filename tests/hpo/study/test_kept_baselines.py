@@ -57,7 +57,7 @@ def test_intact_kept_runs_are_reused_with_their_study(kept: Path, tmp_path: Path
 
 @pytest.mark.parametrize("damage, said", [
     (lambda r: {**r, "value": r["value"] + 0.5}, "is not its metrics file's"),
-    (lambda r: '{"value": %r, "trial": 1e400}' % r["value"], "trial 'inf' is not a trial number"),
+    (lambda r: '{"value": ' + repr(r["value"]) + ', "trial": 1e400}', "trial 'inf' is not a trial number"),
     (lambda r: {**r, "value": 10 ** 400}, "is not a finite number"),
     (lambda r: {**r, "value": True}, "value 'True' is not a finite number"),
     (lambda r: [], "a JSON list, not a kept run"),

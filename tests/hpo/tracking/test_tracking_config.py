@@ -129,9 +129,10 @@ def test_an_unwritable_w_and_b_dir_stops_the_search_before_it_starts(tmp_path: P
 
 @pytest.mark.parametrize("uri", ["file:///proc/verl-hpo-x", "file://FILE", "sqlite:////proc/verl-hpo-x/m.db",
                                  "sqlite:///FILE/m.db", "sqlite:///DIR"])
-def test_an_unwritable_mlflow_store_stops_the_search_before_it_starts(tmp_path: Path, studies: Path,
-                                                                      uri: str) -> None:
+def test_an_unwritable_mlflow_store_stops_the_search_before_it_starts(
+        tmp_path: Path, studies: Path, uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a file store the user opted into: still checked
     uri = uri.replace("FILE", str(_regular_file(tmp_path))).replace("DIR", str(tmp_path))
     space = fake_space(tmp_path, study={"n_trials": 1})
     res = run_cli(["search", "--space", str(space), "--tracking", f"mlflow={uri}"], studies, timeout=120)
@@ -142,12 +143,25 @@ def test_an_unwritable_mlflow_store_stops_the_search_before_it_starts(tmp_path: 
     assert not (studies / "fake.db").exists()
 
 
+def test_an_mlflow_file_store_is_refused_before_the_study(tmp_path: Path, studies: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow 3 raises on its filesystem backend for new runs: said before the study, not after it ran."""
+    pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    uri = f"file://{tmp_path / 'mlruns'}"
+    space = fake_space(tmp_path, study={"n_trials": 1})
+    res = run_cli(["search", "--space", str(space), "--tracking", f"mlflow={uri}"], studies, timeout=120)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "filesystem backend (maintenance mode)" in res.stderr and "MLFLOW_ALLOW_FILE_STORE" in res.stderr
+    assert not studies.exists() or not (studies / "fake.db").exists()
+
+
 def test_the_check_leaves_nothing_behind(tmp_path: Path) -> None:
     """A destination that does not exist yet is fine (the tracker makes it): the check makes it to try it, then
     removes what it made."""
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")
-    spec = TrackingSpec(mlflow=MlflowSpec(uri=f"file://{tmp_path}/ml/store"),
+    spec = TrackingSpec(mlflow=MlflowSpec(uri=f"sqlite:///{tmp_path}/ml/store/m.db"),
                         wandb=WandbSpec(mode="offline", dir=str(tmp_path / "wb" / "runs")))
     assert tracker_problems(spec) == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == []
