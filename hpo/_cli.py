@@ -145,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "first look in a third of the time")
     rh.add_argument("--recheck", action="store_true", help="run nothing: the checks again on this experiment's last "
                                                            "rehearsal (after fixing e.g. the objective's name)")
+    rh.add_argument("--reward-timeout", type=float, default=120.0, metavar="S",
+                    help="seconds the reward function may take over all its calls of the reward check (default 120)")
     rh.add_argument("--studies-dir", type=Path, default=None,
                     help=f"its files go to <studies-dir>/rehearsals/<space> (default ${ENV_STUDIES_DIR} or ./studies)")
 
@@ -444,8 +446,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from hpo.backends._rehearse import recheck
 
                 return recheck(space, studies_dir.resolve(), fmt=args.format)
+            if not (math.isfinite(args.reward_timeout) and args.reward_timeout > 0):
+                return _fail(f"--reward-timeout {args.reward_timeout:g}: must be a positive number of seconds")
             tokenizer = None if args.tokenizer is None else args.tokenizer.expanduser().resolve()
-            return rehearse(space, studies_dir.resolve(), tokenizer=tokenizer, fmt=args.format, quick=args.quick)
+            return rehearse(space, studies_dir.resolve(), tokenizer=tokenizer, fmt=args.format, quick=args.quick,
+                            reward_timeout_s=args.reward_timeout)
         if args.cmd == "search":
             overrides = list(args.override)
             if args.n_trials is not None:

@@ -152,15 +152,51 @@ def rehearsal_home(studies_dir: Path, space: Space) -> Path:
 
 
 # ----------------------------------------------------------------------------- verl's interpreter
+SCRIPT_TAIL_BYTES = 4 << 20  # of a helper script's stdout and stderr, only the end is kept (its reply is the last line)
+
+
+def _tail_of(stream: Any, keep: list[bytes]) -> None:
+    """Read ``stream`` to its end, keeping only its last :data:`SCRIPT_TAIL_BYTES` in ``keep[0]``."""
+    tail = b""
+    for chunk in iter(lambda: stream.read(1 << 16), b""):
+        tail = (tail + chunk)[-SCRIPT_TAIL_BYTES:]
+    keep[0] = tail
+
+
 def _script(python: str, script: Path, request: dict[str, Any], timeout_s: float,
             env: Mapping[str, str]) -> dict[str, Any]:
+    """Run a helper script in verl's interpreter and return its one-line JSON reply; what it (or the user's code it
+    calls) prints is read to the end but only its last :data:`SCRIPT_TAIL_BYTES` are kept."""
+    import threading
+
     try:
-        res = subprocess.run([python, str(script)], input=json.dumps(request), capture_output=True, text=True,
-                             timeout=timeout_s, env={**env, "HYDRA_FULL_ERROR": "1"})
-        return json.loads(res.stdout.strip().splitlines()[-1])
+        proc = subprocess.Popen([python, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env={**env, "HYDRA_FULL_ERROR": "1"})
+    except OSError as err:
+        return {"status": "error", "message": f"{script.name} in {python} failed ({type(err).__name__})"}
+    out, err_tail = [b""], [b""]
+    readers = [threading.Thread(target=_tail_of, args=(proc.stdout, out), daemon=True),
+               threading.Thread(target=_tail_of, args=(proc.stderr, err_tail), daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(request).encode())
+        proc.stdin.close()
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
         return {"status": "error", "message": f"{script.name} took over {timeout_s:.0f} s"}
-    except (OSError, IndexError, ValueError) as err:
+    except OSError:
+        pass  # it exited before reading the request: its reply (or none) says why
+    finally:
+        for t in readers:
+            t.join(timeout=10)
+    try:
+        reply = json.loads(out[0].decode("utf-8", "replace").strip().splitlines()[-1])
+        return reply if isinstance(reply, dict) else {"status": "error", "message": f"{script.name}: no reply"}
+    except (IndexError, ValueError) as err:
         return {"status": "error", "message": f"{script.name} in {python} failed ({type(err).__name__})"}
 
 
@@ -578,9 +614,10 @@ def refusal(space: Space) -> str:
 def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, fmt: str = "text",
              out: TextIO = sys.stdout, err: TextIO = sys.stderr, python: str | None = None,
              response_tokens: int = RESPONSE_TOKENS, timeout_s: float = CORNER_TIMEOUT_S,
-             parallel: int = 2, quick: bool = False) -> int:
+             parallel: int = 2, quick: bool = False, reward_timeout_s: float = 120.0) -> int:
     """Run the rehearsal (see the module docstring) and print its report; the exit code. ``quick``: the default
-    point only, without the resume (the objective, the reward and the keys are still checked)."""
+    point only, without the resume (the objective, the reward and the keys are still checked). ``reward_timeout_s``:
+    what the reward check's calls of the user's function may take in all."""
     from hpo.backends._preflight import MEASURED_PROMPTS, verl_memory_inputs
     from hpo.backends.verl._launch import default_python
 
@@ -628,7 +665,7 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
     request = {**_config_request(space.config), "overrides": corners[0].overrides, "out": str(home / "shrunk"),
                "train_rows": max(1, int(selected.get("data.train_batch_size") or 8)) * (STEPS + 1),
                "val_rows": VAL_ROWS, "tokenizer": str(tokenizer) if tokenizer else None, "models": models,
-               "set_keys": set_keys}
+               "set_keys": set_keys, "reward_timeout_s": reward_timeout_s}
     say("building the small model, taking the data's first rows, calling the reward function")
     reply = _script(python, SHRINK_SCRIPT, request, 900.0, {**os.environ, **trial_base_env(space)})
     if reply.get("status") != "ok":

@@ -5,7 +5,7 @@
 
 Request: ``{"config_dir": DIR or null, "config_name": NAME, "overrides": [the default corner's overrides],
 "out": DIR, "train_rows": N, "val_rows": M, "tokenizer": DIR or null, "models": {KEY: config.json as a dict},
-"set_keys": [override keys as the space writes them]}``. With the config composed as ``main_ppo`` would compose it:
+"set_keys": [override keys as the space writes them], "reward_timeout_s": S}``. With the config composed as ``main_ppo`` would compose it:
 
 1. **Models**: for each model path ``KEY`` (the actor's, a critic's), a model of the same architecture built from
    its ``config.json`` with 2 layers, hidden size 128 and 2 heads of 64 (random weights, float32), saved with the
@@ -17,7 +17,8 @@ Request: ``{"config_dir": DIR or null, "config_name": NAME, "overrides": [the de
 3. **Reward**: the reward function (``reward.custom_reward_function``, loaded with verl's own
    ``get_custom_reward_fn``; else verl's ``default_compute_score``) called on every kept validation row with a few
    responses (empty, the ground truth, GSM8K's and a boxed answer format); each call must return a finite number or
-   a dict with a finite ``"score"``, as verl's reward managers use it.
+   a dict with a finite ``"score"``, as verl's reward managers use it. The calls together get ``reward_timeout_s``
+   (default 120; a SIGALRM stops a function that loops) and what they print is kept up to 64 KiB, the rest counted.
 4. **Keys no code reads**: each ``set_keys`` entry that verl's config does not have (added with ``+``), is not under a
    free-form mapping (``override_config``, ``*_kwargs``), and whose name no file of the verl package mentions.
 
@@ -185,8 +186,82 @@ def _score(result: Any) -> tuple[float | None, str | None]:
     return float(value), None
 
 
-def check_reward(cfg: Any, val_file: str) -> dict[str, Any]:
-    """Call the reward function on every row of ``val_file`` (see the module docstring)."""
+REWARD_TIMEOUT_S = 120.0  # the whole reward check (``reward_timeout_s`` of the request: rehearse --reward-timeout)
+OUTPUT_CAP = 64 * 1024  # bytes of what the user's function prints that are kept (the rest is counted, dropped)
+
+
+class _RewardTimeout(BaseException):
+    """Raised in the reward check by SIGALRM: the user's function did not return in time (a loop?)."""
+
+
+class _CappedSink:
+    """A text stream that keeps the first :data:`OUTPUT_CAP` bytes written to it and counts the rest."""
+
+    def __init__(self) -> None:
+        self.kept: list[str] = []
+        self.size = 0
+        self.dropped = 0
+
+    def write(self, text: str) -> int:
+        n = len(text.encode("utf-8", "replace"))
+        if self.size < OUTPUT_CAP:
+            self.kept.append(text[:OUTPUT_CAP - self.size])
+        else:
+            self.dropped += n
+        self.size += n
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def check_reward(cfg: Any, val_file: str, timeout_s: float = REWARD_TIMEOUT_S) -> dict[str, Any]:
+    """Call the reward function on every row of ``val_file`` (see the module docstring), within ``timeout_s`` in all
+    (a SIGALRM ends a call that loops) and with what it prints kept up to :data:`OUTPUT_CAP` bytes (the rest counted
+    and dropped), so a looping or chatty function costs the rehearsal ``timeout_s`` and 64 KiB at most."""
+    import contextlib
+    import signal
+
+    sink = _CappedSink()
+    try:  # verl's own modules load before the clock starts: only the user's code is timed
+        import pyarrow.parquet  # noqa: F401
+        import verl.trainer.ppo.reward  # noqa: F401
+        import verl.utils.reward_score  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 - _check_reward says what does not load
+        pass
+
+    def expired(signum: int, frame: Any) -> None:
+        raise _RewardTimeout
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            out = _check_reward(cfg, val_file)
+    except _RewardTimeout:
+        where = out_where(cfg)
+        out = {"where": where, "calls": sink_calls[0], "problem": problem("reward", (
+            f"reward function {where} did not return within {timeout_s:g} s (the rehearsal's limit, --reward-timeout) "
+            f"on {sink_calls[1]}: does it loop or wait on something?"))}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    if sink.size:
+        out["printed_bytes"] = sink.size
+        out["printed_dropped_bytes"] = sink.dropped
+    return out
+
+
+sink_calls: list[Any] = [0, "its first call"]  # calls made so far, the row being scored (for the timeout's line)
+
+
+def out_where(cfg: Any) -> str:
+    path = _get(cfg, "reward.custom_reward_function.path")
+    name = _get(cfg, "reward.custom_reward_function.name")
+    return f"{path}:{name}" if path else "verl's default_compute_score"
+
+
+def _check_reward(cfg: Any, val_file: str) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     path = _get(cfg, "reward.custom_reward_function.path")
@@ -206,6 +281,7 @@ def check_reward(cfg: Any, val_file: str) -> dict[str, Any]:
         for response in _responses(truth):
             extra = {**(row.get("extra_info") or {}), "num_turns": 2, "rollout_reward_scores": {}}
             shown = f"validation row {i} (data_source={row.get('data_source')!r}, response {response[:40]!r})"
+            sink_calls[:] = [calls, shown]
             try:
                 result = fn(data_source=row.get("data_source"), solution_str=response, ground_truth=truth,
                             extra_info=extra)
@@ -307,7 +383,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             return reply
         data[split]["prompt_tokens"] = {"mean": lengths["mean"], "max": lengths["max"]}
     reply["data"] = data
-    reply["reward"] = check_reward(cfg, data["val"]["file"])
+    reply["reward"] = check_reward(cfg, data["val"]["file"], float(request.get("reward_timeout_s") or
+                                                                   REWARD_TIMEOUT_S))
     if "problem" in reply["reward"]:
         reply["problems"].append(reply["reward"].pop("problem"))
     return reply
