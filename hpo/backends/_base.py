@@ -110,6 +110,7 @@ class Backend:
     name: ClassVar[str] = "command"
     supports_pbt: ClassVar[bool] = False  # it resumes a checkpoint at a given step with new values
     ray_hold: ClassVar[bool] = True  # a one-node Ray job may hold its GPUs itself (verl starts its own Ray)
+    leaves_scratch: ClassVar[bool] = False  # cleanup removes scratch a killed attempt leaves (swept at driver start)
     # study.kind throughput: keys (fnmatch patterns) that change speed and memory but not the update; a custom
     # command knows none (study.throughput.neutral_keys names them), and the first-step metrics that must agree
     speed_keys: ClassVar[tuple[str, ...]] = ()

@@ -38,7 +38,7 @@ from hpo.study._confirm import baseline_cache, is_confirm, remember_baseline, se
 from hpo.study._errors import TrialInterrupted, TrialLost, TrialRetried
 from hpo.study._population import Population, pbt_total, schedule_confirms
 from hpo.study._progress import Progress
-from hpo.study._recovery import Heartbeat, finish, record_result, recover_stale_trials
+from hpo.study._recovery import Heartbeat, finish, record_result, recover_stale_trials, sweep_scratch
 from hpo.study._slots import Slots, n_finished
 from hpo.study._trial import TrialRunner, frozen_trial
 
@@ -202,6 +202,8 @@ class Driver:
             self.reporter.note(f"killed {killed} leftover trial process(es) of a dead driver")
         self._sweep_jobs(final=False)
         self.recover()
+        if self.runner.backend.leaves_scratch:  # a killed driver's trials left their scratch behind (verl's /tmp)
+            sweep_scratch(self.study, self.trials_dir, self.runner.backend.cleanup)
         if not self.confirming and self.population is None and n_finished(self.study) >= target:
             return 0
         ready = self.space

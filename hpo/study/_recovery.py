@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -187,3 +188,27 @@ class Heartbeat:
                     self._beat(trial_id, lost)
                 except Exception:  # noqa: BLE001, S112 - (printing failed, ...) the next period beats again
                     continue
+
+
+def sweep_scratch(study: optuna.Study, trials_dir: Path, cleanup: Callable[[Path, int], None]) -> int:
+    """Remove what the attempts of this study's finished trials left (``cleanup``: the backend's, e.g. a verl
+    trial's private ``/tmp/vhpo-*`` scratch that a SIGKILLed driver never removed); returns the attempts swept. Only
+    trials that are no longer running, and only trial directories inside ``trials_dir`` (a ``trial_dir`` read from
+    the storage is untrusted; another host's or another study's is never touched)."""
+    root = trials_dir.resolve()
+    swept = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        where = t.user_attrs.get("trial_dir")
+        if not isinstance(where, str) or not where or "\0" in where:
+            continue
+        trial_dir = Path(where)
+        try:
+            if not trial_dir.resolve().is_relative_to(root) or not trial_dir.is_dir():
+                continue
+        except (OSError, RuntimeError):
+            continue
+        history = t.system_attrs.get(ATTR_RETRY_HISTORY)
+        attempt = sum(1 for n in history if isinstance(n, int)) if isinstance(history, list) else 0
+        cleanup(trial_dir, attempt)
+        swept += 1
+    return swept

@@ -38,6 +38,7 @@ class VerlBackend(Backend):
     name: ClassVar[str] = "verl"
     supports_pbt: ClassVar[bool] = True
     ray_hold: ClassVar[bool] = False  # verl starts a Ray cluster of its own inside the job
+    leaves_scratch: ClassVar[bool] = True  # a private /tmp and Ray's session files per attempt (hpo.backends.verl)
     every_key_is_code: ClassVar[bool] = True  # hydra's _target_ and verl's custom reward paths load code
     # verl 0.9.1's keys that change speed and memory, not the update (ppo_trainer.yaml; perf_tuning.rst's five
     # families): per-GPU micro-batches and token budgets, padding removal, checkpointing and offload, FSDP's

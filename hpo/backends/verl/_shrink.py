@@ -5,7 +5,8 @@
 
 Request: ``{"config_dir": DIR or null, "config_name": NAME, "overrides": [the default corner's overrides],
 "out": DIR, "train_rows": N, "val_rows": M, "tokenizer": DIR or null, "models": {KEY: config.json as a dict},
-"set_keys": [override keys as the space writes them], "reward_timeout_s": S}``. With the config composed as ``main_ppo`` would compose it:
+"set_keys": [override keys as the space writes them], "reward_timeout_s": S}``. With the config composed as
+``main_ppo`` would compose it:
 
 1. **Models**: for each model path ``KEY`` (the actor's, a critic's), a model of the same architecture built from
    its ``config.json`` with 2 layers, hidden size 128 and 2 heads of 64 (random weights, float32), saved with the

@@ -24,7 +24,14 @@ import yaml
 
 from hpo.backends import backend_of, load_space
 from hpo.backends.verl import _arith
-from hpo.backends.verl._launch import verl_argv, verl_env, verl_metrics_path, verl_overrides, weights_only_overrides
+from hpo.backends.verl._launch import (
+    scratch_dir,
+    verl_argv,
+    verl_env,
+    verl_metrics_path,
+    verl_overrides,
+    weights_only_overrides,
+)
 from hpo.backends.verl._resume import checkpoint_complete
 from hpo.execution import MetricsTail
 from tests.hpo.conftest import PY, ROOT, cli_env
@@ -178,6 +185,8 @@ def test_a_killed_driver_s_real_verl_trial_resumes_from_verl_s_checkpoint(tmp_pa
     assert driver.wait(timeout=30) == -signal.SIGKILL
     assert wait_until_gone(studies) == []  # the trial died with its driver, Ray and vLLM included
     killed = {s: d for s, d in MetricsTail(metrics).read()}
+    leaked = scratch_dir(metrics.parent, 0)  # its private /tmp: nobody was left to remove it
+    assert leaked.is_dir()
 
     res = hpo(["resume", "--study", "verl_cpu"], studies, timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -195,6 +204,7 @@ def test_a_killed_driver_s_real_verl_trial_resumes_from_verl_s_checkpoint(tmp_pa
     replayed = done[0].intermediate_values
     assert replayed[2] == pytest.approx(killed[2][VAL])  # the killed attempt's step-2 evaluation, replayed
     assert wait_until_gone(studies) == []
+    assert not leaked.exists() and not scratch_dir(retry_dir, 1).exists()  # swept by resume (issue 44 item 1)
 
 
 def run_segment(tmp_path: Path, number: int, end: int, lr: float, resume: Path | None,
