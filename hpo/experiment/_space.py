@@ -29,6 +29,7 @@ from hpo.analysis._files import MAX_FILE_BYTES, FileRefused, check_regular, read
 from hpo.experiment._heldout import check_no_test_split, parse_baseline
 from hpo.experiment._objective import Objective, parse_objective
 from hpo.experiment._ray_spec import EXECUTORS, RaySpec, parse_ray, split_ray
+from hpo.experiment._secrets import env_ref, is_env_ref, is_secret_key, secret_env_name
 from hpo.experiment._throughput import ThroughputSpec, check_throughput, throughput_defaults
 from hpo.experiment._tracking import TrackingSpec, parse_tracking
 
@@ -338,9 +339,16 @@ class Space:
     def param(self, name: str) -> Param:
         return next(p for p in self.params if p.name == name)
 
+    def fixed_overrides(self) -> dict[str, Any]:
+        """The fixed overrides as a trial's argv holds them: a secret's value replaced by a reference to the trial's
+        environment variable that carries it (:mod:`hpo.experiment._secrets`)."""
+        return {k: env_ref(secret_env_name(k)) if is_secret_key(k) and v is not None and not is_env_ref(v) else v
+                for k, v in self.overrides.items()}
+
     def trainer_overrides(self, values: dict[str, Any]) -> list[str]:
-        """Fixed overrides then ``key=value`` for each tuned parameter value (by param name)."""
-        out = [f"{k}={format_value(v)}" for k, v in self.overrides.items()]
+        """Fixed overrides then ``key=value`` for each tuned parameter value (by param name); secrets as references
+        (:meth:`fixed_overrides`)."""
+        out = [f"{k}={format_value(v)}" for k, v in self.fixed_overrides().items()]
         out += [f"{p.key}={format_value(values[p.name])}" for p in self.params if p.name in values]
         return out
 
@@ -717,6 +725,9 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     params = tuple(_parse_param(n, p, ctx) for n, p in params_raw.items())
     seen: dict[str, str] = {}
     for p in params:
+        if is_secret_key(p.key):
+            raise ctx.error(f"params.{p.name}.key", f"{p.key!r} names a secret (a token, password or key): it is "
+                            "not tuned (Optuna stores every parameter value in clear); set it as a fixed override")
         if p.key in seen:
             raise ctx.error(f"params.{p.name}.key", f"{p.key!r} is already tuned by parameter {seen[p.key]!r}")
         if p.key in fixed:

@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hpo.experiment._secrets import MASK, is_secret_key
 from hpo.experiment._space import DEFAULT_COMMAND, DEFAULT_PREPARE_COMMAND, Space, SpaceError, TrialSpec, read_space
 
 CODE_KEY_PREFIXES = ("custom_reward_function.", "evaluation.custom")
@@ -46,7 +47,7 @@ def executable_part(space: Space, every_key_is_code: bool = False) -> dict[str, 
     load code named by any key (verl: hydra's ``_target_`` and its custom reward paths; ``Backend.every_key_is_code``),
     not only by :data:`CODE_KEY_PREFIXES`."""
     every = every_key_is_code
-    code = {k: v for k, v in space.overrides.items() if every or k.startswith(CODE_KEY_PREFIXES)}
+    code = {k: v for k, v in space.fixed_overrides().items() if every or k.startswith(CODE_KEY_PREFIXES)}
     code.update({f"params.{p.name}": p.key for p in space.params if every or p.key.startswith(CODE_KEY_PREFIXES)})
     prepare = space.trial.prepare_command
     return {
@@ -54,7 +55,7 @@ def executable_part(space: Space, every_key_is_code: bool = False) -> dict[str, 
         "trial.python": space.trial.python,
         "trial.command": list(space.trial.command),
         "trial.prepare_command": None if prepare in (None, DEFAULT_PREPARE_COMMAND) else list(prepare or ()),
-        "trial.env": dict(space.trial.env),
+        "trial.env": {k: MASK if is_secret_key(k) else v for k, v in space.trial.env.items()},  # stored masked
         "config": None if _is_shipped_config(space.config) else space.config,
         "code keys": code,
     }

@@ -99,7 +99,7 @@ def render_pbt_best(space: Space, found: dict[str, Any], fmt: str) -> tuple[str,
         return header, yaml.safe_dump(nest({o.partition("=")[0]: v for o, v in zip(
             last["overrides"], last["params"].values(), strict=False)}), sort_keys=False).rstrip()
     if fmt == "command":
-        fixed = [f"{k}={format_value(v)}" for k, v in space.overrides.items()]
+        fixed = [f"{k}={format_value(v)}" for k, v in space.fixed_overrides().items()]  # secrets: references
         resume = [] if found["checkpoint"] is None else [
             "trainer.resume_mode=resume_path", f"trainer.resume_from_path={found['checkpoint']}"]
         return header, shlex.join(backend_of(space).command_line(space, [*fixed, *last["overrides"], *resume]))

@@ -340,6 +340,6 @@ def render_best(space: Space, trial: FrozenTrial, fmt: str) -> str:
         return yaml.safe_dump(nest(flat), sort_keys=False).rstrip()
     tuned = best_overrides(space, trial)
     if fmt == "command":
-        fixed = [f"{k}={format_value(v)}" for k, v in space.overrides.items()]
+        fixed = [f"{k}={format_value(v)}" for k, v in space.fixed_overrides().items()]  # secrets: references
         return shlex.join(backend_of(space).command_line(space, [*fixed, *tuned]))
     return shlex.join(tuned)

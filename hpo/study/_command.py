@@ -14,6 +14,7 @@ from typing import Any
 
 from hpo.backends import TrialConfig, backend_of
 from hpo.execution import ENV_DRIVER, ENV_STUDY, ENV_TRIAL, TrialProcess
+from hpo.experiment._secrets import MASK, is_secret_key, secret_overrides
 from hpo.experiment._space import Space, SpaceError
 from hpo.study._checkpoints import TRIAL_MARKER
 from hpo.study._errors import DriverError, TrialInterrupted
@@ -38,7 +39,8 @@ def fresh_trial_dir(trials_dir: Path, study_name: str, number: int, identity: di
 def trial_env(space: Space, study_name: str, number: int, identity: dict[str, Any], devices: list[str],
               metrics: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(space.trial.env)
+    env.update({k: v for k, v in space.trial.env.items() if v != MASK})  # a stored secret: the driver's own value
+    env.update(secret_overrides(space.overrides))  # secret overrides: in the environment, never in argv
     env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     env["VERL_FILE_LOGGER_PATH"] = str(metrics)  # verl's own file-logger variable
     env["PYTHONUNBUFFERED"] = "1"
@@ -50,7 +52,8 @@ def trial_env(space: Space, study_name: str, number: int, identity: dict[str, An
 
 def write_trial_files(space: Space, cwd: str, trial_dir: Path, argv: list[str], env: dict[str, str],
                       config: TrialConfig, params: dict[str, Any]) -> None:
-    shown_env = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", *space.trial.env) if k in env}
+    shown_env = {k: MASK if is_secret_key(k) else env[k] for k in ("CUDA_VISIBLE_DEVICES", *space.trial.env)
+                 if k in env}
     (trial_dir / "command.json").write_text(json.dumps(
         {"argv": argv, "env": shown_env, "cwd": cwd, "shell": shlex.join(argv)}, indent=2) + "\n")
     (trial_dir / "params.json").write_text(json.dumps(params, indent=2) + "\n")
@@ -64,7 +67,8 @@ def prepare(space: Space, study_dir: Path, cwd: str, reporter: Progress, stop_ev
         return
     log_dir = study_dir / "prepare"
     reporter.note(f"preparing model and data: {' '.join(argv[1:])}")
-    result = TrialProcess(argv=argv, env=dict(os.environ), log_dir=log_dir, metrics_path=log_dir / "metrics.jsonl",
+    env = {**os.environ, **secret_overrides(space.overrides)}  # the prepare step's argv holds secrets as references
+    result = TrialProcess(argv=argv, env=env, log_dir=log_dir, metrics_path=log_dir / "metrics.jsonl",
                           cwd=cwd, stop_event=stop_event).run()
     if result.stop == "interrupted":
         raise TrialInterrupted("interrupted while preparing")

@@ -101,11 +101,16 @@ def open_stored(study_name: str, storage_url: str, *, local_space: str | None = 
     """The stored study for ``resume``, ``worker`` and ``confirm``: its experiment may run here
     (:mod:`hpo.experiment._trust`), with this driver's ``n_jobs``, Ray address and devices, and the backend's launch
     check. ``wait_s``: ride out a database that is (re)starting this long (a worker started by a scheduler)."""
+    from hpo.experiment._secrets import missing_secrets
     from hpo.experiment._trust import check_stored_experiment
     from hpo.record import ATTR_DIGEST, ATTR_SOURCE
     from hpo.study._optuna import load_stored
 
     space, study = load_stored(study_name, storage_url, n_trials, wait_s)
+    missing = missing_secrets(space.overrides, space.trial.env, os.environ)
+    if missing:  # a secret is never stored: this driver's environment must carry it
+        raise SpaceError(f"study {study_name!r}: its experiment's secrets are not stored; export "
+                         f"{', '.join(missing)} in this driver's environment")
     check_stored_experiment(space, study_name, local_space, study.user_attrs.get(ATTR_SOURCE), trust,
                             study.user_attrs.get(ATTR_DIGEST), backend_of(space).every_key_is_code)
     if n_jobs is not None:

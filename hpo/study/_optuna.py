@@ -17,6 +17,7 @@ import optuna
 
 from hpo.backends import stored_space
 from hpo.execution._identity import driver_identity
+from hpo.experiment._secrets import masked_raw
 from hpo.experiment._space import Param, PrunerSpec, SamplerSpec, Space, SpaceError
 from hpo.experiment._trust import experiment_digest
 from hpo.record import ATTR_DIGEST, ATTR_SOURCE, ATTR_SPACE, ATTR_TARGET
@@ -97,7 +98,8 @@ def _essentials(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _jsonable(raw: dict[str, Any]) -> dict[str, Any]:
-    return dict(json.loads(json.dumps(raw, default=str)))
+    """The experiment as the study stores it: JSON, each secret masked (:func:`hpo.experiment._secrets.masked_raw`)."""
+    return dict(json.loads(json.dumps(masked_raw(raw), default=str)))
 
 
 def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:

@@ -20,6 +20,7 @@ Behaviour keys (all optional):
     fake.bad            exit 2 with 'error: ...' (bad config)
     fake.tox            eval/toxicity_mean at every evaluation (default 0.1)
     fake.lat            eval/latency_p95 at every evaluation (default 0.5)
+    fake.env_file       write {"argv": [its overrides], "env": {VERL_HPO_SECRET_* and *_KEY / *_TOKEN variables}} (JSON)
     fake.log_file       append {"trial", "cuda", "x", "seed", "start", "end"} (JSON line) to this file when the run ends
     fake.seed_noise     add seed_noise * u to the final value, u in [-1, 1] drawn from trainer.seed (default 0)
     fake.nan_at         actor/pg_loss is NaN from this step on (finite, 0.1, before)
@@ -67,6 +68,11 @@ def main(argv: list[str]) -> int:
     if "fake.bad" in opts:
         print(f"error: fake.bad={opts['fake.bad']!r} is not a valid option", file=sys.stderr)
         return 2
+    if "fake.env_file" in opts:  # what a secret reaches the trainer as (tests/hpo/test_secrets.py)
+        with open(opts["fake.env_file"], "w") as fh:
+            env = {k: v for k, v in os.environ.items() if k.startswith("VERL_HPO_SECRET_")
+                   or k.endswith(("_KEY", "_TOKEN"))}
+            json.dump({"argv": [f"{k}={v}" for k, v in opts.items()], "env": env}, fh)
     if opts.get("fake.ignore_sigterm") == "true":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if "fake.child" in opts:

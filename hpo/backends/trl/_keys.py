@@ -13,7 +13,9 @@ which imports this file as its sibling in TRL's interpreter): the standard libra
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -115,3 +117,23 @@ def load_value(text: str) -> Any:
 def load_mapping(text: str) -> Any:
     """A config file's document (YAMLError when it is not YAML)."""
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
+
+
+ENV_REF = re.compile(r"^\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)\}$")  # hpo.experiment._secrets writes them
+
+
+def resolve_env_refs(overrides: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """``key=${oc.env:NAME}`` overrides with the variable's value (what a trainer does at start-up); ValueError
+    naming the key when the variable is not set."""
+    environ = os.environ if environ is None else environ
+    out = []
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        m = ENV_REF.match(value.strip()) if sep else None
+        if m is None:
+            out.append(text)
+            continue
+        if m.group(1) not in environ:
+            raise ValueError(f"{key}: ${{oc.env:{m.group(1)}}} is not set in the trainer's environment")
+        out.append(f"{key}='" + environ[m.group(1)].replace("'", "''") + "'")  # a YAML string, whatever it holds
+    return out

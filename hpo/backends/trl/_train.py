@@ -42,7 +42,7 @@ import yaml
 
 sys.path.append(str(Path(__file__).resolve().parents[3]))  # verl_core (the task, model, reward) from any interpreter
 # this file's sibling: run as a script, its folder is sys.path[0]
-from _keys import LAUNCHER_KEYS, flatten, load_mapping, load_value
+from _keys import LAUNCHER_KEYS, flatten, load_mapping, load_value, resolve_env_refs
 
 # What the launcher sets unless the config does: no tracker but the metrics file, a log line per step, CPU-friendly.
 DEFAULTS: dict[str, Any] = {"report_to": "none", "logging_steps": 1, "disable_tqdm": True, "save_strategy": "steps",
@@ -360,7 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             print(json.dumps(check(json.load(sys.stdin), args.config)))
             return 0
-        cfg = load_config(args.config, args.overrides)
+        try:  # a secret comes as key=${oc.env:VERL_HPO_SECRET_...} with its value in this process's environment
+            overrides = resolve_env_refs(args.overrides)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        cfg = load_config(args.config, overrides)
         threads = cfg.get("runtime.threads", LAUNCHER_KEYS["runtime.threads"])
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)  # before torch loads
         launcher, grpo = split_config(cfg, set(grpo_fields()))

@@ -110,7 +110,7 @@ class VerlBackend(Backend):
         """Hydra syntax (one value per key; ``extra`` replaces a fixed key); the driver's own keys come from
         :func:`verl_argv` at launch."""
         extra = dict(extra or {})
-        fixed = {k: v for k, v in space.overrides.items() if k not in extra}
+        fixed = {k: v for k, v in space.fixed_overrides().items() if k not in extra}  # secrets as ${oc.env:...}
         tuned = {p.key: values[p.name] for p in space.params if p.name in values}
         overrides = [*verl_overrides(fixed, {**tuned, **extra}), *tail]
         return TrialConfig(overrides, steps_in(overrides), self.config_text(space, overrides))

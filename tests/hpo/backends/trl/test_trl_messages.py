@@ -43,3 +43,17 @@ def test_an_interpreter_that_is_not_one_is_named(tmp_path: Path, python: str, ne
 
 def test_a_value_that_breaks_grpoconfig_names_its_key(tmp_path: Path) -> None:
     _one_line(_search(tmp_path, "deepspeed=/etc/passwd"), tmp_path, "overrides.deepspeed", "rejected by TRL")
+
+
+def test_the_launcher_reads_a_secret_from_its_environment() -> None:
+    """``hub_token=${oc.env:VERL_HPO_SECRET_HUB_TOKEN}`` in argv (hpo.experiment._secrets): the launcher takes the
+    value from its environment as a YAML string, and names the key when the variable is missing."""
+    import yaml
+
+    from hpo.backends.trl._keys import resolve_env_refs
+
+    env = {"VERL_HPO_SECRET_HUB_TOKEN": "123'45"}
+    out = resolve_env_refs(["max_steps=4", "hub_token=${oc.env:VERL_HPO_SECRET_HUB_TOKEN}"], env)
+    assert out[0] == "max_steps=4" and yaml.safe_load(out[1].partition("=")[2]) == "123'45"
+    with pytest.raises(ValueError, match="hub_token: .*VERL_HPO_SECRET_HUB_TOKEN.* is not set"):
+        resolve_env_refs(["hub_token=${oc.env:VERL_HPO_SECRET_HUB_TOKEN}"], {})
