@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import math
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -175,6 +176,19 @@ def _studies_dir(arg: Path | None) -> Path:
     return arg if arg is not None else Path(os.environ.get(ENV_STUDIES_DIR, "studies"))
 
 
+def follow_up(cmd: str, study_name: str, storage_url: str, studies_dir: Path) -> str:
+    """A complete command line to go on with this study: ``--studies-dir`` unless it is the default, ``--storage``
+    (its password masked) unless it is the study's default SQLite file there (issue 43: a hint that finds nothing)."""
+    from hpo.storages._storage import default_storage_url
+
+    line = f"verl-hpo {cmd} --study {study_name}"
+    if studies_dir.resolve() != _studies_dir(None).resolve():
+        line += f" --studies-dir {shlex.quote(str(studies_dir.resolve()))}"  # works from any directory
+    if storage_url and storage_url != default_storage_url(studies_dir, study_name):
+        line += f" --storage {shlex.quote(mask_url(storage_url))}"
+    return line
+
+
 def _fail(msg: str, code: int = 2) -> int:
     if len(msg) > MAX_ERROR_CHARS:  # a value echoed from hostile input: the line stays readable
         msg = f"{msg[:MAX_ERROR_CHARS]}... ({len(msg)} characters)"
@@ -295,16 +309,17 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
         except DriverError as err:
             return _fail(str(err), 1)
         except StorageUnavailable as err:
-            return _fail(f"{err}; finished trials are kept: verl-hpo resume --study {study_name} once it is back", 1)
+            return _fail(f"{err}; finished trials are kept: "
+                         f"{follow_up('resume', study_name, storage_url, studies_dir)} once it is back", 1)
         write_final_page(pages, study_name, storage_url, studies_dir, reporter.note)
         signum = (got[0] if got else signal.SIGINT) if got or ran < 0 else None
         if confirming:
-            return _confirm_exit(study, space, study_name, signum)
+            return _confirm_exit(study, space, follow_up("confirm", study_name, storage_url, studies_dir), signum)
         done = n_finished(study)
         if signum is not None and (done < target or space.study.strategy == "pbt"):
             print(f"stopped by {signal.Signals(signum).name}: {done}/{target} trials finished; "
-                  f"interrupted trials are queued: verl-hpo resume --study {study_name}"
-                  + (f" --storage {mask_url(storage_url)}" if "sqlite" not in storage_url else ""), file=sys.stderr)
+                  f"interrupted trials are queued: {follow_up('resume', study_name, storage_url, studies_dir)}",
+                  file=sys.stderr)
             return EXIT_SIGNAL.get(signum, 130)
         if ran == 0:
             reporter.note(f"study {study_name} already has {done} finished trials (target {target})")
@@ -312,15 +327,15 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
     return 0
 
 
-def _confirm_exit(study: Any, space: Space, study_name: str, signum: int | None) -> int:
+def _confirm_exit(study: Any, space: Space, again: str, signum: int | None) -> int:
     """After ``confirm``: the confirmed table and the verdict, or (stopped by a signal) how many runs are left."""
     from hpo.reporting._report import confirmed_table
     from hpo.reporting._verdict import verdict_lines
     from hpo.study._confirm import pending
 
     if signum is not None:
-        print(f"stopped by {signal.Signals(signum).name}: {pending(study)} confirmation run(s) left; run verl-hpo "
-              f"confirm --study {study_name} again to finish them", file=sys.stderr)
+        print(f"stopped by {signal.Signals(signum).name}: {pending(study)} confirmation run(s) left; run {again} "
+              "again to finish them", file=sys.stderr)
         return EXIT_SIGNAL.get(signum, 130)
     if space.study.kind == "throughput":
         from hpo.reporting._speed import speed_lines, speed_report
