@@ -46,6 +46,29 @@ def _one_line(text: str) -> str:
     return " ".join(lines)
 
 
+def load_error(err: BaseException) -> str:
+    """Why a user's module did not load, from the root of the exception chain (verl wraps every failure in
+    ``RuntimeError: Error loading module from module_path=...``): its type and message, the missing module's name, and
+    the file and line (a syntax error's own, else the deepest frame in a file that is not the interpreter's)."""
+    root = err
+    while (nxt := root.__cause__ or root.__context__) is not None and nxt is not root:
+        root = nxt
+    text = f"{type(root).__name__}: {_one_line(str(root))[:300]}"
+    if isinstance(root, ModuleNotFoundError) and root.name:
+        text += f" (the module {root.name!r} is not installed in {sys.executable})"
+    if isinstance(root, SyntaxError) and root.filename:
+        return f"{text} at {root.filename}:{root.lineno}"
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(root.__traceback__) if "site-packages" not in f.filename
+              and "<frozen" not in f.filename and not f.filename.startswith(sys.prefix)]
+    return f"{text} at {frames[-1].filename}:{frames[-1].lineno}" if frames else text
+
+
+class ReasonedLoadError(ValueError):
+    """A user's reward module that does not load: ``str(err)`` is one line with the root cause."""
+
+
 def _get(cfg: Any, key: str) -> Any:
     from omegaconf import OmegaConf
 
@@ -291,7 +314,10 @@ def core_variable(cfg: Any, val_files: list[str]) -> str | None:
     path = _get(cfg, "reward.custom_reward_function.path")
     if path and not os.path.isfile(os.path.expanduser(str(path))):
         return None  # not written yet (a prepare step's file), missing, or a FIFO/device: never opened here
-    fn = get_custom_reward_fn(cfg)
+    try:
+        fn = get_custom_reward_fn(cfg)
+    except Exception as err:  # noqa: BLE001 - the user's file: a syntax error, a missing import, a missing name
+        raise ReasonedLoadError(f"reward.custom_reward_function: {path} does not load: {load_error(err)}") from None
     if fn is None:
         return "acc"
     row = _first_val_row(val_files)
@@ -480,7 +506,10 @@ def check_corner(compose: Any, validate: Any, name: str, overrides: list[str],
     if problem is not None:
         key, value, message = problem
         return {"ok": False, "key": key, "value": json.dumps(value), "message": message}
-    result = {"ok": True, "info": describe(cfg, use_critic, use_ref)}
+    try:
+        result = {"ok": True, "info": describe(cfg, use_critic, use_ref)}
+    except ReasonedLoadError as err:
+        return {"ok": False, "key": "reward.custom_reward_function.path", "value": None, "message": str(err)}
     if keys:
         result["selected"] = select(cfg, keys)
     if measure_rows:

@@ -40,7 +40,7 @@ import re
 import sys
 from typing import Any
 
-from _compose import _files, _get, _one_line, _tokenizer_source, chat_kwargs, prompt_lengths, serve
+from _compose import _files, _get, _one_line, _tokenizer_source, chat_kwargs, load_error, prompt_lengths, serve
 
 LAYERS = 2
 HIDDEN = 128
@@ -274,8 +274,8 @@ def _check_reward(cfg: Any, val_file: str) -> dict[str, Any]:
 
         fn = get_custom_reward_fn(cfg) or default_compute_score
     except Exception as err:  # noqa: BLE001 - a file that does not load, a missing function
-        return {"where": where, "problem": problem("reward", f"reward.custom_reward_function: {where} does not load "
-                                                             f"({type(err).__name__}: {_one_line(str(err))[:300]})")}
+        return {"where": where, "problem": problem("reward", f"reward.custom_reward_function: {where} does not load: "
+                                                             f"{load_error(err)}")}
     calls, scores = 0, list[float]()
     for i, row in enumerate(pq.read_table(val_file).to_pylist()):
         truth = (row.get("reward_model") or {}).get("ground_truth")

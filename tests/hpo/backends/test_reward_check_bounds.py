@@ -73,3 +73,20 @@ def test_the_driver_keeps_only_the_end_of_a_helper_s_output(tmp_path: Path) -> N
                       "\nsys.stdout.write('\\n' + json.dumps({'status': 'ok', 'n': 1}) + '\\n')\n")
     assert _script(sys.executable, chatty, {"x": 1}, 120, {}) == {"status": "ok", "n": 1}
     assert SCRIPT_TAIL_BYTES < 50_000_000
+
+
+@pytest.mark.parametrize("body, needles", [
+    ("def compute_score(:\n    pass\n", ["SyntaxError", "reward.py:1"]),
+    ("import nonexistent_scoring_lib\ndef compute_score(*a, **k):\n    return 0.0\n",
+     ["ModuleNotFoundError", "'nonexistent_scoring_lib' is not installed", "reward.py:1"]),
+    ("def helper():\n    raise KeyError('oops')\nhelper()\n", ["KeyError", "reward.py:2"]),
+])
+def test_a_reward_module_that_does_not_load_names_its_root_cause(tmp_path: Path, body: str,
+                                                                  needles: list[str]) -> None:
+    """verl wraps every load failure in ``RuntimeError: Error loading module from module_path=...``: the line says
+    the real exception, the file and line, and the missing module (issue 43 item 5)."""
+    out, _, _ = _check(tmp_path, body, timeout_s=60)
+    msg = out["problem"]["message"]
+    assert "does not load" in msg and "Error loading module" not in msg, msg
+    for n in needles:
+        assert n in msg, msg
