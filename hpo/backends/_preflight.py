@@ -323,6 +323,11 @@ def _validate_verl(space: Space, devices: Sequence[str], out: Any, lengths: Sequ
 
     print(f"{space.source}: every corner composed and checked with verl's own config code "
           f"({space.trial.python or 'the verl venv'})", file=out)
+    from hpo.backends.verl._resume import retry_note
+
+    note = retry_note(space)
+    if note:
+        print(f"note: {note}", file=out)
     per_trial = list(devices[: space.trial.gpus_per_trial])
     values = corners(space)
     try:

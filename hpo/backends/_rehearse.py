@@ -52,7 +52,7 @@ from hpo.backends.verl._launch import (
     verl_metrics_path,
     verl_overrides,
 )
-from hpo.backends.verl._resume import checkpoint_step
+from hpo.backends.verl._resume import checkpoint_step, retry_note
 from hpo.execution._runner import RunResult, TrialProcess
 from hpo.experiment._space import SpaceError
 
@@ -341,7 +341,11 @@ def check_runs(space: Space, outcomes: Sequence[CornerOutcome], resumed: bool = 
     found += _objective(space, logged)
     found += _echoes(space, outcomes)
     found += _finite(outcomes)
-    found += _resume(outcomes) if resumed else []
+    found += _resume(outcomes) if resumed else [Finding("resume", "note", "not checked (--quick): a retried trial "
+                                                         "resuming from its checkpoint; rehearse without --quick")]
+    note = retry_note(space)
+    if note:
+        found.append(Finding("resume", "note", note))
     return found
 
 

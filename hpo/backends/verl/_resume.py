@@ -20,6 +20,7 @@ from typing import Any
 
 from hpo.backends._replay import replay_records
 from hpo.backends.verl._launch import verl_metrics_path
+from hpo.experiment._space import Space
 
 CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"  # verl's trainer writes it after each checkpoint
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -141,3 +142,19 @@ def attempt_files(trials_dir: Path, retry_history: Sequence[int]) -> list[Path]:
     """The metrics files of the earlier attempts of a chain, oldest first (attempt k ran as trial
     ``retry_history[k]``)."""
     return [verl_metrics_path(trials_dir / str(n), k) for k, n in enumerate(retry_history)]
+
+
+def retry_note(space: Space) -> str | None:
+    """A line when the experiment's checkpoints leave a retried trial nothing to resume (verl's default
+    ``trainer.save_freq: -1`` saves only at the last step), else None."""
+    fixed = {k.lstrip("+"): v for k, v in space.overrides.items()}
+    freq, steps = fixed.get("trainer.save_freq", -1), fixed.get("trainer.total_training_steps")
+    try:
+        freq = int(freq)
+        steps = None if steps is None else int(steps)
+    except (TypeError, ValueError):
+        return None
+    if freq > 0 and (steps is None or freq < steps):
+        return None
+    return (f"trainer.save_freq={freq}: no checkpoint before the last step, so a retried trial (its driver killed, "
+            "its node lost) starts over from step 0; set it to a few evaluations' worth of steps")

@@ -45,3 +45,26 @@ def test_a_malformed_state_is_one_line(tmp_path: Path) -> None:
     proc, _ = _recheck(tmp_path)
     assert proc.returncode == 2 and "is malformed (KeyError" in proc.stderr and "Traceback" not in proc.stderr, \
         proc.stderr
+
+
+def test_a_study_whose_retries_start_over_is_said() -> None:
+    """verl's default trainer.save_freq (-1) saves only at the last step: validate and rehearse say a retry starts
+    over (issue 43 item 6); the shipped verl_grpo_cpu saves every 4 of 8 steps."""
+    from hpo.backends.verl._resume import retry_note
+
+    shipped = load_space(str(SPACE))
+    assert retry_note(shipped) is None
+    import dataclasses
+
+    none = dataclasses.replace(shipped, overrides={k: v for k, v in shipped.overrides.items()
+                                                   if k != "trainer.save_freq"})
+    assert "trainer.save_freq=-1: no checkpoint before the last step" in (retry_note(none) or "")
+    last = dataclasses.replace(shipped, overrides={**shipped.overrides, "trainer.save_freq": 8})
+    assert "starts over from step 0" in (retry_note(last) or "")
+
+
+def test_quick_says_the_resume_was_not_checked() -> None:
+    from hpo.backends._rehearse import check_runs
+
+    notes = [f for f in check_runs(load_space(str(SPACE)), [], resumed=False) if f.check == "resume"]
+    assert [f.level for f in notes] == ["note"] and "not checked (--quick)" in notes[0].message
