@@ -6,6 +6,7 @@ the trials where they will run, a GPU or the CPU (:func:`check_verl_launch`). No
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -143,6 +144,9 @@ class ComposedConfig:
     attn_implementation: str = "flash_attention_2"  # the actor's and reference's (override_config)
     val_core_var: str | None = "acc"  # verl's core validation variable (val_core_metric); None: not known here
     seed_keys: tuple[str, ...] = ()  # the seeds of the run that exist in this config (confirm varies them)
+    use_kl_loss: bool | None = None  # None: not known (an older reply)
+    use_kl_in_reward: bool | None = None
+    reward_model_enable: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -293,6 +297,10 @@ def check_verl_space(space: Space, python: str, n_gpus: int | None = None) -> Co
                 fixed = next((k for k in space.overrides if override_key(k) == key), None)
                 raise VerlConfigError(problem, f"overrides.{fixed}" if fixed else "params", key=key)
     check_verl_metrics(space, report.corners[0])
+    facts = {k: v for k, v in dataclasses.asdict(report.corners[0]).items() if v is not None}
+    dead = unread_tuned([(f"params.{p.name}", p.key) for p in space.params], facts)
+    if dead:  # every trial would spend a dimension of the search on a value nothing reads
+        raise VerlConfigError(dead[0][1], dead[0][0], key=space.param(dead[0][0].split(".", 1)[1]).key)
     return report
 
 
@@ -412,3 +420,35 @@ def check_verl_launch(space: Space, python: str | None = None, cpu: bool | None 
             raise VerlConfigError(problem, "trial.python")
     if report.first_error is not None:
         raise report.first_error
+
+
+def unread_tuned(keys: Sequence[tuple[str, str]], info: dict[str, Any]) -> list[tuple[str, str]]:
+    """The tuned keys (``(field, key)``) that no worker of this run reads, decided from one composed corner's
+    ``info`` (:func:`hpo.backends.verl._compose.describe`): a critic key without a critic, a reference key without a
+    reference policy, a reward-model key without a reward model, the KL-loss coefficient without ``use_kl_loss``, the
+    in-reward KL controller without ``use_kl_in_reward``, another rollout engine's ``engine_kwargs``. ``(field,
+    why)`` each; keys it cannot decide (``info`` lacks the fact) are left out."""
+    rollout = str(info.get("rollout_name") or "")
+    no_rm = "this run has no reward model (reward.reward_model.enable)"
+    no_critic = f"this run has no critic (algorithm.adv_estimator={info.get('adv_estimator')})"
+    rules = (
+        ("critic.", "use_critic", False, no_critic),
+        ("actor_rollout_ref.ref.", "use_reference_policy", False, "this run has no reference policy"),
+        ("reward.reward_model.", "reward_model_enable", False, no_rm),
+        ("reward_model.", "reward_model_enable", False, no_rm),
+        ("actor_rollout_ref.actor.kl_loss", "use_kl_loss", False, "actor_rollout_ref.actor.use_kl_loss is false"),
+        ("algorithm.kl_ctrl.", "use_kl_in_reward", False, "algorithm.use_kl_in_reward is false"),
+    )
+    out = []
+    for where, key in keys:
+        bare = key.lstrip("+~")
+        for prefix, fact, off, why in rules:
+            if bare.startswith(prefix) and fact in info and bool(info[fact]) == off:
+                out.append((where, f"{key}: {why}, so no worker reads it"))
+                break
+        else:
+            engine = re.match(r"actor_rollout_ref\.rollout\.engine_kwargs\.([a-z_]+)\.", bare)
+            if engine and rollout and engine.group(1) != rollout:
+                out.append((where, f"{key}: the rollout engine is {rollout}, not {engine.group(1)}, so no worker "
+                                   "reads it"))
+    return out

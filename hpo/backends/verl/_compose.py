@@ -353,6 +353,9 @@ def describe(cfg: Any, use_critic: bool, use_ref: bool) -> dict[str, Any]:
         "use_critic": use_critic,
         "use_reference_policy": use_ref,
         "adv_estimator": str(_get(cfg, "algorithm.adv_estimator")),
+        "use_kl_loss": bool(_get(cfg, "actor_rollout_ref.actor.use_kl_loss")),
+        "use_kl_in_reward": bool(_get(cfg, "algorithm.use_kl_in_reward")),
+        "reward_model_enable": bool(_get(cfg, "reward.reward_model.enable") or _get(cfg, "reward_model.enable")),
         "train_files": _files(_get(cfg, "data.train_files")),
         "val_files": val_files,
     }
