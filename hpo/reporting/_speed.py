@@ -34,9 +34,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo.experiment._space import Space
 from hpo.experiment._throughput import SPEED_METRICS
-from hpo.record import ATTR_BASELINE, ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
+from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
 from hpo.study._compare import LEVEL, t_quantile
-from hpo.study._confirm import BASELINE_OF
+from hpo.study._confirm import BASELINE_OF, CONTROL_OF
 
 
 @dataclass
@@ -68,6 +68,7 @@ class SpeedReport:
     baseline_values: dict[int, float]  # seed -> the user's config's value
     tolerance: float
     pending: int
+    noise: dict[str, float] | None = None  # the control's relative first-step differences (None: no control ran)
 
     @property
     def recommended(self) -> SpeedPick | None:
@@ -86,7 +87,10 @@ def _latest_runs(study: optuna.Study) -> tuple[dict[tuple[int, int], FrozenTrial
             pending += 1
         if t.state != TrialState.COMPLETE:
             continue
-        of = BASELINE_OF if t.system_attrs.get(ATTR_BASELINE) else int(t.system_attrs[ATTR_CONFIRM_OF])
+        try:
+            of = int(t.system_attrs[ATTR_CONFIRM_OF])  # BASELINE_OF, CONTROL_OF or the pick's trial number
+        except (TypeError, ValueError):
+            continue
         runs[(of, int(t.system_attrs[ATTR_CONFIRM_SEED]))] = t
     return runs, pending
 
@@ -96,19 +100,32 @@ def _value(t: FrozenTrial) -> float | None:
     return float(v) if v is not None and math.isfinite(v) and v > 0 else None
 
 
-def math_disagreements(pick: dict[str, Any], base: dict[str, Any], tolerance: float) -> list[str]:
-    """The first-step metrics (``first_step`` user attrs) that differ beyond ``tolerance x max(1, |base|)``, or that
-    only one run logged; ``step`` is where each was taken."""
+NOISE_FACTOR = 3.0  # a metric may differ by this many times what two runs of the user's config on one seed differ by
+
+
+def math_disagreements(pick: dict[str, Any], base: dict[str, Any], tolerance: float,
+                       noise: dict[str, float] | None = None) -> list[str]:
+    """The first-step metrics (``first_step`` user attrs) that differ beyond ``tolerance x max(1, |base|)`` plus
+    :data:`NOISE_FACTOR` x ``noise[metric]`` (how far two runs of the user's config on one seed differ: 0 on a trainer
+    whose first step reproduces), or that only one run logged; ``step`` is where each was taken."""
+    noise = noise or {}
     out = []
     for m in sorted((set(pick) | set(base)) - {"step"}):
         a, b = pick.get(m), base.get(m)
         if a is None or b is None:
             out.append(f"{m} logged by {'the pick' if b is None else 'your config'} only")
-        elif not abs(float(a) - float(b)) <= tolerance * max(1.0, abs(float(b))):
+        elif not abs(float(a) - float(b)) <= tolerance * max(1.0, abs(float(b))) + NOISE_FACTOR * noise.get(m, 0.0):
             out.append(f"{m} {float(a):.6g} vs {float(b):.6g}")
     if pick.get("step") != base.get("step") and "step" in pick and "step" in base:
         out.append(f"first step {pick['step']} vs {base['step']}")
     return out
+
+
+def run_noise(base: dict[str, Any], control: dict[str, Any]) -> dict[str, float]:
+    """Per metric, how far the user's config's two runs on one seed differ at the first step, relative to the first
+    run's value (``|a - b| / max(1e-12, |a|)``): 0 everywhere where the trainer reproduces its first step."""
+    return {m: abs(float(control[m]) - float(base[m])) / max(1e-12, abs(float(base[m])))
+            for m in set(base) & set(control) - {"step"}}
 
 
 def _ratio(pairs: list[tuple[int, float, float]], faster_is_higher: bool) -> tuple[float, float | None, float | None]:
@@ -130,7 +147,13 @@ def speed_report(study: optuna.Study, space: Space) -> SpeedReport | None:
     metric = space.objective.objectives[0].metric if space.objective.multi else space.objective.metric
     higher = SPEED_METRICS.get(metric, "maximize") == "maximize"
     tol = space.study.throughput.tolerance
-    numbers = sorted({of for of, _ in runs if of != BASELINE_OF})
+    control = next(((seed, t) for (of, seed), t in runs.items() if of == CONTROL_OF and seed in base), None)
+    rel_noise: dict[str, float] = {}
+    if control is not None:
+        first_b, first_c = base[control[0]].user_attrs.get("first_step"), control[1].user_attrs.get("first_step")
+        if isinstance(first_b, dict) and isinstance(first_c, dict):
+            rel_noise = run_noise(first_b, first_c)
+    numbers = sorted({of for of, _ in runs if of not in (BASELINE_OF, CONTROL_OF)})
     by_number = {t.number: t for t in study.get_trials(deepcopy=False) if t.number in numbers}
     picks = []
     for n in numbers:
@@ -147,12 +170,14 @@ def speed_report(study: optuna.Study, space: Space) -> SpeedReport | None:
             first_a, first_b = run.user_attrs.get("first_step"), base[seed].user_attrs.get("first_step")
             if isinstance(first_a, dict) and isinstance(first_b, dict):
                 pick.compared += 1
-                pick.disagreements += [f"seed {seed}: {d}" for d in math_disagreements(first_a, first_b, tol)]
+                noise = {m: r * abs(float(first_b[m])) for m, r in rel_noise.items() if m in first_b}
+                pick.disagreements += [f"seed {seed}: {d}" for d in math_disagreements(first_a, first_b, tol, noise)]
         if pick.pairs:
             pick.ratio, pick.low, pick.high = _ratio(pick.pairs, higher)
         picks.append(pick)
     picks.sort(key=lambda p: -(p.ratio or 0.0))
-    return SpeedReport(metric, picks, {s: v for s, t in base.items() if (v := _value(t)) is not None}, tol, pending)
+    return SpeedReport(metric, picks, {s: v for s, t in base.items() if (v := _value(t)) is not None}, tol, pending,
+                       None if control is None else rel_noise)
 
 
 def speed_lines(report: SpeedReport, space: Space) -> list[str]:
@@ -161,6 +186,13 @@ def speed_lines(report: SpeedReport, space: Space) -> list[str]:
     base = list(report.baseline_values.values())
     out = [f"user's config: {report.metric} {statistics.fmean(base):.4g} over {len(base)} run(s)" if base else
            "user's config: no finished run with a finite value"]
+    if report.noise is not None:
+        moved = {m: r for m, r in sorted(report.noise.items()) if r > 1e-9}
+        out.append("control (your config twice on one seed): the first step reproduces exactly; the same-math check "
+                   f"is strict (within {report.tolerance:g})" if not moved else
+                   "control (your config twice on one seed): the first step differs between runs ("
+                   + ", ".join(f"{m} by {100 * r:.2g}%" for m, r in list(moved.items())[:4])
+                   + f"): the same-math check allows {report.tolerance:g} plus {NOISE_FACTOR:g}x that difference")
     for p in report.picks:
         setting = " ".join(f"{n}={p.trial.params.get(n)}" for n in names)
         if p.ratio is None:

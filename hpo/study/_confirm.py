@@ -410,21 +410,32 @@ def remember_baseline(cache: Path, space: Space, study_name: str, run: FrozenTri
     return True
 
 
+CONTROL_OF = -2  # hpo:confirm_of of a throughput study's control: the user's config again, on the first seed
+
+
 def queue_speed_check(study: optuna.Study, space: Space, top_k: int, repeats: int) -> list[tuple[int, int]]:
     """A throughput study's confirmation (:mod:`hpo.reporting._speed` reads it): for each of ``repeats`` seeds a run
     of the user's config (``study.baseline``) and one of each of the ``top_k`` fastest distinct search trials, in that
     order on even seeds and the reverse on odd ones (the driver runs them one at a time, so they alternate on the
-    host and a linear drift of its speed cancels out); what is not queued yet is
-    queued, never from the kept baselines (a timing is its run's own). ValueError when the search has no finite
-    trial."""
+    host and a linear drift of its speed cancels out), and right after the first seed's run of the user's config a
+    control: the same config on the same seed again, which tells the same-math check how far two runs of one config
+    and seed differ on this trainer (0 where its rollout is reproducible). What is not queued yet is queued, never
+    from the kept baselines (a timing is its run's own). ValueError when the search has no finite trial."""
     picks = top_trials(study, top_k)
     if not picks:
         raise ValueError(f"study {study.study_name!r} has no completed throughput trial with a finite value yet")
+    seeds = confirm_seeds(space, repeats)
+    queued = queue_runs(study, [(None, seeds[0])])
+    if (CONTROL_OF, seeds[0]) not in present_runs(study):
+        study.add_trial(optuna.create_trial(
+            state=TrialState.WAITING, params={}, distributions={},
+            system_attrs={ATTR_CONFIRM_OF: CONTROL_OF, ATTR_CONFIRM_SEED: seeds[0], ATTR_BASELINE: True}))
+        queued.append((CONTROL_OF, seeds[0]))
     runs: list[tuple[FrozenTrial | None, int]] = []
-    for i, seed in enumerate(confirm_seeds(space, repeats)):
+    for i, seed in enumerate(seeds):
         one = [None, *picks]  # the user's config first, then each pick; the next seed the other way round (ABBA):
         runs += [(t, seed) for t in (one if i % 2 == 0 else one[::-1])]  # a drift of the host's speed cancels out
-    return queue_runs(study, runs)
+    return queued + queue_runs(study, runs)
 
 
 def queue_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: int,

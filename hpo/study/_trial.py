@@ -60,6 +60,7 @@ from hpo.study._confirm import (
     ATTR_BASELINE,
     ATTR_CONFIRM_OF,
     ATTR_CONFIRM_SEED,
+    CONTROL_OF,
     confirm_overrides,
     heldout_metric_of,
     is_confirm,
@@ -216,7 +217,8 @@ class TrialRunner:
         metrics = self.backend.metrics_path(trial_dir, len(history))
         confirm_seed = system.get(ATTR_CONFIRM_SEED)
         if confirm_seed is not None:  # a confirmation run: the top trial's values with a fresh seed
-            trial.set_user_attr("confirm_of", "baseline" if baseline else system.get(ATTR_CONFIRM_OF))
+            of = system.get(ATTR_CONFIRM_OF)
+            trial.set_user_attr("confirm_of", "control" if of == CONTROL_OF else "baseline" if baseline else of)
             trial.set_user_attr("confirm_seed", confirm_seed)
         tail: list[str] = []
         resume_from = None
