@@ -102,6 +102,8 @@ def _rows(backend: str, d: dict[str, Any]) -> list[Row]:
         ours = [a / b for _, a, b in r["pairs"]]
         interval = "" if r["low"] is None else f" [{r['low']:.3f}, {r['high']:.3f}] (95%, paired)"
         same = "same math: agrees" if r["same_math"] else f"same math: {r['same_math']} {r['disagreements'][:2]}"
+        control = next((line for line in r["lines"] if line.startswith("control")), None)
+        same += f" ({control.split(': ', 1)[1]})" if control else ""
         rows.append(make_row(
             f"throughput study's pick vs {against}, {label}", "x faster", ours, None, group=GROUP,
             note=f"{r['ratio']:.3f}x{interval} over {len(r['pairs'])} interleaved pair(s); {same}; pick "
