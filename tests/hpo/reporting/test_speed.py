@@ -165,7 +165,7 @@ def test_a_predicted_oom_is_not_launched(tmp_path: Path) -> None:
 
 def test_speed_from_carries_the_settings_into_every_learning_trial(tmp_path: Path) -> None:
     path = _throughput_space(tmp_path, "speed", {"micro": {"key": MICRO, "type": "categorical", "choices": [32]}},
-                             baseline={MICRO: 4})
+                             baseline={MICRO: 4}, throughput={"warmup_steps": 1, "repeats": 1, "top_k": 1})
     assert _cli(tmp_path, "search", "--space", str(path)).returncode == 0
     assert _cli(tmp_path, "confirm", "--study", "speed").returncode == 0
     learning = tmp_path / "learning.yaml"
