@@ -31,6 +31,7 @@ def test_the_keys_no_worker_reads() -> None:
     off = dict(unread_tuned(keys, {**GRPO, "use_kl_loss": False}))
     assert "use_kl_loss is false" in off["params.klc"]
     assert unread_tuned(keys, {}) == []  # nothing known: nothing decided
+    assert unread_tuned([("params.x", "+algorithm.kl_ctrl.kl_coeff")], GRPO) == []  # added: not verl's key
 
 
 @pytest.mark.skipif(not (ROOT / ".venv-verl" / "bin" / "python").exists(), reason="needs make install-verl")
