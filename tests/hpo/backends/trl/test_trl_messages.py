@@ -57,3 +57,9 @@ def test_the_launcher_reads_a_secret_from_its_environment() -> None:
     assert out[0] == "max_steps=4" and yaml.safe_load(out[1].partition("=")[2]) == "123'45"
     with pytest.raises(ValueError, match="hub_token: .*VERL_HPO_SECRET_HUB_TOKEN.* is not set"):
         resolve_env_refs(["hub_token=${oc.env:VERL_HPO_SECRET_HUB_TOKEN}"], {})
+
+
+def test_a_model_path_that_is_not_a_model_is_refused_before_the_study(tmp_path: Path) -> None:
+    """It was found by the prepare step, after the study existed (issue 44 item 6)."""
+    _one_line(_search(tmp_path, f"model.path={tmp_path}"), tmp_path, "overrides.model.path",
+              "not a local Hugging Face model directory (no config.json)")
