@@ -122,6 +122,9 @@ def _verl_budget(space: Space, devices: Sequence[str], gpu_total_bytes: int | No
         return int(cap * GiB), f"trial.memory_limit_gb={cap}", total
     if gpu_total_bytes is not None:
         return gpu_total_bytes, f"a GPU of {gpu_total_bytes / GiB:.0f} GiB", total
+    if space.trial.gpus_per_trial == 0:  # the trials train on the CPU: this is the estimate for a GPU, said so
+        return total, (f"trials run on the CPU (trial.gpus_per_trial: 0): the estimate is for a {total / GiB:.0f} GiB "
+                       "GPU, for when they get one"), total
     return total, (f"no GPU visible: an {ASSUMED_GPU_GB} GiB GPU assumed" if not gpus else
                    "total memory of GPU 0 (nvidia-smi; no device of the trial visible)"), total
 
