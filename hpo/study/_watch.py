@@ -103,14 +103,14 @@ class Watch:
             decision = "budget"  # the last: a trial that stops anyway for another reason is not the budget's
         return decision
 
-    def throughput_spread(self) -> dict[str, float | int]:
+    def throughput_spread(self) -> dict[str, float | int | None]:
         """The measured steps' first objective: its standard deviation, coefficient of variation and count."""
         xs = [h[0] for h in self.history]
         if not xs:
             return {}
         std = statistics.stdev(xs) if len(xs) > 1 else 0.0
         mean = sum(xs) / len(xs)
-        return {"throughput_std": round(std, 6), "throughput_cv": round(std / mean, 6) if mean else math.nan,
+        return {"throughput_std": round(std, 6), "throughput_cv": round(std / mean, 6) if mean else None,
                 "throughput_steps": len(xs)}
 
     def _plateaued(self, es: EarlyStopping) -> bool:
