@@ -508,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if getattr(args, "n_jobs", None) is not None and args.n_jobs <= 0:
                 return _fail(f"--n-jobs {args.n_jobs}: must be positive")
             return _run(None, args.study, storage_url, studies_dir, args)
-        return _best(args.study, storage_url, args.format, args.trial)
+        return _best(args.study, storage_url, args.format, args.trial, studies_dir)
     except SpaceError as err:
         return _fail(scrub(str(err), storage_url) if storage_url else str(err))
     except STORAGE_ERRORS as err:  # StorageUnavailable (past study.storage_retry_s), StorageInternalError, ...
@@ -524,7 +524,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None = None) -> int:
+def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None = None,
+          studies_dir: Path | None = None) -> int:
     from hpo.reporting._report import best_trial, front_table, objective_names, pareto_front, render_best
     from hpo.study._optuna import load_stored, quiet_optuna
 
@@ -556,14 +557,16 @@ def _best(study_name: str, storage_url: str, fmt: str, trial_number: int | None 
                 return 1
             print(render_best(space, report.recommended.trial, fmt))
             return 0
-        print(f"# not re-measured yet (verl-hpo confirm --study {study_name} checks the pick against your config "
+        again = follow_up("confirm", study_name, storage_url, studies_dir or _studies_dir(None))
+        print(f"# not re-measured yet ({again} checks the pick against your config "
               "and its math); the fastest search trial:", file=sys.stderr)
     if space.objective.multi and trial_number is None:
         front = pareto_front(study)
         if not front:
             return _fail(f"study {study_name!r} has no feasible completed trial with finite values yet", 1)
         print(f"# pareto front of study {study_name} ({space.objective.label}); "
-              f"overrides of one: verl-hpo best --study {study_name} --trial N", file=sys.stderr)
+              f"overrides of one: {follow_up('best', study_name, storage_url, studies_dir or _studies_dir(None))} "
+              "--trial N", file=sys.stderr)
         print(front_table(study))
         return 0
     if trial_number is not None:
