@@ -288,11 +288,12 @@ def check_verl_space(space: Space, python: str, n_gpus: int | None = None) -> Co
             where = f"overrides.{fixed}" if fixed is not None else "params"
             message = f"the combination {shown} is rejected by verl: {err}"
         raise VerlConfigError(message, where, err.corner, err.key, err.value) from None
-    from hpo.backends.verl._data import missing_files
+    from hpo.backends.verl._data import bad_rows, missing_files
 
-    for info in report.corners:
+    prompt_key = str(next((v for k, v in space.overrides.items() if override_key(k) == "data.prompt_key"), "prompt"))
+    for i, info in enumerate(report.corners):
         for key, files in (("data.train_files", info.train_files), ("data.val_files", info.val_files)):
-            problem = missing_files(key, files)
+            problem = missing_files(key, files) or (bad_rows(key, files, prompt_key) if i == 0 else None)
             if problem:
                 fixed = next((k for k in space.overrides if override_key(k) == key), None)
                 raise VerlConfigError(problem, f"overrides.{fixed}" if fixed else "params", key=key)

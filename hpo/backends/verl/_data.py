@@ -237,3 +237,68 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+ROW_BATCH = 65_536  # rows read at a time by bad_rows: three columns of them, whatever the file's size
+
+
+def bad_rows(key: str, value: str | Sequence[str] | None, prompt_key: str = "prompt") -> str | None:
+    """One line naming the first data file of ``key`` with rows verl cannot use, else None: a missing column
+    (``prompt_key``, ``data_source``, ``reward_model``), or rows whose prompt is null or empty, whose ``data_source``
+    is null, or whose ``reward_model.ground_truth`` is null (the first rows and how many). Every row of every local
+    parquet file is read, three columns at a time in batches of :data:`ROW_BATCH` (a file of millions of rows is never
+    loaded whole); a path that is not a regular file, or not parquet, is left to verl."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from hpo.analysis._files import FileRefused, check_regular
+
+    for text in split_list(value):
+        if "://" in text:
+            continue
+        path = resolve_path(text)
+        try:
+            check_regular(path, str(path))
+            file = pq.ParquetFile(path)
+        except (OSError, FileRefused, pa.ArrowException):
+            continue
+        names = set(file.schema_arrow.names)
+        missing = [c for c in (prompt_key, "data_source", "reward_model") if c not in names]
+        if missing:
+            return (f"{key}: {path} has no column {missing[0]!r} (verl reads {prompt_key!r}, 'data_source', "
+                    "'reward_model')")
+        found: dict[str, list[int]] = {}
+        counts: dict[str, int] = {}
+        offset = 0
+        for batch in file.iter_batches(batch_size=ROW_BATCH, columns=[prompt_key, "data_source", "reward_model"]):
+            prompt, source, reward = (batch.column(i) for i in range(3))
+            checks = {f"{prompt_key} is null or empty": _empty(prompt, pc), "data_source is null": pc.is_null(source)}
+            if pa.types.is_struct(reward.type) and reward.type.get_field_index("ground_truth") >= 0:
+                truth = pc.struct_field(reward, "ground_truth")
+                checks["reward_model.ground_truth is null"] = pc.or_(pc.is_null(reward), pc.is_null(truth))
+            else:
+                return (f"{key}: {path}: reward_model is {reward.type}, not a struct with a ground_truth field "
+                        "(verl's reward manager reads reward_model['ground_truth'])")
+            for what, mask in checks.items():
+                rows = pc.indices_nonzero(pc.fill_null(mask, True)).to_pylist()
+                if rows:
+                    found.setdefault(what, []).extend(offset + r for r in rows[:3])
+                    counts[what] = counts.get(what, 0) + len(rows)
+            offset += batch.num_rows
+        for what, rows in found.items():
+            return (f"{key}: {path} row {rows[0]}: {what} ({counts[what]} of {offset} rows, the first "
+                    f"{', '.join(map(str, rows[:3]))})")
+    return None
+
+
+def _empty(column: Any, pc: Any) -> Any:
+    """Null, or an empty list / string, per row of a prompt column (chat messages or text)."""
+    import pyarrow as pa
+
+    null = pc.is_null(column)
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        return pc.or_(null, pc.equal(pc.list_value_length(column), 0))
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return pc.or_(null, pc.equal(pc.utf8_length(column), 0))
+    return null
