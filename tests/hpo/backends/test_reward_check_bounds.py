@@ -46,10 +46,12 @@ def test_a_looping_reward_function_is_stopped_at_the_limit(tmp_path: Path) -> No
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):
             while True:
                 pass
-    """, timeout_s=3)
+    """, timeout_s=5)
     msg = out["problem"]["message"]
-    assert "did not return within 3 s" in msg and "validation row 0" in msg and "--reward-timeout" in msg, msg
-    assert seconds < 60, seconds
+    # on a busy host the limit may already end the module's load ("its first call"), else the first row's call
+    assert "did not return within 5 s" in msg and "--reward-timeout" in msg, msg
+    assert "validation row 0" in msg or "its first call" in msg, msg
+    assert seconds < 240, seconds  # the limit, not the 900 s it was
 
 
 def test_what_a_reward_function_prints_is_capped_and_counted(tmp_path: Path) -> None:
