@@ -114,6 +114,12 @@ class Backend:
     # study.kind throughput: keys (fnmatch patterns) that change speed and memory but not the update; a custom
     # command knows none (study.throughput.neutral_keys names them), and the first-step metrics that must agree
     speed_keys: ClassVar[tuple[str, ...]] = ()
+    # the metrics a throughput study is scored on (verl's file-logger names: -> the direction a faster run moves them)
+    # and the peak-memory metrics it may minimize beside them
+    speed_metrics: ClassVar[dict[str, str]] = {
+        "perf/throughput": "maximize", "perf/time_per_step": "minimize", "timing_s/step": "minimize"}
+    memory_metrics: ClassVar[tuple[str, ...]] = (
+        "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb", "perf/cpu_memory_used_gb")
     math_metrics: ClassVar[tuple[str, ...]] = (
         "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss", "critic/vf_loss", "critic/score/mean",
         "response_length/mean")

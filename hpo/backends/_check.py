@@ -11,7 +11,7 @@ from typing import Any
 from hpo.backends._base import Backend
 from hpo.backends._registry import backend_of
 from hpo.experiment._space import SPACES_DIR, Space, load_space_origin, located_error, space_from_stored
-from hpo.experiment._throughput import check_speed_keys
+from hpo.experiment._throughput import check_speed_keys, check_speed_objective
 
 
 def _checked(space: Space, origin: dict[str, str]) -> Space:
@@ -33,12 +33,17 @@ def _checked(space: Space, origin: dict[str, str]) -> Space:
 
 
 def _check_speed_keys(space: Space, origin: dict[str, str], backend: Backend) -> None:
-    """A throughput study tunes (and its baseline sets) only the trainer's math-neutral keys."""
+    """A throughput study is scored on the trainer's speed metrics and tunes (and its baseline sets) only its
+    math-neutral keys."""
     patterns = (*backend.speed_keys, *(space.study.throughput.neutral_keys or ()))
     keys = [(f"params.{p.name}.key", p.key) for p in space.params]
     keys += [(f"study.baseline.{k}", k) for k in space.study.baseline]
+    def error(where: str, msg: str) -> Exception:
+        return located_error(space, origin, where, msg)
+
+    check_speed_objective(space.objective, backend.speed_metrics, backend.memory_metrics, error)
     check_speed_keys(keys, patterns, space.trial.backend if backend.speed_keys else f"trial.backend {backend.name}",
-                     lambda where, msg: located_error(space, origin, where, msg))
+                     error)
 
 
 def _check_trial_length(space: Space, origin: dict[str, str], backend: Backend) -> None:

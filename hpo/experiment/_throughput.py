@@ -11,21 +11,17 @@ interleaved on the same seeds, the speed-up is their paired throughput ratio wit
 step's losses and gradient norm must agree within ``tolerance``, else the pick is reported and not recommended
 (:mod:`hpo.reporting._speed`).
 
-Objectives: ``perf/throughput`` (tokens per second, maximize; verl's and ``verl_core``'s name) or a step time
-(``perf/time_per_step``, ``timing_s/step``; minimize); with ``mode: pareto``, the throughput first and peak memory
-second (``perf/max_memory_allocated_gb``, ``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``; minimize).
+Objectives: one of the trainer's speed metrics (``Backend.speed_metrics``: tokens per second, maximized, or a step
+time, minimized); with ``mode: pareto``, that first and one of its peak-memory metrics second (minimized).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# metric -> the direction a faster run moves it
-SPEED_METRICS = {"perf/throughput": "maximize", "perf/time_per_step": "minimize", "timing_s/step": "minimize"}
-MEMORY_METRICS = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb", "perf/cpu_memory_used_gb")
 ErrorFn = Callable[[str, str], Exception]
 
 
@@ -79,27 +75,32 @@ def throughput_defaults(raw: dict[str, Any]) -> None:
         objective["aggregate"] = "mean"
 
 
-def check_throughput(objective: Any, pruner_type: str, early_stopping: bool, strategy: str, speed_from: str | None,
-                     spec: ThroughputSpec, error: ErrorFn) -> None:
-    """A throughput study's schema rules (the keys and the trial length are its backend's: ``hpo.backends``)."""
-    speed_names = ", ".join(f"{m} ({d})" for m, d in SPEED_METRICS.items())
+def check_speed_objective(objective: Any, speed: Mapping[str, str], memory: Sequence[str], error: ErrorFn) -> None:
+    """The objective of a throughput study: one of the trainer's ``speed`` metrics (metric -> the direction a faster
+    run moves it: ``Backend.speed_metrics``) in that direction, optionally with one of its ``memory`` metrics
+    minimized as a second pareto objective."""
+    speed_names = ", ".join(f"{m} ({d})" for m, d in speed.items())
     targets = [(f"objective.objectives[{i}]", t.metric, t.direction) for i, t in enumerate(objective.objectives)] \
         if objective.multi else [("objective", objective.metric, objective.direction)]
     if objective.mode == "weighted":
         raise error("objective.mode", f"weighted is not a throughput objective; a throughput study is scored on one "
                     f"of {speed_names}, optionally with peak memory as a second pareto objective")
     where, metric, direction = targets[0]
-    if metric not in SPEED_METRICS:
+    if metric not in speed:
         raise error(f"{where}.metric", f"{metric!r} is not a throughput metric; a throughput study is scored on one "
                     f"of {speed_names}")
-    if direction != SPEED_METRICS[metric]:
-        faster = "higher" if SPEED_METRICS[metric] == "maximize" else "lower"
-        raise error(f"{where}.direction", f"{direction}: a faster run has a {faster} {metric}; use "
-                    f"{SPEED_METRICS[metric]}")
+    if direction != speed[metric]:
+        faster = "higher" if speed[metric] == "maximize" else "lower"
+        raise error(f"{where}.direction", f"{direction}: a faster run has a {faster} {metric}; use {speed[metric]}")
     for where, metric, direction in targets[1:]:
-        if metric not in MEMORY_METRICS or direction != "minimize":
+        if metric not in memory or direction != "minimize":
             raise error(f"{where}.metric", f"{metric!r} ({direction}): a throughput study's second objective is peak "
-                        f"memory, minimized: one of {', '.join(MEMORY_METRICS)}")
+                        f"memory, minimized: one of {', '.join(memory)}")
+
+
+def check_throughput(objective: Any, pruner_type: str, early_stopping: bool, strategy: str, speed_from: str | None,
+                     spec: ThroughputSpec, error: ErrorFn) -> None:
+    """A throughput study's schema rules (its metrics, keys and trial length are its backend's: ``hpo.backends``)."""
     if objective.aggregate != "mean":
         raise error("objective.aggregate", f"{objective.aggregate}: a throughput trial is scored on the mean over its "
                     "steps after study.throughput.warmup_steps (aggregate: mean)")

@@ -33,7 +33,6 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.experiment._space import Space
-from hpo.experiment._throughput import SPEED_METRICS
 from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
 from hpo.study._compare import LEVEL, t_quantile
 from hpo.study._confirm import BASELINE_OF, CONTROL_OF
@@ -157,7 +156,7 @@ def speed_report(study: optuna.Study, space: Space) -> SpeedReport | None:
     if not base:
         return None
     metric = space.objective.objectives[0].metric if space.objective.multi else space.objective.metric
-    higher = SPEED_METRICS.get(metric, "maximize") == "maximize"
+    higher = space.objective.directions[0] == "maximize"  # a throughput (faster: higher) or a step time
     tol = space.study.throughput.tolerance
     control = next(((seed, t) for (of, seed), t in runs.items() if of == CONTROL_OF and seed in base), None)
     rel_noise: dict[str, float] = {}

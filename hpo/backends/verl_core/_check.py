@@ -8,7 +8,6 @@ from collections.abc import Mapping
 
 from hpo.experiment._objective import check_metrics
 from hpo.experiment._space import Space, SpaceError, format_value, located_error
-from hpo.experiment._throughput import SPEED_METRICS
 
 # the memory metrics verl_core logs every step (perf/max_memory_allocated_gb on CUDA only)
 VERL_CORE_MEMORY_METRICS = ("perf/cpu_memory_used_gb", "perf/max_memory_allocated_gb")
@@ -69,7 +68,9 @@ def check_trainer(space: Space, origin: Mapping[str, str] | None = None) -> None
 
     known = eval_metric_names(base)
     if space.study.kind == "throughput":  # scored on every training step's own perf/ and timing_s/ metrics
-        known = [*SPEED_METRICS, *VERL_CORE_MEMORY_METRICS]
+        from hpo.backends._base import Backend
+
+        known = [*Backend.speed_metrics, *VERL_CORE_MEMORY_METRICS]
     speed = space.study.kind == "throughput"
     check_metrics(space.objective, lambda m: m in known or not speed and produces_metric(base, m), known, ctx.error)
     # Each parameter alone at its ends / choices, then all parameters jointly at their corners.
