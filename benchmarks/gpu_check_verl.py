@@ -217,7 +217,7 @@ def sigterm_and_resume(run: StudyRun, metric: str, timeout_s: float = 900.0, pol
         driver.kill()
         out.exit_code, out.error = driver.wait(), "the driver did not exit within 300 s of the SIGTERM"
     out.stop_s = time.monotonic() - t1
-    out.ray_after_stop = ray_processes(started)
+    out.ray_after_stop = ray_processes(started, run.study)
     if out.error:
         return out
     out.queued = any(t.state.name == "WAITING" and t.system_attrs.get("failed_trial") == out.trial
@@ -226,7 +226,7 @@ def sigterm_and_resume(run: StudyRun, metric: str, timeout_s: float = 900.0, pol
     out.resume_exit, late = _wait_or_stop(run.start(run.resume), timeout_s, "resume")
     out.error = out.error or late
     out.resume_s = time.monotonic() - t2
-    out.ray_left = ray_processes(started)
+    out.ray_left = ray_processes(started, run.study)
     out.trials = trial_facts(run, metric)
     retries = [f for f in out.trials if f.retry_of == out.trial]
     if retries:
@@ -257,7 +257,7 @@ def run_pair(run: StudyRun, metric: str, timeout_s: float = 900.0) -> Pair:
     out.exit_code, late = _wait_or_stop(run.start(run.search), timeout_s, "the search")
     out.error = out.error or late
     out.seconds = time.monotonic() - t0
-    out.ray_left = ray_processes(started)
+    out.ray_left = ray_processes(started, run.study)
     out.trials = trial_facts(run, metric)
     if out.exit_code != 0 and not out.error:
         out.error = f"search exit {out.exit_code}: {run.last_line()}"
@@ -310,9 +310,13 @@ class _PeakGpuMemory:
         return rise, self.total[i]
 
 
-def ray_processes(since: float) -> list[str]:
-    """Ray's processes (raylet, gcs_server, ``ray::`` workers) started after ``since`` and still alive."""
+def ray_processes(since: float, study: str | None = None) -> list[str]:
+    """Ray's processes (raylet, gcs_server, ``ray::`` workers) started after ``since`` and still alive; with
+    ``study``, only those a trial of that study started (they inherit its ``VERL_HPO_STUDY``): another Ray cluster on
+    the same host (a user's, another test's) is not this check's to count."""
     import psutil
+
+    from hpo.execution import ENV_STUDY
 
     left = []
     for proc in psutil.process_iter(["name", "cmdline", "create_time"]):
@@ -320,6 +324,8 @@ def ray_processes(since: float) -> list[str]:
             name, cmd = proc.info["name"] or "", " ".join(proc.info["cmdline"] or [])
             if proc.info["create_time"] >= since and (name in ("raylet", "gcs_server") or cmd.startswith("ray::")
                                                       or "ray/_private/workers" in cmd):
+                if study is not None and proc.environ().get(ENV_STUDY) != study:
+                    continue
                 left.append(f"{proc.pid} {name or cmd[:40]}")
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

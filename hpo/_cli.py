@@ -146,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "first look in a third of the time")
     rh.add_argument("--recheck", action="store_true", help="run nothing: the checks again on this experiment's last "
                                                            "rehearsal (after fixing e.g. the objective's name)")
+    rh.add_argument("--corner-timeout", type=float, default=None, metavar="S",
+                    help="seconds each corner's run may take before it is reported as not finished here (exit 3, "
+                         "not a failure); default trial.timeout_s, else 1800")
+    rh.add_argument("--gpus", type=int, default=None, metavar="N",
+                    help="estimate each corner's GPU memory for trials of N GPUs (default trial.gpus_per_trial)")
+    rh.add_argument("--gpu-memory", default=None, metavar="SIZE",
+                    help="the real study's GPU size for that estimate, e.g. 80GiB (default: this host's GPU, else 80)")
     rh.add_argument("--reward-timeout", type=float, default=120.0, metavar="S",
                     help="seconds the reward function may take over all its calls of the reward check (default 120)")
     rh.add_argument("--studies-dir", type=Path, default=None,
@@ -432,6 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             spaces_dir = Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
             space = load_checked_space(args.space, list(args.override), spaces_dir)
+            from hpo.backends import backend_of
+
+            backend_of(space).check_launch(space, as_planned=True)  # e.g. a GPU study's interpreter has CUDA torch
             lengths = None
             if args.metrics is not None:
                 from verl_core.config import ConfigError
@@ -461,11 +471,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from hpo.backends._rehearse import recheck
 
                 return recheck(space, studies_dir.resolve(), fmt=args.format)
-            if not (math.isfinite(args.reward_timeout) and args.reward_timeout > 0):
-                return _fail(f"--reward-timeout {args.reward_timeout:g}: must be a positive number of seconds")
+            for flag, value in (("--reward-timeout", args.reward_timeout), ("--corner-timeout", args.corner_timeout)):
+                if value is not None and not (math.isfinite(value) and value > 0):
+                    return _fail(f"{flag} {value:g}: must be a positive number of seconds")
+            if args.gpus is not None and args.gpus < 1:
+                return _fail(f"--gpus {args.gpus}: must be 1 or more (GPUs per trial of the real study)")
+            gpu_bytes = None
+            if args.gpu_memory is not None:
+                from hpo.backends._rehearse import parse_size
+
+                gpu_bytes = parse_size(args.gpu_memory)
+                if gpu_bytes is None:
+                    return _fail(f"--gpu-memory {args.gpu_memory!r}: not a size (e.g. 80GiB, 141G, 24576MiB)")
             tokenizer = None if args.tokenizer is None else args.tokenizer.expanduser().resolve()
             return rehearse(space, studies_dir.resolve(), tokenizer=tokenizer, fmt=args.format, quick=args.quick,
-                            reward_timeout_s=args.reward_timeout)
+                            reward_timeout_s=args.reward_timeout, timeout_s=args.corner_timeout, gpus=args.gpus,
+                            gpu_bytes=gpu_bytes)
         if args.cmd == "search":
             overrides = list(args.override)
             if args.n_trials is not None:

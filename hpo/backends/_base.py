@@ -137,9 +137,11 @@ class Backend:
         """The thorough checks ``search`` and ``validate`` make before a study exists (they may run the trainer's
         own code in its interpreter)."""
 
-    def check_launch(self, space: Space) -> None:
+    def check_launch(self, space: Space, *, as_planned: bool = False) -> None:
         """SpaceError (one line naming the fix) when this host cannot launch the trials (e.g. no interpreter with
-        the trainer); made by every driver before its first trial."""
+        the trainer); made by every driver before its first trial. ``as_planned`` (``validate``): check for where the
+        experiment says its trials run (e.g. on ``trial.gpus_per_trial`` GPUs), not only where they would land
+        on this host."""
 
     def prepare_argv(self, space: Space) -> list[str] | None:
         """The one-off step that builds the model and data before any trial (None: none)."""

@@ -322,6 +322,7 @@ def validate_space(space: Space, devices: Sequence[str], out: Any, *, lengths: S
 def _validate_verl(space: Space, devices: Sequence[str], out: Any, lengths: SequenceLengths | None) -> int:
     """The verl branch of :func:`validate_space`: the corners were composed and checked by verl when the space was
     loaded; here each is estimated (one more verl subprocess)."""
+    from hpo.backends.verl._data import overlong_verdict
     from verl_core.memory_verl import ModelConfigUnavailable
 
     print(f"{space.source}: every corner composed and checked with verl's own config code "
@@ -333,8 +334,17 @@ def _validate_verl(space: Space, devices: Sequence[str], out: Any, lengths: Sequ
         print(f"note: {note}", file=out)
     per_trial = list(devices[: space.trial.gpus_per_trial])
     values = corners(space)
+    # every prompt of the data against data.max_prompt_length, in the same verl subprocess as the estimate
+    inputs = verl_memory_inputs(space, [space.trainer_overrides(c) for c in values],
+                                len(per_trial) or space.trial.gpus_per_trial, None, MEASURED_PROMPTS)
+    verdict = overlong_verdict(((inputs[0][0].get("prompt_lengths") or {}) if inputs else {}).get("overlong"))
+    if verdict is not None and verdict[0] == "problem":
+        print(f"error: {space.source}: overrides.data.max_prompt_length: {verdict[1]}", file=sys.stderr)
+        return 2
+    if verdict is not None:
+        print(f"{verdict[0]}: {verdict[1]}", file=out)
     try:
-        preds = predict_verl_corners(space, [space.trainer_overrides(c) for c in values], per_trial, lengths=lengths)
+        preds = predictions_from_inputs(space, inputs, per_trial, lengths)
     except ModelConfigUnavailable as err:
         print(f"memory estimate skipped: {err}", file=out)
         print("All checks passed", file=out)
@@ -350,8 +360,10 @@ def _report(space: Space, results: list[tuple[dict[str, Any], Prediction]], warn
         verdict = "DOES NOT FIT" if not pred.fits else "fits (worst case does not)" if pred.warning else "fits"
         worst_case = (f", worst case {pred.worst_total / GiB:.3f} GiB" if pred.worst_total is not None
                       and pred.worst_total != pred.total else "")
+        device = ("a GPU, when the trials get one" if pred.device == "cuda" and space.trial.gpus_per_trial == 0
+                  else pred.device)  # a CPU study's trial is never said to run "on cuda"
         print(f"corner {_shown(values)}: {pred.total / GiB:.3f} GiB{worst_case} of {pred.budget / GiB:.3f} GiB "
-              f"({pred.budget_source}) on {pred.device}: {verdict}", file=out)
+              f"({pred.budget_source}) on {device}: {verdict}", file=out)
         if pred.warning:
             warnings = [*warnings, f"corner {_shown(values)}: {pred.warning}"]
         if worst is None or pred.total > worst[1].total:

@@ -63,7 +63,8 @@ SHRINK_SCRIPT = Path(__file__).parent / "verl" / "_shrink.py"
 STEPS = 2  # training steps of each corner (validation before the first and after every step)
 RESPONSE_TOKENS = 16  # data.max_response_length of the rehearsal
 VAL_ROWS = 8  # validation rows kept (every one is scored by the reward function)
-CORNER_TIMEOUT_S = 900.0
+CORNER_TIMEOUT_S = 1800.0  # a corner's limit when neither --corner-timeout nor trial.timeout_s sets one
+CORNER_CORES = 0.75  # free cores a corner needs beside another (verl's CPU workers mostly take turns)
 MARKER = ".verl-hpo-rehearsal"  # in a rehearsal directory: what the driver made and may replace
 # A tuned key and the metric verl 0.9.1 logs it back as (the value of the corner must reach the trainer).
 ECHOES = {
@@ -76,12 +77,13 @@ ONE_DEVICE_KEYS = ("actor_rollout_ref.rollout.tensor_model_parallel_size",
                    "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
                    "actor_rollout_ref.ref.ulysses_sequence_parallel_size")
 EXIT_PASS, EXIT_FAIL = 0, 1
+EXIT_UNFINISHED = 3  # could not finish here: a corner ran out of time or the host killed it (2: bad file)
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One line of the report: ``level`` ok (a check passed), note (reported, not a failure) or problem (a real
-    study would fail)."""
+    """One line of the report: ``level`` ok (a check passed), note (reported, not a failure), unfinished (this
+    machine could not finish a corner: not rehearsed, not a failure) or problem (a real study would fail)."""
 
     check: str
     level: str
@@ -103,6 +105,7 @@ class CornerOutcome:
     results: list[RunResult] = field(default_factory=list)  # one per attempt
     records: list[list[dict[str, Any]]] = field(default_factory=list)  # metrics lines per attempt
     resumed_from: int | None = None  # the default point: the checkpoint step its retry resumed from
+    timeout_s: float | None = None  # each attempt's time limit
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -267,7 +270,8 @@ class _Runner:
         return result
 
     def run(self, corner: RehearsalCorner, index: int) -> CornerOutcome:
-        outcome = CornerOutcome(corner, self.home / "trials" / f"{index}-{corner.name}", index)
+        outcome = CornerOutcome(corner, self.home / "trials" / f"{index}-{corner.name}", index,
+                                timeout_s=self.timeout_s)
         outcome.trial_dir.mkdir(parents=True)
         started = time.monotonic()
         self.say(f"  corner {corner.name} ({_shown(corner.values)}) started")
@@ -292,31 +296,89 @@ def _train_steps(records: Sequence[dict[str, Any]]) -> list[int]:
     return [r["step"] for r in records if any(k.startswith("actor/") for k in r["data"])]
 
 
-_EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (\S.*)$")
-_WRAPPERS = {"RayTaskError", "EngineDeadError", "RayActorError", "ActorDiedError", "ActorUnavailableError"}
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?:: (\S.*))?$")
+_WRAPPERS = {"RayTaskError", "EngineDeadError", "RayActorError", "ActorDiedError", "ActorUnavailableError",
+             "RaySystemError", "TaskUnschedulableError"}
+_RAY_PREFIX = re.compile(r"^\((?:[^()]|\([^()]*\))*? pid=\d+(?:, ip=[^)]*)?\)\s?")  # "(TaskRunner pid=12) "
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _exception_lines(text: str) -> list[str]:
+    """The exception line closing each Python traceback in ``text`` (Ray's ``(Actor pid=N)`` prefixes and colours
+    removed), in order: the first line after a ``Traceback (most recent call last):`` block's indented frames.
+    A wrapper's own type (``RayTaskError(ValueError)``) is reduced to the cause's when the cause is named."""
+    out: list[str] = []
+    in_tb = False
+    for raw in text.splitlines():
+        line = _RAY_PREFIX.sub("", _ANSI.sub("", raw)).rstrip()
+        if line.startswith("Traceback (most recent call last)"):
+            in_tb = True
+            continue
+        if not in_tb or not line or line[0].isspace():
+            continue
+        in_tb = False
+        wrapped = re.match(r"^(\w+)\((\w+)\)(: .*)?$", line)  # RayTaskError(ValueError): ray::X() ...
+        if wrapped and wrapped.group(1) in _WRAPPERS:
+            continue  # the cause's own traceback follows (Ray prints it), or came before
+        m = _EXCEPTION.match(line)
+        if m and m.group(1).rpartition(".")[2] not in _WRAPPERS:
+            out.append(line)
+    return out
 
 
 def root_cause(log_dir: Path) -> str | None:
-    """The first exception line in a verl run's logs (stdout then stderr, where Ray and vLLM print their workers'
-    tracebacks) that is not one of Ray's or vLLM's wrappers around another process's failure."""
+    """The root exception of a verl run from its logs (stdout then stderr, where Ray and vLLM print their workers'
+    tracebacks): the closing line of the first traceback that is not one of Ray's or vLLM's wrappers around another
+    process's failure (``RayTaskError``, ``ActorDiedError``, ...). None when no traceback is in the logs."""
     for name in ("stdout.log", "stderr.log"):
         try:
             text = read_bounded(log_dir / name, name, 32 << 20).decode("utf-8", "replace")
         except (OSError, FileRefused):
             continue
-        for line in text.splitlines():
-            m = _EXCEPTION.search(re.sub(r"\x1b\[[0-9;]*m", "", line))
-            if m and m.group(1) not in _WRAPPERS and "Warning" not in m.group(1):
-                return f"{m.group(1)}: {m.group(2)}"
+        found = _exception_lines(text)
+        if found:
+            return found[0]
     return None
 
 
 def _failure_line(result: RunResult, log_dir: Path | None = None) -> str:
-    line = result.final_exception or (result.stderr_tail.strip().splitlines() or ["(no output)"])[-1]
+    """Why a corner failed: the root exception from its logs, then the trainer's own final exception when that is
+    another; with neither, that none was found and where the logs are (never a random last line of output)."""
     cause = root_cause(log_dir) if log_dir is not None else None
-    line = re.sub(r"\x1b\[[0-9;]*m", "", line)
-    text = line if cause is None or cause in line else f"{cause} (then: {line})"
+    final = _ANSI.sub("", result.final_exception or "").strip() or None
+    if cause and final and cause not in final and final not in cause:
+        text = f"{cause} (then: {final})"
+    else:
+        text = cause or final or (f"no exception found in its logs ({log_dir / 'stdout.log'}, stderr.log)"
+                                  if log_dir is not None else "no exception found in its output")
     return " ".join(text.split())[:500]
+
+
+def _how_far(o: CornerOutcome) -> str:
+    """How far a corner got, from what it logged: "after verl's step-0 validation and 1 training step"."""
+    records = o.records[-1] if o.records else []
+    steps = _train_steps(records)
+    validated = any(r["step"] == 0 or any(k.startswith("val-") for k in r["data"]) for r in records) if records \
+        else False
+    if not records:
+        return "before verl logged its first metrics line"
+    parts = ["verl's step-0 validation"] if validated and not steps else []
+    if steps:
+        parts.append(f"{len(steps)} training step(s) (last: {steps[-1]})")
+    return "after " + (" and ".join(parts) if parts else "its first metrics line")
+
+
+def unfinished_why(result: RunResult) -> str | None:
+    """Why a corner could not finish on this machine, not a failure of the experiment: it ran out of the corner's
+    time, or the host killed it (the kernel's OOM killer, a SIGKILL nobody here sent). None when it finished or
+    failed on its own."""
+    if result.stop == "timeout":
+        return "ran out of the corner's time limit"
+    if result.kernel_oom:
+        return "was killed by the host's kernel OOM killer (this machine's memory, not the experiment's GPUs)"
+    if result.stop is None and result.exit_code == -9:
+        return "was killed by the host (SIGKILL, not sent by the rehearsal)"
+    return None
 
 
 def check_runs(space: Space, outcomes: Sequence[CornerOutcome], resumed: bool = True) -> list[Finding]:
@@ -326,9 +388,17 @@ def check_runs(space: Space, outcomes: Sequence[CornerOutcome], resumed: bool = 
     logged: set[str] = set()
     for o in outcomes:
         last = o.results[-1] if o.results else None
-        if last is None or last.exit_code != 0:
+        logs = o.trial_dir if len(o.results) <= 1 else o.trial_dir / f"attempt{len(o.results) - 1}"
+        host = unfinished_why(last) if last is not None else None
+        if last is not None and host is not None:
+            limit = f" ({o.timeout_s:.0f} s; --corner-timeout S gives it more)" if last.stop == "timeout" \
+                and o.timeout_s else ""
+            found.append(Finding("run", "unfinished", f"corner {o.corner.name} ({_shown(o.corner.values)}) not "
+                                 f"rehearsed: it {host}{limit} {_how_far(o)}, {last.wall_time_s:.0f} s in; this "
+                                 f"machine could not finish it, which says nothing against the experiment "
+                                 f"(logs: {logs})"))
+        elif last is None or last.exit_code != 0:
             why = "never started" if last is None else (last.failure or last.stop or f"exit {last.exit_code}")
-            logs = o.trial_dir if len(o.results) <= 1 else o.trial_dir / f"attempt{len(o.results) - 1}"
             found.append(Finding("run", "problem", f"corner {o.corner.name} ({_shown(o.corner.values)}) failed "
                                  f"({why}): {_failure_line(last, logs) if last else ''} (logs: {logs})"))
         else:
@@ -338,7 +408,11 @@ def check_runs(space: Space, outcomes: Sequence[CornerOutcome], resumed: bool = 
         for recs in o.records:
             for rec in recs:
                 logged.update(rec["data"])
-    found += _objective(space, logged)
+    finished = any(o.results and o.results[-1].exit_code == 0 for o in outcomes)
+    host = any(o.results and unfinished_why(o.results[-1]) for o in outcomes)
+    found += [f if finished or not host or f.level != "problem" else
+              Finding(f.check, "unfinished", f"not checked: no corner finished on this machine ({f.message})")
+              for f in _objective(space, logged)]
     found += _echoes(space, outcomes)
     found += _finite(outcomes)
     found += _resume(outcomes) if resumed else [Finding("resume", "note", "not checked (--quick): a retried trial "
@@ -411,11 +485,15 @@ def _resume(outcomes: Sequence[CornerOutcome]) -> list[Finding]:
     o = next((o for o in outcomes if o.corner.name == "default"), None)
     if o is None or not o.results:
         return []
+    if unfinished_why(o.results[-1]) is not None:
+        return [Finding("resume", "unfinished", "not checked: corner default could not finish on this machine, so "
+                        "its kill and resume were not rehearsed")]
     if o.resumed_from is None:
         if o.results[0].exit_code == 0 or o.results[0].stop == "interrupted":
             return [Finding("resume", "problem", "corner default saved no complete checkpoint with "
                             "trainer.save_freq=1, so a retried trial would start over")]
-        return []
+        return [Finding("resume", "note", "not checked: corner default failed before its first checkpoint, so a "
+                        "retried trial resuming from it was not rehearsed")]
     steps = _train_steps(o.records[-1]) if len(o.records) > 1 else []
     if o.results[-1].exit_code == 0 and steps and steps[0] == o.resumed_from + 1:
         return [Finding("resume", "ok", f"the checkpoint of step {o.resumed_from} resumes at step {steps[0]} (the "
@@ -425,16 +503,18 @@ def _resume(outcomes: Sequence[CornerOutcome]) -> list[Finding]:
 
 
 # ----------------------------------------------------------------------------- the memory estimate
-def memory_lines(space: Space, corners: Sequence[RehearsalCorner], inputs: Any, python: str) -> list[Finding]:
-    """Each corner's estimate on the user's GPUs: at the prompts measured from the data and a short response (what
-    ``search`` refuses on) and in the worst case."""
+def memory_lines(space: Space, corners: Sequence[RehearsalCorner], inputs: Any, gpus: int | None = None,
+                 gpu_bytes: int | None = None) -> list[Finding]:
+    """Each corner's estimate on the real study's GPUs (``gpus`` per trial, else ``trial.gpus_per_trial``; GPUs of
+    ``gpu_bytes``): at the prompts measured from the data and a short response (what ``search`` refuses on) and in
+    the worst case. ``inputs`` were composed for that many GPUs."""
     from hpo.backends._preflight import GiB, predictions_from_inputs
 
-    if space.trial.gpus_per_trial == 0:
+    if not gpus and space.trial.gpus_per_trial == 0:
         return [Finding("memory", "note", "trial.gpus_per_trial is 0: the study's trials run on the CPU, as here; "
-                                          "no GPU estimate")]
+                                          "no GPU estimate (--gpus N --gpu-memory 80GiB gives one for N GPUs)")]
     try:
-        preds = predictions_from_inputs(space, inputs, [], None)
+        preds = predictions_from_inputs(space, inputs, [], None, gpu_bytes)
     except Exception as err:  # noqa: BLE001 - ModelConfigUnavailable and SpaceError: reported, not fatal
         return [Finding("memory", "note", f"no memory estimate: {err}")]
     out = []
@@ -444,7 +524,8 @@ def memory_lines(space: Space, corners: Sequence[RehearsalCorner], inputs: Any, 
         lengths = pred.table.splitlines()[0].removeprefix("at the expected lengths: ")
         verdict = "fits" if pred.fits and not pred.warning else "fits, but the worst case does not" if pred.fits \
             else "DOES NOT FIT"
-        out.append(Finding("memory", level, f"corner {corner.name}: {pred.total / GiB:.1f} GiB per GPU at {lengths}; "
+        out.append(Finding("memory", level, f"corner {corner.name} on {gpus or space.trial.gpus_per_trial} GPU(s): "
+                           f"{pred.total / GiB:.1f} GiB per GPU at {lengths}; "
                            f"{worst / GiB:.1f} GiB in the worst case; budget {pred.budget / GiB:.0f} GiB "
                            f"({pred.budget_source}): {verdict}"))
     if out and all(f.level == "problem" for f in out):
@@ -516,16 +597,26 @@ def recheck(space: Space, studies_dir: Path, *, fmt: str = "text", out: TextIO =
     text = render(space, swaps, findings, fmt, time.monotonic() - started, home)
     out.write(text)
     out.flush()
-    return EXIT_FAIL if any(f.level == "problem" for f in findings) else EXIT_PASS
+    return exit_code(findings)
+
+
+def exit_code(findings: Sequence[Finding]) -> int:
+    """1 when a real study would fail, else 3 when a corner could not finish here, else 0."""
+    if any(f.level == "problem" for f in findings):
+        return EXIT_FAIL
+    return EXIT_UNFINISHED if any(f.level == "unfinished" for f in findings) else EXIT_PASS
 
 
 # ----------------------------------------------------------------------------- the report
 def render(space: Space, swaps: Sequence[str], findings: Sequence[Finding], fmt: str, seconds: float,
            home: Path) -> str:
     problems = [f for f in findings if f.level == "problem"]
+    unfinished = [f for f in findings if f.level == "unfinished" and f.check == "run"]
     verdict = (f"FAIL: {len(problems)} problem(s); a real study would fail" if problems else
+               f"NOT FINISHED HERE: {len(unfinished)} corner(s) could not finish on this machine (not rehearsed, "
+               "not failed); the checks that ran passed" if unfinished else
                "PASS: a real study of this experiment would run")
-    mark = {"ok": "ok", "note": "note", "problem": "PROBLEM"}
+    mark = {"ok": "ok", "note": "note", "unfinished": "NOT RUN", "problem": "PROBLEM"}
     if fmt == "md":
         lines = [f"## verl-hpo rehearse: `{space.source}`", "", f"**{verdict}** ({seconds:.0f} s on the CPU; files "
                  f"in `{home}`)", "", "### Not rehearsed (swapped for the CPU)", ""]
@@ -583,7 +674,9 @@ def _shrunk_overrides(space: Space, reply: Mapping[str, Any], selected: Mapping[
             format_override("data.max_response_length", response_tokens),
             format_override("trainer.total_epochs", 100), format_override("trainer.test_freq", 1),
             format_override("trainer.val_before_train", True), format_override("trainer.logger", ["console"])]
-    swaps.append(f"data: the first {data['train']['rows']} training and {data['val']['rows']} validation rows (prompts "
+    picked = (f"the {data['train']['rows']} training rows with the longest prompts (of {data['train'].get('total')})"
+              if data["train"].get("picked") == "longest" else f"the first {data['train']['rows']} training rows")
+    swaps.append(f"data: {picked} and the first {data['val']['rows']} validation rows (prompts "
                  f"as they are: mean {data['train']['prompt_tokens']['mean']:.0f}, longest "
                  f"{data['train']['prompt_tokens']['max']} tokens); data.max_prompt_length "
                  f"{max_prompt} -> {prompt}, data.max_response_length "
@@ -615,13 +708,58 @@ def refusal(space: Space) -> str:
             "(trial.backend: verl)")
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g|mib|mb|m|tib|tb|t)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int | None:
+    """Bytes of a GPU size as typed: ``80GiB``, ``141G``, ``24576MiB``, a bare number is GiB (G, GB and GiB are
+    all 2**30: GPU makers' "80 GB" is 80 GiB of memory). None when it is not a positive size."""
+    m = _SIZE.match(text)
+    if not m:
+        return None
+    unit = (m.group(2) or "g").lower()[0]
+    size = float(m.group(1)) * {"m": 2**20, "g": 2**30, "t": 2**40}[unit]
+    return int(size) if size >= 2**20 else None
+
+
+def corner_timeout(space: Space, given: float | None) -> tuple[float, str]:
+    """(each corner attempt's time limit, where it comes from): ``--corner-timeout``, else the experiment's own
+    ``trial.timeout_s``, else :data:`CORNER_TIMEOUT_S`."""
+    if given is not None:
+        return given, "--corner-timeout"
+    if space.trial.timeout_s:
+        return float(space.trial.timeout_s), "trial.timeout_s"
+    return CORNER_TIMEOUT_S, "the default"
+
+
+def corner_parallelism(cpus: int | None = None, load: float | None = None) -> tuple[int, str]:
+    """(corners run at once, why): two when the host has the free cores two corners need (its CPUs less the last
+    minute's load average), else one at a time, so that a busy host slows the rehearsal, not fails it."""
+    from hpo.backends.verl._cpu import host_cpus
+
+    cpus = host_cpus() if cpus is None else cpus
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = 0.0
+    free = cpus - load
+    if free >= 2 * CORNER_CORES:
+        return 2, f"{free:.1f} of {cpus} cores free"
+    return 1, f"one at a time: {max(free, 0.0):.1f} of {cpus} cores free, two corners need {2 * CORNER_CORES:g}"
+
+
 def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, fmt: str = "text",
              out: TextIO = sys.stdout, err: TextIO = sys.stderr, python: str | None = None,
-             response_tokens: int = RESPONSE_TOKENS, timeout_s: float = CORNER_TIMEOUT_S,
-             parallel: int = 2, quick: bool = False, reward_timeout_s: float = 120.0) -> int:
+             response_tokens: int = RESPONSE_TOKENS, timeout_s: float | None = None,
+             parallel: int | None = None, quick: bool = False, reward_timeout_s: float = 120.0,
+             gpus: int | None = None, gpu_bytes: int | None = None) -> int:
     """Run the rehearsal (see the module docstring) and print its report; the exit code. ``quick``: the default
     point only, without the resume (the objective, the reward and the keys are still checked). ``reward_timeout_s``:
-    what the reward check's calls of the user's function may take in all."""
+    what the reward check's calls of the user's function may take in all. ``timeout_s``: each corner attempt's
+    limit (None: :func:`corner_timeout`); ``parallel``: corners at once (None: :func:`corner_parallelism`).
+    ``gpus``, ``gpu_bytes``: the real study's GPUs per trial and GPU size for the memory estimate (None:
+    ``trial.gpus_per_trial``; this host's GPU, else an 80 GiB one)."""
     from hpo.backends._preflight import MEASURED_PROMPTS, verl_memory_inputs
     from hpo.backends.verl._launch import default_python
 
@@ -641,7 +779,7 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
         (home / "report.json").write_text(json.dumps([f.__dict__ for f in findings], indent=1))
         out.write(text)
         out.flush()
-        return EXIT_FAIL if any(f.level == "problem" for f in findings) else EXIT_PASS
+        return exit_code(findings)
 
     say(f"rehearsing {space.source} on the CPU in {home}")
     problem = _prepare(space, home)
@@ -651,12 +789,18 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
     corners = rehearsal_corners(space)[:1] if quick else rehearsal_corners(space)
     say(f"composing {len(corners)} corners and measuring the prompts in {python}")
     try:
-        inputs = verl_memory_inputs(space, [c.overrides for c in corners], max(1, space.trial.gpus_per_trial), python,
+        inputs = verl_memory_inputs(space, [c.overrides for c in corners], gpus or max(1, space.trial.gpus_per_trial),
+                                    python,
                                     MEASURED_PROMPTS, extra_select=REHEARSAL_SELECT)
     except SpaceError as bad:
         findings.append(Finding("config", "problem", str(bad)))
         return finish()
     info, selected = inputs[0]
+    from hpo.backends.verl._data import overlong_verdict
+
+    long = overlong_verdict((info.get("prompt_lengths") or {}).get("overlong"))
+    if long is not None:
+        findings.append(Finding("data", "problem" if long[0] == "problem" else "note", long[1]))
     try:
         models = _model_configs(selected, bool(info.get("use_critic")))
     except Exception as bad:  # noqa: BLE001 - verl_core's ConfigError / ModelConfigUnavailable: one line
@@ -692,10 +836,13 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
     findings.append(Finding("data", "ok", f"data files have the columns verl reads; {reply['data']['train']['rows']} "
                             "training prompts tokenized with the model's chat template"))
     findings.append(Finding("reward", "ok", f"{reward['where']} returned finite numbers in {reward['calls']} calls on "
-                            f"{reply['data']['val']['rows']} validation rows (from {reward['min']:g} to "
+                            f"{reply['data']['val']['rows']} validation rows and the "
+                            f"{reply['data']['train'].get('unusual', 0)} training rows with the most unusual ground "
+                            f"truths (from {reward['min']:g} to "
                             f"{reward['max']:g})"))
     shrunk = _shrunk_overrides(space, reply, selected, response_tokens, swaps, quick)
-    runner = _Runner(space, python, home, shrunk, timeout_s, say, resume=not quick)
+    limit, limit_from = corner_timeout(space, timeout_s)
+    runner = _Runner(space, python, home, shrunk, limit, say, resume=not quick)
     cpu = [[*cpu_overrides(o), *transfer_queue_overrides(o, True), *o]
            for o in (runner.corner_overrides(c, STEPS, -1) for c in corners)]
     report = compose_corners(python, space.config, cpu, 0, env={**os.environ, **trial_base_env(space)})
@@ -710,10 +857,12 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
                 break
     if any(f.level == "problem" for f in findings):
         return finish()
-    say(f"running {len(corners)} corners, {parallel} at a time, with verl's main_ppo on the CPU")
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+    at_once, why = (parallel, "as asked") if parallel else corner_parallelism()
+    say(f"running {len(corners)} corners with verl's main_ppo on the CPU, {at_once} at a time ({why}); each "
+        f"attempt's limit {limit:.0f} s ({limit_from})")
+    with ThreadPoolExecutor(max_workers=max(1, at_once)) as pool:
         outcomes = list(pool.map(runner.run, corners, range(len(corners))))
-    findings += memory_lines(space, corners, inputs, python)
+    findings += memory_lines(space, corners, inputs, gpus, gpu_bytes)
     save_state(home, space, swaps, outcomes, quick, findings)
     findings += check_runs(space, outcomes, resumed=not quick)
     return finish()

@@ -288,7 +288,7 @@ class TrlBackend(Backend):
                 raise located_error(space, dict(origin), f"overrides.{named}" if named else where,
                                     f"rejected by TRL with {shown}: {problem}")
 
-    def check_launch(self, space: Space) -> None:
+    def check_launch(self, space: Space, *, as_planned: bool = False) -> None:
         python = trl_python(space)
         if python == sys.executable:
             if importlib.util.find_spec("trl") is None:

@@ -95,13 +95,17 @@ class VerlBackend(Backend):
         except VerlConfigError as err:
             raise located_error(space, dict(origin), err.where, str(err)) from None
 
-    def check_launch(self, space: Space) -> None:
+    def check_launch(self, space: Space, *, as_planned: bool = False) -> None:
         """Trials need an interpreter with CUDA torch (and vLLM, flash-attn where the config needs them), or the
-        CPU platform (:func:`~hpo.backends.verl._check.check_verl_launch`)."""
+        CPU platform (:func:`~hpo.backends.verl._check.check_verl_launch`). ``as_planned``: a study whose trials get
+        GPUs (``trial.gpus_per_trial`` > 0, local) is checked for them even on a host without a GPU."""
         from hpo.backends.verl._check import VerlConfigError, check_verl_launch
 
+        planned_gpus = space.trial.gpus_per_trial > 0 and space.trial.executor != "ray"  # Ray jobs: search checks
+        if as_planned and not planned_gpus:
+            return  # trials on the CPU: the load composed every corner in that interpreter; search checks the plugin
         try:
-            check_verl_launch(space)
+            check_verl_launch(space, cpu=False if as_planned else None)
         except VerlConfigError as err:
             raise SpaceError(f"{space.source}: {err.where}: {err}") from None
 

@@ -407,6 +407,79 @@ def prompt_lengths(tokenizer: Any, paths: list[str], prompt_key: str, rows: int,
     return {"mean": sum(counts) / len(counts), "max": max(counts), "rows": len(counts), "file": paths[0]}
 
 
+def _token_ids(tokenizer: Any, prompt: Any, chat: dict[str, Any]) -> list[int]:
+    """``prompt``'s token ids as verl's ``RLHFDataset`` makes them (a chat through the template, a string as it is)."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, **chat)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def _byte_bound(tokenizer: Any, prompt: Any, chat: dict[str, Any], overheads: dict[Any, int]) -> int:
+    """An upper bound of ``prompt``'s token count without tokenizing it: a byte-level or byte-fallback tokenizer
+    makes at most one token per UTF-8 byte of text, plus one per message for a word-start marker, plus the chat
+    template's own tokens (measured once per sequence of roles, with empty contents)."""
+    if isinstance(prompt, str):
+        return len(prompt.encode("utf-8", "replace")) + 1
+    if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
+        return 1 << 30  # not a chat verl can read: tokenized, and its error named
+    roles = tuple(str(m.get("role")) for m in prompt)
+    if roles not in overheads:
+        try:
+            overheads[roles] = len(_token_ids(tokenizer, [{"role": r, "content": ""} for r in roles], chat))
+        except Exception:  # noqa: BLE001 - a template that refuses empty turns: tokenize these rows
+            overheads[roles] = 1 << 30
+    text = sum(len(str(m.get("content") or "").encode("utf-8", "replace")) + 2 for m in prompt)
+    return overheads[roles] + text
+
+
+OVERLONG_TOKENIZED_CAP = 20_000  # rows tokenized at most by the length check (the byte bound clears the rest)
+
+
+def overlong_prompts(tokenizer: Any, paths: list[str], prompt_key: str, limit: int,
+                     chat: dict[str, Any] | None = None, batch_rows: int = 65_536,
+                     cap: int = OVERLONG_TOKENIZED_CAP) -> dict[str, Any]:
+    """Every prompt of ``paths`` longer than ``limit`` tokens (``data.max_prompt_length``), read one column in
+    batches (bounded memory); only rows whose byte bound (:func:`_byte_bound`) exceeds ``limit`` are tokenized, at
+    most ``cap`` of them. ``{"rows": N read, "tokenized": K, "count": over, "first": [[file, row, tokens], ...3],
+    "longest": [file, row, tokens] or None, "capped": bool}``."""
+    import pyarrow.parquet as pq
+
+    chat = chat or {}
+    overheads: dict[Any, int] = {}
+    out: dict[str, Any] = {"rows": 0, "tokenized": 0, "count": 0, "first": [], "longest": None, "capped": False}
+    for path in paths:
+        local = os.path.expanduser(path)
+        try:
+            pf = pq.ParquetFile(local)
+            if prompt_key not in pf.schema_arrow.names:
+                continue  # the column check names it
+            batches = pf.iter_batches(batch_size=batch_rows, columns=[prompt_key])
+        except Exception:  # noqa: BLE001 - not parquet: the data check names it
+            continue
+        row = 0
+        for batch in batches:
+            for prompt in batch.column(0).to_pylist():
+                if _byte_bound(tokenizer, prompt, chat, overheads) > limit:
+                    if out["tokenized"] >= cap:
+                        out["capped"] = True
+                    else:
+                        out["tokenized"] += 1
+                        try:
+                            n = len(_token_ids(tokenizer, prompt, chat))
+                        except Exception:  # noqa: BLE001 - the first rows' measurement names such a row
+                            n = 0
+                        if n > limit:
+                            out["count"] += 1
+                            if len(out["first"]) < 3:
+                                out["first"].append([path, row, n])
+                            if out["longest"] is None or n > out["longest"][2]:
+                                out["longest"] = [path, row, n]
+                row += 1
+        out["rows"] += row
+    return out
+
+
 def chat_kwargs(cfg: Any) -> dict[str, Any]:
     """``data.apply_chat_template_kwargs`` as a plain dict (what verl's dataset passes to ``apply_chat_template``)."""
     from omegaconf import OmegaConf
@@ -432,8 +505,16 @@ def measure_prompts(cfg: Any, rows: int) -> dict[str, Any]:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     except Exception as err:  # noqa: BLE001 - a broken tokenizer directory: no measurement
         return {"error": f"tokenizer of {path!r}: {type(err).__name__}: {_one_line(str(err))[:300]}"}
-    return {**prompt_lengths(tokenizer, files, str(_get(cfg, "data.prompt_key") or "prompt"), rows, chat_kwargs(cfg)),
-            "tokenizer": source}
+    prompt_key = str(_get(cfg, "data.prompt_key") or "prompt")
+    measured = {**prompt_lengths(tokenizer, files, prompt_key, rows, chat_kwargs(cfg)), "tokenizer": source}
+    limit = _get(cfg, "data.max_prompt_length")
+    if isinstance(limit, int) and limit > 0 and "error" not in measured:
+        every = files + [f for f in _files(_get(cfg, "data.val_files")) if os.path.isfile(os.path.expanduser(f))]
+        measured["overlong"] = {**overlong_prompts(tokenizer, list(dict.fromkeys(every)), prompt_key, limit,
+                                                   chat_kwargs(cfg)),
+                                "limit": limit, "truncation": str(_get(cfg, "data.truncation") or "error"),
+                                "filter": bool(_get(cfg, "data.filter_overlong_prompts"))}
+    return measured
 
 
 # ----------------------------------------------------------------------------- compose + validate

@@ -302,3 +302,29 @@ def _empty(column: Any, pc: Any) -> Any:
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         return pc.or_(null, pc.equal(pc.utf8_length(column), 0))
     return null
+
+
+def overlong_verdict(overlong: dict[str, Any] | None) -> tuple[str, str] | None:
+    """``(level, one line)`` for the prompts longer than ``data.max_prompt_length`` that the compose script found
+    (``_compose.overlong_prompts`` plus the config's ``limit``, ``truncation`` and ``filter``), as verl's
+    ``RLHFDataset`` treats them: dropped at load with ``data.filter_overlong_prompts`` (a note), cut with
+    ``data.truncation`` left/right/middle (a warning), else (``error``, verl's default) a crash when a batch reaches
+    one: ``problem``. None when there are none (or nothing was measured)."""
+    if not isinstance(overlong, dict) or not overlong.get("count"):
+        return None
+    limit, count, rows = overlong.get("limit"), int(overlong["count"]), int(overlong.get("rows") or 0)
+    first = "; ".join(f"{Path(str(f)).name} row {r}: {n} tokens" for f, r, n in overlong.get("first") or [])
+    longest = overlong.get("longest") or ["?", "?", "?"]
+    some = (f"{count} of {rows} prompts are longer than data.max_prompt_length={limit} tokens (first: {first}; "
+            f"longest: {Path(str(longest[0])).name} row {longest[1]}, {longest[2]} tokens)")
+    if overlong.get("capped"):
+        some += f" (at least: {overlong.get('tokenized')} rows were tokenized, the rest not)"
+    if overlong.get("filter"):
+        return "note", f"{some}: data.filter_overlong_prompts drops them when the data loads"
+    truncation = str(overlong.get("truncation") or "error")
+    if truncation != "error":
+        return "warning", f"{some}: data.truncation={truncation} cuts them to {limit} tokens"
+    return "problem", (f"{some}, and data.truncation=error: verl raises when a batch reaches one; raise "
+                       f"data.max_prompt_length to {longest[2]}, or set data.truncation=left (or right), or "
+                       "data.filter_overlong_prompts=true")
+

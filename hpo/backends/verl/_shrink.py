@@ -12,11 +12,13 @@ Request: ``{"config_dir": DIR or null, "config_name": NAME, "overrides": [the de
    its ``config.json`` with 2 layers, hidden size 128 and 2 heads of 64 (random weights, float32), saved with the
    model's own tokenizer (``tokenizer`` when given, else the model's local directory or its Hugging Face cache
    snapshot; nothing is downloaded) under ``out/models/<i>``.
-2. **Data**: the first rows of ``data.train_files`` / ``data.val_files`` (prompts as they are) written to
-   ``out/data/{train,val}.parquet``, after checking the columns verl 0.9.1 reads (``data.prompt_key``,
+2. **Data**: the training rows with the longest prompts (every row read once, a column at a time; the first rows
+   when ``data.filter_overlong_prompts`` may drop the longest) and the first validation rows (prompts as they are)
+   written to ``out/data/{train,val}.parquet``, after checking the columns verl 0.9.1 reads (``data.prompt_key``,
    ``data_source``, ``reward_model.ground_truth``) and tokenizing every kept prompt with the chat template.
 3. **Reward**: the reward function (``reward.custom_reward_function``, loaded with verl's own
-   ``get_custom_reward_fn``; else verl's ``default_compute_score``) called on every kept validation row with a few
+   ``get_custom_reward_fn``; else verl's ``default_compute_score``) called on every kept validation row and on the
+   training rows with the most unusual ground truths (:func:`scan_rows`) with a few
    responses (empty, the ground truth, GSM8K's and a boxed answer format); each call must return a finite number or
    a dict with a finite ``"score"``, as verl's reward managers use it. The calls together get ``reward_timeout_s``
    (default 120; a SIGALRM stops a function that loops) and what they print is kept up to 64 KiB, the rest counted.
@@ -167,6 +169,97 @@ def take_rows(split: str, paths: list[str], rows: int, prompt_key: str, out: str
     return {"file": out, "rows": table.num_rows, "from": paths}
 
 
+def _prompt_size(prompt: Any) -> int:
+    """A prompt's size in UTF-8 bytes of its text (a chat: its messages' contents), to rank rows by length."""
+    if isinstance(prompt, str):
+        return len(prompt.encode("utf-8", "replace"))
+    if isinstance(prompt, list):
+        return sum(len(str(m.get("content") if isinstance(m, dict) else m).encode("utf-8", "replace"))
+                   for m in prompt)
+    return 0
+
+
+UNUSUAL_TRUTHS = 8  # training rows whose ground truth is the least like the others, scored by the reward check
+
+
+def scan_rows(paths: list[str], rows: int, prompt_key: str, batch_rows: int = 65_536) -> dict[str, Any]:
+    """One columnar pass over every row of ``paths`` (the prompt and ``reward_model`` columns, ``batch_rows`` at a
+    time): the ``rows`` rows with the longest prompts (``longest``: ``[[file index, row], ...]`` in file order) and
+    up to :data:`UNUSUAL_TRUTHS` rows with the most unusual ground truths (``unusual``: the first row of each type
+    that is not the most common one, then the longest and the shortest), and ``total``: rows read."""
+    import heapq
+    from collections import Counter
+
+    import pyarrow.parquet as pq
+
+    heap: list[tuple[int, int, int]] = []  # (size, -file, -row): the smallest size leaves first; ties keep the first
+    types: Counter[str] = Counter()
+    first_of: dict[str, tuple[int, int]] = {}
+    long_truth: list[tuple[int, int, int]] = []
+    short_truth: list[tuple[int, int, int]] = []
+    total = 0
+    for f, path in enumerate(paths):
+        pf = pq.ParquetFile(os.path.expanduser(path))
+        row = 0
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=[prompt_key, "reward_model"]):
+            prompts = batch.column(0).to_pylist()
+            truths = batch.column(1).to_pylist()
+            for prompt, rm in zip(prompts, truths, strict=True):
+                item = (_prompt_size(prompt), -f, -row)
+                if len(heap) < rows:
+                    heapq.heappush(heap, item)
+                elif item > heap[0]:
+                    heapq.heapreplace(heap, item)
+                truth = rm.get("ground_truth") if isinstance(rm, dict) else None
+                kind = type(truth).__name__
+                types[kind] += 1
+                first_of.setdefault(kind, (f, row))
+                size = len(str(truth))
+                for keep, key in ((long_truth, size), (short_truth, -size)):
+                    entry = (key, -f, -row)
+                    if len(keep) < 2:
+                        heapq.heappush(keep, entry)
+                    elif entry > keep[0]:
+                        heapq.heapreplace(keep, entry)
+                row += 1
+        total += row
+    common = types.most_common(1)[0][0] if types else None
+    unusual = [first_of[k] for k, _ in types.most_common() if k != common]
+    unusual += [(-f, -r) for _, f, r in sorted(long_truth, reverse=True)]
+    unusual += [(-f, -r) for _, f, r in sorted(short_truth, reverse=True)]
+    return {"longest": sorted((-f, -r) for _, f, r in heap), "unusual": list(dict.fromkeys(unusual))[:UNUSUAL_TRUTHS],
+            "total": total}
+
+
+def write_rows(paths: list[str], picks: list[tuple[int, int]], out: str, label: bool = False,
+               batch_rows: int = 65_536) -> int:
+    """The rows ``picks`` (``(file index, row)``) of ``paths`` written to ``out`` in that order, read a batch at a time;
+    ``label``: a column ``__row`` keeps each row's ``"file:row"`` for the lines that name it. The number written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    wanted: dict[int, dict[int, int]] = {}
+    for i, (f, r) in enumerate(picks):
+        wanted.setdefault(f, {})[r] = i
+    found: dict[int, dict[str, Any]] = {}
+    for f, rows in wanted.items():
+        pf = pq.ParquetFile(os.path.expanduser(paths[f]))
+        start = 0
+        for batch in pf.iter_batches(batch_size=batch_rows):
+            inside = [r for r in rows if start <= r < start + batch.num_rows]
+            if inside:
+                for r in inside:
+                    found[rows[r]] = {**batch.slice(r - start, 1).to_pylist()[0],
+                                      **({"__row": f"{os.path.basename(paths[f])}:{r}"} if label else {})}
+            start += batch.num_rows
+            if start > max(rows):
+                break
+    table = pa.Table.from_pylist([found[i] for i in sorted(found)])
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    pq.write_table(table, out)
+    return table.num_rows
+
+
 # ----------------------------------------------------------------------------- reward
 def _responses(truth: Any) -> list[str]:
     text = str(truth)
@@ -216,7 +309,8 @@ class _CappedSink:
         pass
 
 
-def check_reward(cfg: Any, val_file: str, timeout_s: float = REWARD_TIMEOUT_S) -> dict[str, Any]:
+def check_reward(cfg: Any, val_file: str, timeout_s: float = REWARD_TIMEOUT_S,
+                 train_file: str | None = None) -> dict[str, Any]:
     """Call the reward function on every row of ``val_file`` (see the module docstring), within ``timeout_s`` in all
     (a SIGALRM ends a call that loops) and with what it prints kept up to :data:`OUTPUT_CAP` bytes (the rest counted
     and dropped), so a looping or chatty function costs the rehearsal ``timeout_s`` and 64 KiB at most."""
@@ -238,7 +332,7 @@ def check_reward(cfg: Any, val_file: str, timeout_s: float = REWARD_TIMEOUT_S) -
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            out = _check_reward(cfg, val_file)
+            out = _check_reward(cfg, val_file, train_file)
     except _RewardTimeout:
         where = out_where(cfg)
         out = {"where": where, "calls": sink_calls[0], "problem": problem("reward", (
@@ -262,7 +356,7 @@ def out_where(cfg: Any) -> str:
     return f"{path}:{name}" if path else "verl's default_compute_score"
 
 
-def _check_reward(cfg: Any, val_file: str) -> dict[str, Any]:
+def _check_reward(cfg: Any, val_file: str, train_file: str | None = None) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     path = _get(cfg, "reward.custom_reward_function.path")
@@ -277,11 +371,15 @@ def _check_reward(cfg: Any, val_file: str) -> dict[str, Any]:
         return {"where": where, "problem": problem("reward", f"reward.custom_reward_function: {where} does not load: "
                                                              f"{load_error(err)}")}
     calls, scores = 0, list[float]()
-    for i, row in enumerate(pq.read_table(val_file).to_pylist()):
+    rows = [(f"validation row {i}", row) for i, row in enumerate(pq.read_table(val_file).to_pylist())]
+    if train_file:  # the training rows with the most unusual ground truths
+        rows += [(f"training row {row.pop('__row', '?')}", row) for row in pq.read_table(train_file).to_pylist()]
+    for label, row in rows:
+        row.pop("__row", None)
         truth = (row.get("reward_model") or {}).get("ground_truth")
         for response in _responses(truth):
             extra = {**(row.get("extra_info") or {}), "num_turns": 2, "rollout_reward_scores": {}}
-            shown = f"validation row {i} (data_source={row.get('data_source')!r}, response {response[:40]!r})"
+            shown = f"{label} (data_source={row.get('data_source')!r}, response {response[:40]!r})"
             sink_calls[:] = [calls, shown]
             try:
                 result = fn(data_source=row.get("data_source"), solution_str=response, ground_truth=truth,
@@ -374,6 +472,21 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             reply["problems"].append(taken["problem"])
             return reply
         data[split] = taken
+    # every training row read once: the longest prompts replace the first rows (so the real data.max_prompt_length
+    # is exercised), and the rows with the most unusual ground truths are scored by the reward check
+    train_paths = _files(_get(cfg, "data.train_files"))
+    try:
+        scan = scan_rows(train_paths, int(request["train_rows"]), prompt_key)
+        if not _get(cfg, "data.filter_overlong_prompts"):  # else the longest might all be dropped at load
+            data["train"]["rows"] = write_rows(train_paths, scan["longest"], data["train"]["file"])
+            data["train"]["picked"] = "longest"
+        data["train"]["total"] = scan["total"]
+        unusual = os.path.join(out, "data", "reward_train.parquet")
+        data["train"]["unusual"] = write_rows(train_paths, scan["unusual"], unusual, label=True)
+    except Exception as err:  # noqa: BLE001 - a column of another type than the first row's: named, not a traceback
+        reply["problems"].append(problem("data", f"data.train_files: reading every row: {type(err).__name__}: "
+                                                 f"{_one_line(str(err))[:300]}"))
+        return reply
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(next(iter(reply["models"].values()))["dir"], local_files_only=True)
@@ -385,7 +498,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         data[split]["prompt_tokens"] = {"mean": lengths["mean"], "max": lengths["max"]}
     reply["data"] = data
     reply["reward"] = check_reward(cfg, data["val"]["file"], float(request.get("reward_timeout_s") or
-                                                                   REWARD_TIMEOUT_S))
+                                                                   REWARD_TIMEOUT_S), unusual)
     if "problem" in reply["reward"]:
         reply["problems"].append(reply["reward"].pop("problem"))
     return reply

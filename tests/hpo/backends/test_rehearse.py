@@ -196,10 +196,10 @@ def test_the_shipped_gpu_experiment_passes_with_a_local_model(tmp_path: Path) ->
 
 # ----------------------------------------------------------------------------- the shrink step, in verl's interpreter
 @needs_verl
-def test_shrink_builds_a_small_model_of_the_same_architecture_and_keeps_the_first_rows(tmp_path: Path) -> None:
+def test_shrink_builds_a_small_model_of_the_same_architecture_and_keeps_the_longest_rows(tmp_path: Path) -> None:
     """One run of ``_shrink.py`` (a few seconds): the arith model's ``config.json`` -> 2 layers with heads of 64 (vLLM's
-    CPU attention refuses 16), its tokenizer beside it, the first rows with their prompt lengths, every validation
-    row scored, and the one set key nothing in verl reads."""
+    CPU attention refuses 16), its tokenizer beside it, the rows with the longest prompts and their lengths, every
+    validation row and the unusual training truths scored, and the one set key nothing in verl reads."""
     from hpo.backends._rehearse import SHRINK_SCRIPT
     from tests.hpo.backends.test_verl import VERL_PY
 
@@ -226,7 +226,9 @@ def test_shrink_builds_a_small_model_of_the_same_architecture_and_keeps_the_firs
     assert (Path(model["dir"]) / "tokenizer.json").is_file() and (Path(model["dir"]) / "model.safetensors").is_file()
     assert reply["data"]["train"]["rows"] == 20 and reply["data"]["val"]["rows"] == 5
     assert 4 <= reply["data"]["train"]["prompt_tokens"]["mean"] <= reply["data"]["train"]["prompt_tokens"]["max"] <= 16
-    assert reply["reward"]["calls"] == 5 * 4 and reply["reward"]["where"].endswith("reward.py:compute_score")
+    unusual = reply["data"]["train"]["unusual"]  # the training rows with the longest and the shortest truths
+    assert 2 <= unusual <= 4 and reply["data"]["train"]["picked"] == "longest"
+    assert reply["reward"]["calls"] == (5 + unusual) * 4 and reply["reward"]["where"].endswith("reward.py:compute_score")
     assert reply["unread"] == ["+algorithm.kl_ctrl.kl_coeff"]
 
 
