@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rh = sub.add_parser("rehearse", help="verl experiments: run the experiment's own pipeline (config, data, reward, "
                                          "objective, corners, a resume) shrunk to a small model on this CPU, and "
-                                         "report what would fail a real study; exit 0 it would run, 1 it would fail")
+                                         "report what would fail a real study; exit 0 it would run, 1 it would fail, 3 "
+                                         "a corner could not finish on this machine (not a failure)")
     rh.add_argument("--space", required=True, help="search_spaces/<NAME>.yaml or a path (trial.backend: verl)")
     rh.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="as for search (e.g. "
                     "actor_rollout_ref.model.path=/local/model/dir)")

@@ -129,6 +129,11 @@ class Backend:
         """The experiment with what this trainer gives it by default (every space the driver runs passes here)."""
         return space
 
+    def resolve_paths(self, space: Space, origin: Mapping[str, str]) -> Space:
+        """The experiment with its relative file paths made absolute (the file's own against its directory, those
+        typed with ``--override`` against the current one), so every command reads the same files from anywhere."""
+        return space
+
     def check(self, space: Space, origin: Mapping[str, str]) -> None:
         """SpaceError (one line, naming the file and key) when this trainer would refuse the experiment: the
         quick checks, made whenever an experiment file is loaded."""

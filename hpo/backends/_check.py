@@ -22,6 +22,7 @@ def _checked(space: Space, origin: dict[str, str]) -> Space:
     speed = space.study.kind == "throughput"
     if speed:  # a learning key is the first thing wrong with a throughput study, whatever its value
         _check_speed_keys(space, origin, backend)
+    space = backend.resolve_paths(space, origin)
     backend.check(space, origin)
     space = backend.normalize(space)
     if speed:

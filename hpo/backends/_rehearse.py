@@ -17,7 +17,8 @@ every kept validation row; keys the space sets that nothing in verl reads; each 
 logged under exactly its name; each tuned parameter reaches the trainer where verl logs it back (:data:`ECHOES`);
 non-finite metrics (a property of the corner, reported, not a failure); the checkpoint resumes at its step; the
 memory estimate of each corner on the user's GPUs, at the prompt lengths measured from the data and in the worst
-case. Exit 0 when a real study would run, 1 when it would fail, 2 for a bad file (raised before anything runs).
+case. Exit 0 when a real study would run, 1 when it would fail, 2 for a bad file (raised before anything runs), 3
+when this machine could not finish a corner (out of its time, killed by the host): not rehearsed, not failed.
 The rehearsal's files live under ``<studies-dir>/rehearsals/<space>/`` (trials, shrunk model and data, the report).
 """
 
@@ -409,8 +410,8 @@ def check_runs(space: Space, outcomes: Sequence[CornerOutcome], resumed: bool = 
             for rec in recs:
                 logged.update(rec["data"])
     finished = any(o.results and o.results[-1].exit_code == 0 for o in outcomes)
-    host = any(o.results and unfinished_why(o.results[-1]) for o in outcomes)
-    found += [f if finished or not host or f.level != "problem" else
+    cut_short = any(o.results and unfinished_why(o.results[-1]) for o in outcomes)
+    found += [f if finished or not cut_short or f.level != "problem" else
               Finding(f.check, "unfinished", f"not checked: no corner finished on this machine ({f.message})")
               for f in _objective(space, logged)]
     found += _echoes(space, outcomes)

@@ -79,6 +79,11 @@ class VerlBackend(Backend):
             return space
         return dataclasses.replace(space, early_stopping=EarlyStopping(enabled=False))
 
+    def resolve_paths(self, space: Space, origin: Mapping[str, str]) -> Space:
+        from hpo.backends.verl._paths import resolve_user_paths
+
+        return resolve_user_paths(space, origin)
+
     def check(self, space: Space, origin: Mapping[str, str]) -> None:
         if tuple(space.trial.command) != DEFAULT_COMMAND:
             raise located_error(space, dict(origin), "trial.command", "not used with trial.backend: verl (the "

@@ -115,3 +115,23 @@ def test_the_rehearsal_keeps_the_longest_prompts_and_scores_unusual_training_tru
     assert [p["check"] for p in reply["problems"]] == ["reward"], reply["problems"]
     line = reply["problems"][0]["message"]
     assert "raised on training row train.parquet:300" in line and "ValueError" in line, line
+
+
+@needs_verl
+def test_relative_paths_of_the_experiment_are_read_from_any_directory(tmp_path: Path) -> None:
+    """issue 43 item 3: data and reward beside the experiment file, named relative to it: validate passes from the
+    experiment's directory, its parent and an unrelated one, and the stored experiment holds absolute paths."""
+    space = _experiment(tmp_path, _rows(64, None))
+    raw = yaml.safe_load(space.read_text())
+    raw["overrides"]["data.train_files"] = "train.parquet"
+    raw["overrides"]["data.val_files"] = "./val.parquet"
+    (space.parent / "reward.py").write_text((ARITH / "reward.py").read_text())
+    raw["overrides"]["reward.custom_reward_function.path"] = "reward.py"
+    space.write_text(yaml.safe_dump(raw, sort_keys=False))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for cwd, name in ((space.parent, "experiment.yaml"), (tmp_path, "mine/experiment.yaml"),
+                      (elsewhere, str(space))):
+        res = subprocess.run([sys.executable, "-m", "hpo", "validate", "--space", name], cwd=cwd, env=cli_env(),
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0 and "All checks passed" in res.stdout, (cwd, res.stdout, res.stderr)
