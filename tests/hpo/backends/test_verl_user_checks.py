@@ -42,8 +42,8 @@ def _experiment(tmp_path: Path, rows: list[dict[str, Any]], **overrides: Any) ->
     pq.write_table(pa.Table.from_pylist(_rows(16, None)), mine / "val.parquet")
     shipped = (Path(__file__).resolve().parents[3] / "search_spaces" / "verl_grpo_cpu.yaml").read_text()
     raw = yaml.safe_load(shipped.replace("synthetic/arith", "mine"))  # the user's data_source in the metric names
-    raw["overrides"].update({"data.train_files": str(mine / "train.parquet"), "data.val_files": str(mine / "val.parquet"),
-                             **overrides})
+    raw["overrides"].update({"data.train_files": str(mine / "train.parquet"),
+                             "data.val_files": str(mine / "val.parquet"), **overrides})
     raw["trial"]["prepare_command"] = None
     path = mine / "experiment.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
