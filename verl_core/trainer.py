@@ -6,7 +6,7 @@
 (one epoch, one mini-batch) and neither KL-in-reward nor the KL-threshold filter reads the old
 log-probs first: the update's forward then supplies them. With ``rollout.reuse_log_probs`` the HF
 engine's decode steps supply them instead (no stage). Each stage's wall time is logged as
-``timing_s/<stage>``; all metric names follow verl (see README "Metrics").
+``timing_s/<stage>``; all metric names follow verl (see docs/trainer.md, "Metrics").
 """
 
 from __future__ import annotations
