@@ -733,18 +733,26 @@ def corner_timeout(space: Space, given: float | None) -> tuple[float, str]:
     return CORNER_TIMEOUT_S, "the default"
 
 
-def corner_parallelism(cpus: int | None = None, load: float | None = None) -> tuple[int, str]:
-    """(corners run at once, why): two when the host has the free cores two corners need (its CPUs less the last
-    minute's load average), else one at a time, so that a busy host slows the rehearsal, not fails it."""
+def busy_cores(seconds: float = 2.0) -> float:
+    """Cores the host's other processes keep busy now: the CPU time used over ``seconds`` (``/proc/stat`` through
+    psutil), in cores. Measured when the rehearsal's own preparation has ended, so it is what the corners would
+    share the host with; the load average would also count the rehearsal's own last minute."""
+    import psutil
+
+    from hpo.backends.verl._cpu import host_cpus
+
+    return psutil.cpu_percent(interval=seconds) / 100.0 * (psutil.cpu_count() or host_cpus())
+
+
+def corner_parallelism(cpus: int | None = None, busy: float | None = None) -> tuple[int, str]:
+    """(corners run at once, why): two when the host has the free cores two corners need (its CPUs less what other
+    processes keep busy, :func:`busy_cores`), else one at a time, so that a busy host slows the rehearsal, not fails
+    it."""
     from hpo.backends.verl._cpu import host_cpus
 
     cpus = host_cpus() if cpus is None else cpus
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except OSError:
-            load = 0.0
-    free = cpus - load
+    busy = busy_cores() if busy is None else busy
+    free = cpus - busy
     if free >= 2 * CORNER_CORES:
         return 2, f"{free:.1f} of {cpus} cores free"
     return 1, f"one at a time: {max(free, 0.0):.1f} of {cpus} cores free, two corners need {2 * CORNER_CORES:g}"
