@@ -147,3 +147,21 @@ def test_overlong_prompts_are_judged_as_verl_treats_them() -> None:
     level, line = overlong_verdict({**found, "truncation": "error", "filter": True}) or ("", "")
     assert level == "note" and "filter_overlong_prompts drops them" in line
     assert overlong_verdict({**found, "count": 0}) is None and overlong_verdict(None) is None
+
+
+def test_a_cpu_rehearsal_gives_the_gpu_estimate_of_the_real_study(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """issue 43 item 7: a study whose trials run on the CPU gets no GPU estimate unless asked (and is told how);
+    with ``--gpus 2 --gpu-memory 141GiB`` each corner's estimate is for 2 GPUs of 141 GiB, never "on cuda" for a
+    CPU trial."""
+    from hpo.backends._rehearse import memory_lines
+    from tests.hpo.backends.test_verl_memory import BASE, _fake_inputs
+
+    monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
+    cpu = dataclasses.replace(SPACE, trial=dataclasses.replace(SPACE.trial, memory_limit_gb=None))
+    corners = [RehearsalCorner("default", {}, []), RehearsalCorner("high", {}, [])]
+    (note,) = memory_lines(cpu, corners, _fake_inputs(BASE)(cpu, [[], []], 1, None, 0))
+    assert note.level == "note" and "--gpus N --gpu-memory 80GiB gives one for N GPUs" in note.message
+    lines = memory_lines(cpu, corners, _fake_inputs(BASE)(cpu, [[], []], 2, None, 0), 2, 141 * 2**30)
+    assert [f.check for f in lines] == ["memory", "memory"], lines
+    assert all(f.message.startswith(("corner default on 2 GPU(s): ", "corner high on 2 GPU(s): ")) and
+               "budget 141 GiB (a GPU of 141 GiB)" in f.message and "cuda" not in f.message for f in lines), lines
