@@ -9,7 +9,8 @@ import dataclasses
 from pathlib import Path
 
 from hpo.backends import load_space
-from hpo.backends._rehearse import (
+from hpo.backends.verl._data import overlong_verdict
+from hpo.backends.verl._rehearse import (
     CORNER_TIMEOUT_S,
     EXIT_FAIL,
     EXIT_PASS,
@@ -26,7 +27,6 @@ from hpo.backends._rehearse import (
     render,
     root_cause,
 )
-from hpo.backends.verl._data import overlong_verdict
 from hpo.execution._runner import RunResult
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -60,7 +60,7 @@ from hpo.experiment._space import SpaceError
 if TYPE_CHECKING:
     from hpo.experiment._space import Space
 
-SHRINK_SCRIPT = Path(__file__).parent / "verl" / "_shrink.py"
+SHRINK_SCRIPT = Path(__file__).parent / "_shrink.py"
 STEPS = 2  # training steps of each corner (validation before the first and after every step)
 RESPONSE_TOKENS = 16  # data.max_response_length of the rehearsal
 VAL_ROWS = 8  # validation rows kept (every one is scored by the reward function)
