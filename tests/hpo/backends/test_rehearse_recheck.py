@@ -64,7 +64,7 @@ def test_a_study_whose_retries_start_over_is_said() -> None:
 
 
 def test_quick_says_the_resume_was_not_checked() -> None:
-    from hpo.backends.verl._rehearse import check_runs
+    from hpo.backends.verl._rehearse_checks import check_runs
 
     notes = [f for f in check_runs(load_space(str(SPACE)), [], resumed=False) if f.check == "resume"]
     assert [f.level for f in notes] == ["note"] and "not checked (--quick)" in notes[0].message
