@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from hpo.analysis._files import FileRefused, read_bounded
+from hpo.backends._preflight import GiB
 from hpo.backends._registry import backend_of
 from hpo.backends.verl._check import compose_corners, interpreter_problem, trial_base_env
 from hpo.backends.verl._cpu import CPU_OVERRIDES, cpu_overrides, transfer_queue_overrides
@@ -110,6 +111,7 @@ def rehearsal_corners(space: Space) -> list[RehearsalCorner]:
         if all(c.overrides != overrides for c in out):
             out.append(RehearsalCorner(name, values, overrides))
     return out
+
 
 def rehearsal_home(studies_dir: Path, space: Space) -> Path:
     """``<studies-dir>/rehearsals/<space>``, emptied of an earlier rehearsal's files (only a directory that holds
@@ -244,13 +246,14 @@ class _Runner:
         self.say(f"  corner {corner.name} ended: {how} in {time.monotonic() - started:.0f} s")
         return outcome
 
+
 # ----------------------------------------------------------------------------- the memory estimate
 def memory_lines(space: Space, corners: Sequence[RehearsalCorner], inputs: Any, gpus: int | None = None,
                  gpu_bytes: int | None = None) -> list[Finding]:
     """Each corner's estimate on the real study's GPUs (``gpus`` per trial, else ``trial.gpus_per_trial``; GPUs of
     ``gpu_bytes``): at the prompts measured from the data and a short response (what ``search`` refuses on) and in
     the worst case. ``inputs`` were composed for that many GPUs."""
-    from hpo.backends._preflight import GiB, predictions_from_inputs
+    from hpo.backends.verl._memory import predictions_from_inputs
 
     if not gpus and space.trial.gpus_per_trial == 0:
         return [Finding("memory", "note", "trial.gpus_per_trial is 0: the study's trials run on the CPU, as here; "
@@ -492,8 +495,8 @@ class _Rehearsal:
                                                                                           dict[str, Any]]] | None:
         """The corners composed by verl for the real study's GPUs (the memory estimate's inputs, the keys the
         rehearsal swaps) and every training prompt against ``data.max_prompt_length``; None when verl rejects one."""
-        from hpo.backends._preflight import MEASURED_PROMPTS, verl_memory_inputs
         from hpo.backends.verl._data import overlong_verdict
+        from hpo.backends.verl._memory import MEASURED_PROMPTS, verl_memory_inputs
 
         space = self.space
         self.say(f"composing {len(corners)} corners and measuring the prompts in {self.python}")

@@ -237,7 +237,7 @@ def test_shrink_builds_a_small_model_of_the_same_architecture_and_keeps_the_long
 def test_the_memory_preflight_measures_the_prompts_with_the_models_tokenizer(tmp_path: Path) -> None:
     """verl's interpreter tokenizes the first training prompts with the model's chat template: the arith prompts are
     a few tokens, far below data.max_prompt_length, and the expected lengths say where they came from."""
-    from hpo.backends._preflight import MEASURED_PROMPTS, data_lengths, verl_memory_inputs
+    from hpo.backends.verl._memory import MEASURED_PROMPTS, data_lengths, verl_memory_inputs
 
     space = load_space(str(arith_space(tmp_path)))
     (info, values), = verl_memory_inputs(space, [space.trainer_overrides({})], 1, None, MEASURED_PROMPTS)

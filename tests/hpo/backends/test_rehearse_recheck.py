@@ -73,7 +73,7 @@ def test_quick_says_the_resume_was_not_checked() -> None:
 def test_a_cpu_study_s_estimate_says_it_is_for_a_gpu() -> None:
     """verl_grpo_cpu's trials train on the CPU: the verl estimate is for a GPU and says so, never 'no GPU visible'
     as if the trials needed one (issue 43 item 7)."""
-    from hpo.backends._preflight import _verl_budget
+    from hpo.backends.verl._memory import _verl_budget
 
     budget, source, _ = _verl_budget(load_space(str(SPACE)), [], None)
     assert "trials run on the CPU (trial.gpus_per_trial: 0)" in source and budget > 0
