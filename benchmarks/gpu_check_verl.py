@@ -337,7 +337,7 @@ def verl_estimate(overrides: list[str], values: dict[str, Any], verl_python: str
     """``judge_verl`` (the estimate at the expected ``lengths`` and in the worst case) of the config a trial with
     ``values`` ran (composed by verl in ``verl_python``)."""
     from hpo.backends import load_space
-    from hpo.backends._preflight import verl_memory_inputs
+    from hpo.backends.verl._memory import verl_memory_inputs
     from verl_core.memory_verl import judge_verl
 
     space = load_space(VERL_SPACE, overrides, check=False)

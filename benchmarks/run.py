@@ -13,9 +13,9 @@ real verl on the CPU, one study seed), ``pbt``
 (population-based training vs TPE and random at equal trainer steps; ``benchmarks/pbt.py``), ``verl_cpu`` (real
 verl 0.9.1 trials on the CPU through the driver: start-up, step times, the driver's own CPU, RSS and wall beside
 them; skipped without ``.venv-verl``; ``benchmarks/verl_cpu.py``), ``rehearse`` (``verl-hpo rehearse`` of the shipped
-CPU and GPU verl experiments on the CPU: each one's wall, the time before the first launch, each corner; ``benchmarks/rehearse.py``),
-``throughput`` (a throughput study's pick against a poor start and against the shipped config, on verl_core and real
-verl on the CPU; ``benchmarks/throughput.py``).
+CPU and GPU verl experiments on the CPU: each one's wall, the time before the first launch, each corner;
+``benchmarks/rehearse.py``), ``throughput`` (a throughput study's pick against a poor start and against the shipped
+config, on verl_core and real verl on the CPU; ``benchmarks/throughput.py``).
 ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/`` (or ``--out``), never over the real
 results.
 """

@@ -457,19 +457,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     return _fail(f"--metrics {args.metrics}: unreadable ({err.strerror or err})")
             return validate_space(space, resolve_devices(space.trial), sys.stdout, lengths=lengths)
         if args.cmd == "rehearse":
-            from hpo.backends._rehearse import rehearse
+            from hpo.backends.verl._rehearse import rehearse
 
             spaces_dir = Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
             # --recheck reruns checks on kept runs: the quick load (a second), not every corner composed by verl
             space = (load_space if args.recheck else load_checked_space)(args.space, list(args.override), spaces_dir)
-            from hpo.backends._rehearse import refusal
+            from hpo.backends.verl._rehearse import refusal
 
             if refusal(space):
                 return _fail(refusal(space))
             if args.tokenizer is not None and not args.tokenizer.expanduser().is_dir():
                 return _fail(f"--tokenizer {args.tokenizer}: not a directory")
             if args.recheck:
-                from hpo.backends._rehearse import recheck
+                from hpo.backends.verl._rehearse import recheck
 
                 return recheck(space, studies_dir.resolve(), fmt=args.format)
             for flag, value in (("--reward-timeout", args.reward_timeout), ("--corner-timeout", args.corner_timeout)):
@@ -479,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _fail(f"--gpus {args.gpus}: must be 1 or more (GPUs per trial of the real study)")
             gpu_bytes = None
             if args.gpu_memory is not None:
-                from hpo.backends._rehearse import parse_size
+                from hpo.backends.verl._rehearse import parse_size
 
                 gpu_bytes = parse_size(args.gpu_memory)
                 if gpu_bytes is None:

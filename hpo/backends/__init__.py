@@ -1,8 +1,9 @@
 """What a trial runs, behind one contract: :class:`Backend` (``_base``), looked up by ``trial.backend`` in a
-registry (``_registry``). ``verl_core/``: the default trainer; ``verl/``: real verl (argv, environment, composed-config
-checks in verl's own interpreter, data, resume points); ``trl/``: TRL's GRPOTrainer; the base class: any command.
-Also: an experiment as the driver runs it (``_check``: the schema, the backend's defaults and checks), the memory
-pre-flight (``_preflight``) and ``verl-hpo rehearse`` (``_rehearse``).
+registry (``_registry``). ``verl_core/``: the default trainer (with its memory estimate, ``_memory``); ``verl/``: real
+verl (argv, environment, composed-config checks in verl's own interpreter, data, resume points, its memory estimate
+in ``_memory``, ``verl-hpo rehearse`` in ``_rehearse``); ``trl/``: TRL's GRPOTrainer; the base class: any command.
+Also: an experiment as the driver runs it (``_check``: the schema, the backend's defaults and checks) and the memory
+pre-flight (``_preflight``: what every estimate shares; each backend answers for its own trainer).
 
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
 

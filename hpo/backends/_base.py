@@ -9,7 +9,10 @@ The study loop, confirmation, PBT, tracking and reporting never test a backend's
   ``config.yaml`` text, the loaded config when the backend loads one). A trial's config is loaded once, here.
 * ``launch(space, config, ctx)``: the attempt's :class:`Launch` (argv, environment, private ``/tmp``).
 * ``metrics_path(trial_dir, attempt)``: where the attempt's JSONL metrics file lives (``{"step": N, "data": {}}``).
-* ``predict(space, config, devices)``: a memory estimate to skip a trial that cannot fit (None: none).
+* ``predict(space, config, devices)``: a memory estimate to skip a trial that cannot fit (None: none);
+  ``corner_predictions(space, devices, lengths)``: the estimate of each corner of the space, for ``search``'s refusal
+  of a space where none fits (None: none); ``validate(space, devices, out, lengths)``: ``verl-hpo validate``'s
+  verdict on each corner (:mod:`hpo.backends._preflight`).
 * ``resume_point(trials_dir, history)``: the checkpoint a retry continues from, and the curve logged up to it.
 * ``seed_keys(space)``, ``default_seed(space, key)``: what a confirmation run sets to change its seed.
 * ``heldout_overrides(space)``, ``heldout_metric(space)``: how a confirmation run measures the held-out split.
@@ -28,12 +31,15 @@ import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TextIO
 
 import yaml
 
 from hpo.experiment._heldout import TEST_KEY, heldout_metric
 from hpo.experiment._space import Space, format_value
+
+if TYPE_CHECKING:
+    from verl_core.memory_verl import SequenceLengths
 
 
 class ResumePointLike(Protocol):
@@ -190,6 +196,26 @@ class Backend:
 
     def predict(self, space: Space, config: TrialConfig, devices: Sequence[str]) -> PredictionLike | None:
         return None
+
+    def corner_predictions(self, space: Space, devices: Sequence[str], lengths: SequenceLengths | None = None
+                           ) -> Sequence[tuple[dict[str, Any], PredictionLike]] | None:
+        """Each corner of the space (:func:`hpo.backends._preflight.corners`) with its memory estimate on one
+        trial's ``devices`` (none: the CPU), at the expected sequence ``lengths`` when given (a previous run's), for
+        :func:`hpo.backends._preflight.check_space_fits`. None: this trainer has no estimate (or none can be made
+        here), and nothing is refused."""
+        return None
+
+    def validate(self, space: Space, devices: Sequence[str], out: TextIO,
+                 lengths: SequenceLengths | None = None) -> int:
+        """``verl-hpo validate``'s memory pre-flight on one trial's ``devices``: each corner's verdict printed to
+        ``out`` (:func:`hpo.backends._preflight.report_corners`); 0 when all fit, else 2 with one line on stderr.
+        Without an estimate (the base class): what was checked, and 0."""
+        what = ("trial.command is not the default trainer: only the space itself was checked"
+                if self.name == Backend.name else
+                f"trial.backend {self.name}: keys and corners checked by the trainer; no memory estimate")
+        print(f"{space.source}: {what}", file=out)
+        print("All checks passed", file=out)
+        return 0
 
     def resume_point(self, trials_dir: Path, history: Sequence[int]) -> ResumePointLike | None:
         return None

@@ -4,9 +4,13 @@ curve its attempts logged; ``_check`` composes and checks a space's configs and 
 code; ``_compose`` is the script that runs inside verl's interpreter for it; ``_cpu`` is what a trial that gets no
 GPU adds to run verl on the CPU (the plugin ``plugins/verl-cpu``, its overrides and environment) and TransferQueue's
 size on every host; ``_data`` and ``_arith`` are the shipped tasks' prepare steps (GSM8K-format data; the arith task
-with its model and reward for ``search_spaces/verl_grpo_cpu.yaml``).
+with its model and reward for ``search_spaces/verl_grpo_cpu.yaml``); ``_memory`` is the memory pre-flight of a verl
+trial (each corner composed in verl's interpreter, judged by ``verl_core.memory_verl``); ``_rehearse`` is ``verl-hpo
+rehearse`` (the experiment shrunk by ``_shrink`` in verl's interpreter and run on the CPU), ``_rehearse_checks`` its
+checks on what the corners logged and its report.
 
-May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
+May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``, ``hpo.backends`` (its base, registry and
+pre-flight)."""
 
 from hpo.backends.verl._backend import SEED_DEFAULTS, VerlBackend
 from hpo.backends.verl._check import (

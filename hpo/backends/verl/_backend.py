@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from hpo.backends._base import Backend, Launch, LaunchContext, PredictionLike, ResumePointLike, TrialConfig, steps_in
 from hpo.backends.verl._compose import SEED_KEYS
@@ -26,8 +26,12 @@ from hpo.backends.verl._launch import (
     verl_overrides,
     weights_only_overrides,
 )
+from hpo.backends.verl._memory import corner_predictions, predict_verl, validate_verl
 from hpo.backends.verl._resume import resume_point
 from hpo.experiment._space import DEFAULT_COMMAND, EarlyStopping, Space, SpaceError, located_error
+
+if TYPE_CHECKING:
+    from verl_core.memory_verl import SequenceLengths
 
 # verl 0.9.1's defaults of its seed keys (verl/trainer/config/_generated_ppo_trainer.yaml); data.seed is null.
 SEED_DEFAULTS = {"actor_rollout_ref.rollout.seed": 42, "actor_rollout_ref.actor.data_loader_seed": 42,
@@ -143,17 +147,29 @@ class VerlBackend(Backend):
 
     def predict(self, space: Space, config: TrialConfig, devices: Sequence[str]) -> PredictionLike | None:
         """A throughput study's trial on GPUs: its own composed config against the GPUs' free memory (a learning
-        study's space is judged whole before it starts, :func:`hpo.backends._preflight.check_space_fits`). On the
-        CPU verl's GPU estimate says nothing about the trial: None."""
+        study's space is judged whole before it starts, :meth:`corner_predictions`). On the CPU verl's GPU estimate
+        says nothing about the trial: None."""
         if space.study.kind != "throughput" or not devices:
             return None
-        from hpo.backends._preflight import predict_verl
         from verl_core.memory_verl import ModelConfigUnavailable
 
         try:
             return predict_verl(space, config.overrides, devices)
         except ModelConfigUnavailable:  # no config.json here without a download: the trial runs unjudged
             return None
+
+    def corner_predictions(self, space: Space, devices: Sequence[str], lengths: SequenceLengths | None = None
+                           ) -> Sequence[tuple[dict[str, Any], PredictionLike]] | None:
+        """Every corner composed by verl and judged at the expected ``lengths`` (else the prompts measured from the
+        data; :mod:`hpo.backends.verl._memory`); None when the model's ``config.json`` is not here without a
+        download."""
+        return corner_predictions(space, devices, lengths)
+
+    def validate(self, space: Space, devices: Sequence[str], out: TextIO,
+                 lengths: SequenceLengths | None = None) -> int:
+        """Every prompt of the data against ``data.max_prompt_length`` and each corner's estimate
+        (:func:`~hpo.backends.verl._memory.validate_verl`)."""
+        return validate_verl(space, devices, out, lengths)
 
     def resume_point(self, trials_dir: Path, history: Sequence[int]) -> ResumePointLike | None:
         return resume_point(trials_dir, history)

@@ -1,5 +1,5 @@
-"""The ``verl_core`` trainer as a backend (``_backend``) and its check of an experiment with ``verl_core.config``
-(``_check``).
+"""The ``verl_core`` trainer as a backend (``_backend``), its check of an experiment with ``verl_core.config``
+(``_check``) and its memory pre-flight with ``verl_core.memory`` (``_memory``).
 
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``, ``hpo.backends`` (its base and pre-flight)."""
 

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from hpo.backends._base import Backend, PredictionLike, TrialConfig
 from hpo.backends.verl_core._check import check_driver_keys, check_trainer
+from hpo.backends.verl_core._memory import corner_predictions, predict, validate_corners
 from hpo.experiment._heldout import TEST_KEY
 from hpo.experiment._space import DEFAULT_PREPARE_COMMAND, Space, format_value
+
+if TYPE_CHECKING:
+    from verl_core.memory_verl import SequenceLengths
 
 
 class VerlCoreBackend(Backend):
@@ -87,9 +91,18 @@ class VerlCoreBackend(Backend):
         return digest.hexdigest()[:16]
 
     def predict(self, space: Space, config: TrialConfig, devices: Sequence[str]) -> PredictionLike | None:
-        from hpo.backends._preflight import predict
-
         return predict(space, config.overrides, devices, loaded=config.loaded)
+
+    def corner_predictions(self, space: Space, devices: Sequence[str], lengths: SequenceLengths | None = None
+                           ) -> Sequence[tuple[dict[str, Any], PredictionLike]] | None:
+        """Every corner's estimate (``lengths`` is not used: verl_core's estimate takes the config's lengths)."""
+        return corner_predictions(space, devices)
+
+    def validate(self, space: Space, devices: Sequence[str], out: TextIO,
+                 lengths: SequenceLengths | None = None) -> int:
+        """Each corner loaded by verl_core (its best-practice warnings) and estimated
+        (:func:`~hpo.backends.verl_core._memory.validate_corners`)."""
+        return validate_corners(space, devices, out)
 
     def default_seed(self, space: Space, key: str) -> int | None:
         if key != "trainer.seed":

@@ -1,6 +1,6 @@
-"""``verl-hpo rehearse`` (``hpo/backends/_rehearse.py``, ``hpo/backends/verl/_shrink.py``) with real verl 0.9.1 on the
-CPU (``.venv-verl``, skipped without it): the shipped GPU experiment passes with a real local model's config and
-tokenizer, and each planted fault fails with its own one line and exit 1.
+"""``verl-hpo rehearse`` (``hpo/backends/verl/_rehearse.py``, ``hpo/backends/verl/_shrink.py``) with real verl
+0.9.1 on the CPU (``.venv-verl``, skipped without it): the shipped GPU experiment passes with a real local model's
+config and tokenizer, and each planted fault fails with its own one line and exit 1.
 
 The planted faults start from ``search_spaces/verl_grpo_cpu.yaml`` (the arith task; its prepare step writes the
 model and data): those found before verl launches (data, reward, a tuned key nothing reads) cost the checks' three
@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from hpo.backends import backend_of, load_space
-from hpo.backends._rehearse import rehearsal_corners
+from hpo.backends.verl._rehearse import rehearsal_corners
 from tests.hpo.backends.test_verl import needs_verl
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -200,7 +200,7 @@ def test_shrink_builds_a_small_model_of_the_same_architecture_and_keeps_the_long
     """One run of ``_shrink.py`` (a few seconds): the arith model's ``config.json`` -> 2 layers with heads of 64 (vLLM's
     CPU attention refuses 16), its tokenizer beside it, the rows with the longest prompts and their lengths, every
     validation row and the unusual training truths scored, and the one set key nothing in verl reads."""
-    from hpo.backends._rehearse import SHRINK_SCRIPT
+    from hpo.backends.verl._rehearse import SHRINK_SCRIPT
     from tests.hpo.backends.test_verl import VERL_PY
 
     arith_space(tmp_path)  # the prepare step: model, data, reward.py
@@ -237,7 +237,7 @@ def test_shrink_builds_a_small_model_of_the_same_architecture_and_keeps_the_long
 def test_the_memory_preflight_measures_the_prompts_with_the_models_tokenizer(tmp_path: Path) -> None:
     """verl's interpreter tokenizes the first training prompts with the model's chat template: the arith prompts are
     a few tokens, far below data.max_prompt_length, and the expected lengths say where they came from."""
-    from hpo.backends._preflight import MEASURED_PROMPTS, data_lengths, verl_memory_inputs
+    from hpo.backends.verl._memory import MEASURED_PROMPTS, data_lengths, verl_memory_inputs
 
     space = load_space(str(arith_space(tmp_path)))
     (info, values), = verl_memory_inputs(space, [space.trainer_overrides({})], 1, None, MEASURED_PROMPTS)

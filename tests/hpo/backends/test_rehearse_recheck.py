@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from hpo.backends import load_space
-from hpo.backends._rehearse import MARKER, STATE, fingerprint
+from hpo.backends.verl._rehearse import MARKER, STATE, fingerprint
 from tests.hpo.conftest import cli_env
 
 SPACE = Path(__file__).resolve().parents[3] / "search_spaces" / "verl_grpo_cpu.yaml"
@@ -64,7 +64,7 @@ def test_a_study_whose_retries_start_over_is_said() -> None:
 
 
 def test_quick_says_the_resume_was_not_checked() -> None:
-    from hpo.backends._rehearse import check_runs
+    from hpo.backends.verl._rehearse_checks import check_runs
 
     notes = [f for f in check_runs(load_space(str(SPACE)), [], resumed=False) if f.check == "resume"]
     assert [f.level for f in notes] == ["note"] and "not checked (--quick)" in notes[0].message
@@ -73,7 +73,7 @@ def test_quick_says_the_resume_was_not_checked() -> None:
 def test_a_cpu_study_s_estimate_says_it_is_for_a_gpu() -> None:
     """verl_grpo_cpu's trials train on the CPU: the verl estimate is for a GPU and says so, never 'no GPU visible'
     as if the trials needed one (issue 43 item 7)."""
-    from hpo.backends._preflight import _verl_budget
+    from hpo.backends.verl._memory import _verl_budget
 
     budget, source, _ = _verl_budget(load_space(str(SPACE)), [], None)
     assert "trials run on the CPU (trial.gpus_per_trial: 0)" in source and budget > 0

@@ -9,24 +9,21 @@ import dataclasses
 from pathlib import Path
 
 from hpo.backends import load_space
-from hpo.backends._rehearse import (
-    CORNER_TIMEOUT_S,
+from hpo.backends.verl._data import overlong_verdict
+from hpo.backends.verl._rehearse import CORNER_TIMEOUT_S, corner_parallelism, corner_timeout, parse_size
+from hpo.backends.verl._rehearse_checks import (
     EXIT_FAIL,
     EXIT_PASS,
     EXIT_UNFINISHED,
     CornerOutcome,
     Finding,
     RehearsalCorner,
-    _failure_line,
     check_runs,
-    corner_parallelism,
-    corner_timeout,
     exit_code,
-    parse_size,
+    failure_line,
     render,
     root_cause,
 )
-from hpo.backends.verl._data import overlong_verdict
 from hpo.execution._runner import RunResult
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -113,9 +110,9 @@ def test_the_root_cause_comes_from_the_workers_tracebacks(tmp_path: Path) -> Non
     assert root_cause(tmp_path) == "AssertionError"
     # no traceback anywhere: says so and where the logs are, never the last line of output
     (tmp_path / "stdout.log").write_text("step 0 done\n")
-    line = _failure_line(_result(1), tmp_path)
+    line = failure_line(_result(1), tmp_path)
     assert line.startswith("no exception found in its logs (") and str(tmp_path) in line and "logging.cc" not in line
-    assert _failure_line(_result(1, final="RuntimeError: boom"), tmp_path) == "RuntimeError: boom"
+    assert failure_line(_result(1, final="RuntimeError: boom"), tmp_path) == "RuntimeError: boom"
 
 
 def test_the_corner_limit_follows_the_experiment_and_busy_hosts_run_corners_one_at_a_time() -> None:

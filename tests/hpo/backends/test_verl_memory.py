@@ -1,4 +1,4 @@
-"""The memory estimate of real verl trials (``verl_core.memory.estimate_verl``, ``_preflight.predict_verl``).
+"""The memory estimate of real verl trials (``verl_core.memory.estimate_verl``, ``verl._memory.predict_verl``).
 
 The arithmetic is checked on hand-written key values (what ``verl/_compose.py`` selects from a composed config);
 the last tests compose the shipped verl space with real verl 0.9.1 (``.venv-verl``; skipped without it).
@@ -15,7 +15,9 @@ import pytest
 import yaml
 
 from hpo.backends import _preflight
-from hpo.backends._preflight import predict_verl, predict_verl_corners, validate_space
+from hpo.backends._preflight import validate_space
+from hpo.backends.verl import _memory
+from hpo.backends.verl._memory import predict_verl, predict_verl_corners
 from hpo.experiment._space import Space
 from tests import verl_configs
 from tests.hpo.backends.test_verl import load_verl_space, needs_verl
@@ -280,7 +282,7 @@ def _fake_inputs(values: dict[str, Any], measured: dict[str, Any] | None = MEASU
 
 
 def test_predict_verl_budget_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_preflight, "verl_memory_inputs", _fake_inputs(BASE))
+    monkeypatch.setattr(_memory, "verl_memory_inputs", _fake_inputs(BASE))
     monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
     space = load_verl_space()
     pred = predict_verl(space, [])
@@ -292,7 +294,7 @@ def test_predict_verl_budget_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_validate_prints_every_corner_and_fails_when_one_does_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_preflight, "verl_memory_inputs",
+    monkeypatch.setattr(_memory, "verl_memory_inputs",
                         _fake_inputs({**BASE, f"{AR}.rollout.gpu_memory_utilization": 0.99}))
     monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
     out = io.StringIO()
@@ -306,7 +308,7 @@ def test_validate_with_expected_lengths_passes_with_a_warning_when_only_the_wors
         monkeypatch: pytest.MonkeyPatch) -> None:
     big = {**BASE, f"{AR}.actor.ppo_micro_batch_size_per_gpu": 512, f"{AR}.actor.ppo_mini_batch_size": 512,
            "data.train_batch_size": 512, f"{AR}.rollout.gpu_memory_utilization": 0.1}
-    monkeypatch.setattr(_preflight, "verl_memory_inputs", _fake_inputs(big))
+    monkeypatch.setattr(_memory, "verl_memory_inputs", _fake_inputs(big))
     monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
     space = load_verl_space()
     out = io.StringIO()
@@ -331,9 +333,9 @@ def test_a_corner_is_refused_only_on_measured_prompts(monkeypatch: pytest.Monkey
             "data.train_batch_size": 4096, f"{AR}.model.enable_gradient_checkpointing": False}
     monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
     space = load_verl_space()
-    monkeypatch.setattr(_preflight, "verl_memory_inputs", _fake_inputs(huge))
+    monkeypatch.setattr(_memory, "verl_memory_inputs", _fake_inputs(huge))
     assert validate_space(space, [], io.StringIO()) == 2
-    monkeypatch.setattr(_preflight, "verl_memory_inputs",
+    monkeypatch.setattr(_memory, "verl_memory_inputs",
                         _fake_inputs(huge, {"error": "no tokenizer of 'Qwen/Qwen2.5-0.5B-Instruct' here"}))
     out = io.StringIO()
     assert validate_space(space, [], out) == 0
@@ -349,14 +351,14 @@ def test_verls_device_tuning_minimums_pass_at_measured_prompts_though_their_wors
     with (the reference's prompt length, as a measurement of the data gives it) and a short response, they pass."""
     worst = judge_verl(case.values, use_critic=case.use_critic, use_ref=case.use_ref, gpu_total_bytes=case.gpu_total)
     assert worst.verdict(case.gpu_total) == "does_not_fit"
-    lengths = _preflight.data_lengths(case.values, {"mean": case.lengths.prompt, "rows": 256})
+    lengths = _memory.data_lengths(case.values, {"mean": case.lengths.prompt, "rows": 256})
     v = judge_verl(case.values, use_critic=case.use_critic, use_ref=case.use_ref, lengths=lengths,
                    gpu_total_bytes=case.gpu_total)
     assert v.verdict(case.gpu_total) == "worst_case_does_not_fit" and lengths.response == 64
 
 
 def test_validate_skips_the_estimate_for_an_unknown_hub_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_preflight, "verl_memory_inputs", _fake_inputs({**BASE, f"{AR}.model.path": "org/nothing"}))
+    monkeypatch.setattr(_memory, "verl_memory_inputs", _fake_inputs({**BASE, f"{AR}.model.path": "org/nothing"}))
     out = io.StringIO()
     assert validate_space(load_verl_space(), [], out) == 0
     assert "memory estimate skipped" in out.getvalue() and "All checks passed" in out.getvalue()

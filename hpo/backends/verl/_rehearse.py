@@ -12,19 +12,19 @@ of each range), every parameter at its low end, every parameter at its high end;
 steps with validation every step. The default point runs one step more, is killed once its first checkpoint is
 complete, and resumes from it as a retried trial does (``trainer.resume_mode=resume_path``).
 
-Checks (:class:`Finding`, one line each, naming the key, file or row): the data's columns; the reward function on
-every kept validation row; keys the space sets that nothing in verl reads; each corner runs; the objective metric is
-logged under exactly its name; each tuned parameter reaches the trainer where verl logs it back (:data:`ECHOES`);
-non-finite metrics (a property of the corner, reported, not a failure); the checkpoint resumes at its step; the
-memory estimate of each corner on the user's GPUs, at the prompt lengths measured from the data and in the worst
-case. Exit 0 when a real study would run, 1 when it would fail, 2 for a bad file (raised before anything runs), 3
-when this machine could not finish a corner (out of its time, killed by the host): not rehearsed, not failed.
-The rehearsal's files live under ``<studies-dir>/rehearsals/<space>/`` (trials, shrunk model and data, the report).
+Checks (:class:`~hpo.backends.verl._rehearse_checks.Finding`, one line each, naming the key, file or row): the
+data's columns; the reward function on every kept validation row; keys the space sets that nothing in verl reads;
+what the corners logged (:mod:`hpo.backends.verl._rehearse_checks`: each corner runs; the objective metric is logged
+under exactly its name; each tuned parameter reaches the trainer where verl logs it back; non-finite metrics, a
+property of the corner, reported, not a failure; the checkpoint resumes at its step); the memory estimate of each
+corner on the user's GPUs, at the prompt lengths measured from the data and in the worst case. Exit 0 when a real
+study would run, 1 when it would fail, 2 for a bad file (raised before anything runs), 3 when this machine could not
+finish a corner (out of its time, killed by the host): not rehearsed, not failed. The rehearsal's files live under
+``<studies-dir>/rehearsals/<space>/`` (trials, shrunk model and data, the report).
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from hpo.analysis._files import FileRefused, read_bounded
+from hpo.backends._preflight import GiB
 from hpo.backends._registry import backend_of
 from hpo.backends.verl._check import compose_corners, interpreter_problem, trial_base_env
 from hpo.backends.verl._cpu import CPU_OVERRIDES, cpu_overrides, transfer_queue_overrides
@@ -53,60 +54,35 @@ from hpo.backends.verl._launch import (
     verl_metrics_path,
     verl_overrides,
 )
-from hpo.backends.verl._resume import checkpoint_step, retry_note
+from hpo.backends.verl._rehearse_checks import (
+    CornerOutcome,
+    Finding,
+    RehearsalCorner,
+    check_runs,
+    exit_code,
+    failure_line,
+    read_records,
+    render,
+    values_text,
+)
+from hpo.backends.verl._resume import checkpoint_step
 from hpo.execution._runner import RunResult, TrialProcess
 from hpo.experiment._space import SpaceError
 
 if TYPE_CHECKING:
     from hpo.experiment._space import Space
 
-SHRINK_SCRIPT = Path(__file__).parent / "verl" / "_shrink.py"
+SHRINK_SCRIPT = Path(__file__).parent / "_shrink.py"
 STEPS = 2  # training steps of each corner (validation before the first and after every step)
 RESPONSE_TOKENS = 16  # data.max_response_length of the rehearsal
 VAL_ROWS = 8  # validation rows kept (every one is scored by the reward function)
 CORNER_TIMEOUT_S = 1800.0  # a corner's limit when neither --corner-timeout nor trial.timeout_s sets one
 CORNER_CORES = 0.75  # free cores a corner needs beside another (verl's CPU workers mostly take turns)
 MARKER = ".verl-hpo-rehearsal"  # in a rehearsal directory: what the driver made and may replace
-# A tuned key and the metric verl 0.9.1 logs it back as (the value of the corner must reach the trainer).
-ECHOES = {
-    "actor_rollout_ref.actor.optim.lr": "actor/lr",
-    "critic.optim.lr": "critic/lr",
-    "actor_rollout_ref.actor.kl_loss_coef": "actor/kl_coef",
-}
 # GPU-only sizes the CPU rehearsal sets to one (each swap is printed when the experiment sets another value).
 ONE_DEVICE_KEYS = ("actor_rollout_ref.rollout.tensor_model_parallel_size",
                    "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
                    "actor_rollout_ref.ref.ulysses_sequence_parallel_size")
-EXIT_PASS, EXIT_FAIL = 0, 1
-EXIT_UNFINISHED = 3  # could not finish here: a corner ran out of time or the host killed it (2: bad file)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One line of the report: ``level`` ok (a check passed), note (reported, not a failure), unfinished (this
-    machine could not finish a corner: not rehearsed, not a failure) or problem (a real study would fail)."""
-
-    check: str
-    level: str
-    message: str
-
-
-@dataclass(frozen=True)
-class RehearsalCorner:
-    name: str  # default, low, high
-    values: dict[str, Any]  # parameter values (by name)
-    overrides: list[str]  # the space's trainer overrides for it (fixed [+ study.baseline] + values)
-
-
-@dataclass
-class CornerOutcome:
-    corner: RehearsalCorner
-    trial_dir: Path
-    index: int
-    results: list[RunResult] = field(default_factory=list)  # one per attempt
-    records: list[list[dict[str, Any]]] = field(default_factory=list)  # metrics lines per attempt
-    resumed_from: int | None = None  # the default point: the checkpoint step its retry resumed from
-    timeout_s: float | None = None  # each attempt's time limit
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -135,10 +111,6 @@ def rehearsal_corners(space: Space) -> list[RehearsalCorner]:
         if all(c.overrides != overrides for c in out):
             out.append(RehearsalCorner(name, values, overrides))
     return out
-
-
-def _shown(values: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in values.items()) or "no tuned parameters"
 
 
 def rehearsal_home(studies_dir: Path, space: Space) -> Path:
@@ -214,23 +186,6 @@ def _config_request(config: str) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- running the corners
-def _read_records(path: Path) -> list[dict[str, Any]]:
-    """The metrics lines of a trial's file (a regular file of at most 64 MiB; a bad line is skipped)."""
-    try:
-        text = read_bounded(path, str(path), 64 << 20).decode("utf-8", "replace")
-    except (OSError, FileRefused):
-        return []
-    out: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and isinstance(rec.get("data"), dict):
-            out.append(rec)
-    return out
-
-
 @dataclass
 class _Runner:
     space: Space
@@ -267,7 +222,7 @@ class _Runner:
         finally:
             verl_cleanup(trial_dir, attempt, keep_logs=False)
         outcome.results.append(result)
-        outcome.records.append(_read_records(verl_metrics_path(trial_dir, attempt)))
+        outcome.records.append(read_records(verl_metrics_path(trial_dir, attempt)))
         return result
 
     def run(self, corner: RehearsalCorner, index: int) -> CornerOutcome:
@@ -275,7 +230,7 @@ class _Runner:
                                 timeout_s=self.timeout_s)
         outcome.trial_dir.mkdir(parents=True)
         started = time.monotonic()
-        self.say(f"  corner {corner.name} ({_shown(corner.values)}) started")
+        self.say(f"  corner {corner.name} ({values_text(corner.values)}) started")
         if corner.name != "default" or not self.resume:
             result = self.attempt(outcome, self.corner_overrides(corner, STEPS, -1), 0, None, False)
         else:  # one step more than the others, killed after its first checkpoint, then resumed from it
@@ -292,224 +247,13 @@ class _Runner:
         return outcome
 
 
-# ----------------------------------------------------------------------------- checks on what the corners logged
-def _train_steps(records: Sequence[dict[str, Any]]) -> list[int]:
-    return [r["step"] for r in records if any(k.startswith("actor/") for k in r["data"])]
-
-
-_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?:: (\S.*))?$")
-_WRAPPERS = {"RayTaskError", "EngineDeadError", "RayActorError", "ActorDiedError", "ActorUnavailableError",
-             "RaySystemError", "TaskUnschedulableError"}
-_RAY_PREFIX = re.compile(r"^\((?:[^()]|\([^()]*\))*? pid=\d+(?:, ip=[^)]*)?\)\s?")  # "(TaskRunner pid=12) "
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _exception_lines(text: str) -> list[str]:
-    """The exception line closing each Python traceback in ``text`` (Ray's ``(Actor pid=N)`` prefixes and colours
-    removed), in order: the first line after a ``Traceback (most recent call last):`` block's indented frames.
-    A wrapper's own type (``RayTaskError(ValueError)``) is reduced to the cause's when the cause is named."""
-    out: list[str] = []
-    in_tb = False
-    for raw in text.splitlines():
-        line = _RAY_PREFIX.sub("", _ANSI.sub("", raw)).rstrip()
-        if line.startswith("Traceback (most recent call last)"):
-            in_tb = True
-            continue
-        if not in_tb or not line or line[0].isspace():
-            continue
-        in_tb = False
-        wrapped = re.match(r"^(\w+)\((\w+)\)(: .*)?$", line)  # RayTaskError(ValueError): ray::X() ...
-        if wrapped and wrapped.group(1) in _WRAPPERS:
-            continue  # the cause's own traceback follows (Ray prints it), or came before
-        m = _EXCEPTION.match(line)
-        if m and m.group(1).rpartition(".")[2] not in _WRAPPERS:
-            out.append(line)
-    return out
-
-
-def root_cause(log_dir: Path) -> str | None:
-    """The root exception of a verl run from its logs (stdout then stderr, where Ray and vLLM print their workers'
-    tracebacks): the closing line of the first traceback that is not one of Ray's or vLLM's wrappers around another
-    process's failure (``RayTaskError``, ``ActorDiedError``, ...). None when no traceback is in the logs."""
-    for name in ("stdout.log", "stderr.log"):
-        try:
-            text = read_bounded(log_dir / name, name, 32 << 20).decode("utf-8", "replace")
-        except (OSError, FileRefused):
-            continue
-        found = _exception_lines(text)
-        if found:
-            return found[0]
-    return None
-
-
-def _failure_line(result: RunResult, log_dir: Path | None = None) -> str:
-    """Why a corner failed: the root exception from its logs, then the trainer's own final exception when that is
-    another; with neither, that none was found and where the logs are (never a random last line of output)."""
-    cause = root_cause(log_dir) if log_dir is not None else None
-    final = _ANSI.sub("", result.final_exception or "").strip() or None
-    if cause and final and cause not in final and final not in cause:
-        text = f"{cause} (then: {final})"
-    else:
-        text = cause or final or (f"no exception found in its logs ({log_dir / 'stdout.log'}, stderr.log)"
-                                  if log_dir is not None else "no exception found in its output")
-    return " ".join(text.split())[:500]
-
-
-def _how_far(o: CornerOutcome) -> str:
-    """How far a corner got, from what it logged: "after verl's step-0 validation and 1 training step"."""
-    records = o.records[-1] if o.records else []
-    steps = _train_steps(records)
-    validated = any(r["step"] == 0 or any(k.startswith("val-") for k in r["data"]) for r in records) if records \
-        else False
-    if not records:
-        return "before verl logged its first metrics line"
-    parts = ["verl's step-0 validation"] if validated and not steps else []
-    if steps:
-        parts.append(f"{len(steps)} training step(s) (last: {steps[-1]})")
-    return "after " + (" and ".join(parts) if parts else "its first metrics line")
-
-
-def unfinished_why(result: RunResult) -> str | None:
-    """Why a corner could not finish on this machine, not a failure of the experiment: it ran out of the corner's
-    time, or the host killed it (the kernel's OOM killer, a SIGKILL nobody here sent). None when it finished or
-    failed on its own."""
-    if result.stop == "timeout":
-        return "ran out of the corner's time limit"
-    if result.kernel_oom:
-        return "was killed by the host's kernel OOM killer (this machine's memory, not the experiment's GPUs)"
-    if result.stop is None and result.exit_code == -9:
-        return "was killed by the host (SIGKILL, not sent by the rehearsal)"
-    return None
-
-
-def check_runs(space: Space, outcomes: Sequence[CornerOutcome], resumed: bool = True) -> list[Finding]:
-    """Every corner ran; the objective metric was logged; tuned values reached the trainer; finite metrics; the
-    default point resumed at its checkpoint's step (``resumed``: it was meant to)."""
-    found: list[Finding] = []
-    logged: set[str] = set()
-    for o in outcomes:
-        last = o.results[-1] if o.results else None
-        logs = o.trial_dir if len(o.results) <= 1 else o.trial_dir / f"attempt{len(o.results) - 1}"
-        host = unfinished_why(last) if last is not None else None
-        if last is not None and host is not None:
-            limit = f" ({o.timeout_s:.0f} s; --corner-timeout S gives it more)" if last.stop == "timeout" \
-                and o.timeout_s else ""
-            found.append(Finding("run", "unfinished", f"corner {o.corner.name} ({_shown(o.corner.values)}) not "
-                                 f"rehearsed: it {host}{limit} {_how_far(o)}, {last.wall_time_s:.0f} s in; this "
-                                 f"machine could not finish it, which says nothing against the experiment "
-                                 f"(logs: {logs})"))
-        elif last is None or last.exit_code != 0:
-            why = "never started" if last is None else (last.failure or last.stop or f"exit {last.exit_code}")
-            found.append(Finding("run", "problem", f"corner {o.corner.name} ({_shown(o.corner.values)}) failed "
-                                 f"({why}): {_failure_line(last, logs) if last else ''} (logs: {logs})"))
-        else:
-            found.append(Finding("run", "ok", f"corner {o.corner.name} ({_shown(o.corner.values)}) ran "
-                                 f"{max(_train_steps(o.records[-1]), default=0)} steps in "
-                                 f"{sum(r.wall_time_s for r in o.results):.0f} s"))
-        for recs in o.records:
-            for rec in recs:
-                logged.update(rec["data"])
-    finished = any(o.results and o.results[-1].exit_code == 0 for o in outcomes)
-    cut_short = any(o.results and unfinished_why(o.results[-1]) for o in outcomes)
-    found += [f if finished or not cut_short or f.level != "problem" else
-              Finding(f.check, "unfinished", f"not checked: no corner finished on this machine ({f.message})")
-              for f in _objective(space, logged)]
-    found += _echoes(space, outcomes)
-    found += _finite(outcomes)
-    found += _resume(outcomes) if resumed else [Finding("resume", "note", "not checked (--quick): a retried trial "
-                                                         "resuming from its checkpoint; rehearse without --quick")]
-    note = retry_note(space)
-    if note:
-        found.append(Finding("resume", "note", note))
-    return found
-
-
-def _objective(space: Space, logged: set[str]) -> list[Finding]:
-    metrics = [space.objective.metric] if space.objective.metric else []
-    metrics += [o.metric for o in getattr(space.objective, "objectives", ()) or () if getattr(o, "metric", None)]
-    if space.early_stopping.enabled and space.early_stopping.metric:
-        metrics.append(space.early_stopping.metric)
-    out = []
-    for metric in dict.fromkeys(metrics):
-        if metric in logged:
-            out.append(Finding("objective", "ok", f"{metric} is logged"))
-            continue
-        if not logged:
-            out.append(Finding("objective", "problem", f"objective metric {metric!r} could not be checked: no corner "
-                               "logged any metric"))
-            continue
-        near = difflib.get_close_matches(metric, sorted(logged), n=5, cutoff=0.0)
-        out.append(Finding("objective", "problem", f"objective metric {metric!r} was never logged; the names logged, "
-                           f"closest first: {', '.join(near)}"))
-    return out
-
-
-def _echoes(space: Space, outcomes: Sequence[CornerOutcome]) -> list[Finding]:
-    out = []
-    for p in space.params:
-        metric = ECHOES.get(override_key(p.key))
-        if metric is None:
-            continue
-        for o in outcomes:
-            if p.name not in o.corner.values or not o.records or not o.results or o.results[-1].exit_code != 0:
-                continue
-            want = float(o.corner.values[p.name])
-            seen = [r["data"][metric] for recs in o.records for r in recs
-                    if isinstance(r["data"].get(metric), (int, float))]
-            if not seen:
-                out.append(Finding("reach", "note", f"params.{p.name}: verl logged no {metric} in corner "
-                                   f"{o.corner.name}, so its value could not be checked"))
-            elif not any(math.isclose(v, want, rel_tol=1e-5, abs_tol=1e-12) for v in seen):
-                out.append(Finding("reach", "problem", f"params.{p.name} ({p.key}) = {want:g} in corner "
-                                   f"{o.corner.name}, but verl logged {metric} = {seen[-1]:g}: the tuned value does "
-                                   "not reach the trainer"))
-            else:
-                out.append(Finding("reach", "ok", f"params.{p.name} reaches the trainer ({metric} = {want:g} in "
-                                   f"corner {o.corner.name})"))
-    return out
-
-
-def _finite(outcomes: Sequence[CornerOutcome]) -> list[Finding]:
-    out = []
-    for o in outcomes:
-        bad = [(r["step"], k) for recs in o.records for r in recs for k, v in r["data"].items()
-               if isinstance(v, float) and not math.isfinite(v)]
-        if bad:
-            step, key = bad[0]
-            out.append(Finding("finite", "note", f"corner {o.corner.name} ({_shown(o.corner.values)}) logged a "
-                               f"non-finite {key} at step {step} ({len(bad)} values in all): a property of this "
-                               "corner, which the study will record, not a failure of the rehearsal"))
-    return out
-
-
-def _resume(outcomes: Sequence[CornerOutcome]) -> list[Finding]:
-    o = next((o for o in outcomes if o.corner.name == "default"), None)
-    if o is None or not o.results:
-        return []
-    if unfinished_why(o.results[-1]) is not None:
-        return [Finding("resume", "unfinished", "not checked: corner default could not finish on this machine, so "
-                        "its kill and resume were not rehearsed")]
-    if o.resumed_from is None:
-        if o.results[0].exit_code == 0 or o.results[0].stop == "interrupted":
-            return [Finding("resume", "problem", "corner default saved no complete checkpoint with "
-                            "trainer.save_freq=1, so a retried trial would start over")]
-        return [Finding("resume", "note", "not checked: corner default failed before its first checkpoint, so a "
-                        "retried trial resuming from it was not rehearsed")]
-    steps = _train_steps(o.records[-1]) if len(o.records) > 1 else []
-    if o.results[-1].exit_code == 0 and steps and steps[0] == o.resumed_from + 1:
-        return [Finding("resume", "ok", f"the checkpoint of step {o.resumed_from} resumes at step {steps[0]} (the "
-                        "retry logged steps " + ", ".join(map(str, steps)) + ")")]
-    return [Finding("resume", "problem", f"the checkpoint of step {o.resumed_from} did not resume at step "
-                    f"{o.resumed_from + 1}: the retry logged training steps {steps or 'none'}")]
-
-
 # ----------------------------------------------------------------------------- the memory estimate
 def memory_lines(space: Space, corners: Sequence[RehearsalCorner], inputs: Any, gpus: int | None = None,
                  gpu_bytes: int | None = None) -> list[Finding]:
     """Each corner's estimate on the real study's GPUs (``gpus`` per trial, else ``trial.gpus_per_trial``; GPUs of
     ``gpu_bytes``): at the prompts measured from the data and a short response (what ``search`` refuses on) and in
     the worst case. ``inputs`` were composed for that many GPUs."""
-    from hpo.backends._preflight import GiB, predictions_from_inputs
+    from hpo.backends.verl._memory import predictions_from_inputs
 
     if not gpus and space.trial.gpus_per_trial == 0:
         return [Finding("memory", "note", "trial.gpus_per_trial is 0: the study's trials run on the CPU, as here; "
@@ -586,7 +330,7 @@ def recheck(space: Space, studies_dir: Path, *, fmt: str = "text", out: TextIO =
             for attempt, r in enumerate(c["results"]):
                 o.results.append(RunResult(r["exit_code"], r["stop"], 0.0, float(r["wall_time_s"]), None, None,
                                            str(r["stderr_tail"]), final_exception=r["final_exception"]))
-                o.records.append(_read_records(verl_metrics_path(o.trial_dir, attempt)))
+                o.records.append(read_records(verl_metrics_path(o.trial_dir, attempt)))
             outcomes.append(o)
         before = [Finding(**f) for f in state["before"]]
         quick = bool(state["quick"])
@@ -601,35 +345,6 @@ def recheck(space: Space, studies_dir: Path, *, fmt: str = "text", out: TextIO =
     return exit_code(findings)
 
 
-def exit_code(findings: Sequence[Finding]) -> int:
-    """1 when a real study would fail, else 3 when a corner could not finish here, else 0."""
-    if any(f.level == "problem" for f in findings):
-        return EXIT_FAIL
-    return EXIT_UNFINISHED if any(f.level == "unfinished" for f in findings) else EXIT_PASS
-
-
-# ----------------------------------------------------------------------------- the report
-def render(space: Space, swaps: Sequence[str], findings: Sequence[Finding], fmt: str, seconds: float,
-           home: Path) -> str:
-    problems = [f for f in findings if f.level == "problem"]
-    unfinished = [f for f in findings if f.level == "unfinished" and f.check == "run"]
-    verdict = (f"FAIL: {len(problems)} problem(s); a real study would fail" if problems else
-               f"NOT FINISHED HERE: {len(unfinished)} corner(s) could not finish on this machine (not rehearsed, "
-               "not failed); the checks that ran passed" if unfinished else
-               "PASS: a real study of this experiment would run")
-    mark = {"ok": "ok", "note": "note", "unfinished": "NOT RUN", "problem": "PROBLEM"}
-    if fmt == "md":
-        lines = [f"## verl-hpo rehearse: `{space.source}`", "", f"**{verdict}** ({seconds:.0f} s on the CPU; files "
-                 f"in `{home}`)", "", "### Not rehearsed (swapped for the CPU)", ""]
-        lines += [f"- {s}" for s in swaps] + ["", "### Checks", "", "| check | result | detail |", "|---|---|---|"]
-        lines += [f"| {f.check} | {mark[f.level]} | {f.message.replace('|', '/')} |" for f in findings]
-        return "\n".join(lines) + "\n"
-    lines = [f"rehearsal of {space.source}: {verdict} ({seconds:.0f} s; files in {home})", "swapped for the CPU:"]
-    lines += [f"  {s}" for s in swaps]
-    lines += [f"{mark[f.level]:>7}  {f.check}: {f.message}" for f in findings]
-    return "\n".join(lines) + "\n"
-
-
 # ----------------------------------------------------------------------------- the command
 def _prepare(space: Space, home: Path) -> str | None:
     """The experiment's prepare step (its data, its model), as ``search`` runs it; one line when it fails."""
@@ -641,7 +356,7 @@ def _prepare(space: Space, home: Path) -> str | None:
     result = TrialProcess(argv=argv, env=dict(os.environ), log_dir=home / "prepare",
                           metrics_path=home / "prepare" / "metrics.jsonl").run()
     if result.exit_code != 0:
-        return f"trial.prepare_command failed (exit {result.exit_code}): {_failure_line(result)}"
+        return f"trial.prepare_command failed (exit {result.exit_code}): {failure_line(result)}"
     return None
 
 
@@ -758,6 +473,138 @@ def corner_parallelism(cpus: int | None = None, busy: float | None = None) -> tu
     return 1, f"one at a time: {max(free, 0.0):.1f} of {cpus} cores free, two corners need {2 * CORNER_CORES:g}"
 
 
+@dataclass
+class _Rehearsal:
+    """One rehearsal under way: what it found so far, what it swapped for the CPU, and where its report goes."""
+
+    space: Space
+    home: Path
+    python: str
+    say: Callable[[str], None]
+    fmt: str
+    out: TextIO
+    started: float
+    findings: list[Finding] = field(default_factory=list)
+    swaps: list[str] = field(default_factory=list)
+
+    def failed(self) -> bool:
+        return any(f.level == "problem" for f in self.findings)
+
+    def finish(self) -> int:
+        """Write the report (``report.txt`` or ``report.md``, ``report.json``) and print it; the exit code."""
+        text = render(self.space, self.swaps, self.findings, self.fmt, time.monotonic() - self.started, self.home)
+        (self.home / ("report.md" if self.fmt == "md" else "report.txt")).write_text(text)
+        (self.home / "report.json").write_text(json.dumps([f.__dict__ for f in self.findings], indent=1))
+        self.out.write(text)
+        self.out.flush()
+        return exit_code(self.findings)
+
+    def compose(self, corners: Sequence[RehearsalCorner], gpus: int | None) -> list[tuple[dict[str, Any],
+                                                                                          dict[str, Any]]] | None:
+        """The corners composed by verl for the real study's GPUs (the memory estimate's inputs, the keys the
+        rehearsal swaps) and every training prompt against ``data.max_prompt_length``; None when verl rejects one."""
+        from hpo.backends.verl._data import overlong_verdict
+        from hpo.backends.verl._memory import MEASURED_PROMPTS, verl_memory_inputs
+
+        space = self.space
+        self.say(f"composing {len(corners)} corners and measuring the prompts in {self.python}")
+        try:
+            inputs = verl_memory_inputs(space, [c.overrides for c in corners],
+                                        gpus or max(1, space.trial.gpus_per_trial), self.python,
+                                        MEASURED_PROMPTS, extra_select=REHEARSAL_SELECT)
+        except SpaceError as bad:
+            self.findings.append(Finding("config", "problem", str(bad)))
+            return None
+        long = overlong_verdict((inputs[0][0].get("prompt_lengths") or {}).get("overlong"))
+        if long is not None:
+            self.findings.append(Finding("data", "problem" if long[0] == "problem" else "note", long[1]))
+        return inputs
+
+    def shrink(self, corner: RehearsalCorner, info: Mapping[str, Any], selected: Mapping[str, Any],
+               tokenizer: Path | None, reward_timeout_s: float) -> dict[str, Any] | None:
+        """The small model of the same architecture, the data's first rows and the reward function's calls, in
+        verl's interpreter (:data:`SHRINK_SCRIPT`): its reply, or None when the rehearsal cannot go on."""
+        space = self.space
+        try:
+            models = _model_configs(selected, bool(info.get("use_critic")))
+        except Exception as bad:  # noqa: BLE001 - verl_core's ConfigError / ModelConfigUnavailable: one line
+            path = selected.get("actor_rollout_ref.model.path")
+            self.findings.append(Finding("model", "problem", f"{bad}; to rehearse, fetch config.json, tokenizer.json "
+                                         f"and tokenizer_config.json of {path} (https://huggingface.co/{path}) into a "
+                                         "directory and set --override actor_rollout_ref.model.path=DIR"))
+            return None
+        set_keys = [*space.overrides, *(p.key for p in space.params)]
+        request = {**_config_request(space.config), "overrides": corner.overrides, "out": str(self.home / "shrunk"),
+                   "train_rows": max(1, int(selected.get("data.train_batch_size") or 8)) * (STEPS + 1),
+                   "val_rows": VAL_ROWS, "tokenizer": str(tokenizer) if tokenizer else None, "models": models,
+                   "set_keys": set_keys, "reward_timeout_s": reward_timeout_s}
+        self.say("building the small model, taking the data's first rows, calling the reward function")
+        reply = _script(self.python, SHRINK_SCRIPT, request, 900.0, {**os.environ, **trial_base_env(space)})
+        if reply.get("status") != "ok":
+            self.findings.append(Finding("shrink", "problem", "the rehearsal could not be prepared: "
+                                         f"{reply.get('message')}"))
+            return None
+        self.findings += _shrink_findings(space, reply)
+        if reply["problems"] or self.failed():
+            return None
+        self.findings += _prepared_findings(reply)
+        return reply
+
+    def check_cpu_corners(self, runner: _Runner, corners: Sequence[RehearsalCorner]) -> None:
+        """Each corner as it runs here (shrunk, on the CPU platform) composed by verl, and the interpreter's check
+        for the CPU."""
+        cpu = [[*cpu_overrides(o), *transfer_queue_overrides(o, True), *o]
+               for o in (runner.corner_overrides(c, STEPS, -1) for c in corners)]
+        report = compose_corners(self.python, self.space.config, cpu, 0,
+                                 env={**os.environ, **trial_base_env(self.space)})
+        for corner, result in zip(corners, report.results, strict=True):
+            if isinstance(result, Exception):
+                self.findings.append(Finding("config", "problem", f"corner {corner.name} shrunk for the CPU is "
+                                             f"rejected by verl: {result}"))
+            else:
+                why = interpreter_problem(report.interpreter or {}, result, self.python, cpu=True)
+                if why:
+                    self.findings.append(Finding("interpreter", "problem", why))
+                    break
+
+    def run(self, runner: _Runner, corners: Sequence[RehearsalCorner], parallel: int | None,
+            limit: str) -> list[CornerOutcome]:
+        """Every corner with verl's ``main_ppo`` on the CPU (``parallel`` at once, else
+        :func:`corner_parallelism`); ``limit``: each attempt's, as said."""
+        at_once, why = (parallel, "as asked") if parallel else corner_parallelism()
+        self.say(f"running {len(corners)} corners with verl's main_ppo on the CPU, {at_once} at a time ({why}); "
+                 f"each attempt's limit {limit}")
+        with ThreadPoolExecutor(max_workers=max(1, at_once)) as pool:
+            return list(pool.map(runner.run, corners, range(len(corners))))
+
+
+def _shrink_findings(space: Space, reply: Mapping[str, Any]) -> list[Finding]:
+    """What the shrink script found wrong (the data's columns, the reward function) and the keys nothing reads."""
+    found = [Finding(p["check"], "problem", p["message"]) for p in reply["problems"]]
+    tuned = {p.key: p.name for p in space.params}
+    for key in reply["unread"]:
+        if key in tuned:
+            found.append(Finding("reach", "problem", f"params.{tuned[key]}: {key} is not a key of verl's config and "
+                                 f"no file of verl mentions {key.rpartition('.')[2]!r}: the tuned value reaches "
+                                 "no trainer (a typo?)"))
+        else:
+            found.append(Finding("keys", "note", f"overrides.{key}: not a key of verl's config and no file of verl "
+                                 f"mentions {key.rpartition('.')[2]!r}: nothing reads it"))
+    return found
+
+
+def _prepared_findings(reply: Mapping[str, Any]) -> list[Finding]:
+    """The data and the reward function passed the shrink script's checks."""
+    reward = reply["reward"]
+    return [Finding("data", "ok", f"data files have the columns verl reads; {reply['data']['train']['rows']} "
+                    "training prompts tokenized with the model's chat template"),
+            Finding("reward", "ok", f"{reward['where']} returned finite numbers in {reward['calls']} calls on "
+                    f"{reply['data']['val']['rows']} validation rows and the "
+                    f"{reply['data']['train'].get('unusual', 0)} training rows with the most unusual ground "
+                    f"truths (from {reward['min']:g} to "
+                    f"{reward['max']:g})")]
+
+
 def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, fmt: str = "text",
              out: TextIO = sys.stdout, err: TextIO = sys.stderr, python: str | None = None,
              response_tokens: int = RESPONSE_TOKENS, timeout_s: float | None = None,
@@ -769,7 +616,6 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
     limit (None: :func:`corner_timeout`); ``parallel``: corners at once (None: :func:`corner_parallelism`).
     ``gpus``, ``gpu_bytes``: the real study's GPUs per trial and GPU size for the memory estimate (None:
     ``trial.gpus_per_trial``; this host's GPU, else an 80 GiB one)."""
-    from hpo.backends._preflight import MEASURED_PROMPTS, verl_memory_inputs
     from hpo.backends.verl._launch import default_python
 
     started = time.monotonic()
@@ -778,100 +624,28 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
     def say(line: str) -> None:
         print(line, file=err, flush=True)
 
-    home = rehearsal_home(studies_dir, space)
-    findings: list[Finding] = []
-    swaps: list[str] = []
-
-    def finish() -> int:
-        text = render(space, swaps, findings, fmt, time.monotonic() - started, home)
-        (home / ("report.md" if fmt == "md" else "report.txt")).write_text(text)
-        (home / "report.json").write_text(json.dumps([f.__dict__ for f in findings], indent=1))
-        out.write(text)
-        out.flush()
-        return exit_code(findings)
-
-    say(f"rehearsing {space.source} on the CPU in {home}")
-    problem = _prepare(space, home)
+    r = _Rehearsal(space, rehearsal_home(studies_dir, space), python, say, fmt, out, started)
+    say(f"rehearsing {space.source} on the CPU in {r.home}")
+    problem = _prepare(space, r.home)
     if problem:
-        findings.append(Finding("prepare", "problem", problem))
-        return finish()
+        r.findings.append(Finding("prepare", "problem", problem))
+        return r.finish()
     corners = rehearsal_corners(space)[:1] if quick else rehearsal_corners(space)
-    say(f"composing {len(corners)} corners and measuring the prompts in {python}")
-    try:
-        inputs = verl_memory_inputs(space, [c.overrides for c in corners], gpus or max(1, space.trial.gpus_per_trial),
-                                    python,
-                                    MEASURED_PROMPTS, extra_select=REHEARSAL_SELECT)
-    except SpaceError as bad:
-        findings.append(Finding("config", "problem", str(bad)))
-        return finish()
+    inputs = r.compose(corners, gpus)
+    if inputs is None:
+        return r.finish()
     info, selected = inputs[0]
-    from hpo.backends.verl._data import overlong_verdict
-
-    long = overlong_verdict((info.get("prompt_lengths") or {}).get("overlong"))
-    if long is not None:
-        findings.append(Finding("data", "problem" if long[0] == "problem" else "note", long[1]))
-    try:
-        models = _model_configs(selected, bool(info.get("use_critic")))
-    except Exception as bad:  # noqa: BLE001 - verl_core's ConfigError / ModelConfigUnavailable: one line
-        path = selected.get("actor_rollout_ref.model.path")
-        findings.append(Finding("model", "problem", f"{bad}; to rehearse, fetch config.json, tokenizer.json and "
-                                f"tokenizer_config.json of {path} (https://huggingface.co/{path}) into a directory "
-                                "and set --override actor_rollout_ref.model.path=DIR"))
-        return finish()
-    set_keys = [*space.overrides, *(p.key for p in space.params)]
-    request = {**_config_request(space.config), "overrides": corners[0].overrides, "out": str(home / "shrunk"),
-               "train_rows": max(1, int(selected.get("data.train_batch_size") or 8)) * (STEPS + 1),
-               "val_rows": VAL_ROWS, "tokenizer": str(tokenizer) if tokenizer else None, "models": models,
-               "set_keys": set_keys, "reward_timeout_s": reward_timeout_s}
-    say("building the small model, taking the data's first rows, calling the reward function")
-    reply = _script(python, SHRINK_SCRIPT, request, 900.0, {**os.environ, **trial_base_env(space)})
-    if reply.get("status") != "ok":
-        findings.append(Finding("shrink", "problem", f"the rehearsal could not be prepared: {reply.get('message')}"))
-        return finish()
-    for p in reply["problems"]:
-        findings.append(Finding(p["check"], "problem", p["message"]))
-    tuned = {p.key: p.name for p in space.params}
-    for key in reply["unread"]:
-        if key in tuned:
-            findings.append(Finding("reach", "problem", f"params.{tuned[key]}: {key} is not a key of verl's config and "
-                                    f"no file of verl mentions {key.rpartition('.')[2]!r}: the tuned value reaches "
-                                    "no trainer (a typo?)"))
-        else:
-            findings.append(Finding("keys", "note", f"overrides.{key}: not a key of verl's config and no file of verl "
-                                    f"mentions {key.rpartition('.')[2]!r}: nothing reads it"))
-    if reply["problems"] or any(f.level == "problem" for f in findings):
-        return finish()
-    reward = reply["reward"]
-    findings.append(Finding("data", "ok", f"data files have the columns verl reads; {reply['data']['train']['rows']} "
-                            "training prompts tokenized with the model's chat template"))
-    findings.append(Finding("reward", "ok", f"{reward['where']} returned finite numbers in {reward['calls']} calls on "
-                            f"{reply['data']['val']['rows']} validation rows and the "
-                            f"{reply['data']['train'].get('unusual', 0)} training rows with the most unusual ground "
-                            f"truths (from {reward['min']:g} to "
-                            f"{reward['max']:g})"))
-    shrunk = _shrunk_overrides(space, reply, selected, response_tokens, swaps, quick)
+    reply = r.shrink(corners[0], info, selected, tokenizer, reward_timeout_s)
+    if reply is None:
+        return r.finish()
+    shrunk = _shrunk_overrides(space, reply, selected, response_tokens, r.swaps, quick)
     limit, limit_from = corner_timeout(space, timeout_s)
-    runner = _Runner(space, python, home, shrunk, limit, say, resume=not quick)
-    cpu = [[*cpu_overrides(o), *transfer_queue_overrides(o, True), *o]
-           for o in (runner.corner_overrides(c, STEPS, -1) for c in corners)]
-    report = compose_corners(python, space.config, cpu, 0, env={**os.environ, **trial_base_env(space)})
-    for corner, result in zip(corners, report.results, strict=True):
-        if isinstance(result, Exception):
-            findings.append(Finding("config", "problem", f"corner {corner.name} shrunk for the CPU is rejected by "
-                                    f"verl: {result}"))
-        else:
-            why = interpreter_problem(report.interpreter or {}, result, python, cpu=True)
-            if why:
-                findings.append(Finding("interpreter", "problem", why))
-                break
-    if any(f.level == "problem" for f in findings):
-        return finish()
-    at_once, why = (parallel, "as asked") if parallel else corner_parallelism()
-    say(f"running {len(corners)} corners with verl's main_ppo on the CPU, {at_once} at a time ({why}); each "
-        f"attempt's limit {limit:.0f} s ({limit_from})")
-    with ThreadPoolExecutor(max_workers=max(1, at_once)) as pool:
-        outcomes = list(pool.map(runner.run, corners, range(len(corners))))
-    findings += memory_lines(space, corners, inputs, gpus, gpu_bytes)
-    save_state(home, space, swaps, outcomes, quick, findings)
-    findings += check_runs(space, outcomes, resumed=not quick)
-    return finish()
+    runner = _Runner(space, python, r.home, shrunk, limit, say, resume=not quick)
+    r.check_cpu_corners(runner, corners)
+    if r.failed():
+        return r.finish()
+    outcomes = r.run(runner, corners, parallel, f"{limit:.0f} s ({limit_from})")
+    r.findings += memory_lines(space, corners, inputs, gpus, gpu_bytes)
+    save_state(r.home, space, r.swaps, outcomes, quick, r.findings)
+    r.findings += check_runs(space, outcomes, resumed=not quick)
+    return r.finish()
