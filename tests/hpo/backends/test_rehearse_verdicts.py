@@ -150,7 +150,7 @@ def test_a_cpu_rehearsal_gives_the_gpu_estimate_of_the_real_study(monkeypatch) -
     """issue 43 item 7: a study whose trials run on the CPU gets no GPU estimate unless asked (and is told how);
     with ``--gpus 2 --gpu-memory 141GiB`` each corner's estimate is for 2 GPUs of 141 GiB, never "on cuda" for a
     CPU trial."""
-    from hpo.backends._rehearse import memory_lines
+    from hpo.backends.verl._rehearse import memory_lines
     from tests.hpo.backends.test_verl_memory import BASE, _fake_inputs
 
     monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
