@@ -17,7 +17,7 @@
 The section is stored with the experiment, so it must hold no secret: a password in ``mlflow.uri`` is refused
 (use ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, or pass the URI with ``--tracking``, which is
 never stored); W&B reads its key from ``WANDB_API_KEY`` or ``wandb login``. Every problem is one
-:class:`~hpo.experiment._space.SpaceError` line naming the file (or flag), key and value.
+:class:`~hpo.experiment._errors.SpaceError` line naming the file (or flag), key and value.
 """
 
 from __future__ import annotations

@@ -207,3 +207,39 @@ def test_the_study_loop_stays_small() -> None:
     """``study/`` holds the loop; storages, samplers and the stored record have rooms of their own."""
     modules = [p.name for p in (HPO / "study").glob("*.py") if p.name != "__init__.py"]
     assert len(modules) <= 14, sorted(modules)
+
+
+# ----------------------------------------------------------------------------- small modules (issue 46)
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def oversized(package: Path) -> list[str]:
+    """The modules of ``package`` (its own ``*.py``) longer than :data:`MAX_MODULE_LINES` lines, and their functions
+    and methods (decorators included) longer than :data:`MAX_FUNCTION_LINES`."""
+    out = []
+    for path in sorted(package.glob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            out.append(f"{path.name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text, filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                if node.end_lineno - start + 1 > MAX_FUNCTION_LINES:
+                    out.append(f"{path.name}:{node.lineno} {node.name}: {node.end_lineno - start + 1} lines")
+    return out
+
+
+def test_the_experiment_package_comes_in_small_pieces() -> None:
+    """``hpo/experiment`` holds one concept a module (schema, YAML reader, overrides, parsing, limits, ...): no module
+    over 400 lines, no function over 80."""
+    assert oversized(HPO / "experiment") == []
+
+
+def test_the_size_check_sees_a_long_module_and_a_long_function(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "long_function.py").write_text(f"def ok():\n    pass\n\n\n@staticmethod\ndef f():\n{body}")
+    (tmp_path / "long_module.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    at_limit = "def g():\n" + "".join(f"    y{i} = {i}\n" for i in range(MAX_FUNCTION_LINES - 1))  # 80 lines
+    (tmp_path / "fine.py").write_text("x = 1\n" * (MAX_MODULE_LINES - MAX_FUNCTION_LINES) + at_limit)  # 400 lines
+    assert oversized(tmp_path) == ["long_function.py:6 f: 82 lines", "long_module.py: 401 lines"]
