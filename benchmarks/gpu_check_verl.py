@@ -370,6 +370,7 @@ def check_verl_dry(run: StudyRun, pair: StudyRun, overrides: list[str], pair_ove
     study's space and overrides (every corner composed by real verl on the CPU, with its worst-case estimate), the
     pair's space loaded (its fields)."""
     from hpo.backends import load_space
+    from hpo.backends.verl import SKIP_INTERPRETER_CHECK
 
     shown, resume, pair_shown = (" ".join(a[1:]) for a in (run.search, run.resume, pair.search))
     plan = (f"would run: {shown}; SIGTERM once a trial has a complete checkpoint "
@@ -391,7 +392,10 @@ def check_verl_dry(run: StudyRun, pair: StudyRun, overrides: list[str], pair_ove
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-m", "hpo", "validate", "--space", VERL_SPACE,
                            *(a for o in overrides for a in ("--override", o))], cwd=REPO, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO),
+                                                       # a GPU study validated with the CPU verl venv: the plumbing,
+                                                       # not the interpreter validate would refuse for its GPU trials
+                                                       SKIP_INTERPRETER_CHECK: "1"})
     c.seconds = time.time() - t0
     out = proc.stdout
     print(out, file=sys.stderr, flush=True)
