@@ -292,8 +292,8 @@ def test_a_healthy_experiment_on_a_busy_machine_never_fails(tmp_path: Path) -> N
     raw = yaml.safe_load((ROOT / "search_spaces" / "verl_grpo_cpu.yaml").read_text().replace("synthetic/arith",
                                                                                             "mine"))
     raw["overrides"].update({"data.train_files": "train.parquet", "data.val_files": "val.parquet",
-                             "reward.custom_reward_function.path": "reward.py", "actor_rollout_ref.model.path": model,
-                             "data.max_prompt_length": 64})
+                             "reward.custom_reward_function.path": "reward.py",
+                             "actor_rollout_ref.model.path": str(model), "data.max_prompt_length": 64})
     raw["trial"]["prepare_command"] = None
     raw["study"].pop("confirm", None)
     (mine / "experiment.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -314,7 +314,7 @@ def test_a_healthy_experiment_on_a_busy_machine_never_fails(tmp_path: Path) -> N
     if code == 3:
         assert "NOT FINISHED HERE: 1 corner(s) could not finish on this machine" in out.splitlines()[0], out
         line = next(x for x in out.splitlines() if "run: corner default" in x)
-        assert line.lstrip().startswith("NOT RUN") and "ran out of the corner's time limit (150 s" in line and \
-            " after " in line, line
+        assert line.lstrip().startswith("NOT RUN") and "ran out of the corner's time limit (150 s" in line, line
+        assert " after " in line or "before verl logged its first metrics line" in line, line  # how far it got
     else:
         assert "PASS" in out.splitlines()[0], out
