@@ -457,37 +457,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                     return _fail(f"--metrics {args.metrics}: unreadable ({err.strerror or err})")
             return validate_space(space, resolve_devices(space.trial), sys.stdout, lengths=lengths)
         if args.cmd == "rehearse":
-            from hpo.backends.verl._rehearse import rehearse
+            from hpo.backends import rehearsal_of
 
             spaces_dir = Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
             # --recheck reruns checks on kept runs: the quick load (a second), not every corner composed by verl
             space = (load_space if args.recheck else load_checked_space)(args.space, list(args.override), spaces_dir)
-            from hpo.backends.verl._rehearse import refusal
-
-            if refusal(space):
-                return _fail(refusal(space))
+            tool = rehearsal_of(space)  # SpaceError: a trainer without a rehearsal
             if args.tokenizer is not None and not args.tokenizer.expanduser().is_dir():
                 return _fail(f"--tokenizer {args.tokenizer}: not a directory")
             if args.recheck:
-                from hpo.backends.verl._rehearse import recheck
-
-                return recheck(space, studies_dir.resolve(), fmt=args.format)
+                return int(tool.recheck(space, studies_dir.resolve(), fmt=args.format))
             for flag, value in (("--reward-timeout", args.reward_timeout), ("--corner-timeout", args.corner_timeout)):
                 if value is not None and not (math.isfinite(value) and value > 0):
                     return _fail(f"{flag} {value:g}: must be a positive number of seconds")
             if args.gpus is not None and args.gpus < 1:
                 return _fail(f"--gpus {args.gpus}: must be 1 or more (GPUs per trial of the real study)")
-            gpu_bytes = None
-            if args.gpu_memory is not None:
-                from hpo.backends.verl._rehearse import parse_size
-
-                gpu_bytes = parse_size(args.gpu_memory)
-                if gpu_bytes is None:
-                    return _fail(f"--gpu-memory {args.gpu_memory!r}: not a size (e.g. 80GiB, 141G, 24576MiB)")
+            gpu_bytes = None if args.gpu_memory is None else tool.parse_size(args.gpu_memory)
+            if args.gpu_memory is not None and gpu_bytes is None:
+                return _fail(f"--gpu-memory {args.gpu_memory!r}: not a size (e.g. 80GiB, 141G, 24576MiB)")
             tokenizer = None if args.tokenizer is None else args.tokenizer.expanduser().resolve()
-            return rehearse(space, studies_dir.resolve(), tokenizer=tokenizer, fmt=args.format, quick=args.quick,
-                            reward_timeout_s=args.reward_timeout, timeout_s=args.corner_timeout, gpus=args.gpus,
-                            gpu_bytes=gpu_bytes)
+            return int(tool.rehearse(space, studies_dir.resolve(), tokenizer=tokenizer, fmt=args.format,
+                                     quick=args.quick, reward_timeout_s=args.reward_timeout,
+                                     timeout_s=args.corner_timeout, gpus=args.gpus, gpu_bytes=gpu_bytes))
         if args.cmd == "search":
             overrides = list(args.override)
             if args.n_trials is not None:

@@ -8,8 +8,9 @@ pre-flight (``_preflight``: what every estimate shares; each backend answers for
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
 
 from hpo.backends._base import Backend, Launch, LaunchContext, TrialConfig
-from hpo.backends._check import check_space, load_checked_space, load_space, stored_space
+from hpo.backends._check import check_space, load_checked_space, load_space, rehearsal_of, stored_space
 from hpo.backends._registry import backend_named, backend_of, known_backends, register, trial_backend
 
 __all__ = ["Backend", "Launch", "LaunchContext", "TrialConfig", "backend_named", "backend_of", "check_space",
-           "known_backends", "load_checked_space", "load_space", "register", "stored_space", "trial_backend"]
+           "known_backends", "load_checked_space", "load_space", "register", "rehearsal_of", "stored_space",
+           "trial_backend"]

@@ -140,6 +140,11 @@ class Backend:
         typed with ``--override`` against the current one), so every command reads the same files from anywhere."""
         return space
 
+    def rehearsal(self) -> Any:
+        """The module that rehearses this trainer's experiments on the CPU (``rehearse``, ``recheck``,
+        ``parse_size``: :mod:`hpo.backends.verl._rehearse`), None when it has none."""
+        return None
+
     def check(self, space: Space, origin: Mapping[str, str]) -> None:
         """SpaceError (one line, naming the file and key) when this trainer would refuse the experiment: the
         quick checks, made whenever an experiment file is loaded."""

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from hpo.backends._base import Backend
-from hpo.backends._registry import backend_of
-from hpo.experiment._space import SPACES_DIR, Space, load_space_origin, located_error, space_from_stored
+from hpo.backends._registry import backend_named, backend_of, known_backends
+from hpo.experiment._space import SPACES_DIR, Space, SpaceError, load_space_origin, located_error, space_from_stored
 from hpo.experiment._throughput import check_speed_keys, check_speed_objective
 
 
@@ -74,6 +74,16 @@ def stored_space(raw: dict[str, Any], source: str, name: str) -> Space:
     """The space stored in a study, as its backend runs it (no check: it passed when the study was made)."""
     space = space_from_stored(raw, source, name)
     return backend_of(space).normalize(space)
+
+
+def rehearsal_of(space: Space) -> Any:
+    """The rehearsal of ``space``'s trainer (``Backend.rehearsal``); SpaceError naming the trainers that have one."""
+    tool = backend_of(space).rehearsal()
+    if tool is None:
+        have = " or ".join(n for n in known_backends() if backend_named(n).rehearsal() is not None)
+        raise SpaceError(f"{space.source}: trial.backend is {space.trial.backend!r}: rehearse runs {have} experiments "
+                         f"(trial.backend: {have})")
+    return tool
 
 
 def check_space(space: Space, origin: dict[str, str] | None = None) -> None:

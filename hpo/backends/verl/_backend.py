@@ -83,6 +83,11 @@ class VerlBackend(Backend):
             return space
         return dataclasses.replace(space, early_stopping=EarlyStopping(enabled=False))
 
+    def rehearsal(self) -> Any:
+        from hpo.backends.verl import _rehearse
+
+        return _rehearse
+
     def resolve_paths(self, space: Space, origin: Mapping[str, str]) -> Space:
         from hpo.backends.verl._paths import resolve_user_paths
 

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from hpo.analysis._files import FileRefused, read_bounded
 from hpo.backends._preflight import GiB
-from hpo.backends._registry import backend_of
 from hpo.backends.verl._check import compose_corners, interpreter_problem, trial_base_env
 from hpo.backends.verl._cpu import CPU_OVERRIDES, cpu_overrides, transfer_queue_overrides
 from hpo.backends.verl._launch import (
@@ -414,14 +413,6 @@ def _shrunk_overrides(space: Space, reply: Mapping[str, Any], selected: Mapping[
 
 REHEARSAL_SELECT = ("data.max_prompt_length", "data.max_response_length", "data.train_batch_size",
                     *ONE_DEVICE_KEYS)
-
-
-def refusal(space: Space) -> str:
-    """Why ``space`` cannot be rehearsed ("" when it can): only verl experiments are."""
-    if backend_of(space).name == "verl":
-        return ""
-    return (f"{space.source}: trial.backend is {space.trial.backend!r}: rehearse runs verl experiments "
-            "(trial.backend: verl)")
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g|mib|mb|m|tib|tb|t)?\s*$", re.IGNORECASE)
