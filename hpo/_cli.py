@@ -252,11 +252,13 @@ def _run(space: Space | None, study_name: str, storage_url: str, studies_dir: Pa
                 study_name, storage_url, local_space=args.space, trust=args.trust_stored_experiment,
                 n_trials=getattr(args, "n_trials", None), n_jobs=getattr(args, "n_jobs", None),
                 devices=_device_list(getattr(args, "devices", None)), ray_address=getattr(args, "ray_address", None),
+                studies_dir=studies_dir,
                 # a worker (often started by a scheduler) waits for a database that is starting or restarting
                 wait_s=StudySpec().storage_retry_s if args.cmd == "worker" else 0.0)
             tracking = _tracking_spec(space, args)
         else:
-            space, devices = check_search(space, getattr(args, "ray_address", None))
+            space, devices = check_search(space, getattr(args, "ray_address", None), study_name,
+                                          studies_dir)
             tracking = _tracking_spec(space, args)
             study = open_study(space, study_name, storage_url)
         from hpo.record import ATTR_BUDGET

@@ -159,6 +159,12 @@ class Backend:
         experiment says its trials run (e.g. on ``trial.gpus_per_trial`` GPUs), not only where they would land
         on this host."""
 
+    def check_cluster(self, space: Space, address: str, study: str, trials_dir: Path | None) -> list[str]:
+        """A Ray-job study (``trial.executor: ray``): what the trials need of the cluster's nodes, checked there
+        before the study is made (RayClusterError with one line); notes for the user. ``trials_dir``: where study
+        ``study``'s trial directories are (None: not known here)."""
+        return []
+
     def prepare_argv(self, space: Space) -> list[str] | None:
         """The one-off step that builds the model and data before any trial (None: none)."""
         cmd = space.trial.prepare_command

@@ -15,7 +15,9 @@ EXECUTORS = ("local", "ray")
 _RESERVED = ("CPU", "GPU", "memory", "object_store_memory")
 _RESOURCE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_:.-]*$")
 _ADDRESS_RE = re.compile(r"^(https?://)?[A-Za-z0-9_.\-\[\]:]+(:\d+)?/?$")
-FIELDS = ("address", "nodes", "num_gpus", "num_cpus", "resources", "runtime_env", "stop_timeout_s")
+FIELDS = ("address", "nodes", "num_gpus", "num_cpus", "resources", "runtime_env", "stop_timeout_s", "device",
+          "shared_dir")
+DEVICES = ("cuda", "cpu")
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,13 @@ class RaySpec:
     ``nodes`` x (``num_gpus``, ``num_cpus``, ``resources``) must be free (Ray's own view, and no other running trial
     of the study holding them) before a trial is submitted. A one-node trial of ``verl_core`` or a custom command
     holds them through the job's entrypoint (Ray picks the node and sets ``CUDA_VISIBLE_DEVICES``); a verl trial
-    gets ``trainer.nnodes=nodes trainer.n_gpus_per_node=num_gpus`` and makes its own placement groups."""
+    gets ``trainer.nnodes=nodes trainer.n_gpus_per_node=num_gpus`` and makes its own placement groups.
+
+    ``device``: what the cluster's GPUs are. ``cuda``: real ones. ``cpu``: logical GPUs (``ray start --num-gpus N``
+    on machines without one), each standing for a CPU worker: a verl trial then runs on the CPU platform
+    (:mod:`hpo.backends.verl._cpu`). ``shared_dir``: a directory every node and the driver see (NFS, a mounted
+    bucket) where a trial keeps its checkpoints, so a retry on another node resumes; unset: the studies directory,
+    which must then be shared for trials of several nodes."""
 
     address: str | None = None  # the dashboard, http://head:8265; null: --ray-address, else $RAY_ADDRESS
     nodes: int = 1
@@ -34,6 +42,8 @@ class RaySpec:
     resources: dict[str, float] = field(default_factory=dict)  # custom resources per node, e.g. {"a100": 1}
     runtime_env: dict[str, Any] = field(default_factory=dict)  # Ray's runtime_env: working_dir, env_vars, pip, ...
     stop_timeout_s: float = 60.0  # a stopped job must be terminal within this long
+    device: str = "cuda"  # cuda: real GPUs; cpu: logical GPUs standing for CPU workers
+    shared_dir: str | None = None  # checkpoints of every trial, on storage every node reads; null: the studies dir
 
     def per_node(self) -> dict[str, float]:
         out = {"GPU": float(self.num_gpus), "CPU": float(self.num_cpus), **self.resources}
@@ -101,6 +111,16 @@ def parse_ray(raw: Any, error: Callable[[str, str], Exception]) -> RaySpec:
     stop = raw.get("stop_timeout_s", 60.0)
     if not _number(stop) or stop <= 0:
         raise error("trial.ray.stop_timeout_s", f"expected a positive number of seconds, got {stop!r}")
+    device = raw.get("device", "cuda")
+    if device not in DEVICES:
+        raise error("trial.ray.device", f"expected one of {', '.join(DEVICES)} (cpu: the cluster's GPUs are logical "
+                    f"ones standing for CPU workers), got {device!r}")
+    shared = raw.get("shared_dir")
+    if shared is not None and (not isinstance(shared, str) or "\0" in shared
+                               or not shared.strip().startswith("/")):
+        raise error("trial.ray.shared_dir", f"expected the absolute path of a directory every node and the driver "
+                    f"can read and write, got {shared!r}")
     return RaySpec(address=None if address is None else address.strip(), nodes=nodes, num_gpus=gpus,
                    num_cpus=float(cpus), resources={k: float(v) for k, v in resources.items()},
-                   runtime_env=dict(runtime_env), stop_timeout_s=float(stop))
+                   runtime_env=dict(runtime_env), stop_timeout_s=float(stop), device=device,
+                   shared_dir=None if shared is None else shared.strip())

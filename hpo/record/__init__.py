@@ -24,6 +24,7 @@ from hpo.record._attrs import (
     ATTR_TARGET,
     ATTR_TRACKING_KEY,
     ATTR_TRACKING_RUN,
+    TRIAL_MARKER,
     USER_ATTRS,
     chain_root,
     is_baseline,
@@ -38,7 +39,7 @@ from hpo.record._attrs import (
 from hpo.record._cost import Cost, full_steps, steps_run, study_cost
 
 __all__ = ["ATTR_BASELINE", "ATTR_CONFIRM_OF", "ATTR_CONFIRM_SEED", "ATTR_DIGEST", "ATTR_HEARTBEAT", "ATTR_JOB_TYPE",
-           "ATTR_BUDGET",
+           "ATTR_BUDGET", "TRIAL_MARKER",
            "ATTR_RACE", "ATTR_RAY_CLAIM", "ATTR_RECOVERING", "ATTR_RESULT", "ATTR_RETRY_HISTORY", "ATTR_RETRY_OF",
            "ATTR_SOURCE", "ATTR_SPACE", "ATTR_TARGET", "ATTR_TRACKING_KEY", "ATTR_TRACKING_RUN", "USER_ATTRS",
            "chain_root", "is_baseline", "is_confirm", "is_finished", "is_segment", "is_segment_attrs",

@@ -29,10 +29,9 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.record import ATTR_RETRY_HISTORY
+from hpo.record import ATTR_RETRY_HISTORY, TRIAL_MARKER
 
 CHECKPOINTS = "checkpoints"
-TRIAL_MARKER = ".verl-hpo-trial"  # the driver's mark in every trial directory it creates (hpo.study._command)
 COPY_CHUNK = 64 * 2**20
 
 
@@ -196,24 +195,29 @@ def chain(t: FrozenTrial) -> list[int]:
     return [*earlier, t.number]
 
 
-def checkpoint_dirs(trials_dir: Path, numbers: Iterable[int]) -> list[Path]:
-    """``<trials_dir>/<n>/checkpoints`` of the given trials that exist in a driver-made trial directory."""
+def checkpoint_dirs(trials_dir: Path, numbers: Iterable[int], shared: Path | None = None) -> list[Path]:
+    """``<trials_dir>/<n>/checkpoints`` of the given trials that exist in a driver-made trial directory; with
+    ``shared`` (a Ray-job study's ``trial.ray.shared_dir/<study>``) also ``<shared>/<n>/checkpoints`` where the
+    driver made ``<shared>/<n>`` (its marker; the trial directory's ``checkpoints`` is then a link, never followed)."""
     out = []
     for n in numbers:
-        trial_dir = trials_dir / str(n)
-        ckpt = trial_dir / CHECKPOINTS
-        if (trial_dir / TRIAL_MARKER).is_file() and not trial_dir.is_symlink() and ckpt.is_dir() \
-                and not ckpt.is_symlink():
-            out.append(ckpt)
+        for root in (trials_dir, shared):
+            if root is None:
+                continue
+            trial_dir = root / str(n)
+            ckpt = trial_dir / CHECKPOINTS
+            if (trial_dir / TRIAL_MARKER).is_file() and not trial_dir.is_symlink() and ckpt.is_dir() \
+                    and not ckpt.is_symlink():
+                out.append(ckpt)
     return out
 
 
 def clean_after(study: optuna.Study, trial: FrozenTrial, value: float | None, trials_dir: Path, keep: int,
-                finished: Iterable[FrozenTrial]) -> tuple[float, bool, float]:
+                finished: Iterable[FrozenTrial], shared: Path | None = None) -> tuple[float, bool, float]:
     """``trial`` has just finished with ``value`` (None: no finite value) and is about to be told: delete the
     checkpoints of its chain unless it is among the ``keep`` best of itself and ``finished`` (the study's other
     finished search trials), and those of a trial it pushed out of the best ``keep``. Returns (GB its checkpoints
-    held, whether they are kept, GB freed in all)."""
+    held, whether they are kept, GB freed in all). ``shared``: see :func:`checkpoint_dirs`."""
     maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     scored = [(t.values[0], t) for t in finished if t.number != trial.number and t.state == TrialState.COMPLETE
               and t.values and math.isfinite(t.values[0])]
@@ -222,12 +226,12 @@ def clean_after(study: optuna.Study, trial: FrozenTrial, value: float | None, tr
     scored.sort(key=lambda vt: -vt[0] if maximize else vt[0])
     best = [t for _, t in scored[:keep]] if keep > 0 else []
     kept_numbers = {n for t in best for n in chain(t)}
-    mine = checkpoint_dirs(trials_dir, chain(trial))
+    mine = checkpoint_dirs(trials_dir, chain(trial), shared)
     size = sum(dir_bytes(d) for d in mine)
     kept = trial.number in {t.number for t in best}
     drop = [] if kept else mine
     if keep > 0:  # a trial that fell out of the best K loses its checkpoints now
-        drop += [d for _, t in scored if t.number != trial.number for d in checkpoint_dirs(trials_dir, chain(t))
+        drop += [d for _, t in scored if t.number != trial.number for d in checkpoint_dirs(trials_dir, chain(t), shared)
                  if int(d.parent.name) not in kept_numbers]
     freed = 0
     for d in drop:

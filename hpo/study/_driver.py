@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -70,17 +71,29 @@ def with_ray_address(space: Space, address: str | None) -> Space:
     return dataclasses.replace(space, trial=dataclasses.replace(space.trial, ray=ray))
 
 
-def _check_ray(space: Space) -> None:
-    """A Ray-job study's cluster must be named and answer before any trial is asked for (RayClusterError)."""
+def _check_ray(space: Space, study: str | None = None, studies_dir: Path | None = None) -> None:
+    """A Ray-job study's cluster must be named, answer, have nodes that can hold one trial, and pass the backend's
+    check of its nodes (:meth:`~hpo.backends.Backend.check_cluster`) before any trial is asked for
+    (RayClusterError, one line); the backend's notes go to stderr."""
     if space.trial.executor != "ray":
         return
-    from hpo.execution.ray_jobs import cluster_view
-    from hpo.study._ray_trials import address
+    from hpo.execution.ray_jobs import RayClusterError, cluster_view, fits_now
+    from hpo.study._ray_trials import address, needs
 
-    cluster_view(address(space.trial))
+    where = address(space.trial)
+    nodes, _ = cluster_view(where)
+    if nodes:  # a head just started may not list its nodes yet: admission waits for them
+        try:
+            fits_now(nodes, needs(space.trial), [])  # raises when no node set could ever hold one trial
+        except RayClusterError as err:  # the cluster answers, the experiment asks too much of it: a bad input
+            raise SpaceError(f"{space.source}: trial.ray: {err} ({where})") from None
+    trials_dir = None if study is None or studies_dir is None else studies_dir / study / "trials"
+    for line in backend_of(space).check_cluster(space, where, study or space.name, trials_dir):
+        print(f"note: {line}", file=sys.stderr, flush=True)
 
 
-def check_search(space: Space, ray_address: str | None = None) -> tuple[Space, list[str]]:
+def check_search(space: Space, ray_address: str | None = None, study: str | None = None,
+                 studies_dir: Path | None = None) -> tuple[Space, list[str]]:
     """What ``search`` checks before its study is created (nothing half-written on a refusal): the devices, the
     backend's launch check, the memory pre-flight (this host's devices, not a Ray cluster's) and the Ray cluster.
     The space (with ``--ray-address``) and the devices; SpaceError / RayClusterError with one line."""
@@ -91,13 +104,14 @@ def check_search(space: Space, ray_address: str | None = None) -> tuple[Space, l
     backend_of(space).check_launch(space)
     if space.trial.executor != "ray":
         check_space_fits(space, devices)
-    _check_ray(space)
+    _check_ray(space, study, studies_dir)
     return space, devices
 
 
 def open_stored(study_name: str, storage_url: str, *, local_space: str | None = None, trust: bool = False,
                 n_trials: int | None = None, n_jobs: int | None = None, devices: Sequence[str] | None = None,
-                ray_address: str | None = None, wait_s: float = 0.0) -> tuple[Space, optuna.Study, list[str]]:
+                ray_address: str | None = None, wait_s: float = 0.0, studies_dir: Path | None = None
+                ) -> tuple[Space, optuna.Study, list[str]]:
     """The stored study for ``resume``, ``worker`` and ``confirm``: its experiment may run here
     (:mod:`hpo.experiment._trust`), with this driver's ``n_jobs``, Ray address and devices, and the backend's launch
     check. ``wait_s``: ride out a database that is (re)starting this long (a worker started by a scheduler)."""
@@ -118,7 +132,7 @@ def open_stored(study_name: str, storage_url: str, *, local_space: str | None = 
     space = with_ray_address(space, ray_address)
     found = [] if space.trial.executor == "ray" else resolve_devices(space.trial, devices)
     backend_of(space).check_launch(space)
-    _check_ray(space)
+    _check_ray(space, study_name, studies_dir)
     return space, study, found
 
 

@@ -312,8 +312,11 @@ class TrialRunner:
         value = values[0] if state == TrialState.COMPLETE and values and not is_confirm(
             frozen_trial(self.study, trial.number)) else None
         finished = [t for t in self.study.get_trials(deepcopy=False) if is_finished(t)]
+        ray = self.space.trial.ray  # a Ray-job trial's checkpoints in trial.ray.shared_dir (docs/ray.md)
+        shared = Path(ray.shared_dir).expanduser() / self.study.study_name \
+            if self.space.trial.executor == "ray" and ray.shared_dir else None
         size_gb, kept, _ = clean_after(self.study, frozen_trial(self.study, trial.number), value, self.trials_dir,
-                                       keep, finished)
+                                       keep, finished, shared)
         if size_gb > 0:
             trial.set_user_attr("checkpoint_gb", round(size_gb, 6))
             trial.set_user_attr("checkpoint_kept", kept)

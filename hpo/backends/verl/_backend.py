@@ -27,6 +27,7 @@ from hpo.backends.verl._launch import (
     weights_only_overrides,
 )
 from hpo.backends.verl._memory import corner_predictions, predict_verl, validate_verl
+from hpo.backends.verl._ray import job_checkpoints
 from hpo.backends.verl._resume import resume_point
 from hpo.experiment._space import DEFAULT_COMMAND, EarlyStopping, Space, SpaceError, located_error
 
@@ -115,7 +116,9 @@ class VerlBackend(Backend):
         GPUs (``trial.gpus_per_trial`` > 0, local) is checked for them even on a host without a GPU."""
         from hpo.backends.verl._check import VerlConfigError, check_verl_launch
 
-        planned_gpus = space.trial.gpus_per_trial > 0 and space.trial.executor != "ray"  # Ray jobs: search checks
+        if space.trial.executor == "ray":  # the interpreter runs on the cluster's nodes: check_cluster asks them
+            return
+        planned_gpus = space.trial.gpus_per_trial > 0
         if as_planned and not planned_gpus:
             return  # trials on the CPU: the load composed every corner in that interpreter; search checks the plugin
         try:
@@ -138,14 +141,33 @@ class VerlBackend(Backend):
 
     def launch(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Launch:
         spec = space.trial
-        argv = verl_argv(spec.python or default_python(), space.config, config.overrides, ctx.study,
-                         ctx.number, ctx.trial_dir, spec.ray.num_gpus if ctx.ray_job else ctx.devices,
-                         ctx.resume_from, spec.ray.nodes if ctx.ray_job else 1)
-        if ctx.ray_job:
-            return Launch(argv, verl_job_env(ctx.env, ctx.trial_dir, ctx.attempt))
+        python = spec.python or default_python()
+        if ctx.ray_job:  # verl joins the user's cluster: trial.ray's world size, its own logical CPUs
+            ray, cpu = spec.ray, spec.ray.device == "cpu"
+            argv = verl_argv(python, space.config, config.overrides, ctx.study, ctx.number, ctx.trial_dir,
+                             ray.num_gpus, ctx.resume_from, ray.nodes, cpu=cpu, joins_cluster=True,
+                             cpus=int(ray.num_cpus * ray.nodes), checkpoints=job_checkpoints(ray, ctx))
+            return Launch(argv, verl_job_env(ctx.env, ctx.trial_dir, ctx.attempt, cpu=cpu))
+        argv = verl_argv(python, space.config, config.overrides, ctx.study, ctx.number, ctx.trial_dir,
+                         ctx.devices, ctx.resume_from)
         # no GPU: verl on the CPU; verl's weight-sync sockets have fixed names under /tmp (issue 21 item 3)
         return Launch(argv, verl_env(ctx.env, ctx.trial_dir, ctx.attempt, cpu=not ctx.devices),
                       scratch_dir(ctx.trial_dir, ctx.attempt) / "slash-tmp")
+
+    def check_cluster(self, space: Space, address: str, study: str, trials_dir: Path | None) -> list[str]:
+        """verl, vLLM (the CPU plugin on logical GPUs, CUDA on real ones) in the nodes' interpreter, and the
+        checkpoint directory shared (:func:`hpo.backends.verl._ray.check_cluster`)."""
+        from hpo.backends.verl._check import SKIP_INTERPRETER_CHECK, trial_base_env
+        from hpo.backends.verl._ray import ClusterMismatch, check_cluster, checkpoint_root
+
+        if trial_base_env(space).get(SKIP_INTERPRETER_CHECK, "") not in ("", "0"):
+            return []  # a stand-in main_ppo (some tests): nothing of verl's is needed on the nodes
+        ray = space.trial.ray
+        root = checkpoint_root(ray, study, trials_dir)
+        try:
+            return check_cluster(ray, address, space.trial.python or default_python(), root)
+        except ClusterMismatch as err:
+            raise SpaceError(f"{space.source}: trial.ray: {err}") from None
 
     def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
         return [space.trial.python or "python", "-m", MAIN_MODULE, *config_args(space.config), *overrides]

@@ -395,8 +395,8 @@ def trial_base_env(space: Space) -> dict[str, str]:
 def trials_on_cpu(space: Space) -> bool:
     """Whether the study's trials run verl on the CPU: a local trial that gets no devices
     (``trial.gpus_per_trial: 0``, or no GPU is visible and ``trial.devices`` names none)."""
-    if space.trial.executor == "ray":
-        return False
+    if space.trial.executor == "ray":  # the cluster's GPUs are logical ones (trial.ray.device: cpu) or real
+        return space.trial.ray.device == "cpu"
     return space.trial.gpus_per_trial == 0 or not (space.trial.devices or detect_devices())
 
 

@@ -80,9 +80,19 @@ def transfer_queue_overrides(overrides: Sequence[str], cpu_platform: bool, cpus:
     return [f"++{STORAGE_UNITS_KEY}={storage_units(host_cpus() if cpus is None else cpus, cpu_platform)}"]
 
 
-def cpu_overrides(overrides: Sequence[str]) -> list[str]:
-    """:data:`CPU_OVERRIDES` as hydra overrides, without the keys that ``overrides`` (the experiment's) sets."""
-    taken = {_key(o) for o in overrides}
+# A trial run as a Ray job joins the user's cluster, whose resources `ray start` declared: ray.init refuses
+# "When connecting to an existing cluster, num_cpus and num_gpus must not be provided."
+CLUSTER_KEYS = ("ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.num_cpus")
+# verl's ray.init passes a runtime_env of its own (env_vars such as TOKENIZERS_PARALLELISM); inside a Ray job Ray
+# merges it with the job's and refuses any key both set ("Failed to merge the Job's runtime env") unless told
+# that verl's wins
+JOB_ENV = {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
+
+
+def cpu_overrides(overrides: Sequence[str], joins_cluster: bool = False) -> list[str]:
+    """:data:`CPU_OVERRIDES` as hydra overrides, without the keys that ``overrides`` (the experiment's) sets;
+    ``joins_cluster`` (a Ray job on the user's cluster of logical GPUs): without :data:`CLUSTER_KEYS`."""
+    taken = {_key(o) for o in overrides} | (set(CLUSTER_KEYS) if joins_cluster else set())
     return [f"{k}={v}" for k, v in CPU_OVERRIDES.items() if _key(k) not in taken]
 
 

@@ -61,7 +61,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpo.backends.verl._cpu import cpu_env, cpu_overrides, transfer_queue_overrides
+from hpo.backends.verl._cpu import JOB_ENV, cpu_env, cpu_overrides, transfer_queue_overrides
 
 DEFAULT_CONFIG = "ppo_trainer"
 MAIN_MODULE = "verl.trainer.main_ppo"
@@ -162,7 +162,8 @@ def _merged_loggers(overrides: Sequence[str]) -> tuple[list[str], str]:
 
 
 def verl_argv(python: str, config: str, overrides: Sequence[str], study: str, trial_number: int, trial_dir: Path,
-              n_gpus: int, resume_from: Path | None = None, nnodes: int = 1) -> list[str]:
+              n_gpus: int, resume_from: Path | None = None, nnodes: int = 1, *, cpu: bool | None = None,
+              joins_cluster: bool = False, cpus: int | None = None, checkpoints: Path | None = None) -> list[str]:
     """The argv of one verl trial (see the module docstring for each driver key).
 
     ``overrides``: the space's fixed overrides and sampled parameters (:func:`verl_overrides`).
@@ -171,17 +172,22 @@ def verl_argv(python: str, config: str, overrides: Sequence[str], study: str, tr
     ``nnodes``: 1 locally; ``trial.ray.nodes`` for a Ray job (``n_gpus`` is then ``trial.ray.num_gpus``).
     ``resume_from``: the ``global_step_N`` checkpoint a retry continues from (:func:`resume_checkpoints`):
     ``trainer.resume_mode=resume_path trainer.resume_from_path=<it>``; else ``resume_mode=auto``. Every
-    attempt saves into its own ``<trial_dir>/checkpoints``.
+    attempt saves into its own ``<trial_dir>/checkpoints`` (``checkpoints``: elsewhere, a Ray cluster's shared dir).
+    ``cpu``: the CPU platform (default: when ``n_gpus`` is 0); ``joins_cluster``: a Ray job on the user's cluster,
+    whose resources are its own (no ``ray_init`` sizes; ``cpus``: the logical CPUs the trial holds there, what its
+    TransferQueue storage actors are sized to).
     """
     rest, loggers = _merged_loggers(overrides)
-    platform = [*(cpu_overrides(rest) if n_gpus == 0 else []), *transfer_queue_overrides(rest, n_gpus == 0)]
+    cpu = n_gpus == 0 if cpu is None else cpu
+    platform = [*(cpu_overrides(rest, joins_cluster) if cpu else []),
+                *transfer_queue_overrides(rest, cpu and not joins_cluster, cpus)]
     resume = ([format_override("trainer.resume_mode", "auto")] if resume_from is None else
               [format_override("trainer.resume_mode", "resume_path"),
                format_override("trainer.resume_from_path", str(resume_from))])
     argv = [python, "-m", MAIN_MODULE, *config_args(config), *rest, *platform, loggers,
             format_override("trainer.project_name", study),
             format_override("trainer.experiment_name", f"trial-{trial_number}"),
-            format_override("trainer.default_local_dir", str(trial_dir / "checkpoints")),
+            format_override("trainer.default_local_dir", str(checkpoints or trial_dir / "checkpoints")),
             format_override("trainer.n_gpus_per_node", max(1, n_gpus)),
             format_override("trainer.nnodes", nnodes),
             *resume,
@@ -274,11 +280,13 @@ def verl_env(base_env: Mapping[str, str], trial_dir: Path, attempt: int = 0, cpu
     return env
 
 
-def verl_job_env(base_env: Mapping[str, str], trial_dir: Path, attempt: int = 0) -> dict[str, str]:
+def verl_job_env(base_env: Mapping[str, str], trial_dir: Path, attempt: int = 0, cpu: bool = False) -> dict[str, str]:
     """The environment of a verl trial run as a Ray job (``trial.executor: ray``): verl joins the job's cluster
     (Ray's job supervisor sets ``RAY_ADDRESS``), so none of :func:`verl_env`'s isolation from other Ray clusters
-    applies; only its metrics file, full hydra errors and unbuffered output."""
-    env = dict(base_env)
+    applies; only its metrics file, full hydra errors, unbuffered output, verl's own ``runtime_env`` over the job's
+    (:data:`~hpo.backends.verl._cpu.JOB_ENV`) and, with ``cpu`` (a cluster of logical GPUs), the CPU platform's
+    environment, which the job's ``env_vars`` carry to every actor verl starts."""
+    env = {**(cpu_env(base_env) if cpu else base_env), **JOB_ENV}
     env["VERL_FILE_LOGGER_PATH"] = str(verl_metrics_path(trial_dir.absolute(), attempt))
     env["HYDRA_FULL_ERROR"] = "1"
     env["PYTHONUNBUFFERED"] = "1"

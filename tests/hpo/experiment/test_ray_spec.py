@@ -28,6 +28,9 @@ def test_the_ray_section_parses_and_defaults_to_local() -> None:
     assert ray.per_node() == {"GPU": 8.0, "CPU": 16.0, "a100": 1.0}
     assert ray.runtime_env["pip"] == ["x==1"]  # handed to Ray as it is
     assert space({"executor": "ray", "ray": {"num_gpus": 0, "num_cpus": 0}}).trial.ray.per_node() == {}
+    assert (ray.device, ray.shared_dir) == ("cuda", None)  # real GPUs; checkpoints in the studies directory
+    cpu = space({"executor": "ray", "ray": {"device": "cpu", "shared_dir": "/mnt/ckpt "}}).trial.ray
+    assert (cpu.device, cpu.shared_dir) == ("cpu", "/mnt/ckpt")
 
 
 @pytest.mark.parametrize(("ray", "message"), [
@@ -41,6 +44,9 @@ def test_the_ray_section_parses_and_defaults_to_local() -> None:
     ({"runtime_env": ["x"]}, "exp.yaml: trial.ray.runtime_env: expected a mapping (Ray's runtime_env)"),
     ({"gpus": 1}, "exp.yaml: trial.ray.gpus: unknown field (value 1); known: address, nodes, num_gpus"),
     ({"stop_timeout_s": 0}, "exp.yaml: trial.ray.stop_timeout_s: expected a positive number of seconds, got 0"),
+    ({"device": "gpu"}, "exp.yaml: trial.ray.device: expected one of cuda, cpu (cpu: the cluster's GPUs are logical"),
+    ({"shared_dir": "ckpt"}, "exp.yaml: trial.ray.shared_dir: expected the absolute path of a directory every node"),
+    ({"shared_dir": 3}, "exp.yaml: trial.ray.shared_dir: expected the absolute path"),
 ])
 def test_a_bad_ray_field_is_one_line_naming_it(ray: dict[str, Any], message: str) -> None:
     with pytest.raises(SpaceError) as err:

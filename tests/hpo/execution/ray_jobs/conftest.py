@@ -87,6 +87,9 @@ class RayCluster:
     env: dict[str, str]
     marks: dict[str, str] = field(default_factory=dict)
     agent_port: int | None = None  # the dashboard agent's HTTP port (None: a free one)
+    ray: Path = RAY  # the `ray` of the nodes' interpreter (what the cluster's workers and actors run in)
+    cpus: int = 2  # logical CPUs and GPUs per node
+    gpus: int = 2
 
     @property
     def address(self) -> str:
@@ -98,7 +101,8 @@ class RayCluster:
         ports = free_ports(7)
         if self.agent_port is not None:
             ports[2] = self.agent_port
-        cmd = [str(RAY), "start", "--num-cpus", "2", "--num-gpus", "2", "--resources", json.dumps({name: 1}),
+        cmd = [str(self.ray), "start", "--num-cpus", str(self.cpus), "--num-gpus", str(self.gpus), "--resources",
+               json.dumps({name: 1}),
                "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
                "--node-manager-port", str(ports[0]), "--object-manager-port", str(ports[1]),
                "--dashboard-agent-listen-port", str(ports[2]), "--dashboard-agent-grpc-port", str(ports[3]),
