@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-EXIT_SIGTERM = 128 + int(signal.SIGTERM)  # the driver's exit code when SIGTERM stopped it (hpo._cli.EXIT_SIGNAL)
+EXIT_SIGTERM = 128 + int(signal.SIGTERM)  # the driver's exit code when SIGTERM stopped it (hpo.commands.EXIT_SIGNAL)
 # verl memory estimate: the expected estimate (what the pre-flight refuses by) must be near the measured peak; the
 # worst case (every sequence at max_prompt_length + max_response_length, a warning only) must not be below it
 EXPECTED_RATIO = (0.9, 1.5)

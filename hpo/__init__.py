@@ -5,7 +5,8 @@ environment (``CUDA_VISIBLE_DEVICES``) and a JSONL metrics file in verl's ``file
 
 Layers, each importing only those below it (``tests/hpo/test_layering.py``): ``analysis`` (run diagnosis) <
 ``experiment`` (the experiment file) and ``execution`` (one trial process) < ``backends`` (verl_core, verl) <
-``study`` (the loop, storage, recovery) < ``reporting`` (tables, dashboard) < ``_cli``.
+``study`` (the loop, storage, recovery) < ``reporting`` (tables, dashboard) < ``tracking`` (MLflow, W&B) <
+``commands`` (one module per subcommand) < ``_cli`` (the parser and its dispatch table).
 """
 
 from hpo.analysis import Diagnoser, DiagnosisSpec

@@ -236,15 +236,8 @@ class TrialProcess:
         status_path = self.log_dir / ".wrapper-status.json"
         limit = None if self.memory_limit_gb is None else int(self.memory_limit_gb * 2**30)
         cg = self._cgroup(limit)
-        wrapper_argv = [sys.executable, "-I", "-S", str(WRAPPER), "--parent", str(os.getpid()),
-                        "--grace", str(KILL_GRACE_S), "--status", str(status_path)]
-        if cg is not None:
-            wrapper_argv += ["--cgroup", str(cg.path)]
-        if self.private_tmp is not None:
-            wrapper_argv += ["--private-tmp", str(self.private_tmp)]
+        wrapper_argv = self._wrapper_argv(status_path, None if cg is None else cg.path)
         oom_kills_before = global_oom_kills()
-        last_step, first_metric = None, None
-        metrics_error: str | None = None
         try:
             with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
                 start = self.spawned_at = time.monotonic()
@@ -257,31 +250,7 @@ class TrialProcess:
                 dog = Watchdog(wrapper, cg, limit if cg is None else None, self.timeout_s, self.stop_event, start)
                 dog.start()
                 try:
-                    next_tick = start
-                    while True:
-                        rc = popen.poll()
-                        try:
-                            records = tail.read()
-                        except MetricsFileError as err:
-                            metrics_error = str(err)
-                            dog.stop("bad_metrics")
-                            records = []
-                        for step, data in records:
-                            if dog.reason is not None:
-                                break
-                            if first_metric is None:
-                                first_metric = time.monotonic() - start
-                            last_step = step if last_step is None else max(last_step, step)  # the highest
-                            decision = self.on_metrics(step, data) if self.on_metrics is not None else None
-                            if rc is None and decision is not None:  # after a clean exit lines are only recorded
-                                dog.stop(decision)
-                        if rc is not None or dog.reason is not None:
-                            break
-                        now = time.monotonic()
-                        if self.on_tick is not None and now >= next_tick:
-                            next_tick = now + REPORT_TICK_S
-                            self.on_tick(last_step, dog.current_bytes / 2**30)
-                        wrapper.wait(TICK_S)
+                    last_step, first_metric, metrics_error = self._follow(popen, wrapper, dog, tail, start)
                 finally:
                     if popen.poll() is None:
                         dog.stop("interrupted")  # an exception (e.g. in a callback) or KeyboardInterrupt
@@ -303,14 +272,8 @@ class TrialProcess:
                 cg.remove()
         if kernel_oom and stop is None and cg is not None and cg.limit_bytes is not None:
             stop = "memory"  # the kernel enforced the driver's cap (even if the trainer survived a child's kill)
-        peak, maxrss, leftovers = dog.peak_bytes, 0, 0
-        try:
-            status = json.loads(_files.read_bounded(status_path, str(status_path), 4096))  # the trial's dir
-            maxrss, leftovers = int(status["maxrss_kb"]) * 1024, int(status["leftovers"])
-            status_path.unlink()
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-        peak = max(peak, maxrss)
+        maxrss, leftovers = _wrapper_status(status_path)
+        peak = max(dog.peak_bytes, maxrss)
         if stop is None and cg is None and limit is not None and maxrss > limit:
             stop = "memory"  # one process went over the cap and exited between two samples: still over the cap
         return RunResult(
@@ -321,6 +284,61 @@ class TrialProcess:
             kernel_oom=kernel_oom, final_exception=final_exception(read_tail(stderr_path, 10**6, CLASSIFY_TAIL_BYTES)),
             cgroup_peak_gb=None if cgroup_peak is None else cgroup_peak / 2**30, leftovers_killed=leftovers,
         )
+
+    def _wrapper_argv(self, status_path: Path, cgroup: Path | None) -> list[str]:
+        """The trial wrapper's own arguments (the trainer's argv follows ``--``)."""
+        argv = [sys.executable, "-I", "-S", str(WRAPPER), "--parent", str(os.getpid()),
+                "--grace", str(KILL_GRACE_S), "--status", str(status_path)]
+        if cgroup is not None:
+            argv += ["--cgroup", str(cgroup)]
+        if self.private_tmp is not None:
+            argv += ["--private-tmp", str(self.private_tmp)]
+        return argv
+
+    def _follow(self, popen: subprocess.Popen[bytes], wrapper: WrapperHandle, dog: Watchdog, tail: MetricsTail,
+                start: float) -> tuple[int | None, float | None, str | None]:
+        """Read the metrics file until the trial exits or the watchdog stops it, calling ``on_metrics`` on each line
+        and ``on_tick`` every :data:`REPORT_TICK_S`: ``(last_step, first_metric_s, metrics_error)``."""
+        last_step, first_metric = None, None
+        metrics_error: str | None = None
+        next_tick = start
+        while True:
+            rc = popen.poll()
+            try:
+                records = tail.read()
+            except MetricsFileError as err:
+                metrics_error = str(err)
+                dog.stop("bad_metrics")
+                records = []
+            for step, data in records:
+                if dog.reason is not None:
+                    break
+                if first_metric is None:
+                    first_metric = time.monotonic() - start
+                last_step = step if last_step is None else max(last_step, step)  # the highest
+                decision = self.on_metrics(step, data) if self.on_metrics is not None else None
+                if rc is None and decision is not None:  # after a clean exit lines are only recorded
+                    dog.stop(decision)
+            if rc is not None or dog.reason is not None:
+                return last_step, first_metric, metrics_error
+            now = time.monotonic()
+            if self.on_tick is not None and now >= next_tick:
+                next_tick = now + REPORT_TICK_S
+                self.on_tick(last_step, dog.current_bytes / 2**30)
+            wrapper.wait(TICK_S)
+
+
+def _wrapper_status(status_path: Path) -> tuple[int, int]:
+    """The wrapper's last words (``maxrss`` in bytes, descendants it killed), read and removed; zeros when it left
+    none (killed) or they do not parse."""
+    maxrss, leftovers = 0, 0
+    try:
+        status = json.loads(_files.read_bounded(status_path, str(status_path), 4096))  # the trial's dir
+        maxrss, leftovers = int(status["maxrss_kb"]) * 1024, int(status["leftovers"])
+        status_path.unlink()
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return maxrss, leftovers
 
 
 def _reap(popen: subprocess.Popen[bytes], wrapper: WrapperHandle) -> None:

@@ -1,9 +1,10 @@
-"""What a person reads: live progress lines, tables and the summary (``_report``), ``best`` and its overrides, and
-the self-contained dashboard page (``_dashboard``). Experiment tracking (MLflow, W&B) is the layer above:
-:mod:`hpo.tracking`.
+"""What a person reads: live progress lines, tables and the summary (``_report``), what ``verl-hpo best`` prints
+(``_best``) and the overrides, and the self-contained dashboard page (``_dashboard``). Experiment tracking (MLflow,
+W&B) is the layer above: :mod:`hpo.tracking`.
 
 May import: ``hpo.study`` and everything below it."""
 
+from hpo.reporting._best import NoBest, print_best
 from hpo.reporting._report import Reporter, best_trial, render_best, summary, top_table
 
-__all__ = ["Reporter", "best_trial", "render_best", "summary", "top_table"]
+__all__ = ["NoBest", "Reporter", "best_trial", "print_best", "render_best", "summary", "top_table"]

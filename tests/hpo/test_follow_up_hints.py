@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpo._cli import follow_up
+from hpo.commands import follow_up
 from tests.hpo.conftest import cli_env, fake_space
 
 

@@ -20,8 +20,8 @@ CYCLE_FREE = ("hpo", "verl_core", "benchmarks")
 # rank of each subpackage: a module may import its own subpackage and lower ranks only; equal ranks are peers that
 # do not import each other
 LAYERS = {"analysis": 0, "record": 0, "experiment": 1, "execution": 1, "backends": 2, "storages": 2, "samplers": 2,
-          "study": 3, "reporting": 4, "tracking": 5}
-TOP = 6  # hpo/_cli.py, hpo/__init__.py, hpo/__main__.py
+          "study": 3, "reporting": 4, "tracking": 5, "commands": 6}
+TOP = 7  # hpo/_cli.py, hpo/__init__.py, hpo/__main__.py
 
 
 def _package(module: str) -> str | None:
@@ -214,19 +214,27 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
 
+def long_functions(path: Path) -> list[str]:
+    """The functions and methods of the module ``path`` (decorators included) longer than
+    :data:`MAX_FUNCTION_LINES`."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if node.end_lineno - start + 1 > MAX_FUNCTION_LINES:
+                out.append(f"{path.name}:{node.lineno} {node.name}: {node.end_lineno - start + 1} lines")
+    return out
+
+
 def oversized(package: Path) -> list[str]:
     """The modules of ``package`` (its own ``*.py``) longer than :data:`MAX_MODULE_LINES` lines, and their functions
     and methods (decorators included) longer than :data:`MAX_FUNCTION_LINES`."""
     out = []
     for path in sorted(package.glob("*.py")):
-        text = path.read_text()
-        if len(text.splitlines()) > MAX_MODULE_LINES:
-            out.append(f"{path.name}: {len(text.splitlines())} lines")
-        for node in ast.walk(ast.parse(text, filename=str(path))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
-                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                if node.end_lineno - start + 1 > MAX_FUNCTION_LINES:
-                    out.append(f"{path.name}:{node.lineno} {node.name}: {node.end_lineno - start + 1} lines")
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_MODULE_LINES:
+            out.append(f"{path.name}: {lines} lines")
+        out += long_functions(path)
     return out
 
 
@@ -243,3 +251,19 @@ def test_the_size_check_sees_a_long_module_and_a_long_function(tmp_path: Path) -
     at_limit = "def g():\n" + "".join(f"    y{i} = {i}\n" for i in range(MAX_FUNCTION_LINES - 1))  # 80 lines
     (tmp_path / "fine.py").write_text("x = 1\n" * (MAX_MODULE_LINES - MAX_FUNCTION_LINES) + at_limit)  # 400 lines
     assert oversized(tmp_path) == ["long_function.py:6 f: 82 lines", "long_module.py: 401 lines"]
+
+
+MAX_CLI_LINES = 250
+
+
+def test_no_function_in_hpo_is_over_80_lines() -> None:
+    """Every function and method of every module under ``hpo/`` (subpackages included) fits in 80 lines: a longer one
+    is split into named stages."""
+    assert [f"{p.parent.relative_to(HPO.parent)}/{line}" for p in _modules() for line in long_functions(p)] == []
+
+
+def test_the_cli_is_a_parser_and_a_dispatch_table() -> None:
+    """``hpo/_cli.py`` holds the parser, the dispatch table and the error handling; each subcommand is a module of
+    ``hpo/commands`` (no module there over 400 lines)."""
+    assert len((HPO / "_cli.py").read_text().splitlines()) < MAX_CLI_LINES
+    assert oversized(HPO / "commands") == []

@@ -199,6 +199,21 @@ class _LogFollower(threading.Thread):
 
 
 @dataclass
+class _Watch:
+    """What :meth:`RayJob.run` knows of its job while it follows it."""
+
+    start: float  # time.monotonic() at the submission
+    status: str = "PENDING"  # the job's last status read
+    info: Any = None  # the job's last JobDetails read
+    reason: str | None = None  # why the driver stops the job (pruned, converged, timeout, interrupted, ...)
+    last_step: int | None = None  # the highest step of a metrics line
+    first_metric: float | None = None  # submission -> first metrics line
+    ended_at: float | None = None  # when a terminal status was first read
+    unreachable: float | None = None  # since when the job's status could not be read
+    said: bool = False  # the user was told it does not answer
+
+
+@dataclass
 class RayJob:
     """Runs ``argv`` as a Ray job to completion (or until stopped) in the calling thread; the job outlives the
     driver. Same arguments and result as :class:`~hpo.execution._runner.TrialProcess`, plus the cluster's."""
@@ -277,72 +292,15 @@ class RayJob:
         follower = _LogFollower(client, self.submission_id)
         follower.start()
         stderr_path = self.log_dir / "stderr.log"
-        reason: str | None = None
-        last_step: int | None = None
-        first_metric: float | None = None
-        status, info, next_status, next_tick = "PENDING", None, start, start
-        ended_at: float | None = None
-        unreachable: float | None = None  # since when the job's status could not be read
-        said = False  # the user was told it does not answer
-        last_pass = False
+        w = _Watch(start)
         try:
             with stderr_path.open("a", encoding="utf-8", errors="replace") as err, \
                     (self.log_dir / JOB_METRICS).open("a", encoding="utf-8", errors="surrogateescape") as mirror:
                 log = JobLog(err, mirror)
-                while True:
-                    now = time.monotonic()
-                    if now >= next_status:
-                        try:
-                            info = client.get_job_info(self.submission_id)
-                            status = str(info.status.value)
-                            if said:
-                                self._say(f"ray job {self.submission_id}: the Ray cluster answers again after "
-                                          f"{now - (unreachable or now):.0f} s")
-                            unreachable, said = None, False
-                        except Exception as err:  # the dashboard restarts, the network hiccups: the job runs on
-                            unreachable = unreachable or now
-                            why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-                            if now - unreachable > DASHBOARD_GONE_S:
-                                raise RayClusterError(
-                                    f"the Ray cluster at {dashboard_url(self.address)} has not answered for "
-                                    f"{DASHBOARD_GONE_S:.0f} s ({why}); ray job {self.submission_id} is stopped by "
-                                    "the next driver's sweep if it still runs") from None
-                            if not said and now - unreachable >= SILENT_S:
-                                said = True
-                                self._say(f"ray job {self.submission_id}: the Ray cluster at "
-                                          f"{dashboard_url(self.address)} stopped answering ({why}); waiting up to "
-                                          f"{DASHBOARD_GONE_S:.0f} s for it (the job runs on if its node does)")
-                        next_status = now + STATUS_TICK_S
-                        if status in TERMINAL and ended_at is None:
-                            ended_at = now
-                    for step, data in log.feed(follower.drain()):
-                        if first_metric is None:
-                            first_metric = time.monotonic() - start
-                        last_step = step if last_step is None else max(last_step, step)  # the highest
-                        decision = self.on_metrics(step, data) if self.on_metrics is not None else None
-                        if decision is not None and reason is None and status not in TERMINAL:
-                            reason = decision  # after the job ended, lines are only recorded
-                    if reason is None and status not in TERMINAL:
-                        if self.stop_event is not None and self.stop_event.is_set():
-                            reason = "interrupted"
-                        elif self.timeout_s is not None and now - start > self.timeout_s:
-                            reason = "timeout"
-                    if reason is not None and status not in TERMINAL:
-                        status = stop_and_wait(client, self.submission_id, self.stop_timeout_s)
-                        next_status = time.monotonic()
-                        continue
-                    if ended_at is not None and (follower.done.is_set() or now - ended_at > LOG_SETTLE_S):
-                        if last_pass:  # the log was drained once more after the follower finished
-                            break
-                        last_pass = True
-                        continue
-                    if self.on_tick is not None and now >= next_tick:
-                        next_tick = now + REPORT_TICK_S
-                        self.on_tick(last_step, 0.0)
-                    time.sleep(TICK_S)
+                self._follow(client, follower, log, w)
                 log.close()
         except BaseException:
-            if status not in TERMINAL:  # an exception in a callback, KeyboardInterrupt: the job must not run on
+            if w.status not in TERMINAL:  # an exception in a callback, KeyboardInterrupt: the job must not run on
                 try:
                     stop_and_wait(client, self.submission_id, self.stop_timeout_s)
                 except Exception:  # noqa: BLE001, S110 - the original error matters more
@@ -350,9 +308,71 @@ class RayJob:
             raise
         finally:
             follower.closing.set()
-        self.final_status = status
-        return self._result(info, status, reason, log.end, time.monotonic() - start, first_metric, last_step,
-                            log.bad_lines)
+        self.final_status = w.status
+        return self._result(w.info, w.status, w.reason, log.end, time.monotonic() - start, w.first_metric,
+                            w.last_step, log.bad_lines)
+
+    def _follow(self, client: Any, follower: _LogFollower, log: JobLog, w: _Watch) -> None:
+        """Follow the job until it is over and its log read to the end: its status every :data:`STATUS_TICK_S`, its
+        metrics lines to ``on_metrics``, a stop (pruned, interrupted, timeout) carried out and waited for."""
+        next_status, next_tick = w.start, w.start
+        last_pass = False
+        while True:
+            now = time.monotonic()
+            if now >= next_status:
+                self._ask_status(client, w, now)
+                next_status = now + STATUS_TICK_S
+                if w.status in TERMINAL and w.ended_at is None:
+                    w.ended_at = now
+            for step, data in log.feed(follower.drain()):
+                if w.first_metric is None:
+                    w.first_metric = time.monotonic() - w.start
+                w.last_step = step if w.last_step is None else max(w.last_step, step)  # the highest
+                decision = self.on_metrics(step, data) if self.on_metrics is not None else None
+                if decision is not None and w.reason is None and w.status not in TERMINAL:
+                    w.reason = decision  # after the job ended, lines are only recorded
+            if w.reason is None and w.status not in TERMINAL:
+                if self.stop_event is not None and self.stop_event.is_set():
+                    w.reason = "interrupted"
+                elif self.timeout_s is not None and now - w.start > self.timeout_s:
+                    w.reason = "timeout"
+            if w.reason is not None and w.status not in TERMINAL:
+                w.status = stop_and_wait(client, self.submission_id, self.stop_timeout_s)
+                next_status = time.monotonic()
+                continue
+            if w.ended_at is not None and (follower.done.is_set() or now - w.ended_at > LOG_SETTLE_S):
+                if last_pass:  # the log was drained once more after the follower finished
+                    return
+                last_pass = True
+                continue
+            if self.on_tick is not None and now >= next_tick:
+                next_tick = now + REPORT_TICK_S
+                self.on_tick(w.last_step, 0.0)
+            time.sleep(TICK_S)
+
+    def _ask_status(self, client: Any, w: _Watch, now: float) -> None:
+        """The job's status into ``w``; a cluster that does not answer is said once (after :data:`SILENT_S`), and
+        fails the attempt after :data:`DASHBOARD_GONE_S` (RayClusterError)."""
+        try:
+            w.info = client.get_job_info(self.submission_id)
+            w.status = str(w.info.status.value)
+            if w.said:
+                self._say(f"ray job {self.submission_id}: the Ray cluster answers again after "
+                          f"{now - (w.unreachable or now):.0f} s")
+            w.unreachable, w.said = None, False
+        except Exception as err:  # the dashboard restarts, the network hiccups: the job runs on
+            w.unreachable = w.unreachable or now
+            why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            if now - w.unreachable > DASHBOARD_GONE_S:
+                raise RayClusterError(
+                    f"the Ray cluster at {dashboard_url(self.address)} has not answered for "
+                    f"{DASHBOARD_GONE_S:.0f} s ({why}); ray job {self.submission_id} is stopped by "
+                    "the next driver's sweep if it still runs") from None
+            if not w.said and now - w.unreachable >= SILENT_S:
+                w.said = True
+                self._say(f"ray job {self.submission_id}: the Ray cluster at "
+                          f"{dashboard_url(self.address)} stopped answering ({why}); waiting up to "
+                          f"{DASHBOARD_GONE_S:.0f} s for it (the job runs on if its node does)")
 
     def _result(self, info: Any, status: str, reason: str | None, end: dict[str, Any] | None, wall: float,
                 first_metric: float | None, last_step: int | None, bad: int) -> RunResult:

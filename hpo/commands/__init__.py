@@ -1,0 +1,29 @@
+"""The ``verl-hpo`` subcommands, one module each (``_search``, ``_resume``, ``_worker``, ``_confirm``, ``_validate``,
+``_rehearse``, ``_dashboard``, ``_track``, ``_best``): its flags (``add_arguments``) and what it runs (``run``, the
+exit code), as one :class:`Command`, the row :mod:`hpo._cli`'s dispatch table holds. What they share: ``_base``
+(:class:`Invocation`, the ``error:`` line, the command line that goes on with a study), ``_args`` (flag groups),
+``_study`` (a study run under the stop signals: search, resume, worker, confirm).
+
+May import: everything in ``hpo`` (``tracking`` and below); never ``hpo._cli``."""
+
+from hpo.commands._base import (
+    EXIT_SIGNAL,
+    Command,
+    Invocation,
+    check_numbers,
+    default_studies_dir,
+    fail,
+    follow_up,
+)
+from hpo.commands._best import BEST
+from hpo.commands._confirm import CONFIRM
+from hpo.commands._dashboard import DASHBOARD
+from hpo.commands._rehearse import REHEARSE
+from hpo.commands._resume import RESUME
+from hpo.commands._search import SEARCH
+from hpo.commands._track import TRACK
+from hpo.commands._validate import VALIDATE
+from hpo.commands._worker import WORKER
+
+__all__ = ["BEST", "CONFIRM", "DASHBOARD", "EXIT_SIGNAL", "REHEARSE", "RESUME", "SEARCH", "TRACK", "VALIDATE",
+           "WORKER", "Command", "Invocation", "check_numbers", "default_studies_dir", "fail", "follow_up"]

@@ -1,0 +1,101 @@
+"""What every subcommand shares: :class:`Command` (one row of the CLI's dispatch table), :class:`Invocation` (the
+studies directory and storage of this run, which the error lines name), :func:`fail` (the one ``error: ...`` line),
+the command line that goes on with a study (:func:`follow_up`), and the exit codes of a stop by a signal."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpo.experiment._space import SPACES_DIR
+from hpo.storages._storage import mask_url
+
+EXIT_SIGNAL: dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
+ENV_STUDIES_DIR = "VERL_HPO_STUDIES_DIR"
+ENV_SPACES_DIR = "VERL_HPO_SPACES_DIR"
+MAX_ERROR_CHARS = 2000
+
+
+@dataclass
+class Invocation:
+    """This run of ``verl-hpo``: where studies live, and the storage URL once the subcommand knows it (``""`` until
+    then); the CLI's error lines mask that URL's password and name the storage."""
+
+    studies_dir: Path
+    storage_url: str = ""
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its name and one-line help (``verl-hpo --help``), its flags, and what it runs (the exit code)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, Invocation], int]
+
+
+def default_studies_dir(arg: Path | None = None) -> Path:
+    """``--studies-dir``, else ``$VERL_HPO_STUDIES_DIR``, else ``./studies``."""
+    return arg if arg is not None else Path(os.environ.get(ENV_STUDIES_DIR, "studies"))
+
+
+def spaces_dir() -> Path:
+    """Where a bare space name is looked up: ``$VERL_HPO_SPACES_DIR``, else the shipped ``search_spaces/``."""
+    return Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
+
+
+def follow_up(cmd: str, study_name: str, storage_url: str, studies_dir: Path) -> str:
+    """A complete command line to go on with this study: ``--studies-dir`` unless it is the default, ``--storage``
+    (its password masked) unless it is the study's default SQLite file there (issue 43: a hint that finds nothing)."""
+    from hpo.storages._storage import default_storage_url
+
+    line = f"verl-hpo {cmd} --study {study_name}"
+    if studies_dir.resolve() != default_studies_dir().resolve():
+        line += f" --studies-dir {shlex.quote(str(studies_dir.resolve()))}"  # works from any directory
+    if storage_url and storage_url != default_storage_url(studies_dir, study_name):
+        line += f" --storage {shlex.quote(mask_url(storage_url))}"
+    return line
+
+
+def fail(msg: str, code: int = 2) -> int:
+    """Print the one ``error: ...`` line (a long one cut short) and return ``code``."""
+    if len(msg) > MAX_ERROR_CHARS:  # a value echoed from hostile input: the line stays readable
+        msg = f"{msg[:MAX_ERROR_CHARS]}... ({len(msg)} characters)"
+    print(f"error: {msg}", file=sys.stderr)
+    return code
+
+
+def check_numbers(args: argparse.Namespace) -> int | None:
+    """``--n-trials``, ``--top``, ``--seeds`` and ``--budget`` of any subcommand, checked before any study exists:
+    the exit code of the first bad one, else None."""
+    for flag, n in (("--n-trials", getattr(args, "n_trials", None)), ("--top", getattr(args, "top", None)),
+                    ("--seeds", getattr(args, "seeds", None))):
+        if n is not None and n <= 0:
+            return fail(f"{flag} {n}: must be positive")
+    budget = getattr(args, "budget", None)
+    if budget is not None and not (math.isfinite(budget) and budget >= 1):
+        return fail(f"--budget {budget:g}: must be a finite number of full-run equivalents, at least 1 (one "
+                    "trial's full length)")
+    return None
+
+
+def open_existing(args: argparse.Namespace, inv: Invocation) -> int | None:
+    """The storage of the existing study ``--study`` into ``inv`` (checked): the exit code when its SQLite file is
+    not there, else None."""
+    from hpo.storages._storage import check_storage_url, check_study_name, default_storage_url, sqlite_path
+
+    check_study_name(args.study)
+    inv.storage_url = args.storage or default_storage_url(inv.studies_dir, args.study)
+    check_storage_url(inv.storage_url)
+    db = sqlite_path(inv.storage_url)
+    if db is not None and not db.is_file():
+        return fail(f"no study {args.study!r}: {db} does not exist (start one with verl-hpo search)")
+    return None

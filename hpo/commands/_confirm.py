@@ -1,0 +1,32 @@
+"""``verl-hpo confirm``: re-run a study's top configurations with fresh seeds, as tagged trials of the study."""
+
+from __future__ import annotations
+
+import argparse
+
+from hpo.commands._args import budget_arg, storage_args, tracking_args, trust_args
+from hpo.commands._base import Command, Invocation, open_existing
+from hpo.commands._study import run_study
+
+
+def add_arguments(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--study", required=True)
+    c.add_argument("--top", type=int, default=None, metavar="K",
+                   help="configurations to confirm, best first (default: the experiment's study.confirm.top_k)")
+    c.add_argument("--seeds", type=int, default=None, metavar="S",
+                   help="fresh seeds per configuration (default: study.confirm.seeds); never a tuning seed")
+    trust_args(c)
+    tracking_args(c)
+    budget_arg(c)
+    storage_args(c)
+
+
+def run(args: argparse.Namespace, inv: Invocation) -> int:
+    refused = open_existing(args, inv)
+    if refused is not None:
+        return refused
+    return run_study(None, args.study, inv, args)
+
+
+CONFIRM = Command("confirm", "re-run the top trials with fresh seeds (as tagged trials of the study); best then ranks "
+                             "by the confirmed mean", add_arguments, run)

@@ -1,0 +1,67 @@
+"""``verl-hpo rehearse``: run a verl experiment's own pipeline shrunk to a small model on this CPU, and report what
+would fail a real study (exit 0 it would run, 1 it would fail, 3 a corner could not finish here). The rehearsal
+itself is the trial's backend's (:func:`hpo.backends.rehearsal_of`)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from hpo.backends import load_checked_space, load_space
+from hpo.commands._base import ENV_STUDIES_DIR, Command, Invocation, fail, spaces_dir
+
+
+def add_arguments(rh: argparse.ArgumentParser) -> None:
+    rh.add_argument("--space", required=True, help="search_spaces/<NAME>.yaml or a path (trial.backend: verl)")
+    rh.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="as for search (e.g. "
+                    "actor_rollout_ref.model.path=/local/model/dir)")
+    rh.add_argument("--tokenizer", type=Path, default=None, metavar="DIR",
+                    help="the model's tokenizer (tokenizer.json, tokenizer_config.json) when neither the model path "
+                         "nor the Hugging Face cache has it")
+    rh.add_argument("--format", choices=("text", "md"), default="text", help="md: a report to paste into a ticket")
+    rh.add_argument("--quick", action="store_true", help="the default point only, without the kill and resume: a "
+                                                         "first look in a third of the time")
+    rh.add_argument("--recheck", action="store_true", help="run nothing: the checks again on this experiment's last "
+                                                           "rehearsal (after fixing e.g. the objective's name)")
+    rh.add_argument("--corner-timeout", type=float, default=None, metavar="S",
+                    help="seconds each corner's run may take before it is reported as not finished here (exit 3, "
+                         "not a failure); default trial.timeout_s, else 1800")
+    rh.add_argument("--gpus", type=int, default=None, metavar="N",
+                    help="estimate each corner's GPU memory for trials of N GPUs (default trial.gpus_per_trial)")
+    rh.add_argument("--gpu-memory", default=None, metavar="SIZE",
+                    help="the real study's GPU size for that estimate, e.g. 80GiB (default: this host's GPU, else 80)")
+    rh.add_argument("--reward-timeout", type=float, default=120.0, metavar="S",
+                    help="seconds the reward function may take over all its calls of the reward check (default 120)")
+    rh.add_argument("--studies-dir", type=Path, default=None,
+                    help=f"its files go to <studies-dir>/rehearsals/<space> (default ${ENV_STUDIES_DIR} or ./studies)")
+
+
+def run(args: argparse.Namespace, inv: Invocation) -> int:
+    from hpo.backends import rehearsal_of
+
+    # --recheck reruns checks on kept runs: the quick load (a second), not every corner composed by verl
+    space = (load_space if args.recheck else load_checked_space)(args.space, list(args.override), spaces_dir())
+    tool = rehearsal_of(space)  # SpaceError: a trainer without a rehearsal
+    if args.tokenizer is not None and not args.tokenizer.expanduser().is_dir():
+        return fail(f"--tokenizer {args.tokenizer}: not a directory")
+    if args.recheck:
+        return int(tool.recheck(space, inv.studies_dir.resolve(), fmt=args.format))
+    for flag, value in (("--reward-timeout", args.reward_timeout), ("--corner-timeout", args.corner_timeout)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            return fail(f"{flag} {value:g}: must be a positive number of seconds")
+    if args.gpus is not None and args.gpus < 1:
+        return fail(f"--gpus {args.gpus}: must be 1 or more (GPUs per trial of the real study)")
+    gpu_bytes = None if args.gpu_memory is None else tool.parse_size(args.gpu_memory)
+    if args.gpu_memory is not None and gpu_bytes is None:
+        return fail(f"--gpu-memory {args.gpu_memory!r}: not a size (e.g. 80GiB, 141G, 24576MiB)")
+    tokenizer = None if args.tokenizer is None else args.tokenizer.expanduser().resolve()
+    return int(tool.rehearse(space, inv.studies_dir.resolve(), tokenizer=tokenizer, fmt=args.format,
+                             quick=args.quick, reward_timeout_s=args.reward_timeout,
+                             timeout_s=args.corner_timeout, gpus=args.gpus, gpu_bytes=gpu_bytes))
+
+
+REHEARSE = Command("rehearse", "verl experiments: run the experiment's own pipeline (config, data, reward, objective, "
+                               "corners, a resume) shrunk to a small model on this CPU, and report what would fail a "
+                               "real study; exit 0 it would run, 1 it would fail, 3 a corner could not finish on this "
+                               "machine (not a failure)", add_arguments, run)

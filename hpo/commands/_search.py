@@ -1,0 +1,51 @@
+"""``verl-hpo search``: run (or continue) a study of an experiment file."""
+
+from __future__ import annotations
+
+import argparse
+
+from hpo.backends import load_checked_space, load_space
+from hpo.commands._args import budget_arg, ray_arg, storage_args, tracking_args
+from hpo.commands._base import Command, Invocation, spaces_dir
+from hpo.commands._study import run_study
+
+
+def add_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--space", required=True, help="search_spaces/<NAME>.yaml or a path")
+    s.add_argument("--study", help="study name (default: the space name)")
+    s.add_argument("--n-trials", type=int, help="finished trials the study runs to (default: study.n_trials)")
+    s.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="space field (study.n_trials=4, params.kl_coef.high=0.1, trial.timeout_s=60) or fixed "
+                        "trainer override (trainer.total_training_steps=10); repeatable")
+    tracking_args(s)
+    budget_arg(s)
+    ray_arg(s)
+    storage_args(s)
+
+
+def run(args: argparse.Namespace, inv: Invocation) -> int:
+    from hpo.storages._storage import check_storage_url, check_study_name, default_storage_url
+
+    overrides = list(args.override)
+    if args.n_trials is not None:
+        overrides.append(f"study.n_trials={args.n_trials}")
+    quick = load_space(args.space, overrides, spaces_dir())
+    speed_name = quick.study.speed_from
+    if speed_name is not None:  # a throughput study's confirmed speed settings, fixed for every trial
+        from hpo.reporting._speed import speed_from
+
+        speed_url = args.storage or default_storage_url(inv.studies_dir, check_study_name(speed_name,
+                                                                                          "study.speed_from"))
+        check_storage_url(speed_url)
+        extra, args.speed_info = speed_from(quick, speed_url)
+        overrides += extra
+    space = load_checked_space(args.space, overrides, spaces_dir())
+    study_name = (check_study_name(args.study) if args.study is not None
+                  else check_study_name(space.name, "space name"))
+    inv.storage_url = args.storage or default_storage_url(inv.studies_dir, study_name)
+    check_storage_url(inv.storage_url)
+    inv.studies_dir.mkdir(parents=True, exist_ok=True)
+    return run_study(space, study_name, inv, args)
+
+
+SEARCH = Command("search", "run (or continue) a study of an experiment file", add_arguments, run)

@@ -1,0 +1,253 @@
+"""A study run, which ``search``, ``resume``, ``worker`` and ``confirm`` share: open (or create) the study, the
+budget and the trackers, run the driver under the stop signals, and the exit code with its last lines.
+
+SIGINT/SIGTERM/SIGHUP stop running trials (queued for ``resume``) and exit 130 / 143 / 129; a second signal forces
+the exit at once."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from hpo.commands._base import EXIT_SIGNAL, Invocation, fail, follow_up
+from hpo.experiment._space import Space, SpaceError, StudySpec
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_study(space: Space | None, study_name: str, inv: Invocation, args: argparse.Namespace) -> int:
+    """search (``space`` given), or resume / worker / confirm of the stored study; the exit code."""
+    from hpo.reporting._dashboard import DashboardCallback, dashboard_path, write_final_page
+    from hpo.reporting._report import Reporter, summary
+    from hpo.storages._retrying import StorageUnavailable
+    from hpo.study._driver import Driver, study_target
+    from hpo.study._errors import DriverError, TrialInterrupted
+    from hpo.study._optuna import quiet_optuna
+    from hpo.study._slots import n_finished
+
+    storage_url, studies_dir = inv.storage_url, inv.studies_dir
+    quiet_optuna()
+    stop, got = threading.Event(), list[int]()
+    with _stop_on_signals(stop, got), ExitStack() as closing:  # closing: the trackers' flush (hpo.tracking)
+        space, study, devices, tracking = _open(space, study_name, storage_url, args, studies_dir)
+        space = _with_budget(space, study, args)
+        target = study_target(space)
+        reporter = Reporter(sys.stdout, target, space.objective.direction_literal, space.study.budget)
+        progress = _start_tracking(tracking, study_name, storage_url, studies_dir, reporter, closing)
+        driver = Driver(space, study, studies_dir, progress, stop, devices=devices)
+        confirming = args.cmd == "confirm"
+        if confirming:
+            refused = _queue_confirm(study, space, study_name, studies_dir, args, reporter)
+            if refused is not None:
+                return refused
+        else:
+            _search_notes(study, space, studies_dir, args, reporter)
+            reporter.header(study_name, storage_url, str(driver.trials_dir), n_finished(study), target)
+        pages = DashboardCallback(dashboard_path(studies_dir, study_name), storage_url, studies_dir, every=5)
+        try:
+            ran = driver.run_confirm([pages]) if confirming else driver.run(target, [pages])
+        except TrialInterrupted:
+            ran = -1
+        except DriverError as err:
+            return fail(str(err), 1)
+        except StorageUnavailable as err:
+            return fail(f"{err}; finished trials are kept: "
+                        f"{follow_up('resume', study_name, storage_url, studies_dir)} once it is back", 1)
+        write_final_page(pages, study_name, storage_url, studies_dir, reporter.note)
+        signum = (got[0] if got else signal.SIGINT) if got or ran < 0 else None
+        if confirming:
+            return _confirm_exit(study, space, follow_up("confirm", study_name, storage_url, studies_dir), signum)
+        done = n_finished(study)
+        if signum is not None and (done < target or space.study.strategy == "pbt"):
+            print(f"stopped by {signal.Signals(signum).name}: {done}/{target} trials finished; "
+                  f"interrupted trials are queued: {follow_up('resume', study_name, storage_url, studies_dir)}",
+                  file=sys.stderr)
+            return EXIT_SIGNAL.get(signum, 130)
+        if ran == 0:
+            reporter.note(f"study {study_name} already has {done} finished trials (target {target})")
+        print(summary(study, storage_url, str(driver.trials_dir)))
+    return 0
+
+
+def _open(space: Space | None, study_name: str, storage_url: str, args: argparse.Namespace,
+          studies_dir: Path | None = None) -> tuple[Space, Any, Any, Any]:
+    """``(space, study, devices, tracking)``: the stored study and its experiment (``space`` None: resume, worker,
+    confirm) or the search's study, created if new; the trackers checked before any trial runs."""
+    from hpo.study._driver import check_search, open_stored
+    from hpo.study._optuna import open_study
+
+    if space is None:
+        space, study, devices = open_stored(
+            study_name, storage_url, local_space=args.space, trust=args.trust_stored_experiment,
+            n_trials=getattr(args, "n_trials", None), n_jobs=getattr(args, "n_jobs", None),
+            devices=_device_list(getattr(args, "devices", None)), ray_address=getattr(args, "ray_address", None),
+            studies_dir=studies_dir,
+            # a worker (often started by a scheduler) waits for a database that is starting or restarting
+            wait_s=StudySpec().storage_retry_s if args.cmd == "worker" else 0.0)
+        tracking = _tracking_spec(space, args)
+    else:
+        space, devices = check_search(space, getattr(args, "ray_address", None), study_name, studies_dir)
+        tracking = _tracking_spec(space, args)
+        study = open_study(space, study_name, storage_url)
+    return space, study, devices, tracking
+
+
+def _with_budget(space: Space, study: Any, args: argparse.Namespace) -> Space:
+    """``space`` with ``--budget``, else the budget kept in the study; a new ``--budget`` (or a search's) is kept."""
+    from hpo.record import ATTR_BUDGET
+
+    budget = getattr(args, "budget", None)
+    if budget is None:  # the budget the search was given, kept in the study (an untrusted value: checked)
+        kept = study.user_attrs.get(ATTR_BUDGET)
+        budget = float(kept) if isinstance(kept, (int, float)) and not isinstance(kept, bool) and \
+            math.isfinite(kept) and kept >= 1 else None
+    elif args.cmd == "search" or budget != study.user_attrs.get(ATTR_BUDGET):
+        study.set_user_attr(ATTR_BUDGET, budget)
+    if budget is not None:
+        space = dataclasses.replace(space, study=dataclasses.replace(space.study, budget=budget))
+    return space
+
+
+def _queue_confirm(study: Any, space: Space, study_name: str, studies_dir: Path, args: argparse.Namespace,
+                   reporter: Any) -> int | None:
+    """``confirm``: queue the top configurations' runs and say so; the exit code when there is nothing to confirm."""
+    from hpo.study._confirm import pending
+    from hpo.study._driver import queue_confirm
+    from hpo.study._population import NoHealthyMember
+
+    speed = space.study.kind == "throughput"  # re-measured against the user's config (hpo.reporting._speed)
+    top_k = args.top or (space.study.throughput.top_k if speed else space.study.confirm.top_k)
+    n_seeds = args.seeds or (space.study.throughput.repeats if speed else space.study.confirm.seeds)
+    try:
+        queued = queue_confirm(study, space, top_k, n_seeds, studies_dir, reporter.note)
+    except NoHealthyMember as err:  # every member collapsed: nothing to confirm (exit 1, not a bad file)
+        return fail(str(err), 1)
+    how = (f"re-measuring the {top_k} fastest configuration(s) against your config, interleaved, {n_seeds} "
+           "time(s) each, one run at a time" if speed else
+           f"racing the top {top_k} configuration(s) seed by seed (at most {n_seeds} fresh seeds each)"
+           if space.study.confirm.race else
+           f"confirming the top {top_k} configuration(s) with {n_seeds} fresh seed(s) each")
+    reporter.note(f"study {study_name}: {how}: {len(queued)} run(s) queued, {pending(study)} pending")
+    return None
+
+
+def _search_notes(study: Any, space: Space, studies_dir: Path, args: argparse.Namespace, reporter: Any) -> None:
+    """Before a search's first run: a budget the confirmation alone would spend, and what ``study.speed_from``
+    saves each trial (kept in the study)."""
+    if space.study.budget is not None:  # said before any run: a budget the confirmation alone would spend
+        from hpo.study._confirm import baseline_cache, confirm_reserve
+
+        conf, reserve = space.study.confirm, confirm_reserve(space, baseline_cache(studies_dir))
+        left = space.study.budget - reserve
+        if left < 1:
+            reporter.note(f"warning: a budget of {space.study.budget:g} full runs leaves the search "
+                          f"{max(0.0, left):g} after the confirmation's least ({reserve} runs: the top "
+                          f"{conf.top_k} and the baseline on {conf.min_seeds if conf.race else conf.seeds} "
+                          "seeds); the search may run no trial")
+    speed_info = getattr(args, "speed_info", None)
+    if speed_info is not None:  # study.speed_from: what each learning trial saves
+        from hpo.reporting._speed import speed_from_note
+
+        reporter.note(speed_from_note(speed_info))
+        study.set_user_attr("speed_from", speed_info)
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event, got: list[int]) -> Iterator[None]:
+    """SIGINT/SIGTERM/SIGHUP set ``stop`` (trials see it within ~0.1 s) instead of raising mid-storage-write.
+    A second signal exits at once: trial processes die with the driver (their wrapper's death signal) and
+    their trials stay RUNNING until the next ``resume`` or a heartbeat finds them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        if got:
+            print(f"\n{signal.Signals(signum).name} again: exiting now", file=sys.stderr, flush=True)
+            os._exit(EXIT_SIGNAL.get(got[0], 130))
+        got.append(signum)
+        print(f"\n{signal.Signals(signum).name}: stopping running trials (again to exit now) ...", file=sys.stderr,
+              flush=True)
+        stop.set()
+
+    old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _confirm_exit(study: Any, space: Space, again: str, signum: int | None) -> int:
+    """After ``confirm``: the confirmed table and the verdict, or (stopped by a signal) how many runs are left."""
+    from hpo.reporting._report import confirmed_table
+    from hpo.reporting._verdict import verdict_lines
+    from hpo.study._confirm import pending
+
+    if signum is not None:
+        print(f"stopped by {signal.Signals(signum).name}: {pending(study)} confirmation run(s) left; run {again} "
+              "again to finish them", file=sys.stderr)
+        return EXIT_SIGNAL.get(signum, 130)
+    if space.study.kind == "throughput":
+        from hpo.reporting._speed import speed_lines, speed_report
+
+        report = speed_report(study, space)
+        print("\n".join(speed_lines(report, space)) if report else "no run of your config finished")
+        return 0
+    print(confirmed_table(study, space))
+    for line in verdict_lines(study, space):
+        print(line)
+    return 0
+
+
+def _tracking_spec(space: Space, args: argparse.Namespace) -> Any:
+    """The experiment's ``tracking:`` section with ``--tracking`` applied, each tracker checked (package, server)
+    before the study starts: SpaceError, or with ``--tracking-optional`` a warning and that tracker dropped."""
+    from hpo.experiment._tracking import apply_flags
+
+    spec = apply_flags(space.tracking, getattr(args, "tracking", []), SpaceError)
+    if not spec.enabled:
+        return spec
+    from hpo.tracking._check import checked_tracking
+
+    return checked_tracking(spec, space.source, getattr(args, "tracking_optional", False),
+                            lambda line: print(line, file=sys.stderr))
+
+
+def _start_tracking(spec: Any, study_name: str, storage_url: str, studies_dir: Path, reporter: Any,
+                    closing: ExitStack) -> Any:
+    """The progress reporter the driver gets: ``reporter`` itself, or (trackers configured) one that also feeds this
+    driver's tracking process (:mod:`hpo.tracking`), which ``closing`` flushes at the end."""
+    if not spec.enabled:
+        return reporter
+    from hpo.execution._identity import driver_identity
+    from hpo.tracking import TrackingFeed, describe
+
+    feed = TrackingFeed(spec, study_name, storage_url, studies_dir, driver_identity())
+
+    def close() -> None:
+        line = feed.close()
+        if line:
+            print(line, file=sys.stderr)
+
+    closing.callback(close)
+    reporter.note(f"tracking: {describe(spec, studies_dir)} (log: {feed.log_path})")
+    return feed.wrap(reporter)
+
+
+def _device_list(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    devices = [d.strip() for d in text.split(",") if d.strip()]
+    if not devices:
+        raise SpaceError(f"--devices {text!r}: expected GPU ids like 0,1")
+    return devices

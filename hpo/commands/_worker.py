@@ -1,0 +1,36 @@
+"""``verl-hpo worker``: join a stored study (its stored experiment) and run its trials on this host until the
+study's target is reached; one per host or GPU box."""
+
+from __future__ import annotations
+
+import argparse
+
+from hpo.commands._args import budget_arg, ray_arg, storage_args, tracking_args, trust_args
+from hpo.commands._base import Command, Invocation, fail, open_existing
+from hpo.commands._study import run_study
+
+
+def add_arguments(w: argparse.ArgumentParser) -> None:
+    w.add_argument("--study", required=True)
+    w.add_argument("--n-jobs", type=int, default=None, help="trials this worker runs at once (default: the "
+                                                            "experiment's trial.n_jobs)")
+    w.add_argument("--devices", default=None, metavar="0,1,..",
+                   help="GPU ids this worker may use (default: the experiment's trial.devices, else detected)")
+    ray_arg(w)
+    trust_args(w)
+    tracking_args(w)
+    budget_arg(w)
+    storage_args(w)
+
+
+def run(args: argparse.Namespace, inv: Invocation) -> int:
+    refused = open_existing(args, inv)
+    if refused is not None:
+        return refused
+    if args.n_jobs is not None and args.n_jobs <= 0:
+        return fail(f"--n-jobs {args.n_jobs}: must be positive")
+    return run_study(None, args.study, inv, args)
+
+
+WORKER = Command("worker", "join an existing study (its stored experiment) and run trials until the study's target "
+                           "is reached; run one per host or GPU box", add_arguments, run)
