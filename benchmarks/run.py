@@ -15,7 +15,9 @@ verl 0.9.1 trials on the CPU through the driver: start-up, step times, the drive
 them; skipped without ``.venv-verl``; ``benchmarks/verl_cpu.py``), ``rehearse`` (``verl-hpo rehearse`` of the shipped
 CPU and GPU verl experiments on the CPU: each one's wall, the time before the first launch, each corner;
 ``benchmarks/rehearse.py``), ``throughput`` (a throughput study's pick against a poor start and against the shipped
-config, on verl_core and real verl on the CPU; ``benchmarks/throughput.py``).
+config, on verl_core and real verl on the CPU; ``benchmarks/throughput.py``), ``verl_ray`` (the same real verl
+trial as a Ray job on a local cluster of logical GPUs and as a local subprocess: walls and the driver's CPU;
+``benchmarks/verl_ray.py``).
 ``--smoke`` = one repetition, tiny sizes, written to ``benchmarks/smoke/`` (or ``--out``), never over the real
 results.
 """
@@ -35,7 +37,7 @@ from benchmarks._common import REPO, Row, all_versions, load_average, log, machi
 from benchmarks._results import render
 
 PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint", "pays",
-         "search_cost", "search_cost_verl", "pbt", "verl_cpu", "rehearse", "throughput")
+         "search_cost", "search_cost_verl", "pbt", "verl_cpu", "rehearse", "throughput", "verl_ray")
 
 
 def _rows(doc: dict[str, Any]) -> list[Row]:
@@ -214,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import verl_cpu
 
         attempt("verl_cpu", lambda: verl_cpu.bench(args.smoke))
+    if "verl_ray" in parts:
+        from benchmarks import verl_ray
+
+        attempt("verl_ray", lambda: verl_ray.bench(args.smoke))
     if "rehearse" in parts:
         from benchmarks import rehearse
 

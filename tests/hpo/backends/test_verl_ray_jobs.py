@@ -84,7 +84,7 @@ def test_a_cluster_that_cannot_run_the_trials_is_refused_before_the_study(verl_c
     assert "trial.ray" in line and "has no CUDA torch" in line and "trial.ray.device: cpu" in line
     # a cluster started with an interpreter that has no verl (the driver's own venv): its actors could not import it
     with head_only() as bare:
-        line = refused(verl_space(tmp_path, bare.address, "bare"), studies, "bare")
+        line = refused(verl_space(tmp_path, bare.address, "bare", num_cpus=1), studies, "bare")  # 2 CPUs
     assert "cannot import verl, vllm, verl_cpu_platform" in line and "interpreter `ray start` ran" in line
 
 
