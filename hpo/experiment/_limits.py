@@ -44,7 +44,7 @@ def check_argv_sizes(fixed: dict[str, Any], params: tuple[Param, ...], trial: Tr
     for p in params:
         longest = max((size(f"{p.key}={format_value(c)}") for c in p.choices), default=0) if p.choices else 64
         sizes.append((longest, f"params.{p.name}.choices", "one argument of a trial (its longest choice)"))
-    sizes += [(size(c), f"trial.command[{i}]", "one argument") for i, c in enumerate(trial.command)]
+    sizes += [(size(c), f"trial.command[{i}]", "one argument") for i, c in enumerate(trial.command or ())]
     sizes += [(size(f"{k}={v}"), f"trial.env.{k}", "one variable") for k, v in trial.env.items()]
     for n, where, what in sizes:
         if n > MAX_ARG_BYTES:
