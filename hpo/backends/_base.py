@@ -158,6 +158,11 @@ class Backend:
         loaded for another program (verl_core)."""
         return self
 
+    def code_files(self, key: str, value: Any) -> list[str]:
+        """The user-code files a fixed override ``key=value`` names (checked to be regular files before a study:
+        :func:`hpo.experiment._limits.check_code_files`); none for a trainer that names none."""
+        return []
+
     def code_rules(self) -> CodeRules:
         """What decides whether a stored experiment of this trainer runs code here (:mod:`hpo.experiment._trust`)."""
         return CodeRules(self.default_command, self.default_prepare_command, self.code_keys, self.every_key_is_code)

@@ -14,6 +14,7 @@ from typing import Any
 from hpo.backends._base import Backend
 from hpo.backends._registry import BackendError, backend_named, backend_of, known_backends
 from hpo.experiment._heldout import check_no_test_split
+from hpo.experiment._limits import check_code_files
 from hpo.experiment._space import SPACES_DIR, Space, SpaceError, load_space_origin, located_error, space_from_stored
 from hpo.experiment._throughput import check_speed_keys, check_speed_objective
 
@@ -46,6 +47,7 @@ def _check_defaults(space: Space, origin: dict[str, str], backend: Backend) -> N
 
     check_no_test_split(space.overrides, {p.key: p.name for p in space.params}, space.objective.metrics, error,
                         backend.heldout_keys, backend.heldout_prefixes, space.study.baseline)
+    check_code_files(space.overrides, error, backend.code_files)
 
 
 def _checked(space: Space, origin: dict[str, str]) -> Space:
@@ -105,6 +107,7 @@ def load_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_d
     if check:
         return _checked(space, origin)
     space, backend = _trainer(space, origin)
+    _check_defaults(space, origin, backend)
     return backend.normalize(space)
 
 

@@ -29,7 +29,7 @@ from hpo.backends.verl._launch import (
 )
 from hpo.backends.verl._memory import corner_predictions, predict_verl, validate_verl
 from hpo.backends.verl._resume import resume_point
-from hpo.experiment._space import EarlyStopping, Space, SpaceError, located_error
+from hpo.experiment._space import Space, SpaceError, located_error
 
 if TYPE_CHECKING:
     from verl_core.memory_verl import SequenceLengths
@@ -95,11 +95,17 @@ class VerlBackend(Backend):
         "reward.num_workers", "data.dataloader_num_workers",
     )
 
+    def code_files(self, key: str, value: Any) -> list[str]:
+        """``[reward.]custom_reward_function.path`` (verl_core shares verl's form of the key)."""
+        from hpo.backends.verl_core._names import code_files
+
+        return code_files(key, value)
+
     def normalize(self, space: Space) -> Space:
         """verl logs a spread only with ``val_kwargs.n > 1``: early stopping is off unless the experiment asks."""
         if "early_stopping" in space.raw or not space.early_stopping.enabled:
             return space
-        return dataclasses.replace(space, early_stopping=EarlyStopping(enabled=False))
+        return dataclasses.replace(space, early_stopping=dataclasses.replace(space.early_stopping, enabled=False))
 
     def rehearsal(self) -> Any:
         from hpo.backends.verl import _rehearse

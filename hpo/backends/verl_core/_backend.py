@@ -35,6 +35,9 @@ class VerlCoreCommand(Backend):
     memory_metrics = _names.MEMORY_METRICS
     math_metrics = _names.MATH_METRICS
 
+    def code_files(self, key: str, value: Any) -> list[str]:
+        return _names.code_files(key, value)
+
 
 class VerlCoreBackend(VerlCoreCommand):
     name: ClassVar[str] = "verl_core"

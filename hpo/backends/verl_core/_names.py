@@ -4,6 +4,8 @@ A custom ``trial.command`` under ``trial.backend: verl_core`` is taken to speak 
 
 from __future__ import annotations
 
+from typing import Any
+
 from hpo.analysis._vocabulary import MetricNames
 
 COMMAND = ("python", "-m", "verl_core", "train")
@@ -23,3 +25,13 @@ CODE_KEYS = ("custom_reward_function.", "evaluation.custom")  # user code: rewar
 TEST_KEY = "data.test_files"  # the held-out split (confirmation runs only)
 # validation metric prefix -> its name on the held-out split (verl_core.validation.heldout_metric_name)
 TEST_PREFIXES = {"eval/": "test/", "val-core/": "test-core/", "val-aux/": "test-aux/", "": "test/"}
+
+
+def code_files(key: str, value: Any) -> list[str]:
+    """The user-code files an override names: ``[reward.]custom_reward_function.path`` (a path) and
+    ``evaluation.custom`` (``name=path:function`` entries); verl's own reward key has the same form."""
+    if key.endswith("custom_reward_function.path") and isinstance(value, str):
+        return [value]
+    if key.endswith("evaluation.custom") and isinstance(value, list):
+        return [str(v).partition("=")[2].rpartition(":")[0] for v in value]
+    return []
