@@ -24,7 +24,8 @@ MATH_METRICS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_l
 CODE_KEYS = ("custom_reward_function.", "evaluation.custom")  # user code: reward functions, evaluators
 TEST_KEY = "data.test_files"  # the held-out split (confirmation runs only)
 # validation metric prefix -> its name on the held-out split (verl_core.validation.heldout_metric_name)
-TEST_PREFIXES = {"eval/": "test/", "val-core/": "test-core/", "val-aux/": "test-aux/", "": "test/"}
+TEST_PREFIXES = {"eval/": "test/", "val-core/": "test-core/", "val-aux/": "test-aux/",
+                 "timing_s/testing": "timing_s/testing_heldout", "": "test/"}
 
 
 def code_files(key: str, value: Any) -> list[str]:
