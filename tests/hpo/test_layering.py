@@ -214,7 +214,8 @@ def test_the_backend_name_check_sees_a_name_test(tmp_path: Path) -> None:
 # metric, a config key, an environment variable, a held-out prefix); a literal that equals one, or starts with one of
 # the constants, outside its own ``hpo/backends/<name>/`` is the driver knowing the trainer. Docstrings may mention
 # them (they explain; they do not decide), and so may help texts that merely contain one.
-TRAINER_NAMES = ("verl", "verl_core", "trl")
+TRAINER_NAMES = tuple(sorted(p.name for p in (HPO / "backends").iterdir()  # every shipped backend's name
+                             if (p / "__init__.py").is_file()))
 TRAINER_CONSTANTS = (
     "val-core/", "val-aux/", "test-core/", "data.test_files", "timing_s/", "VERL_FILE_LOGGER_PATH",
     "custom_reward_function", "evaluation.custom", "actor/", "critic/", "response_length/", "perf/gpu_util",
@@ -251,8 +252,9 @@ def trainer_literals(root: Path = HPO) -> list[str]:
 
 
 def test_only_a_trainers_backend_names_what_it_knows() -> None:
-    """Metric names, held-out keys, commands, code keys and the metrics variable are the backend's
+    """Backend names, metric names, held-out keys, commands, code keys and the metrics variable are the backend's
     (``Backend.metrics``, ``heldout_keys``, ``default_command``, ``code_keys``, ``metrics_env``)."""
+    assert {"verl", "verl_core", "trl"} <= set(TRAINER_NAMES)
     assert trainer_literals() == []
 
 
