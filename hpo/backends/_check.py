@@ -123,10 +123,17 @@ def rehearsal_of(space: Space) -> Any:
     """The rehearsal of ``space``'s trainer (``Backend.rehearsal``); SpaceError naming the trainers that have one."""
     tool = backend_of(space).rehearsal()
     if tool is None:
-        have = " or ".join(n for n in known_backends() if backend_named(n).rehearsal() is not None)
+        have = " or ".join(n for n in known_backends() if _rehearses(n))
         raise SpaceError(f"{space.source}: trial.backend is {space.trial.backend!r}: rehearse runs {have} experiments "
                          f"(trial.backend: {have})")
     return tool
+
+
+def _rehearses(name: str) -> bool:
+    try:
+        return backend_named(name).rehearsal() is not None
+    except BackendError:  # a plugin that does not load rehearses nothing
+        return False
 
 
 def check_space(space: Space, origin: dict[str, str] | None = None) -> None:
