@@ -149,12 +149,13 @@ def run_one(label: str, kl: float, lr: float, seed: int, extra: list[str], runs_
 @functools.cache
 def _rule_space(rule: tuple[str, ...]) -> Any:
     """kl_lr.yaml with its objective's aggregate (and ``k``) and plateau rule replaced by ``rule``."""
-    from hpo.experiment._space import SPACES_DIR, apply_overrides, parse_space, read_yaml
+    from hpo.backends import stored_space
+    from hpo.experiment._space import SPACES_DIR, apply_overrides, read_yaml
 
     raw = read_yaml(SPACES_DIR / "kl_lr.yaml")
     raw["objective"].pop("k", None)
     apply_overrides(raw, list(rule))
-    return parse_space(raw, "kl_lr.yaml", "kl_lr")
+    return stored_space(raw, "kl_lr.yaml", "kl_lr")  # parsed, with the trainer's defaults (its spread metric)
 
 
 def recorded(run: Run, rule: tuple[str, ...]) -> tuple[float, int]:
@@ -163,13 +164,16 @@ def recorded(run: Run, rule: tuple[str, ...]) -> tuple[float, int]:
     import optuna
 
     from hpo.analysis._diagnosis import Diagnoser
+    from hpo.backends import backend_of
     from hpo.study._watch import Watch
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     space = _rule_space(rule)
     trial = optuna.create_study(direction="maximize").ask()
-    diag = Diagnoser(space.diagnosis, space.objective.primary_metric, True) if space.diagnosis.enabled else None
-    watch = Watch(trial, space, 60, lambda s, v: None, diag, prune=False)
+    names = backend_of(space).metrics  # the trainer's metric names, as the driver's trial reads them
+    diag = Diagnoser(space.diagnosis, space.objective.primary_metric, True, names) if space.diagnosis.enabled \
+        else None
+    watch = Watch(trial, space, 60, lambda s, v: None, diag, prune=False, step_time=names.step_time)
     stop = run.lines[-1][0]
     for step, data in run.lines:
         if watch(step, data) is not None:

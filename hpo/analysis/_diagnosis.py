@@ -1,8 +1,9 @@
 """Diagnosis of a trial from the metrics it already logs: one label per trial, and early stops for collapses.
 
 A :class:`Diagnoser` reads the trial's metrics one JSONL line at a time (verl's ``file`` logger format,
-``{"step": N, "data": {...}}``) and labels the run. Only verl's metric names are read, so a verl run and a
-verl_core run are diagnosed alike; a trainer that does not log a metric never gets the label that needs it.
+``{"step": N, "data": {...}}``) and labels the run. Which metric is which is the trainer's own vocabulary
+(:class:`~hpo.analysis._vocabulary.MetricNames`, ``Backend.metrics``): the names below are those of verl and
+verl_core, which share them; a trainer that does not log a metric never gets the label that needs it.
 
 ====================  ==========================================================================  =====
 label (by priority)   rule: metric, condition [default]                                           stops
@@ -89,6 +90,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from hpo.analysis._vocabulary import MetricNames
+
 HEALTHY = "healthy"
 HEALTH_LABELS = ("gpu_underused", "gpu_saturated", "generation_bound", "sync_bound")
 HEALTH_KNOBS = {
@@ -102,11 +105,6 @@ HEALTH_KNOBS = {
                   "actor's fsdp_config param_offload",
 }
 LABELS = ("nan", "kl_blowup", "entropy_collapse", "reward_hacking", "length_clipping")  # priority order
-KL_METRICS = ("actor/ppo_kl", "actor/reward_kl_penalty", "actor/kl_loss")
-ENTROPY_METRIC = "actor/entropy"
-SCORE_METRIC = "critic/score/mean"
-CLIP_METRIC = "response_length/clip_ratio"
-FINITE_METRICS = (ENTROPY_METRIC, "actor/ppo_kl", "actor/reward_kl_penalty", SCORE_METRIC)  # + "*loss" keys
 
 
 def _meta(help: str) -> dict[str, Any]:
@@ -193,6 +191,11 @@ def _number(v: Any) -> float | None:
     return None
 
 
+def _get(values: Mapping[str, float], name: str | None) -> float | None:
+    """``values[name]``; None when the trainer has no such metric or did not log it on this line."""
+    return None if name is None else values.get(name)
+
+
 def _fact(x: float) -> float | str:
     """A JSON-able, short number: 6 significant digits; non-finite as "nan" / "inf" / "-inf"."""
     return float(f"{x:.6g}") if math.isfinite(x) else str(x)
@@ -217,21 +220,22 @@ class _Run:
 class Diagnoser:
     """Labels one trial from its metric lines; see the module docstring for the rules.
 
-    ``objective_metric`` is the metric the study optimises (read at evaluations), ``maximize`` its direction.
+    ``objective_metric`` is the metric the study optimises (read at evaluations), ``maximize`` its direction,
+    ``names`` the trainer's metric vocabulary (its backend's ``metrics``).
     """
 
-    def __init__(self, spec: DiagnosisSpec, objective_metric: str, maximize: bool) -> None:
+    def __init__(self, spec: DiagnosisSpec, objective_metric: str, maximize: bool, names: MetricNames) -> None:
         problems = spec.validate()
         if problems:
             raise ValueError("bad diagnosis spec: " + "; ".join(f"{k} {m}" for k, m in problems))
-        self.spec, self.objective_metric, self.maximize = spec, objective_metric, maximize
+        self.spec, self.objective_metric, self.maximize, self.names = spec, objective_metric, maximize, names
         self._evidence: dict[str, dict[str, Any]] = {}
         self._stopped: str | None = None
         self._step: int | None = None
         self._step_keys: set[str] = set()
         # kl_blowup: per metric, the baseline history (non-jump values) and the run of jumps
-        self._kl_hist = {m: deque[float](maxlen=spec.kl_window) for m in KL_METRICS}
-        self._kl_run = {m: _Run(spec.kl_patience) for m in KL_METRICS}
+        self._kl_hist = {m: deque[float](maxlen=spec.kl_window) for m in names.kl}
+        self._kl_run = {m: _Run(spec.kl_patience) for m in names.kl}
         # entropy_collapse
         self._entropy_first: list[float] = []
         self._entropy_run = _Run(spec.entropy_patience)
@@ -272,8 +276,9 @@ class Diagnoser:
                  ("sync_bound", "sync", means.get("sync", 0.0) >= s.sync_fraction, s.sync_fraction))
         for label, key, hit, threshold in rules:
             if hit:
-                what = {"util": "mean GPU utilisation (%)", "gen": "mean share of timing_s/step in timing_s/gen",
-                        "sync": "mean share of timing_s/step in timing_s/update_weights"}[key]
+                n = self.names
+                what = {"util": "mean GPU utilisation (%)", "gen": f"mean share of {n.step_time} in {n.gen_time}",
+                        "sync": f"mean share of {n.step_time} in {n.sync_time}"}[key]
                 out[label] = {"what": what, "value": _fact(means[key]), "threshold": _fact(threshold),
                               "steps": counts[key], "knob": HEALTH_KNOBS[label]}
         return out
@@ -298,9 +303,10 @@ class Diagnoser:
         self._check_nan(step, values)
         finite = {k: x for k, x in values.items() if math.isfinite(x)}
         self._check_kl(step, finite)
-        self._check_entropy(step, finite.get(ENTROPY_METRIC))
-        self._check_hacking(step, finite.get(SCORE_METRIC), finite.get(self.objective_metric))
-        self._check_clip(step, finite.get(CLIP_METRIC))
+        names = self.names
+        self._check_entropy(step, _get(finite, names.entropy))
+        self._check_hacking(step, _get(finite, names.score), finite.get(self.objective_metric))
+        self._check_clip(step, _get(finite, names.clip_ratio))
         self._note_health(step, finite)
         fired = [lb for lb in LABELS if lb in self._evidence and lb not in before and self.spec.stops(lb)]
         if self._stopped is None and fired:
@@ -315,14 +321,14 @@ class Diagnoser:
 
     # ------------------------------------------------------------------ rules
     def _check_nan(self, step: int, values: dict[str, float]) -> None:
-        watched = (*FINITE_METRICS, self.objective_metric)
+        watched = (*self.names.finite, self.objective_metric)
         bad = [k for k, x in values.items() if not math.isfinite(x) and (k.endswith("loss") or k in watched)]
         if bad:
             self._fire("nan", metric=bad[0], step=step, value=_fact(values[bad[0]]), metrics=bad[:5])
 
     def _check_kl(self, step: int, values: dict[str, float]) -> None:
         s = self.spec
-        for m in KL_METRICS:
+        for m in self.names.kl:
             if m not in values:
                 continue
             x, hist = abs(values[m]), self._kl_hist[m]
@@ -343,7 +349,7 @@ class Diagnoser:
             return
         start = sum(self._entropy_first) / len(self._entropy_first)
         if self._entropy_run.push(x < s.entropy_fraction * start, step):
-            self._fire("entropy_collapse", metric=ENTROPY_METRIC, step=step, value=_fact(x), baseline=_fact(start),
+            self._fire("entropy_collapse", metric=self.names.entropy, step=step, value=_fact(x), baseline=_fact(start),
                        threshold=_fact(s.entropy_fraction * start), since_step=self._entropy_run.since)
 
     def _check_hacking(self, step: int, score: float | None, objective: float | None) -> None:
@@ -365,28 +371,30 @@ class Diagnoser:
             drop = abs(window[-1][1] - window[0][1])
             if drop >= self.spec.hacking_min_drop:
                 self._fire("reward_hacking", metric=self.objective_metric, step=step, value=_fact(objective),
-                           baseline=_fact(window[0][1]), train_metric=SCORE_METRIC,
+                           baseline=_fact(window[0][1]), train_metric=self.names.score,
                            objective_values=[_fact(v) for _, v, _ in window],
                            train_scores=[_fact(t) if t is not None else None for _, _, t in window],
                            eval_steps=[st for st, _, _ in window])
 
     def _note_health(self, step: int, values: dict[str, float]) -> None:
-        total = values.get("timing_s/step")
+        names = self.names
+        total = _get(values, names.step_time)
         if total is None or total <= 0:
             return
         if self._first_train_step is None:
             self._first_train_step = step  # the first step compiles and warms up: not judged
             return
-        util = values.get("perf/gpu_util")
-        if util is None and "perf/mfu/actor" in values:
-            util = 100.0 * values["perf/mfu/actor"]
+        util = _get(values, names.gpu_util)
+        mfu = _get(values, names.mfu)
+        if util is None and mfu is not None:
+            util = 100.0 * mfu
         if util is not None:
             self._health["util"].append(util)
-        for key, metric in (("gen", "timing_s/gen"), ("sync", "timing_s/update_weights")):
-            if metric in values:
+        for key, metric in (("gen", names.gen_time), ("sync", names.sync_time)):
+            if metric is not None and metric in values:
                 self._health[key].append(values[metric] / total)
 
     def _check_clip(self, step: int, x: float | None) -> None:
         if x is not None and self._clip_run.push(x >= self.spec.clip_ratio_threshold, step):
-            self._fire("length_clipping", metric=CLIP_METRIC, step=step, value=_fact(x),
+            self._fire("length_clipping", metric=self.names.clip_ratio, step=step, value=_fact(x),
                        threshold=_fact(self.spec.clip_ratio_threshold), since_step=self._clip_run.since)

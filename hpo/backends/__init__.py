@@ -1,7 +1,9 @@
 """What a trial runs, behind one contract: :class:`Backend` (``_base``), looked up by ``trial.backend`` in a
-registry (``_registry``). ``verl_core/``: the default trainer (with its memory estimate, ``_memory``); ``verl/``: real
-verl (argv, environment, composed-config checks in verl's own interpreter, data, resume points, its memory estimate
-in ``_memory``, ``verl-hpo rehearse`` in ``_rehearse``); ``trl/``: TRL's GRPOTrainer; the base class: any command.
+registry (``_registry``: the shipped subpackages, each one's ``BACKEND``, and the installed plugins of the entry
+point group ``verl_hpo.backends``). ``verl_core/``: the default trainer (with its memory estimate, ``_memory``);
+``verl/``: real verl (argv, environment, composed-config checks in verl's own interpreter, data, resume points,
+its memory estimate in ``_memory``, ``verl-hpo rehearse`` in ``_rehearse``); ``trl/``: TRL's GRPOTrainer; the base
+class: any command.
 Also: an experiment as the driver runs it (``_check``: the schema, the backend's defaults and checks) and the memory
 pre-flight (``_preflight``: what every estimate shares; each backend answers for its own trainer).
 
@@ -9,8 +11,18 @@ May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
 
 from hpo.backends._base import Backend, Launch, LaunchContext, TrialConfig
 from hpo.backends._check import check_space, load_checked_space, load_space, rehearsal_of, stored_space
-from hpo.backends._registry import backend_named, backend_of, known_backends, register, trial_backend
+from hpo.backends._registry import (
+    ENTRY_POINT_GROUP,
+    BackendError,
+    backend_named,
+    backend_of,
+    known_backends,
+    register,
+    trial_backend,
+    unregister,
+)
+from hpo.experiment._trust import CodeRules
 
-__all__ = ["Backend", "Launch", "LaunchContext", "TrialConfig", "backend_named", "backend_of", "check_space",
-           "known_backends", "load_checked_space", "load_space", "register", "rehearsal_of", "stored_space",
-           "trial_backend"]
+__all__ = ["ENTRY_POINT_GROUP", "Backend", "BackendError", "CodeRules", "Launch", "LaunchContext", "TrialConfig",
+           "backend_named", "backend_of", "check_space", "known_backends", "load_checked_space", "load_space",
+           "register", "rehearsal_of", "stored_space", "trial_backend", "unregister"]

@@ -1,7 +1,19 @@
 """The contract between the study driver and a trainer: :class:`Backend`, one subclass per ``trial.backend``.
 
 The study loop, confirmation, PBT, tracking and reporting never test a backend's name; they ask the trial's backend
-(:func:`hpo.backends.backend_of`). A backend answers, for one experiment (:class:`~hpo.experiment.Space`):
+(:func:`hpo.backends.backend_of`). What the trainer knows lives here and nowhere else in ``hpo/``:
+
+* ``metrics``: its metric vocabulary (:class:`~hpo.analysis.MetricNames`: the default objective, the spread, the
+  score, entropy, KL, clip ratio, step time, response length ... under the names the trainer itself logs);
+* ``default_command``, ``default_prepare_command``: what ``trial.command`` and ``trial.prepare_command`` mean when
+  an experiment leaves them unset (:meth:`with_defaults` fills them in on every load);
+* ``code_keys``, ``every_key_is_code``: which of its config keys name code (the trust check,
+  :mod:`hpo.experiment._trust`);
+* ``heldout_keys``, ``heldout_prefixes``: the keys that select its held-out split and the names its metrics take
+  there (the guard that keeps a search off it, :mod:`hpo.experiment._heldout`);
+* ``metrics_env``: the environment variable through which the trainer is told where its metrics file goes.
+
+A backend answers, for one experiment (:class:`~hpo.experiment.Space`):
 
 * ``check(space, origin)``: refuse the experiment before a study is made (SpaceError, one line); ``normalize``:
   the defaults it gives a parsed experiment (e.g. verl_core's prepare step).
@@ -22,7 +34,9 @@ The study loop, confirmation, PBT, tracking and reporting never test a backend's
   update) and the first-step metrics its same-math check compares (:mod:`hpo.experiment._throughput`).
 
 The base class is a custom command (``trial.command``, any program that takes ``--config``, ``--metrics-file`` and
-``key=value`` overrides and writes the JSONL file): no config is loaded, nothing is estimated or resumed.
+``key=value`` overrides and writes the JSONL file): no config is loaded, nothing is estimated or resumed, and it knows
+no metric names, no default command and no held-out split (a trainer's backend that runs other commands says what
+they share with it: :meth:`for_command`).
 """
 
 from __future__ import annotations
@@ -35,8 +49,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TextIO
 
 import yaml
 
-from hpo.experiment._heldout import TEST_KEY, heldout_metric
+from hpo.analysis._vocabulary import MetricNames
+from hpo.experiment._heldout import heldout_metric
 from hpo.experiment._space import Space, format_value
+from hpo.experiment._trust import CodeRules
 
 if TYPE_CHECKING:
     from verl_core.memory_verl import SequenceLengths
@@ -120,15 +136,51 @@ class Backend:
     # study.kind throughput: keys (fnmatch patterns) that change speed and memory but not the update; a custom
     # command knows none (study.throughput.neutral_keys names them), and the first-step metrics that must agree
     speed_keys: ClassVar[tuple[str, ...]] = ()
-    # the metrics a throughput study is scored on (verl's file-logger names: -> the direction a faster run moves them)
-    # and the peak-memory metrics it may minimize beside them
-    speed_metrics: ClassVar[dict[str, str]] = {
-        "perf/throughput": "maximize", "perf/time_per_step": "minimize", "timing_s/step": "minimize"}
-    memory_metrics: ClassVar[tuple[str, ...]] = (
-        "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb", "perf/cpu_memory_used_gb")
-    math_metrics: ClassVar[tuple[str, ...]] = (
-        "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss", "critic/vf_loss", "critic/score/mean",
-        "response_length/mean")
+    # the metrics a throughput study is scored on (-> the direction a faster run moves them) and the peak-memory
+    # metrics it may minimize beside them, in the trainer's names (none: it cannot run a throughput study)
+    speed_metrics: ClassVar[dict[str, str]] = {}
+    memory_metrics: ClassVar[tuple[str, ...]] = ()
+    math_metrics: ClassVar[tuple[str, ...]] = ()
+
+    # ------------------------------------------------------------------ what the trainer knows
+    metrics: ClassVar[MetricNames] = MetricNames()  # its metric vocabulary (None: a metric it does not log)
+    default_command: ClassVar[tuple[str, ...]] = ()  # trial.command when unset (a leading "python": the driver's)
+    default_prepare_command: ClassVar[tuple[str, ...] | None] = None  # trial.prepare_command when unset
+    code_keys: ClassVar[tuple[str, ...]] = ()  # key prefixes whose values name code to load (the trust check)
+    heldout_keys: ClassVar[tuple[str, ...]] = ()  # the keys of its held-out split (the first: what confirm sets)
+    # a validation metric's prefix -> its name on the held-out split ("": any other metric)
+    heldout_prefixes: ClassVar[Mapping[str, str]] = {}
+    metrics_env: ClassVar[str | None] = None  # an environment variable that tells the trainer its metrics file
+
+    def for_command(self, command: Sequence[str] | None) -> Backend:
+        """The backend of a trial of this trainer whose ``trial.command`` is ``command`` (None: unset, the default):
+        itself, or a custom command that speaks this trainer's language when the trainer's own config cannot be
+        loaded for another program (verl_core)."""
+        return self
+
+    def code_files(self, key: str, value: Any) -> list[str]:
+        """The user-code files a fixed override ``key=value`` names (checked to be regular files before a study:
+        :func:`hpo.experiment._limits.check_code_files`); none for a trainer that names none."""
+        return []
+
+    def code_rules(self) -> CodeRules:
+        """What decides whether a stored experiment of this trainer runs code here (:mod:`hpo.experiment._trust`)."""
+        return CodeRules(self.default_command, self.default_prepare_command, self.code_keys, self.every_key_is_code)
+
+    def with_defaults(self, space: Space) -> Space:
+        """The experiment with what it leaves to the trainer filled in: ``trial.command`` (:attr:`default_command`),
+        ``objective.metric`` and ``early_stopping.metric`` (:attr:`metrics`). Run first on every load, stored
+        experiments included, so a study made before a default moved still runs the same."""
+        trial, objective, early = space.trial, space.objective, space.early_stopping
+        if trial.command is None:
+            trial = dataclasses.replace(trial, command=self.default_command)
+        if objective.mode == "single" and not objective.metric and self.metrics.objective:
+            objective = dataclasses.replace(objective, metric=self.metrics.objective)
+        if early.metric is None and self.metrics.spread:
+            early = dataclasses.replace(early, metric=self.metrics.spread)
+        if (trial, objective, early) == (space.trial, space.objective, space.early_stopping):
+            return space
+        return dataclasses.replace(space, trial=trial, objective=objective, early_stopping=early)
 
     # ------------------------------------------------------------------ the experiment
     def normalize(self, space: Space) -> Space:
@@ -194,7 +246,7 @@ class Backend:
         return trial_dir / "metrics.jsonl"
 
     def launch(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Launch:
-        cmd = list(space.trial.command)
+        cmd = list(space.trial.command or self.default_command)
         if cmd and cmd[0] == "python":  # the driver's interpreter (the venv), not whatever is on PATH
             cmd[0] = sys.executable
         return Launch([*cmd, "--config", space.config, "--metrics-file", str(ctx.metrics), *config.overrides],
@@ -203,7 +255,7 @@ class Backend:
     def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
         """The command a user runs to train with ``overrides`` outside the driver (``verl-hpo best --format
         command``): no driver keys, no metrics file."""
-        return [*space.trial.command, "--config", space.config, *overrides]
+        return [*(space.trial.command or self.default_command), "--config", space.config, *overrides]
 
     def predict(self, space: Space, config: TrialConfig, devices: Sequence[str]) -> PredictionLike | None:
         return None
@@ -244,7 +296,7 @@ class Backend:
         import hashlib
 
         digest = hashlib.sha256(sys.version.encode())
-        for arg in space.trial.command:
+        for arg in space.trial.command or self.default_command:
             path = Path(arg)
             try:
                 if path.is_file() and path.stat().st_size < 50_000_000:
@@ -265,14 +317,14 @@ class Backend:
         """What a confirmation run adds to be measured on the held-out test split ({}: none; see
         :mod:`hpo.experiment._heldout`)."""
         files = space.study.confirm.test_files
-        return {TEST_KEY: files} if files else {}
+        return {self.heldout_keys[0]: files} if files and self.heldout_keys else {}
 
     def heldout_metric(self, space: Space) -> str | None:
         """The metric a confirmation run's held-out value is read from (None without a held-out split):
         ``study.confirm.test_metric``, else the objective's metric under the trainer's test prefix."""
         if not self.heldout_overrides(space):
             return None
-        return space.study.confirm.test_metric or heldout_metric(space.objective.primary_metric)
+        return space.study.confirm.test_metric or heldout_metric(space.objective.primary_metric, self.heldout_prefixes)
 
     def heldout_note(self, space: Space) -> str:
         extra = self.heldout_overrides(space)

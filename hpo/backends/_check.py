@@ -1,6 +1,9 @@
-"""An experiment as the driver runs it: the schema (:mod:`hpo.experiment`), then its backend's defaults
-(``Backend.normalize``) and checks (``Backend.check``: quick, on every load; ``Backend.verify``: thorough, before a
-study is made, e.g. a verl space's corners composed by verl itself)."""
+"""An experiment as the driver runs it: the schema (:mod:`hpo.experiment`), then its backend, looked up in the
+registry (``trial.backend``: one of :func:`~hpo.backends.known_backends`), fills in what the experiment leaves to the
+trainer (``Backend.with_defaults``: its command, default objective and spread metric) and keeps a search off its
+held-out split (``Backend.heldout_keys``, ``heldout_prefixes``), then its defaults (``Backend.normalize``) and checks
+(``Backend.check``: quick, on every load; ``Backend.verify``: thorough, before a study is made, e.g. a verl space's
+corners composed by verl itself)."""
 
 from __future__ import annotations
 
@@ -9,13 +12,47 @@ from pathlib import Path
 from typing import Any
 
 from hpo.backends._base import Backend
-from hpo.backends._registry import backend_named, backend_of, known_backends
+from hpo.backends._registry import BackendError, backend_named, backend_of, known_backends
+from hpo.experiment._heldout import check_no_test_split
+from hpo.experiment._limits import check_code_files
 from hpo.experiment._space import SPACES_DIR, Space, SpaceError, load_space_origin, located_error, space_from_stored
 from hpo.experiment._throughput import check_speed_keys, check_speed_objective
 
 
+def _trainer(space: Space, origin: dict[str, str]) -> tuple[Space, Backend]:
+    """The space's backend (SpaceError, one line, for a name the registry does not know or a plugin that does not
+    load) and the space with the trainer's defaults filled in."""
+    names = known_backends()
+    if space.trial.backend not in names:
+        raise located_error(space, origin, "trial.backend", f"{space.trial.backend!r} is not one of "
+                            f"{', '.join(names)}")
+    try:
+        backend = backend_of(space)
+    except BackendError as err:
+        raise BackendError(f"{space.source}: {err}") from None
+    return backend.with_defaults(space), backend
+
+
+def _check_defaults(space: Space, origin: dict[str, str], backend: Backend) -> None:
+    """What the experiment left to a trainer that has none, and the held-out split kept out of the search."""
+    if space.objective.mode == "single" and not space.objective.metric:
+        raise located_error(space, origin, "objective.metric", f"required: trial.backend {space.trial.backend} "
+                            "names no default objective")
+    if not space.trial.command:
+        raise located_error(space, origin, "trial.command", f"required: trial.backend {space.trial.backend} has "
+                            "no default command")
+
+    def error(where: str, msg: str) -> Exception:
+        return located_error(space, origin, where, msg)
+
+    check_no_test_split(space.overrides, {p.key: p.name for p in space.params}, space.objective.metrics, error,
+                        backend.heldout_keys, backend.heldout_prefixes, space.study.baseline)
+    check_code_files(space.overrides, error, backend.code_files)
+
+
 def _checked(space: Space, origin: dict[str, str]) -> Space:
-    backend = backend_of(space)
+    space, backend = _trainer(space, origin)
+    _check_defaults(space, origin, backend)
     if space.study.strategy == "pbt" and not backend.supports_pbt:
         raise located_error(space, origin, "study.strategy", f"pbt needs a trainer that resumes its checkpoints "
                             f"(verl_core or verl); trial.backend is {space.trial.backend}")
@@ -67,23 +104,36 @@ def load_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_d
                check: bool = True) -> Space:
     """Read, override and parse an experiment file, with its backend's defaults and (``check``) quick checks."""
     space, origin = load_space_origin(name_or_path, overrides, spaces_dir)
-    return _checked(space, origin) if check else backend_of(space).normalize(space)
+    if check:
+        return _checked(space, origin)
+    space, backend = _trainer(space, origin)
+    _check_defaults(space, origin, backend)
+    return backend.normalize(space)
 
 
 def stored_space(raw: dict[str, Any], source: str, name: str) -> Space:
-    """The space stored in a study, as its backend runs it (no check: it passed when the study was made)."""
-    space = space_from_stored(raw, source, name)
-    return backend_of(space).normalize(space)
+    """The space stored in a study, as its backend runs it (no check: it passed when the study was made); the
+    trainer's defaults are filled in again here, so a study stored before a default moved into its backend (e.g.
+    ``trial.command``) runs as it did."""
+    space, backend = _trainer(space_from_stored(raw, source, name), {})
+    return backend.normalize(space)
 
 
 def rehearsal_of(space: Space) -> Any:
     """The rehearsal of ``space``'s trainer (``Backend.rehearsal``); SpaceError naming the trainers that have one."""
     tool = backend_of(space).rehearsal()
     if tool is None:
-        have = " or ".join(n for n in known_backends() if backend_named(n).rehearsal() is not None)
+        have = " or ".join(n for n in known_backends() if _rehearses(n))
         raise SpaceError(f"{space.source}: trial.backend is {space.trial.backend!r}: rehearse runs {have} experiments "
                          f"(trial.backend: {have})")
     return tool
+
+
+def _rehearses(name: str) -> bool:
+    try:
+        return backend_named(name).rehearsal() is not None
+    except BackendError:  # a plugin that does not load rehearses nothing
+        return False
 
 
 def check_space(space: Space, origin: dict[str, str] | None = None) -> None:

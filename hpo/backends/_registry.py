@@ -1,56 +1,113 @@
-"""Which :class:`~hpo.backends._base.Backend` runs a trial: ``trial.backend`` looked up in a registry of factories
-(imported on first use, so the driver loads only the backend it runs). A new trainer registers itself here
-(``docs/layout.md``, "Adding a backend")."""
+"""Which :class:`~hpo.backends._base.Backend` runs a trial: ``trial.backend`` looked up in the one list of trainers the
+driver knows, imported on first use (so the driver loads only the backend it runs). The list is:
+
+* the backends shipped here: each subpackage ``hpo/backends/<name>/`` is the backend ``<name>``, its ``BACKEND``
+  attribute the class;
+* the installed plugins: every entry point of the group ``verl_hpo.backends`` (``<name> = "module:attribute"``, a
+  Backend subclass or a zero-argument factory; a shipped name cannot be taken by a plugin);
+* what :func:`register` added in this process (tests).
+
+``docs/layout.md``, "Adding a backend". A plugin that does not load is one line (:class:`BackendError`), never a
+traceback."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import pkgutil
 from collections.abc import Callable
+from pathlib import Path
 
 from hpo.backends._base import Backend
-from hpo.experiment._space import BACKEND_NAMES, DEFAULT_COMMAND, Space, TrialSpec
+from hpo.experiment._space import Space, SpaceError, TrialSpec
 
-# trial.backend -> "module:attribute" of a zero-argument factory (a Backend subclass)
-_FACTORIES: dict[str, str | Callable[[], Backend]] = {
-    "verl_core": "hpo.backends.verl_core:VerlCoreBackend",
-    "verl": "hpo.backends.verl:VerlBackend",
-    "trl": "hpo.backends.trl:TrlBackend",
-    "command": "hpo.backends._base:Backend",
-}
+ENTRY_POINT_GROUP = "verl_hpo.backends"
+Factory = str | Callable[[], Backend]
+_REGISTERED: dict[str, Factory] = {}
 _CACHE: dict[str, Backend] = {}
 
 
-def register(name: str, factory: str | Callable[[], Backend]) -> None:
-    """Make ``trial.backend: <name>`` run trials through ``factory`` (a Backend subclass or "module:attribute"): the
-    experiment schema accepts the name from then on, in this process."""
-    _FACTORIES[name] = factory
+class BackendError(SpaceError):
+    """A trainer's backend that cannot be loaded (a broken plugin): one line naming it and why."""
+
+
+def _shipped() -> dict[str, Factory]:
+    """The subpackages of ``hpo/backends/`` (not imported here)."""
+    here = [str(Path(__file__).parent)]
+    return {m.name: f"{__package__}.{m.name}:BACKEND" for m in pkgutil.iter_modules(here) if m.ispkg}
+
+
+def _plugins() -> dict[str, tuple[Factory, str]]:
+    """The installed entry points of :data:`ENTRY_POINT_GROUP`: name -> ("module:attribute", where it comes from)."""
+    out: dict[str, tuple[Factory, str]] = {}
+    try:
+        eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # noqa: BLE001 - unreadable metadata of some distribution: no plugins rather than a crash
+        return out
+    for ep in eps:
+        dist = getattr(ep, "dist", None)
+        where = f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}" + (
+            f", distribution {dist.name})" if dist is not None else ")")
+        out.setdefault(ep.name, (ep.value, where))
+    return out
+
+
+def _factories() -> dict[str, tuple[Factory, str]]:
+    shipped = {name: (f, f"hpo.backends.{name}") for name, f in _shipped().items()}
+    return {**_plugins(), **{n: (f, f"registered {n}") for n, f in _REGISTERED.items()}, **shipped}
+
+
+def register(name: str, factory: Factory) -> None:
+    """Make ``trial.backend: <name>`` run trials through ``factory`` (a Backend subclass or "module:attribute"), in
+    this process only (an installed plugin uses the entry point group instead)."""
+    _REGISTERED[name] = factory
     _CACHE.pop(name, None)
-    if name not in BACKEND_NAMES and name != "command":
-        BACKEND_NAMES.append(name)
+
+
+def unregister(name: str) -> None:
+    _REGISTERED.pop(name, None)
+    _CACHE.pop(name, None)
 
 
 def known_backends() -> tuple[str, ...]:
-    return tuple(_FACTORIES)
+    """Every trainer ``trial.backend`` may name: the shipped ones, then the plugins and the registered ones."""
+    factories = _factories()
+    shipped = _shipped()
+    return (*sorted(shipped, key=lambda n: (n != TrialSpec().backend, n)),
+            *sorted(n for n in factories if n not in shipped))
 
 
 def backend_named(name: str) -> Backend:
-    """The backend registered as ``name`` (KeyError when none is)."""
+    """The backend registered as ``name`` ("command": the base class, a plain command); KeyError when none is,
+    :class:`BackendError` when it does not load."""
     if name not in _CACHE:
-        factory = _FACTORIES[name]
-        if isinstance(factory, str):
-            module, _, attr = factory.partition(":")
-            factory = getattr(importlib.import_module(module), attr)
-        _CACHE[name] = factory()
+        if name == Backend.name:
+            _CACHE[name] = Backend()
+            return _CACHE[name]
+        factory, where = _factories()[name]
+        try:
+            if isinstance(factory, str):
+                module, _, attr = factory.partition(":")
+                obj = importlib.import_module(module)
+                for part in attr.split("."):
+                    obj = getattr(obj, part)
+                factory = obj  # type: ignore[assignment]
+            backend = factory()  # type: ignore[operator]
+        except Exception as err:  # noqa: BLE001 - a plugin's error is one line, not a traceback
+            why = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise BackendError(f"trial.backend {name}: the backend from {where} does not load: "
+                               f"{type(err).__name__}: {why}"[:500]) from None
+        if not isinstance(backend, Backend):
+            raise BackendError(f"trial.backend {name}: {where} gives {type(backend).__name__}, not a "
+                               "hpo.backends.Backend")
+        _CACHE[name] = backend
     return _CACHE[name]
 
 
 def trial_backend(trial: TrialSpec) -> Backend:
-    """The backend of a trial section: ``trial.backend``, except that ``verl_core`` with a ``trial.command`` of
-    its own is a custom command (the driver cannot load that program's config)."""
-    name = trial.backend
-    if name == "verl_core" and tuple(trial.command) != DEFAULT_COMMAND:
-        name = "command"
-    return backend_named(name)
+    """The backend of a trial section: ``trial.backend``'s, for the trial's command (``Backend.for_command``: e.g.
+    verl_core with a ``trial.command`` of its own is a custom command)."""
+    return backend_named(trial.backend).for_command(trial.command)
 
 
 def backend_of(space: Space) -> Backend:

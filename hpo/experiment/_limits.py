@@ -1,13 +1,15 @@
 """What keeps every trial of an experiment launchable and its study's storage responsive, checked when the file is
 parsed rather than once a study exists: at most :data:`MAX_PARAMS` tuned parameters, no trial argument over Linux's
 per-argument limit and a trial's argv and environment well under ``ARG_MAX`` (:func:`check_argv_sizes`), and user
-code named by a fixed override a regular file (:func:`check_code_files`). Each problem is one
+code named by a fixed override a regular file (:func:`check_code_files`, which the backends' check calls with the
+trainer's own code keys). Each problem is one
 :class:`~hpo.experiment._errors.SpaceError` line naming the field, never a long value.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hpo.analysis._files import FileRefused, check_regular
@@ -44,7 +46,7 @@ def check_argv_sizes(fixed: dict[str, Any], params: tuple[Param, ...], trial: Tr
     for p in params:
         longest = max((size(f"{p.key}={format_value(c)}") for c in p.choices), default=0) if p.choices else 64
         sizes.append((longest, f"params.{p.name}.choices", "one argument of a trial (its longest choice)"))
-    sizes += [(size(c), f"trial.command[{i}]", "one argument") for i, c in enumerate(trial.command)]
+    sizes += [(size(c), f"trial.command[{i}]", "one argument") for i, c in enumerate(trial.command or ())]
     sizes += [(size(f"{k}={v}"), f"trial.env.{k}", "one variable") for k, v in trial.env.items()]
     for n, where, what in sizes:
         if n > MAX_ARG_BYTES:
@@ -56,23 +58,18 @@ def check_argv_sizes(fixed: dict[str, Any], params: tuple[Param, ...], trial: Tr
                         f"one ({n} bytes); at most {MAX_ARGV_BYTES} fit beside the environment under Linux's ARG_MAX")
 
 
-def check_code_files(fixed: dict[str, Any], ctx: ErrorContext) -> None:
-    """A user-code file that a fixed override names (``custom_reward_function.path``, the files of
-    ``evaluation.custom``) and that exists here must be a regular file: importing a FIFO blocks, and ``/dev/zero``
-    is read without end, in the trainer and in verl's config check alike. (A missing file is the trainer's to
-    report: it may exist only where the trials run.)"""
+def check_code_files(fixed: dict[str, Any], error: Callable[[str, str], Exception],
+                     code_files: Callable[[str, Any], Sequence[str]]) -> None:
+    """A user-code file that a fixed override names (``code_files(key, value)``: the trainer's backend says which
+    keys name files, ``Backend.code_files``) and that exists here must be a regular file: importing a FIFO blocks, and
+    ``/dev/zero`` is read without end, in the trainer and in its config check alike. (A missing file is the trainer's
+    to report: it may exist only where the trials run.)"""
     for key, value in fixed.items():
-        if key.endswith("custom_reward_function.path") and isinstance(value, str):
-            paths = [value]
-        elif key.endswith("evaluation.custom") and isinstance(value, list):
-            paths = [str(v).partition("=")[2].rpartition(":")[0] for v in value]
-        else:
-            continue
-        for path in paths:
+        for path in code_files(key, value):
             try:
                 if path and os.path.exists(os.path.expanduser(path)):
                     check_regular(os.path.expanduser(path), path)
             except FileRefused as err:
-                raise ctx.error(f"overrides.{key}", f"{err}; user code must be a regular .py file") from None
+                raise error(f"overrides.{key}", f"{err}; user code must be a regular .py file") from None
             except OSError:
                 pass  # unreadable here: the trainer says why where it runs

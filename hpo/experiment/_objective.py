@@ -2,7 +2,8 @@
 
 Three modes (``objective.mode``), all data in YAML, never code:
 
-* ``single`` (default): one ``metric`` and a ``direction``.
+* ``single`` (default): one ``metric`` and a ``direction``; no ``metric``: the trainer's default objective
+  (``Backend.metrics.objective``, filled in when the experiment is loaded; verl_core's ``eval/reward_mean``).
 * ``weighted``: ``score = sum_i weight_i * transform_i(metric_i)`` with ``direction`` (usually maximize).
   Transforms: ``identity`` (x), ``excess`` (max(0, x - threshold)), ``deficit`` (max(0, threshold - x)).
   The well-known ``0.6*reward_mean - 0.2*toxicity_mean - 0.2*max(0, latency_p95 - 0.8)`` is::
@@ -86,7 +87,7 @@ class Objective:
     """A parsed ``objective`` section."""
 
     mode: str = "single"
-    metric: str = "eval/reward_mean"
+    metric: str = ""  # "": unset, the trainer's default objective (its backend fills it in after parsing)
     direction: str = "maximize"
     terms: tuple[Term, ...] = ()
     objectives: tuple[Target, ...] = ()
@@ -283,7 +284,8 @@ def parse_objective(raw: Any, error: ErrorFn) -> Objective:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise error("objective.k", f"expected a positive integer, got {k!r}")
     if mode == "single":
-        return Objective(mode, _str(raw, "metric", "objective", error, default="eval/reward_mean"),
+        metric = "" if raw.get("metric") is None else _str(raw, "metric", "objective", error)
+        return Objective(mode, metric,
                          _str(raw, "direction", "objective", error, DIRECTIONS, default="maximize"),
                          constraints=constraints, aggregate=aggregate, k=k)
     if mode == "weighted":

@@ -18,8 +18,8 @@ from typing import Any
 
 from hpo.experiment._errors import ErrorContext
 from hpo.experiment._fields import build_section
-from hpo.experiment._heldout import check_no_test_split, parse_baseline
-from hpo.experiment._limits import check_argv_sizes, check_code_files, check_param_count
+from hpo.experiment._heldout import parse_baseline
+from hpo.experiment._limits import check_argv_sizes, check_param_count
 from hpo.experiment._objective import Objective, parse_objective
 from hpo.experiment._ray_spec import parse_ray, split_ray
 from hpo.experiment._schema import (
@@ -48,7 +48,6 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     config, fixed = _top_level(raw, ctx)
     params = _params(raw, fixed, ctx)
     objective = parse_objective(raw.get("objective"), ctx.error)
-    check_no_test_split(fixed, {p.key: p.name for p in params}, objective.metrics, ctx.error)
     sections = _sections(raw, ctx)
     study: StudySpec = sections["study"]
     trial: TrialSpec = sections["trial"]
@@ -59,7 +58,6 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     for where, msg in sections["diagnosis"].validate():
         raise ctx.error(f"diagnosis.{where}", msg)
     check_argv_sizes(fixed, params, trial, ctx)
-    check_code_files(fixed, ctx)
     tracking = parse_tracking(raw.get("tracking"), ctx.error)  # MLflow / W&B (hpo.experiment._tracking)
     if study.strategy == "pbt":
         _check_pbt(study.pbt, params, objective.multi, ctx)

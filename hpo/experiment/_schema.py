@@ -23,10 +23,9 @@ from hpo.experiment._secrets import env_ref, is_env_ref, is_secret_key, secret_e
 from hpo.experiment._throughput import ThroughputSpec
 from hpo.experiment._tracking import TrackingSpec
 
-DEFAULT_COMMAND = ("python", "-m", "verl_core", "train")
-DEFAULT_PREPARE_COMMAND = ("python", "-m", "verl_core", "prepare")
-# The names trial.backend accepts: the trainers hpo.backends knows (hpo.backends.register adds one).
-BACKEND_NAMES = ["verl_core", "verl", "trl"]
+# trial.backend when an experiment names none: the project's own trainer. Which names trial.backend accepts, and what
+# each trainer's command, metric names and held-out split are, is the backends' registry's (hpo.backends).
+DEFAULT_BACKEND = "verl_core"
 
 
 def _meta(help: str, choices: typing.Sequence[Any] | None = None) -> dict[str, Any]:
@@ -50,7 +49,8 @@ class EarlyStopping:
     """
 
     enabled: bool = field(default=True, metadata=_meta("Off with false."))
-    metric: str = field(default="eval/reward_std", metadata=_meta("Spread metric watched at evaluations."))
+    metric: str | None = field(default=None, metadata=_meta(
+        "Spread metric watched at evaluations; null = the trainer's (verl_core: eval/reward_std; none: rule off)."))
     threshold: float = field(default=0.05, metadata=_meta("Small spread while metric < threshold."))
     patience: int = field(default=3, metadata=_meta("Consecutive evaluations below threshold."))
     min_value: float = field(default=0.5, metadata=_meta(
@@ -234,15 +234,17 @@ class StudySpec:
 
 @dataclass(frozen=True)
 class TrialSpec:
-    backend: str = field(default="verl_core", metadata=_meta(
+    backend: str = field(default=DEFAULT_BACKEND, metadata=_meta(
         "Trainer: verl_core (python -m verl_core train), verl (python -m verl.trainer.main_ppo in trial.python, "
-        "hydra overrides; see docs/verl.md) or trl (TRL's GRPOTrainer in trial.python; see docs/trl.md); a "
-        "registered backend's name (docs/layout.md).", BACKEND_NAMES))
+        "hydra overrides; see docs/verl.md) or trl (TRL's GRPOTrainer in trial.python; see docs/trl.md); an "
+        "installed backend plugin's name (entry point group verl_hpo.backends; docs/layout.md). Checked against "
+        "the backends' registry when the experiment is loaded."))
     python: str | None = field(default=None, metadata=_meta(
         "backend verl: verl's interpreter; null = .venv-gpu-verl/bin/python (make install-verl-gpu), else "
         ".venv-verl/bin/python (make install-verl), else the driver's own. backend trl: TRL's interpreter "
         "(docs/trl.md)."))
-    command: tuple[str, ...] = field(default=DEFAULT_COMMAND, metadata=_meta("Trainer argv prefix."))
+    command: tuple[str, ...] | None = field(default=None, metadata=_meta(
+        "Trainer argv prefix; null = the backend's default command (verl_core: python -m verl_core train)."))
     prepare_command: tuple[str, ...] | None = field(default=None, metadata=_meta("Run once before trials."))
     n_jobs: int = field(default=1, metadata=_meta("Trials run in parallel."))
     timeout_s: float | None = field(default=None, metadata=_meta("Kill a trial after this many seconds."))

@@ -4,10 +4,12 @@ A study stores its experiment in the shared storage, so that ``resume`` (and eve
 study) can run it without the file. Anyone who can write that storage can edit it, so the parts that
 decide *which programs run here* are not taken from it on trust. Those parts are the backend and its
 interpreter, the trial and prepare commands, the trials' extra environment, a trainer config given as a
-path (a YAML file can name code), and trainer keys that load user code (``custom_reward_function.*``,
-``evaluation.custom``; for a verl study every key, since hydra's ``_target_`` instantiates code).
+path (a YAML file can name code), and trainer keys that load user code. Which keys those are, and which commands
+are the trainer's own, is the trainer's backend's to say (:class:`CodeRules`, ``Backend.code_rules()``; e.g.
+verl_core's ``custom_reward_function.*`` and ``evaluation.custom``; for a verl study every key, since hydra's
+``_target_`` instantiates code); the driver passes them in, this layer knows no trainer.
 
-* A stored experiment whose executable part is the default (``python -m verl_core train`` on a shipped
+* A stored experiment whose executable part is the default (the default trainer's own command on a shipped
   config, no extra environment, no user code) runs: its fixed overrides and parameters are trainer
   settings, which the trainer validates.
 * Otherwise it runs only when a local experiment file (``--space FILE``, else the file the study was
@@ -22,14 +24,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpo.experiment._secrets import MASK, is_secret_key
-from hpo.experiment._space import DEFAULT_COMMAND, DEFAULT_PREPARE_COMMAND, Space, SpaceError, TrialSpec, read_space
+from hpo.experiment._space import Space, SpaceError, TrialSpec, read_space
 
-CODE_KEY_PREFIXES = ("custom_reward_function.", "evaluation.custom")
 TRUST_FLAG = "--trust-stored-experiment"
+
+
+@dataclass(frozen=True)
+class CodeRules:
+    """What a trainer's backend says about which of an experiment's settings run code (``Backend.code_rules()``)."""
+
+    default_command: tuple[str, ...] = ()  # its own trial.command: an experiment that leaves it (or names it) runs it
+    default_prepare_command: tuple[str, ...] | None = None  # the same for trial.prepare_command
+    code_keys: tuple[str, ...] = ()  # key prefixes whose values name code to load
+    every_key_is_code: bool = False  # any key may name code (verl's hydra ``_target_``)
 
 
 def experiment_digest(raw: dict[str, Any]) -> str:
@@ -42,19 +54,21 @@ def _is_shipped_config(config: str) -> bool:
     return "/" not in config and not config.endswith((".yaml", ".yml"))
 
 
-def executable_part(space: Space, every_key_is_code: bool = False) -> dict[str, Any]:
-    """What decides which programs a trial runs (see the module docstring). ``every_key_is_code``: the trainer may
-    load code named by any key (verl: hydra's ``_target_`` and its custom reward paths; ``Backend.every_key_is_code``),
-    not only by :data:`CODE_KEY_PREFIXES`."""
-    every = every_key_is_code
-    code = {k: v for k, v in space.fixed_overrides().items() if every or k.startswith(CODE_KEY_PREFIXES)}
-    code.update({f"params.{p.name}": p.key for p in space.params if every or p.key.startswith(CODE_KEY_PREFIXES)})
-    prepare = space.trial.prepare_command
+def executable_part(space: Space, rules: CodeRules = CodeRules()) -> dict[str, Any]:
+    """What decides which programs a trial runs (see the module docstring), by the trainer's ``rules``: its own
+    commands count as unset (None), whether the experiment names them or not (a study stored before the default
+    command moved into its backend names it), and code keys are those it names (every key with
+    ``every_key_is_code``)."""
+    every, prefixes = rules.every_key_is_code, rules.code_keys
+    code = {k: v for k, v in space.fixed_overrides().items() if every or (prefixes and k.startswith(prefixes))}
+    code.update({f"params.{p.name}": p.key for p in space.params
+                 if every or (prefixes and p.key.startswith(prefixes))})
+    command, prepare = space.trial.command, space.trial.prepare_command
     return {
         "trial.backend": space.trial.backend,
         "trial.python": space.trial.python,
-        "trial.command": list(space.trial.command),
-        "trial.prepare_command": None if prepare in (None, DEFAULT_PREPARE_COMMAND) else list(prepare or ()),
+        "trial.command": None if command in (None, rules.default_command) else list(command or ()),
+        "trial.prepare_command": None if prepare in (None, rules.default_prepare_command) else list(prepare or ()),
         "trial.env": {k: MASK if is_secret_key(k) else v for k, v in space.trial.env.items()},  # stored masked
         "config": None if _is_shipped_config(space.config) else space.config,
         "code keys": code,
@@ -63,8 +77,7 @@ def executable_part(space: Space, every_key_is_code: bool = False) -> dict[str, 
 
 def is_default(part: dict[str, Any]) -> bool:
     return (part["trial.backend"] == TrialSpec().backend and part["trial.python"] is None
-            and part["trial.command"] == list(DEFAULT_COMMAND)
-            and part["trial.prepare_command"] in (None, list(DEFAULT_PREPARE_COMMAND))
+            and part["trial.command"] is None and part["trial.prepare_command"] is None
             and not part["trial.env"] and part["config"] is None and not part["code keys"])
 
 
@@ -76,10 +89,10 @@ def _local_space(path: Path) -> Space | None:
 
 
 def check_stored_experiment(stored: Space, study_name: str, local_path: str | None, stored_source: str | None,
-                            trusted: bool, stored_digest: str | None = None, every_key_is_code: bool = False) -> str:
-    """Raise SpaceError unless the stored experiment may run here; returns how it was accepted (``every_key_is_code``:
-    see :func:`executable_part`)."""
-    part = executable_part(stored, every_key_is_code)
+                            trusted: bool, stored_digest: str | None = None, rules: CodeRules = CodeRules()) -> str:
+    """Raise SpaceError unless the stored experiment may run here; returns how it was accepted (``rules``: the stored
+    experiment's trainer's, see :func:`executable_part`)."""
+    part = executable_part(stored, rules)
     if is_default(part):
         return "default trainer"
     if trusted:
@@ -95,12 +108,10 @@ def check_stored_experiment(stored: Space, study_name: str, local_path: str | No
         candidates.append(Path(stored_source))
     for path in candidates:
         local = _local_space(path)
-        if local is not None and executable_part(local, every_key_is_code) == part:
+        if local is not None and executable_part(local, rules) == part:
             return str(path)
     differs = [k for k in part if part[k] not in (None, {}, [])
-               and (k != "trial.backend" or part[k] != TrialSpec().backend)
-               and (k != "trial.command" or part[k] != list(DEFAULT_COMMAND))
-               and (k != "trial.prepare_command" or part[k] != list(DEFAULT_PREPARE_COMMAND))]
+               and (k != "trial.backend" or part[k] != TrialSpec().backend)]
     where = f"{candidates[0]} differs" if candidates else "no local experiment file to compare with"
     digest = f" (sha256 {stored_digest[:12]})" if stored_digest else ""
     raise SpaceError(

@@ -42,7 +42,9 @@ def trial_env(space: Space, study_name: str, number: int, identity: dict[str, An
     env.update({k: v for k, v in space.trial.env.items() if v != MASK})  # a stored secret: the driver's own value
     env.update(secret_overrides(space.overrides))  # secret overrides: in the environment, never in argv
     env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    env["VERL_FILE_LOGGER_PATH"] = str(metrics)  # verl's own file-logger variable
+    name = backend_of(space).metrics_env
+    if name:
+        env[name] = str(metrics)  # the trainer's own metrics-file variable (verl's file logger), beside its argv
     env["PYTHONUNBUFFERED"] = "1"
     env[ENV_STUDY] = study_name
     env[ENV_TRIAL] = str(number)

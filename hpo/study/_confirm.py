@@ -213,7 +213,7 @@ def baseline_key(space: Space) -> str | None:
     if version is None:
         return None
     raw = space.raw if isinstance(space.raw, dict) else {}
-    what = {"backend": space.trial.backend, "version": version, "command": list(space.trial.command),
+    what = {"backend": space.trial.backend, "version": version, "command": list(space.trial.command or ()),
             "config": space.config, "overrides": space.trainer_overrides({}), "baseline": space.study.baseline,
             "heldout": heldout_overrides(space), "seed_keys": list(seed_keys(space)), "objective": raw.get("objective"),
             "diagnosis": raw.get("diagnosis"),

@@ -256,7 +256,8 @@ class TrialRunner:
 
         diag = self.space.diagnosis
         diagnoser = Diagnoser(diag, self.space.objective.primary_metric,
-                              self.space.objective.direction_literal == "maximize") if diag.enabled else None
+                              self.space.objective.direction_literal == "maximize",
+                              self.backend.metrics) if diag.enabled else None
         confirming = plan.confirm_seed is not None  # full budget unless study.confirm.early_stopping
         speed = self.space.study.kind == "throughput"
         watch = Watch(trial, self.space, total, on_eval, diagnoser, prune=not confirming,
@@ -264,7 +265,7 @@ class TrialRunner:
                       test_metric=heldout_metric_of(self.space) if confirming and not speed else None,
                       warmup_steps=self.space.study.throughput.warmup_steps if speed else None,
                       math_metrics=(self.space.study.throughput.math_metrics or self.backend.math_metrics)
-                      if speed else ())
+                      if speed else (), step_time=self.backend.metrics.step_time)
         if point is not None:  # the earlier attempts' curve up to the checkpoint: aggregate, pruner, diagnosis
             replayed = point.records()
             for step, data in replayed:

@@ -37,6 +37,7 @@ class Watch:
     # math_metrics are kept for the same-math check (hpo.reporting._speed)
     warmup_steps: int | None = None
     math_metrics: tuple[str, ...] = ()
+    step_time: str | None = None  # the trainer's step-time metric (its backend's metrics.step_time): time saved
     first_step: dict[str, float] | None = None
     value: float | None = None
     streak: int = 0
@@ -53,7 +54,7 @@ class Watch:
         return [raw for _, (raw, _, _) in sorted(self.evals.items()) if raw is not None]
 
     def __call__(self, step: int, data: dict[str, Any]) -> str | None:
-        t = data.get("timing_s/step")
+        t = data.get(self.step_time) if self.step_time is not None else None
         if isinstance(t, (int, float)) and is_finite(t):
             self.step_times.append(float(t))
         decision = None
@@ -89,7 +90,8 @@ class Watch:
             es = dataclasses.replace(es, enabled=False)
         if decision is None and es.enabled and evaluated is not None and self._plateaued(es):
             decision = "plateau"
-        if decision is None and es.enabled and es.metric in data and is_finite(data[es.metric]):
+        if decision is None and es.enabled and es.metric is not None and es.metric in data \
+                and is_finite(data[es.metric]):
             self.streak = self.streak + 1 if float(data[es.metric]) < es.threshold else 0
             if self.streak >= es.patience and self.value is not None and math.isfinite(self.value):
                 decision = "converged" if self._reached_floor(self.value, es.min_value) else "collapsed"

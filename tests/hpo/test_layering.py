@@ -184,10 +184,16 @@ _BACKEND_TEST = re.compile(r"is_verl|is_default_command|(==|!=|\bin)\s*\(?\s*[\"
                            r"|[\"'](verl|verl_core|trl)[\"']\s*(==|!=)")
 
 
+def _in_a_backend(path: Path, root: Path) -> bool:
+    """``hpo/backends/<name>/...``: one trainer's own package (not ``hpo/backends/_base.py``, ``_registry.py``, ...)."""
+    parts = path.relative_to(root).parts
+    return len(parts) > 2 and parts[0] == "backends"
+
+
 def backend_name_tests(root: Path = HPO) -> list[str]:
-    """Lines outside ``hpo/backends/`` that branch on a trainer's name instead of asking its backend."""
+    """Lines outside ``hpo/backends/<name>/`` that branch on a trainer's name instead of asking its backend."""
     return [f"{p.relative_to(root.parent)}:{n}: {line.strip()}" for p in sorted(root.rglob("*.py"))
-            if "backends" not in p.relative_to(root).parts[:1]
+            if not _in_a_backend(p, root)
             for n, line in enumerate(p.read_text().splitlines(), 1) if _BACKEND_TEST.search(line)]
 
 
@@ -201,6 +207,67 @@ def test_the_backend_name_check_sees_a_name_test(tmp_path: Path) -> None:
     (tmp_path / "hpo" / "study" / "_y.py").write_text("if spec.is_verl:\n    pass\n")
     assert [line.split(":")[0] for line in backend_name_tests(tmp_path / "hpo")] == ["hpo/study/_x.py",
                                                                                       "hpo/study/_y.py"]
+
+
+# ----------------------------------------------------------------------------- what a trainer knows (issue 46)
+# A trainer's names, as a string literal: its backend's name, or one of the constants only a trainer knows (a
+# metric, a config key, an environment variable, a held-out prefix); a literal that equals one, or starts with one of
+# the constants, outside its own ``hpo/backends/<name>/`` is the driver knowing the trainer. Docstrings may mention
+# them (they explain; they do not decide), and so may help texts that merely contain one.
+TRAINER_NAMES = tuple(sorted(p.name for p in (HPO / "backends").iterdir()  # every shipped backend's name
+                             if (p / "__init__.py").is_file()))
+TRAINER_CONSTANTS = (
+    "val-core/", "val-aux/", "test-core/", "data.test_files", "timing_s/", "VERL_FILE_LOGGER_PATH",
+    "custom_reward_function", "evaluation.custom", "actor/", "critic/", "response_length/", "perf/gpu_util",
+    "perf/mfu", "eval/reward_mean", "eval/reward_std", "train/entropy", "train/kl", "train/reward",
+)
+# The one deliberate exception: what trial.backend means when an experiment names none (the schema's default).
+ALLOWED = {("hpo/experiment/_schema.py", "verl_core")}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def trainer_literals(root: Path = HPO) -> list[str]:
+    """String literals outside ``hpo/backends/<name>/`` that name a trainer or one of its constants (see above)."""
+    out: list[tuple[str, int, str]] = []
+    for path in sorted(root.rglob("*.py")):
+        if _in_a_backend(path, root):
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        docs, rel = _docstrings(tree), path.relative_to(root.parent).as_posix()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                text = node.value
+                if (text in TRAINER_NAMES or text.startswith(TRAINER_CONSTANTS)) and (rel, text) not in ALLOWED:
+                    out.append((rel, node.lineno, text))
+    return [f"{rel}:{line}: {text!r}" for rel, line, text in sorted(out)]
+
+
+def test_only_a_trainers_backend_names_what_it_knows() -> None:
+    """Backend names, metric names, held-out keys, commands, code keys and the metrics variable are the backend's
+    (``Backend.metrics``, ``heldout_keys``, ``default_command``, ``code_keys``, ``metrics_env``)."""
+    assert {"verl", "verl_core", "trl"} <= set(TRAINER_NAMES)
+    assert trainer_literals() == []
+
+
+def test_the_trainer_literal_check_sees_one(tmp_path: Path) -> None:
+    (tmp_path / "hpo" / "study").mkdir(parents=True)
+    (tmp_path / "hpo" / "backends" / "toy").mkdir(parents=True)
+    (tmp_path / "hpo" / "study" / "_x.py").write_text(
+        '"""Reads timing_s/step (a docstring: allowed)."""\nt = data.get("timing_s/step")\nname = "trl"\n'
+        'help = "the spread (verl_core: eval/reward_std)"\n')
+    (tmp_path / "hpo" / "backends" / "_base.py").write_text('key = "data.test_files"\n')
+    (tmp_path / "hpo" / "backends" / "toy" / "_names.py").write_text('key = "data.test_files"\n')
+    assert trainer_literals(tmp_path / "hpo") == ["hpo/backends/_base.py:1: 'data.test_files'",
+                                                  "hpo/study/_x.py:2: 'timing_s/step'", "hpo/study/_x.py:3: 'trl'"]
 
 
 def test_the_study_loop_stays_small() -> None:

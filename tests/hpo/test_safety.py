@@ -199,13 +199,34 @@ def test_resume_runs_a_stored_experiment_that_matches_its_local_file(tmp_path: P
 
 
 def test_stored_user_code_keys_need_trust_even_with_the_default_trainer(tmp_path: Path) -> None:
-    from hpo.backends import load_space
+    from hpo.backends import backend_named, load_space
     from hpo.experiment._trust import check_stored_experiment
 
+    rules = backend_named("verl_core").code_rules()  # the trainer says which keys load code
     space = load_space("kl_lr", ["custom_reward_function.path=/tmp/evil.py"], check=False)
     with pytest.raises(SpaceError, match="code keys"):
-        check_stored_experiment(space, "s", None, "search_spaces/kl_lr.yaml", trusted=False)
-    assert check_stored_experiment(load_space("kl_lr", check=False), "s", None, None, False) == "default trainer"
+        check_stored_experiment(space, "s", None, "search_spaces/kl_lr.yaml", trusted=False, rules=rules)
+    assert check_stored_experiment(load_space("kl_lr", check=False), "s", None, None, False,
+                                   rules=rules) == "default trainer"
+
+
+def test_a_study_stored_with_the_old_default_command_is_still_the_default_trainer() -> None:
+    """Before the default command moved into its backend, a stored experiment could name it; it is the trainer's own
+    command still (trusted, and equal to a local file that leaves it unset)."""
+    import yaml
+
+    from hpo.backends import backend_named, stored_space
+    from hpo.experiment._trust import check_stored_experiment, executable_part
+
+    raw = yaml.safe_load((ROOT / "search_spaces" / "kl_lr.yaml").read_text())
+    old = stored_space({**raw, "trial": {**raw.get("trial", {}), "command": ["python", "-m", "verl_core", "train"]}},
+                       "search_spaces/kl_lr.yaml", "kl_lr")
+    new = stored_space(raw, "search_spaces/kl_lr.yaml", "kl_lr")
+    rules = backend_named("verl_core").code_rules()
+    assert old.trial.command == new.trial.command == ("python", "-m", "verl_core", "train")
+    assert executable_part(old, rules) == executable_part(new, rules) and executable_part(old, rules)[
+        "trial.command"] is None
+    assert check_stored_experiment(old, "s", None, None, False, rules=rules) == "default trainer"
 
 
 # ----------------------------------------------------------------------------- signals

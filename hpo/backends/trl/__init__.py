@@ -9,5 +9,7 @@ May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
 from hpo.backends.trl._backend import EVAL_METRICS, LAUNCHER, ResumePoint, TrlBackend, checkpoint_complete, resume_point
 from hpo.backends.trl._keys import DRIVER_KEYS, GRPO_FIELDS, LAUNCHER_KEYS, TRL_VERSION
 
-__all__ = ["DRIVER_KEYS", "EVAL_METRICS", "GRPO_FIELDS", "LAUNCHER", "LAUNCHER_KEYS", "TRL_VERSION", "ResumePoint",
-           "TrlBackend", "checkpoint_complete", "resume_point"]
+BACKEND = TrlBackend  # what the registry runs for trial.backend: trl
+
+__all__ = ["BACKEND", "DRIVER_KEYS", "EVAL_METRICS", "GRPO_FIELDS", "LAUNCHER", "LAUNCHER_KEYS", "TRL_VERSION",
+           "ResumePoint", "TrlBackend", "checkpoint_complete", "resume_point"]

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import yaml
 
+from hpo.analysis._vocabulary import MetricNames
 from hpo.backends._base import Backend, Launch, LaunchContext, TrialConfig
 from hpo.backends._replay import replay_records
 from hpo.backends.trl._keys import (
@@ -45,9 +46,8 @@ from hpo.backends.trl._keys import (
     load_mapping,
     load_value,
 )
-from hpo.experiment._heldout import TEST_KEY
 from hpo.experiment._objective import check_metrics
-from hpo.experiment._space import DEFAULT_COMMAND, Space, SpaceError, format_value, located_error
+from hpo.experiment._space import Space, SpaceError, format_value, located_error
 
 LAUNCHER = Path(__file__).with_name("_train.py")
 INSTALL_HINT = (f"run `make install` (trl=={TRL_VERSION} into .venv), or set trial.python to an interpreter with "
@@ -59,7 +59,12 @@ MAX_CORNERS = 16
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
            "adapter_model.safetensors")
-assert TEST_FILES == TEST_KEY  # the launcher's held-out key is the one hpo.experiment keeps out of a search
+TEST_KEY = TEST_FILES  # the launcher's held-out key, which the driver keeps out of a search (Backend.heldout_keys)
+# the names the launcher logs: TRL's own train metrics as Hugging Face's trackers name them (train/<TRL key>), its
+# greedy evaluation (EVAL_METRICS) and the step time it measures; TRL logs no gen/sync timings or GPU utilisation
+METRICS = MetricNames(objective="eval/reward_mean", spread="eval/reward_std", score="train/reward",
+                      entropy="train/entropy", kl=("train/kl",), clip_ratio="train/completions/clipped_ratio",
+                      response_length="train/completions/mean_length", step_time="timing_s/step")
 
 
 # ----------------------------------------------------------------------------- the config
@@ -219,6 +224,10 @@ def metrics_file(trial_dir: Path, attempt: int) -> Path:
 class TrlBackend(Backend):
     name: ClassVar[str] = "trl"
     every_key_is_code: ClassVar[bool] = True  # reward.path, model.path, model_init_kwargs (trust_remote_code)
+    metrics: ClassVar[MetricNames] = METRICS
+    default_command: ClassVar[tuple[str, ...]] = ("python", str(LAUNCHER))  # in trial.python (trl_python)
+    heldout_keys: ClassVar[tuple[str, ...]] = (TEST_KEY,)
+    heldout_prefixes: ClassVar[Mapping[str, str]] = {"eval/": "test/", "": "test/"}  # the launcher's test pass
 
     def normalize(self, space: Space) -> Space:
         """``config``, a relative path, resolved beside the experiment file (then the working directory, as before),
@@ -233,7 +242,7 @@ class TrlBackend(Backend):
         def error(where: str, msg: str) -> SpaceError:
             return located_error(space, dict(origin), where, msg)
 
-        if tuple(space.trial.command) != DEFAULT_COMMAND:
+        if space.trial.command not in (None, self.default_command):
             raise error("trial.command", f"not used with trial.backend: trl (the command is {LAUNCHER.name} in "
                         "trial.python)")
         try:

@@ -47,10 +47,6 @@ from _keys import LAUNCHER_KEYS, flatten, load_mapping, load_value, resolve_env_
 # What the launcher sets unless the config does: no tracker but the metrics file, a log line per step, CPU-friendly.
 DEFAULTS: dict[str, Any] = {"report_to": "none", "logging_steps": 1, "disable_tqdm": True, "save_strategy": "steps",
                             "eval_strategy": "no", "dataloader_num_workers": 0, "log_completions": False}
-# The driver's diagnosis (hpo/analysis/_diagnosis.py) reads verl's names: TRL's train metrics under those names too.
-ALIASES = {"train/entropy": "actor/entropy", "train/kl": "actor/kl_loss", "train/reward": "critic/score/mean",
-           "train/completions/clipped_ratio": "response_length/clip_ratio", "train/grad_norm": "actor/grad_norm",
-           "train/learning_rate": "actor/lr"}
 
 
 class UserError(Exception):
@@ -193,10 +189,9 @@ class MetricsFile:
 
 
 def rewrite_logs(logs: dict[str, Any]) -> dict[str, Any]:
-    """TRL's log keys as Hugging Face's trackers name them, plus the diagnosis' verl names (:data:`ALIASES`)."""
-    out = {(f"eval/trl/{k[5:]}" if k.startswith("eval_") else f"train/{k}"): v for k, v in logs.items()}
-    out.update({alias: out[name] for name, alias in ALIASES.items() if name in out})
-    return out
+    """TRL's log keys as Hugging Face's trackers name them (the driver reads them by the backend's vocabulary,
+    ``TrlBackend.metrics``: no renaming into verl's names)."""
+    return {(f"eval/trl/{k[5:]}" if k.startswith("eval_") else f"train/{k}"): v for k, v in logs.items()}
 
 
 class GreedyEval:

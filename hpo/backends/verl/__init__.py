@@ -66,8 +66,10 @@ from hpo.backends.verl._resume import (
     resumed_from,
 )
 
+BACKEND = VerlBackend  # what the registry runs for trial.backend: verl
+
 __all__ = [
-    "CHECKPOINT_TRACKER", "COMPOSE_SCRIPT", "SEED_DEFAULTS", "VerlBackend",
+    "BACKEND", "CHECKPOINT_TRACKER", "COMPOSE_SCRIPT", "SEED_DEFAULTS", "VerlBackend",
     "DEFAULT_CONFIG", "DEFAULT_VENV", "DRIVER_KEYS", "GPU_INSTALL_HINT",
     "GPU_VENV", "INSTALL_HINT", "MAIN_MODULE", "SKIP_INTERPRETER_CHECK", "ComposeReport", "ComposedConfig", "Corner",
     "ResumePoint", "VerlConfigError", "attempt_files", "check_space", "check_verl_launch", "check_verl_metrics",

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
+from hpo.analysis._vocabulary import MetricNames
 from hpo.backends._base import Backend, Launch, LaunchContext, PredictionLike, ResumePointLike, TrialConfig, steps_in
 from hpo.backends.verl._compose import SEED_KEYS
 from hpo.backends.verl._data import resolve_path, split_list
@@ -29,7 +30,7 @@ from hpo.backends.verl._launch import (
 from hpo.backends.verl._memory import corner_predictions, predict_verl, validate_verl
 from hpo.backends.verl._ray import job_checkpoints
 from hpo.backends.verl._resume import resume_point
-from hpo.experiment._space import DEFAULT_COMMAND, EarlyStopping, Space, SpaceError, located_error
+from hpo.experiment._space import Space, SpaceError, located_error
 
 if TYPE_CHECKING:
     from verl_core.memory_verl import SequenceLengths
@@ -42,6 +43,23 @@ SEED_DEFAULTS = {"actor_rollout_ref.rollout.seed": 42, "actor_rollout_ref.actor.
 class VerlBackend(Backend):
     name: ClassVar[str] = "verl"
     supports_pbt: ClassVar[bool] = True
+    # verl's file-logger names (verl/trainer/ppo/metric_utils.py; the file logger at $VERL_FILE_LOGGER_PATH). Its
+    # validation metrics are named by data source (val-core/<data_source>/acc/mean@1): an experiment names its
+    # objective; the default is verl_core's, which a verl run never logs (verify refuses it)
+    metrics: ClassVar[MetricNames] = MetricNames(
+        objective="eval/reward_mean", spread="eval/reward_std", score="critic/score/mean", entropy="actor/entropy",
+        kl=("actor/ppo_kl", "actor/reward_kl_penalty", "actor/kl_loss"), clip_ratio="response_length/clip_ratio",
+        response_length="response_length/mean", step_time="timing_s/step", gen_time="timing_s/gen",
+        sync_time="timing_s/update_weights", gpu_util="perf/gpu_util", mfu="perf/mfu/actor")
+    default_command: ClassVar[tuple[str, ...]] = ("python", "-m", MAIN_MODULE)  # in trial.python (_launch)
+    metrics_env: ClassVar[str | None] = "VERL_FILE_LOGGER_PATH"
+    speed_metrics: ClassVar[dict[str, str]] = {
+        "perf/throughput": "maximize", "perf/time_per_step": "minimize", "timing_s/step": "minimize"}
+    memory_metrics: ClassVar[tuple[str, ...]] = (
+        "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb", "perf/cpu_memory_used_gb")
+    math_metrics: ClassVar[tuple[str, ...]] = (
+        "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss", "critic/vf_loss", "critic/score/mean",
+        "response_length/mean")
     ray_hold: ClassVar[bool] = False  # verl starts a Ray cluster of its own inside the job
     leaves_scratch: ClassVar[bool] = True  # a private /tmp and Ray's session files per attempt (hpo.backends.verl)
     every_key_is_code: ClassVar[bool] = True  # hydra's _target_ and verl's custom reward paths load code
@@ -78,11 +96,17 @@ class VerlBackend(Backend):
         "reward.num_workers", "data.dataloader_num_workers",
     )
 
+    def code_files(self, key: str, value: Any) -> list[str]:
+        """``[reward.]custom_reward_function.path`` (verl_core shares verl's form of the key)."""
+        from hpo.backends.verl_core._names import code_files
+
+        return code_files(key, value)
+
     def normalize(self, space: Space) -> Space:
         """verl logs a spread only with ``val_kwargs.n > 1``: early stopping is off unless the experiment asks."""
         if "early_stopping" in space.raw or not space.early_stopping.enabled:
             return space
-        return dataclasses.replace(space, early_stopping=EarlyStopping(enabled=False))
+        return dataclasses.replace(space, early_stopping=dataclasses.replace(space.early_stopping, enabled=False))
 
     def rehearsal(self) -> Any:
         from hpo.backends.verl import _rehearse
@@ -95,7 +119,7 @@ class VerlBackend(Backend):
         return resolve_user_paths(space, origin)
 
     def check(self, space: Space, origin: Mapping[str, str]) -> None:
-        if tuple(space.trial.command) != DEFAULT_COMMAND:
+        if space.trial.command not in (None, self.default_command):
             raise located_error(space, dict(origin), "trial.command", "not used with trial.backend: verl (the "
                                 "command is python -m verl.trainer.main_ppo in trial.python)")
         if space.study.confirm.test_metric and not split_list(space.overrides.get("data.val_files")):

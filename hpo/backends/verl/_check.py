@@ -320,7 +320,7 @@ def check_verl_metrics(space: Space, info: ComposedConfig) -> None:
 
     check_metrics(space.objective, ok, known, error)
     es = space.early_stopping
-    if es.enabled and not ok(es.metric):
+    if es.enabled and es.metric is not None and not ok(es.metric):
         hint = (f"verl logs the spread of the {info.val_n} samples of a prompt as "
                 f"{verl_metric_examples(info.val_n, info.data_sources or ('<data_source>',), info.val_core_var)[1]}"
                 if info.val_n > 1 else

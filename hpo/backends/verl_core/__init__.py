@@ -3,7 +3,9 @@
 
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``, ``hpo.backends`` (its base and pre-flight)."""
 
-from hpo.backends.verl_core._backend import VerlCoreBackend
+from hpo.backends.verl_core._backend import VerlCoreBackend, VerlCoreCommand
 from hpo.backends.verl_core._check import DRIVER_KEYS, check_trainer
 
-__all__ = ["DRIVER_KEYS", "VerlCoreBackend", "check_trainer"]
+BACKEND = VerlCoreBackend  # what the registry runs for trial.backend: verl_core
+
+__all__ = ["BACKEND", "DRIVER_KEYS", "VerlCoreBackend", "VerlCoreCommand", "check_trainer"]

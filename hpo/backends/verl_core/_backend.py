@@ -10,18 +10,39 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from hpo.backends._base import Backend, PredictionLike, TrialConfig
+from hpo.backends.verl_core import _names
 from hpo.backends.verl_core._check import check_driver_keys, check_trainer
 from hpo.backends.verl_core._memory import corner_predictions, predict, validate_corners
-from hpo.experiment._heldout import TEST_KEY
-from hpo.experiment._space import DEFAULT_PREPARE_COMMAND, Space, format_value
+from hpo.backends.verl_core._names import TEST_KEY
+from hpo.experiment._space import Space, format_value
 
 if TYPE_CHECKING:
     from verl_core.memory_verl import SequenceLengths
 
 
-class VerlCoreBackend(Backend):
+class VerlCoreCommand(Backend):
+    """A ``trial.command`` of its own under ``trial.backend: verl_core``: the base class's custom command (no config
+    loaded, nothing estimated or resumed) that speaks verl_core's language: its metric names, held-out split, code
+    keys, metrics variable and throughput metrics."""
+
+    metrics = _names.METRICS
+    default_command = _names.COMMAND  # what the experiment replaced (the trust check compares with it)
+    code_keys = _names.CODE_KEYS
+    heldout_keys = (TEST_KEY,)
+    heldout_prefixes = _names.TEST_PREFIXES
+    metrics_env = _names.METRICS_ENV
+    speed_metrics = _names.SPEED_METRICS
+    memory_metrics = _names.MEMORY_METRICS
+    math_metrics = _names.MATH_METRICS
+
+    def code_files(self, key: str, value: Any) -> list[str]:
+        return _names.code_files(key, value)
+
+
+class VerlCoreBackend(VerlCoreCommand):
     name: ClassVar[str] = "verl_core"
     supports_pbt: ClassVar[bool] = True
+    default_prepare_command = _names.PREPARE_COMMAND
     # micro-batches are pre-scaled to sum to the mini-batch loss (verl_core/workers.py), so their size moves only
     # float rounding; the rollout engine's batching and memory, checkpointing and threads change no value either
     speed_keys: ClassVar[tuple[str, ...]] = (
@@ -38,13 +59,17 @@ class VerlCoreBackend(Backend):
         "trainer.cpu_threads",
     )
 
+    def for_command(self, command: Sequence[str] | None) -> Backend:
+        """Another program than verl_core's: a custom command (the driver cannot load that program's config)."""
+        return self if command is None or tuple(command) == self.default_command else VerlCoreCommand()
+
     def normalize(self, space: Space) -> Space:
         import dataclasses
 
         if space.trial.prepare_command is not None:
             return space
         return dataclasses.replace(space, trial=dataclasses.replace(space.trial,
-                                                                     prepare_command=DEFAULT_PREPARE_COMMAND))
+                                                                     prepare_command=self.default_prepare_command))
 
     def prepare_argv(self, space: Space) -> list[str] | None:
         return super().prepare_argv(self.normalize(space))

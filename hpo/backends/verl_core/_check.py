@@ -68,9 +68,9 @@ def check_trainer(space: Space, origin: Mapping[str, str] | None = None) -> None
 
     known = eval_metric_names(base)
     if space.study.kind == "throughput":  # scored on every training step's own perf/ and timing_s/ metrics
-        from hpo.backends._base import Backend
+        from hpo.backends.verl_core._names import SPEED_METRICS
 
-        known = [*Backend.speed_metrics, *VERL_CORE_MEMORY_METRICS]
+        known = [*SPEED_METRICS, *VERL_CORE_MEMORY_METRICS]
     speed = space.study.kind == "throughput"
     check_metrics(space.objective, lambda m: m in known or not speed and produces_metric(base, m), known, ctx.error)
     # Each parameter alone at its ends / choices, then all parameters jointly at their corners.

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from hpo.analysis._diagnosis import HEALTHY, LABELS, Diagnoser, DiagnosisSpec
+from hpo.backends.verl_core._names import METRICS  # verl's names, which these streams log
 from tests.conftest import read_metrics, run_trainer
 
 OBJ = "eval/reward_mean"
@@ -54,7 +55,7 @@ def stream(n: int, seed: int = 0, edit: Callable[[int, dict[str, Any]], None] | 
 
 def run(lines: Iterable[Line], spec: DiagnosisSpec | None = None, objective: str = OBJ,
         maximize: bool = True) -> tuple[Diagnoser, list[tuple[int, str]]]:
-    diag = Diagnoser(spec or DiagnosisSpec(), objective, maximize)
+    diag = Diagnoser(spec or DiagnosisSpec(), objective, maximize, METRICS)
     stops = []
     for step, data in lines:
         label = diag.update(step, data)
@@ -330,7 +331,7 @@ def test_validate_names_the_field_and_value(changes: dict[str, Any], problem: tu
     spec = DiagnosisSpec(**changes)
     assert spec.validate() == [problem]
     with pytest.raises(ValueError, match=problem[0]):
-        Diagnoser(spec, OBJ, True)
+        Diagnoser(spec, OBJ, True, METRICS)
 
 
 # ----------------------------------------------------------------------------- the real trainer
@@ -366,7 +367,7 @@ def _timed(steps: int, gen: float, sync: float, step_s: float = 2.0,
 
 
 def _health(lines: Iterable[tuple[int, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    d = Diagnoser(DiagnosisSpec(), "val-core/x/acc/mean@1", True)
+    d = Diagnoser(DiagnosisSpec(), "val-core/x/acc/mean@1", True, METRICS)
     for step, data in lines:
         assert d.update(step, data) is None  # health never stops a trial
     return d.health()

@@ -28,6 +28,7 @@ from hpo.backends import verl as _verl
 from hpo.backends.verl import (
     DRIVER_KEYS,
     ComposedConfig,
+    VerlBackend,
     VerlConfigError,
     check_space,
     check_verl_metrics,
@@ -361,7 +362,8 @@ def test_a_space_naming_a_metric_verl_does_not_log_is_a_one_line_error() -> None
         check_verl_metrics(bad, composed())
     assert err.value.where == "objective.metric" and "'eval/reward_mean'" in str(err.value)
     assert VAL in str(err.value) and "\n" not in str(err.value)
-    es = dataclasses.replace(space, early_stopping=dataclasses.replace(space.early_stopping, enabled=True))
+    es = dataclasses.replace(space, early_stopping=dataclasses.replace(  # the default spread, as a load fills it in
+        space.early_stopping, enabled=True, metric=VerlBackend.metrics.spread))
     with pytest.raises(VerlConfigError, match="val_kwargs.n=1") as err:
         check_verl_metrics(es, composed())  # verl_core's eval/reward_std: verl logs no such spread
     assert err.value.where == "early_stopping.metric"

@@ -77,4 +77,4 @@ def test_the_retry_continued_after_the_checkpoint_and_the_curve_is_replayed(chai
     assert evals[0] == original[0] and evals[3] == original[3]
     assert evals[6] == next(d["eval/reward_mean"] for s, d in resumed if s == 6 and "eval/reward_mean" in d)
     assert evals[6] == original[6]  # the Trainer restores weights, optimizer, scheduler, RNG and data position: exact
-    assert all(k in dict(records)[5] for k in ("train/loss", "actor/entropy", "timing_s/step"))
+    assert all(k in dict(records)[5] for k in ("train/loss", "train/entropy", "timing_s/step"))

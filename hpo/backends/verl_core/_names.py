@@ -1,0 +1,38 @@
+"""What the ``verl_core`` trainer calls things, as the driver needs to know them: its commands, its metric names
+(verl's file-logger names, which verl_core shares with verl), its held-out split and the keys that load user code.
+A custom ``trial.command`` under ``trial.backend: verl_core`` is taken to speak the same language."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpo.analysis._vocabulary import MetricNames
+
+COMMAND = ("python", "-m", "verl_core", "train")
+PREPARE_COMMAND = ("python", "-m", "verl_core", "prepare")
+METRICS_ENV = "VERL_FILE_LOGGER_PATH"  # verl's file-logger variable, which verl_core.tracking reads too
+METRICS = MetricNames(
+    objective="eval/reward_mean", spread="eval/reward_std", score="critic/score/mean", entropy="actor/entropy",
+    kl=("actor/ppo_kl", "actor/reward_kl_penalty", "actor/kl_loss"), clip_ratio="response_length/clip_ratio",
+    response_length="response_length/mean", step_time="timing_s/step", gen_time="timing_s/gen",
+    sync_time="timing_s/update_weights", gpu_util="perf/gpu_util", mfu="perf/mfu/actor")
+# a throughput study: its speed metrics (-> the direction a faster run moves them), peak memory, the first-step math
+SPEED_METRICS = {"perf/throughput": "maximize", "perf/time_per_step": "minimize", "timing_s/step": "minimize"}
+MEMORY_METRICS = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb", "perf/cpu_memory_used_gb")
+MATH_METRICS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss", "critic/vf_loss",
+                "critic/score/mean", "response_length/mean")
+CODE_KEYS = ("custom_reward_function.", "evaluation.custom")  # user code: reward functions, evaluators
+TEST_KEY = "data.test_files"  # the held-out split (confirmation runs only)
+# validation metric prefix -> its name on the held-out split (verl_core.validation.heldout_metric_name)
+TEST_PREFIXES = {"eval/": "test/", "val-core/": "test-core/", "val-aux/": "test-aux/",
+                 "timing_s/testing": "timing_s/testing_heldout", "": "test/"}
+
+
+def code_files(key: str, value: Any) -> list[str]:
+    """The user-code files an override names: ``[reward.]custom_reward_function.path`` (a path) and
+    ``evaluation.custom`` (``name=path:function`` entries); verl's own reward key has the same form."""
+    if key.endswith("custom_reward_function.path") and isinstance(value, str):
+        return [value]
+    if key.endswith("evaluation.custom") and isinstance(value, list):
+        return [str(v).partition("=")[2].rpartition(":")[0] for v in value]
+    return []
