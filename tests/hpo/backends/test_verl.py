@@ -52,8 +52,7 @@ from tests.hpo.conftest import PY, ROOT, cli_env
 VERL_PY = ROOT / ".venv-verl" / "bin" / "python"
 needs_verl = pytest.mark.skipif(not VERL_PY.exists(),
                                 reason="real verl is not installed: run `make install-verl` (creates .venv-verl)")
-# Not `cpu_heavy`: these tests run verl's interpreter for imports and hydra compositions (one core, under a minute),
-# not verl's trainer: make test-slow runs them beside the real trials, with the other slow tests.
+pytestmark = pytest.mark.cpu_heavy  # verl on every core: make test-slow runs these one at a time
 STAND_IN = Path(__file__).parents[1] / "fake_verl_main_ppo.py"
 SPACE_FILE = ROOT / "search_spaces" / "verl_grpo_gsm8k.yaml"
 VAL = "val-core/openai/gsm8k/acc/mean@1"  # verl 0.9.1: `acc` is the core variable

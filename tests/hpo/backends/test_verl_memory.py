@@ -39,6 +39,7 @@ from verl_core.memory_verl import read_sequence_lengths
 GiB = 2**30
 AR = "actor_rollout_ref"
 QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
+pytestmark = pytest.mark.cpu_heavy  # verl on every core: make test-slow runs these one at a time
 # the shipped space's keys as verl composes them (verl's defaults for the rest)
 BASE: dict[str, Any] = {
     "trainer.n_gpus_per_node": 1, "trainer.nnodes": 1, "data.max_prompt_length": 256,
@@ -364,7 +365,7 @@ def test_validate_skips_the_estimate_for_an_unknown_hub_model(monkeypatch: pytes
 
 
 # ----------------------------------------------------------------------------- real verl composes the configs
-@pytest.mark.slow  # one verl subprocess (one core, not cpu_heavy: beside the real trials in make test-slow): ~40 s
+@pytest.mark.slow  # one verl subprocess: ~40 s on 2 cores
 @needs_verl
 def test_real_composed_configs_offload_and_sharding(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])

@@ -15,8 +15,7 @@ from hpo.backends.verl._check import compose_corners
 from hpo.backends.verl._launch import verl_argv, weights_only_overrides
 from tests.hpo.backends.test_verl import VERL_PY, needs_verl
 
-# Not `cpu_heavy`: these tests run verl's interpreter for imports and hydra compositions (one core, under a minute),
-# not verl's trainer: make test-slow runs them beside the real trials, with the other slow tests.
+pytestmark = pytest.mark.cpu_heavy  # verl on every core: make test-slow runs these one at a time
 
 
 @pytest.mark.slow  # ~10-30 s on 2 cores: verl's imports and one hydra composition
