@@ -267,7 +267,7 @@ def test_a_pbt_segment_continues_a_real_verl_checkpoint_with_its_own_learning_ra
     the study (trained at 5e-4; the weights only) and trains steps 5-6 with its own learning rate, not the
     checkpoint's."""
     trial = next(t for t in load(study.studies).get_trials(deepcopy=False) if t.params["actor_lr"] == 5.0e-4
-                 and t.state == optuna.trial.TrialState.COMPLETE)
+                 and t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("fail_reason") is None)
     source = Path(trial.user_attrs["trial_dir"])
     trained = MetricsTail(source / "metrics.jsonl").read()
     assert {d["actor/lr"] for s, d in trained if "actor/lr" in d} == {5e-4}  # the checkpoint's own rate
