@@ -10,6 +10,10 @@ STUDY ?=
 N_TRIALS ?=
 STORAGE ?=
 PYTEST_ARGS ?=
+# PYTEST_REPORT_DIR=dir: each pytest run of `test`, `test-slow` and `test-vllm` also writes a JUnit XML file there
+# (.ci/run sets it, and .ci/slowest.py prints the slowest tests of the whole run from them); unset: no file.
+PYTEST_REPORT_DIR ?=
+junit = $(if $(PYTEST_REPORT_DIR),--junitxml=$(PYTEST_REPORT_DIR)/$(1).xml)
 # `make test` runs its files on this many pytest-xdist workers: the suite waits on subprocesses (drivers, trials,
 # servers) more than it computes, so 2 workers on 2 cores halve its wall time; 1 = serial.
 TEST_WORKERS ?= 2
@@ -41,7 +45,7 @@ $(VLLM_STAMP): $(STAMP)
 install-vllm: $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	$(PY) -m pytest -q -m vllm $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m vllm $(call junit,vllm) $(PYTEST_ARGS)
 
 search: $(STAMP)
 	$(VENV)/bin/verl-hpo search --space $(SPACE) $(if $(STUDY),--study $(STUDY)) \
@@ -63,7 +67,7 @@ dashboard: $(STAMP)
 # configs), ~15 min on 2 cores; `make test-slow` runs those (CI runs both, see .ci/run). Each test file runs whole on
 # one worker (--dist loadfile: a module's fixtures are built once).
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" --durations=15 $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) \
+	$(PY) -m pytest -q -m "not slow" --durations=15 $(call junit,test) $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) \
 		--dist loadfile) $(PYTEST_ARGS)
 
 # The slow suite as two pytest runs at once: its `cpu_heavy` tests (real verl trials, the pretrained model: each takes
@@ -72,12 +76,12 @@ test: $(STAMP)
 # the target fails if either run does. TEST_WORKERS=1: the whole suite in one run.
 test-slow: $(STAMP)
 ifeq ($(TEST_WORKERS),1)
-	$(PY) -m pytest -q -m slow --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m slow --durations=25 $(call junit,slow) $(PYTEST_ARGS)
 else
 	@set -o pipefail; \
-	{ $(PY) -m pytest -v -p no:cacheprovider -m "slow and cpu_heavy" --durations=15 $(PYTEST_ARGS) 2>&1 \
+	{ $(PY) -m pytest -v -p no:cacheprovider -m "slow and cpu_heavy" --durations=15 $(call junit,slow-heavy) $(PYTEST_ARGS) 2>&1 \
 		| sed -u 's/^/[cpu_heavy] /'; } & heavy=$$!; trap "kill $$heavy 2>/dev/null" EXIT; \
-	$(PY) -m pytest -q -m "slow and not cpu_heavy" --durations=15 $(PYTEST_ARGS); rest=$$?; \
+	$(PY) -m pytest -q -m "slow and not cpu_heavy" --durations=15 $(call junit,slow-rest) $(PYTEST_ARGS); rest=$$?; \
 	wait $$heavy; heavy_rc=$$?; echo "make test-slow: exit $$rest (the others), $$heavy_rc (cpu_heavy)"; \
 	for rc in $$rest $$heavy_rc; do test $$rc -eq 0 -o $$rc -eq 5 || exit 1; done  # 5: PYTEST_ARGS chose none of a run
 endif

@@ -82,7 +82,10 @@ def test_corners_are_the_default_point_and_every_parameter_at_each_end() -> None
 # ----------------------------------------------------------------------------- faults found before verl launches
 @pytest.mark.slow
 @needs_verl
-def test_a_reward_function_that_raises_on_one_row(tmp_path: Path) -> None:
+def test_a_reward_function_that_raises_on_one_row_and_a_tuned_key_that_reaches_no_trainer(tmp_path: Path) -> None:
+    """Two faults found before verl launches, in one rehearsal (each costs the same short runs of verl's interpreter):
+    the reward function raises on one validation row; ``+algorithm.kl_ctrl.kl_coeff`` composes (hydra adds it; verl's
+    validate_config passes), and nothing reads it. Each is its own problem line, and there is no other."""
     import pyarrow.parquet as pq
 
     arith_space(tmp_path)  # its prepare step writes the data
@@ -91,12 +94,17 @@ def test_a_reward_function_that_raises_on_one_row(tmp_path: Path) -> None:
     first = next(i for i, r in enumerate(rows) if str(r["reward_model"]["ground_truth"]) == truth)
     reward = reward_file(tmp_path, f"    if str(ground_truth) == {truth!r}:\n"
                                    "        raise KeyError('no answer field')\n    return 1.0\n")
-    space = arith_space(tmp_path, **{"overrides/reward.custom_reward_function.path": reward})
+    space = arith_space(tmp_path, **{"overrides/reward.custom_reward_function.path": reward,
+                                     "params/kl_coef/key": "+algorithm.kl_ctrl.kl_coeff"})
     code, out, err = rehearse(space, tmp_path / "studies")
     assert code == 1, out + err
-    (line,) = problems(out)
-    assert f"reward function {reward}:compute_score raised on validation row {first}" in line
-    assert "KeyError: 'no answer field'" in line
+    found = problems(out)
+    assert len(found) == 2, found
+    raised, reach = sorted(found, key=lambda line: not line.startswith("reward"))
+    assert f"reward function {reward}:compute_score raised on validation row {first}" in raised, found
+    assert "KeyError: 'no answer field'" in raised
+    assert reach.startswith("reach: params.kl_coef: +algorithm.kl_ctrl.kl_coeff is not a key of verl's config and "
+                            "no file of verl mentions 'kl_coeff'"), found
     assert not (tmp_path / "studies" / "rehearsals" / "space" / "trials").exists()  # nothing was launched
 
 
@@ -126,18 +134,6 @@ def test_a_data_file_with_a_missing_column(tmp_path: Path) -> None:
     # file is refused there, exit 2, before anything is built or run
     assert code == 2, out + err
     assert f"data.val_files: {val} has no column 'reward_model'" in err and len(err.strip().splitlines()) == 1, err
-
-
-@pytest.mark.slow
-@needs_verl
-def test_a_tuned_key_that_reaches_no_trainer(tmp_path: Path) -> None:
-    """``+algorithm.kl_ctrl.kl_coeff`` composes (hydra adds it; verl's validate_config passes), and nothing reads it."""
-    space = arith_space(tmp_path, **{"params/kl_coef/key": "+algorithm.kl_ctrl.kl_coeff"})
-    code, out, err = rehearse(space, tmp_path / "studies")
-    assert code == 1, out + err
-    (line,) = problems(out)
-    assert line.startswith("reach: params.kl_coef: +algorithm.kl_ctrl.kl_coeff is not a key of verl's config and "
-                           "no file of verl mentions 'kl_coeff'")
 
 
 def test_rehearse_refuses_a_space_of_another_backend(tmp_path: Path) -> None:

@@ -390,54 +390,60 @@ def test_shipped_space_composes_and_validates_with_real_verl() -> None:
           f"s with verl's imports, then {sum(report.corner_seconds[1:]) / (len(report.corners) - 1):.2f} s each)")
 
 
-@pytest.mark.slow  # ~16 s on 2 cores: 16 compositions
+_BASE = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.use_kl_loss=true"]
+_ONE = ["trainer.n_gpus_per_node=1", "trainer.nnodes=1"]
+_A = "actor_rollout_ref.actor"
+BAD_CASES: list[tuple[list[str], str | None, str | None]] = [  # extra overrides, key named, text in the message
+    ([], None, None),
+    (["+ray_kwargs.ray_init.include_dashboard=false"], None, None),  # '+' adds a key verl's config lacks
+    (["ray_kwargs.ray_init.include_dashboard=false"], "ray_kwargs.ray_init.include_dashboard", "+ray_kwargs"),
+    ([f"{_A}.no_such_key=1"], f"{_A}.no_such_key", "is not a key of verl's config"),
+    ([f"{_A}.optim.lr=[1,"], f"{_A}.optim.lr", "not hydra override syntax"),
+    ([f"{_A}.ppo_mini_batch_size=7"], f"{_A}.ppo_mini_batch_size", "=7 does not divide data.train_batch_size=8"),
+    ([f"{_A}.ppo_mini_batch_size=16"], f"{_A}.ppo_mini_batch_size", "=16 is larger than data.train_batch_size=8"),
+    ([f"{_A}.ppo_micro_batch_size_per_gpu=null"], f"{_A}.ppo_micro_batch_size_per_gpu", "=null: verl's actor"),
+    # what verl's workers assert at start-up, minutes into a trial (engine_workers.py init_model)
+    ([f"{_A}.use_dynamic_bsz=true", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
+      f"{_A}.ppo_max_token_len_per_gpu=4096"], f"{_A}.use_dynamic_bsz", "asserts they are equal"),
+    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",
+      "actor_rollout_ref.rollout.log_prob_micro_batch_size=4"],
+     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "the workers read only this one"),
+    (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null",
+      "actor_rollout_ref.ref.log_prob_micro_batch_size=4"],
+     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "is not read by verl's workers"),
+    (["actor_rollout_ref.rollout.data_parallel_size=2"], "actor_rollout_ref.rollout.tensor_model_parallel_size",
+     "= 2 GPUs per rollout replica does not divide the trial's 1 GPU"),
+    # legacy reward keys compose and pass validate_config, but main_ppo 0.9.1 never reads them
+    (["custom_reward_function.path=/my/reward.py"], "custom_reward_function.path",
+     "set reward.custom_reward_function.path instead"),
+    (["reward_model.enable=true"], "reward_model.enable", "reads reward.reward_model.enable"),
+    ([f"{_A}.ppo_micro_batch_size_per_gpu=3"], f"{_A}.ppo_micro_batch_size_per_gpu", "=3 does not divide the 8"),
+    (["trainer.n_gpus_per_node=3"], "data.train_batch_size", "16 samples is not divisible by the trial's 3 GPU"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+     "actor_rollout_ref.rollout.tensor_model_parallel_size", "=2 does not divide the trial's 1 GPU"),
+    (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "n=1 with algorithm.adv_estimator=grpo"),
+    (["actor_rollout_ref.rollout.name=???"], "actor_rollout_ref.rollout.name", "has no value"),
+    ([f"{_A}.use_dynamic_bsz=true", f"{_A}.ppo_max_token_len_per_gpu=100"], f"{_A}.ppo_max_token_len_per_gpu",
+     "=100 is below one full sequence"),
+    ([f"{_A}.ppo_micro_batch_size=2"], None, "verl's validate_config: "),  # caught by verl's own check
+    (["actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.temperature=0"], None,
+     "validation gen temperature should be greater than 0"),
+]
+
+
+def bad_corner(extra: list[str]) -> list[str]:
+    return _BASE + _ONE + extra
+
+
+@pytest.mark.slow  # 22 of the module's shared compositions (:func:`compositions`)
 @needs_verl
-def test_bad_corners_are_one_line_errors_naming_key_and_value() -> None:
-    base = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.rollout.name=vllm",
-            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.use_kl_loss=true"]
-    one = ["trainer.n_gpus_per_node=1", "trainer.nnodes=1"]
-    a = "actor_rollout_ref.actor"
-    cases: list[tuple[list[str], str | None, str | None]] = [  # extra overrides, key named, text in the message
-        ([], None, None),
-        (["+ray_kwargs.ray_init.include_dashboard=false"], None, None),  # '+' adds a key verl's config lacks
-        (["ray_kwargs.ray_init.include_dashboard=false"], "ray_kwargs.ray_init.include_dashboard", "+ray_kwargs"),
-        ([f"{a}.no_such_key=1"], f"{a}.no_such_key", "is not a key of verl's config"),
-        ([f"{a}.optim.lr=[1,"], f"{a}.optim.lr", "not hydra override syntax"),
-        ([f"{a}.ppo_mini_batch_size=7"], f"{a}.ppo_mini_batch_size", "=7 does not divide data.train_batch_size=8"),
-        ([f"{a}.ppo_mini_batch_size=16"], f"{a}.ppo_mini_batch_size", "=16 is larger than data.train_batch_size=8"),
-        ([f"{a}.ppo_micro_batch_size_per_gpu=null"], f"{a}.ppo_micro_batch_size_per_gpu", "=null: verl's actor"),
-        # what verl's workers assert at start-up, minutes into a trial (engine_workers.py init_model)
-        ([f"{a}.use_dynamic_bsz=true", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
-          f"{a}.ppo_max_token_len_per_gpu=4096"], f"{a}.use_dynamic_bsz", "asserts they are equal"),
-        (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",
-          "actor_rollout_ref.rollout.log_prob_micro_batch_size=4"],
-         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "the workers read only this one"),
-        (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null",
-          "actor_rollout_ref.ref.log_prob_micro_batch_size=4"],
-         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "is not read by verl's workers"),
-        (["actor_rollout_ref.rollout.data_parallel_size=2"], "actor_rollout_ref.rollout.tensor_model_parallel_size",
-         "= 2 GPUs per rollout replica does not divide the trial's 1 GPU"),
-        # legacy reward keys compose and pass validate_config, but main_ppo 0.9.1 never reads them
-        (["custom_reward_function.path=/my/reward.py"], "custom_reward_function.path",
-         "set reward.custom_reward_function.path instead"),
-        (["reward_model.enable=true"], "reward_model.enable", "reads reward.reward_model.enable"),
-        ([f"{a}.ppo_micro_batch_size_per_gpu=3"], f"{a}.ppo_micro_batch_size_per_gpu", "=3 does not divide the 8"),
-        (["trainer.n_gpus_per_node=3"], "data.train_batch_size", "16 samples is not divisible by the trial's 3 GPU"),
-        (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
-         "actor_rollout_ref.rollout.tensor_model_parallel_size", "=2 does not divide the trial's 1 GPU"),
-        (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "n=1 with algorithm.adv_estimator=grpo"),
-        (["actor_rollout_ref.rollout.name=???"], "actor_rollout_ref.rollout.name", "has no value"),
-        ([f"{a}.use_dynamic_bsz=true", f"{a}.ppo_max_token_len_per_gpu=100"], f"{a}.ppo_max_token_len_per_gpu",
-         "=100 is below one full sequence"),
-        ([f"{a}.ppo_micro_batch_size=2"], None, "verl's validate_config: "),  # caught by verl's own check
-        (["actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.temperature=0"], None,
-         "validation gen temperature should be greater than 0"),
-    ]
-    report = compose_corners(str(VERL_PY), "ppo_trainer", [base + one + extra for extra, _, _ in cases], n_gpus=None)
-    for (extra, key, text), result in zip(cases, report.results, strict=True):
+def test_bad_corners_are_one_line_errors_naming_key_and_value(
+        compositions: dict[str, list[ComposedConfig | VerlConfigError]]) -> None:
+    for (extra, key, text), result in zip(BAD_CASES, compositions["bad corners"], strict=True):
         if text is None:
             assert isinstance(result, ComposedConfig), (extra, result)
             continue
@@ -447,7 +453,6 @@ def test_bad_corners_are_one_line_errors_naming_key_and_value() -> None:
         assert result.key == key, (extra, result.key, message)
         if key is not None:
             assert f"{key}=" in message or f"{key} " in message, message
-    print(f"\n{len(cases)} corners in {report.seconds:.1f} s")
 
 
 @needs_verl
@@ -518,8 +523,9 @@ def test_verl_search_with_a_cpu_interpreter_exits_2_naming_the_fix(tmp_path: Pat
 
 
 @needs_verl
-@pytest.mark.slow  # a real verl (or stand-in) process: ~20-60 s; make test-slow / CI
-def test_verl_s_composed_config_has_every_seed_that_confirm_varies() -> None:
+@pytest.mark.slow  # a real verl process (check_verl_space), and one of the module's shared compositions
+def test_verl_s_composed_config_has_every_seed_that_confirm_varies(
+        compositions: dict[str, list[ComposedConfig | VerlConfigError]]) -> None:
     from hpo.study._confirm import seed_overrides
 
     space = small_verl_space()
@@ -528,8 +534,8 @@ def test_verl_s_composed_config_has_every_seed_that_confirm_varies() -> None:
     # a confirmation run's overrides compose (each key exists) and set every seed
     seeds = seed_overrides(space, 1007)
     assert set(seeds) == set(_verl_compose_seed_keys()) and set(seeds.values()) == {1007}
-    report = compose_corners(str(VERL_PY), "ppo_trainer", [space_corner0(space, seeds)])
-    assert isinstance(report.results[0], ComposedConfig), report.results[0]
+    (result,) = compositions["confirmation seeds"]  # space_corner0(space, seeds) (:func:`compositions`)
+    assert isinstance(result, ComposedConfig), result
 
 
 def _verl_compose_seed_keys() -> tuple[str, ...]:
@@ -545,12 +551,12 @@ def space_corner0(space: Space, extra: dict[str, Any]) -> list[str]:
     return _verl.verl_overrides(fixed, {**values, **extra})
 
 
-@needs_verl
-@pytest.mark.slow  # a real verl (or stand-in) process: ~20-60 s; make test-slow / CI
-def test_the_core_metric_of_a_custom_reward_function_is_found_by_calling_it(tmp_path: Path) -> None:
+def reward_corners(root: Path) -> list[list[str]]:
+    """A GRPO corner validated on 4 rows of ``root/test.parquet``, then the same with each of three custom reward
+    functions: a plain float, a dict with ``acc``, a dict without."""
     from hpo.backends.verl._data import write_parquet
 
-    val = write_parquet(tmp_path / "test.parquet", "test", n=4)
+    val = write_parquet(root / "test.parquet", "test", n=4)
     fns = {"plain": "return 1.0", "acc": "return {'score': 1.0, 'acc': True}", "noacc": "return {'score': 1.0}"}
     ar = "actor_rollout_ref"
     corners = [["algorithm.adv_estimator=grpo", "data.train_batch_size=8", f"data.val_files={val}",
@@ -559,11 +565,37 @@ def test_the_core_metric_of_a_custom_reward_function_is_found_by_calling_it(tmp_
                 f"{ar}.rollout.log_prob_micro_batch_size_per_gpu=4", f"{ar}.ref.log_prob_micro_batch_size_per_gpu=4",
                 "trainer.n_gpus_per_node=1", "trainer.nnodes=1"]]
     for name, body in fns.items():
-        (tmp_path / f"{name}.py").write_text(f"def compute_score(data_source, solution_str, ground_truth, "
-                                             f"extra_info=None):\n    {body}\n")
-        corners.append([*corners[0], f"reward.custom_reward_function.path={tmp_path / name}.py"])
-    report = compose_corners(str(VERL_PY), "ppo_trainer", corners, n_gpus=None)
-    assert [r.val_core_var if isinstance(r, ComposedConfig) else r for r in report.results] == [
+        (root / f"{name}.py").write_text(f"def compute_score(data_source, solution_str, ground_truth, "
+                                         f"extra_info=None):\n    {body}\n")
+        corners.append([*corners[0], f"reward.custom_reward_function.path={root / name}.py"])
+    return corners
+
+
+@pytest.fixture(scope="module")
+def compositions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[ComposedConfig | VerlConfigError]]:
+    """The corners of three tests composed by real verl in one run of its interpreter (each run pays verl's imports,
+    ~10-20 s on 2 cores): per test, its corners' results in order."""
+    from hpo.study._confirm import seed_overrides
+
+    space = small_verl_space()
+    groups = {"bad corners": [bad_corner(extra) for extra, _, _ in BAD_CASES],
+              "custom rewards": reward_corners(tmp_path_factory.mktemp("rewards")),
+              "confirmation seeds": [[*space_corner0(space, seed_overrides(space, 1007)),
+                                      "trainer.n_gpus_per_node=1", "trainer.nnodes=1"]]}  # as a trial composes it
+    report = compose_corners(str(VERL_PY), "ppo_trainer", [c for corners in groups.values() for c in corners],
+                             n_gpus=None)
+    print(f"\n{len(report.results)} corners in {report.seconds:.1f} s")
+    results, out = list(report.results), {}
+    for name, corners in groups.items():
+        out[name], results = results[:len(corners)], results[len(corners):]
+    return out
+
+
+@needs_verl
+@pytest.mark.slow  # the module's shared compositions (:func:`compositions`)
+def test_the_core_metric_of_a_custom_reward_function_is_found_by_calling_it(
+        compositions: dict[str, list[ComposedConfig | VerlConfigError]]) -> None:
+    assert [r.val_core_var if isinstance(r, ComposedConfig) else r for r in compositions["custom rewards"]] == [
         "acc", "acc", "acc", "reward"]
 
 

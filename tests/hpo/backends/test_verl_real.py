@@ -3,7 +3,8 @@ the CPU platform plugin and vLLM's CPU build (``make install-verl``), on the shi
 ``search_spaces/verl_grpo_cpu.yaml`` shrunk to a few steps. No stand-in: what verl writes is verl's.
 
 Each test starts real verl trials (~90 s of start-up each on 2 cores, then a few seconds per step): ``make
-test-slow`` / CI."""
+test-slow`` / CI. The four-trial study runs once per module (:func:`study`): its own test asserts on it, and the PBT
+segment continues one of its trials' checkpoints instead of training a first segment of its own."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import subprocess
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,16 +116,19 @@ def load(studies: Path, name: str = "verl_cpu") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{studies / f'{name}.db'}")
 
 
-@once_more_after_a_segfault
-def test_a_real_verl_study_of_four_trials_two_at_once_with_collapses_and_mlflow_curves(tmp_path: Path) -> None:
-    """Four real verl trials, two at a time on one host (verl binds its weight-sync socket at a fixed /tmp path: each
-    trial has a /tmp of its own). The start-up design deals the learning rate's two choices twice each: at 5e-4
-    GRPO learns, at 50 the policy collapses (KL loss 4.9 then 8.8 nats, entropy 0) and the diagnosis stops the trial
-    at once. The healthy trials' metrics are verl's own file logger's, weights really reach vLLM, validation rises
-    from step 0, a checkpoint was saved; nothing of any trial is left; their curves are in MLflow."""
-    studies = tmp_path / "studies"
-    mlflow_db = f"sqlite:///{tmp_path / 'mlflow.db'}"  # MLflow 3's file store is read-only for clients
-    space = write_space(tmp_path, steps=4, save_freq=2, n_jobs=2)
+@dataclass
+class Study:
+    """The four-trial study of :func:`study` (run once per module): its directory, MLflow store, search result."""
+    root: Path
+    studies: Path
+    mlflow_db: str
+    res: subprocess.CompletedProcess[str]
+
+
+def run_study(root: Path) -> Study:
+    studies = root / "studies"
+    mlflow_db = f"sqlite:///{root / 'mlflow.db'}"  # MLflow 3's file store is read-only for clients
+    space = write_space(root, steps=4, save_freq=2, n_jobs=2, keep_checkpoints=4)  # kept: the PBT test resumes one
     raw = yaml.safe_load(space.read_text())
     raw["params"]["actor_lr"] = {"key": "actor_rollout_ref.actor.optim.lr", "type": "categorical",
                                  "choices": [5.0e-4, 50.0]}
@@ -131,6 +136,31 @@ def test_a_real_verl_study_of_four_trials_two_at_once_with_collapses_and_mlflow_
     space.write_text(yaml.safe_dump(raw, sort_keys=False))
     res = hpo(["search", "--space", str(space), "--n-trials", "4", "--tracking", f"mlflow={mlflow_db}"],
               studies, timeout=2400)
+    return Study(root, studies, mlflow_db, res)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Study:
+    """Four real verl trials, two at a time on one host, run once for the tests that read them: the study's own test
+    and the PBT segment that continues a trial's checkpoint. Run once more (in a fresh directory, with a warning) when
+    it failed and a verl worker died of a segfault, as :func:`once_more_after_a_segfault` does."""
+    first = run_study(tmp_path_factory.mktemp("study"))
+    done = first.res.returncode == 0 and all(t.state == optuna.trial.TrialState.COMPLETE
+                                             for t in load(first.studies).get_trials(deepcopy=False))
+    if done or not _segfaulted(first.root):
+        return first
+    warnings.warn("a verl worker died of a segfault: the study runs once more", stacklevel=1)
+    return run_study(tmp_path_factory.mktemp("study-again"))
+
+
+def test_a_real_verl_study_of_four_trials_two_at_once_with_collapses_and_mlflow_curves(study: Study) -> None:
+    """Four real verl trials, two at a time on one host (verl binds its weight-sync socket at a fixed /tmp path: each
+    trial has a /tmp of its own). The start-up design deals the learning rate's two choices twice each: at 5e-4
+    GRPO learns, at 50 the policy collapses (KL loss 4.9 then 8.8 nats, entropy 0) and the diagnosis stops the trial
+    at once. The healthy trials' metrics are verl's own file logger's, weights really reach vLLM, validation rises
+    from step 0, a checkpoint was saved (and kept: trial.keep_checkpoints); nothing of any trial is left; their curves
+    are in MLflow."""
+    studies, res = study.studies, study.res
     assert res.returncode == 0, res.stderr[-3000:]
     trials = load(studies).get_trials(deepcopy=False)
     assert sorted(t.params["actor_lr"] for t in trials) == [5.0e-4, 5.0e-4, 50.0, 50.0]
@@ -153,13 +183,14 @@ def test_a_real_verl_study_of_four_trials_two_at_once_with_collapses_and_mlflow_
         assert data[1]["actor/lr"] == pytest.approx(5.0e-4)  # the tuned value reached the trainer
         assert "timing_s/save_checkpoint" in data[2]  # global_step_2 was written
         assert t.value == data[4][VAL] > 0.15  # objective.aggregate last; GRPO moved greedy answers to the sum
+        assert checkpoint_complete(Path(t.user_attrs["trial_dir"]) / "checkpoints" / "global_step_4")  # kept
     starts = sorted((t.datetime_start, t.datetime_complete) for t in trials if t.datetime_start and t.datetime_complete)
     assert starts[1][0] < starts[0][1]  # the first two ran at the same time
     assert wait_until_gone(studies) == []
 
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=mlflow_db)
+    client = MlflowClient(tracking_uri=study.mlflow_db)
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     name = VAL.replace("@", "_at_")  # MLflow's metric names have no '@' (hpo.tracking)
     curves = [[m.step for m in client.get_metric_history(r.info.run_id, name)] for r in runs]
@@ -230,18 +261,27 @@ def run_segment(tmp_path: Path, number: int, end: int, lr: float, resume: Path |
     return MetricsTail(verl_metrics_path(trial_dir, 0)).read()
 
 
-@once_more_after_a_segfault
-def test_a_pbt_segment_continues_a_real_verl_checkpoint_with_its_own_learning_rate(tmp_path: Path) -> None:
-    """PBT's hand-over through verl's real checkpoint: the next segment resumes from ``global_step_2`` of the
-    previous one (the weights only) and trains steps 3-4 with its own learning rate, not the checkpoint's."""
-    first = run_segment(tmp_path, 0, end=2, lr=1e-4, resume=None)
-    assert {d["actor/lr"] for s, d in first if "actor/lr" in d} == {1e-4}
-    ckpt = tmp_path / "trials" / "0" / "checkpoints" / "global_step_2"
+def test_a_pbt_segment_continues_a_real_verl_checkpoint_with_its_own_learning_rate(study: Study,
+                                                                                      tmp_path: Path) -> None:
+    """PBT's hand-over through verl's real checkpoint: a segment resumes from ``global_step_4`` of a healthy trial of
+    the study (trained at 5e-4; the weights only) and trains steps 5-6 with its own learning rate, not the
+    checkpoint's."""
+    trial = next(t for t in load(study.studies).get_trials(deepcopy=False) if t.params["actor_lr"] == 5.0e-4
+                 and t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("fail_reason") is None)
+    source = Path(trial.user_attrs["trial_dir"])
+    trained = MetricsTail(source / "metrics.jsonl").read()
+    assert {d["actor/lr"] for s, d in trained if "actor/lr" in d} == {5e-4}  # the checkpoint's own rate
+    ckpt = source / "checkpoints" / "global_step_4"
     assert (ckpt / "actor").is_dir() and checkpoint_complete(ckpt)
-    seg = run_segment(tmp_path, 1, end=4, lr=5e-4, resume=ckpt, heldout=True)
-    assert [s for s, d in seg if "actor/lr" in d] == [3, 4]  # verl continued after the checkpoint
-    assert {d["actor/lr"] for _, d in seg if "actor/lr" in d} == {5e-4}  # the segment's own rate from its 1st step
-    # validated as a confirmation run is (study.confirm.test_metric): both files, each data source's accuracy apart
-    last = dict(seg)[4]
-    assert {VAL, TEST} <= set(last) and 0.0 <= last[TEST] <= 1.0, sorted(k for k in last if k.startswith("val-"))
-    assert sorted(k for k in last if k.startswith("val-core/")) == sorted([VAL, TEST])
+
+    @once_more_after_a_segfault
+    def segment(root: Path) -> None:
+        seg = run_segment(root, 1, end=6, lr=1e-4, resume=ckpt, heldout=True)
+        assert [s for s, d in seg if "actor/lr" in d] == [5, 6]  # verl continued after the checkpoint
+        assert {d["actor/lr"] for _, d in seg if "actor/lr" in d} == {1e-4}  # the segment's own rate from its 1st step
+        # validated as a confirmation run is (study.confirm.test_metric): both files, each data source's accuracy apart
+        last = dict(seg)[6]
+        assert {VAL, TEST} <= set(last) and 0.0 <= last[TEST] <= 1.0, sorted(k for k in last if k.startswith("val-"))
+        assert sorted(k for k in last if k.startswith("val-core/")) == sorted([VAL, TEST])
+
+    segment(tmp_path)
