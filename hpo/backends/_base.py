@@ -51,7 +51,7 @@ import yaml
 
 from hpo.analysis._vocabulary import MetricNames
 from hpo.experiment._heldout import heldout_metric
-from hpo.experiment._space import Space, format_value
+from hpo.experiment._space import Space, SpaceError, format_value
 from hpo.experiment._trust import CodeRules
 
 if TYPE_CHECKING:
@@ -267,6 +267,11 @@ class Backend:
         :func:`hpo.backends._preflight.check_space_fits`. None: this trainer has no estimate (or none can be made
         here), and nothing is refused."""
         return None
+
+    def sequence_lengths(self, path: Path) -> SequenceLengths:
+        """``validate --metrics``: the expected sequence lengths read from a previous run's metrics file (SpaceError
+        with one line; the base class: this trainer has none to read)."""
+        raise SpaceError(f"--metrics {path}: trial.backend {self.name} has no memory estimate to read lengths for")
 
     def validate(self, space: Space, devices: Sequence[str], out: TextIO,
                  lengths: SequenceLengths | None = None) -> int:

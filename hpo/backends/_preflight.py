@@ -22,6 +22,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from hpo.backends._registry import backend_of
@@ -64,6 +65,19 @@ def gpu_budget(devices: Sequence[str]) -> tuple[int, str] | None:
     if not free:
         return None
     return min(free), f"free memory of GPU {','.join(devices)} (nvidia-smi)"
+
+
+def read_lengths(path: Path) -> SequenceLengths:
+    """A previous run's largest ``response_length/mean`` and ``prompt_length/mean`` from its metrics file (verl's
+    ``file`` logger format, which ``verl_core`` also writes): what ``validate --metrics`` estimates at. SpaceError
+    with one line for a file without them."""
+    from verl_core.config import ConfigError
+    from verl_core.memory_verl import read_sequence_lengths
+
+    try:
+        return read_sequence_lengths(path)
+    except ConfigError as err:
+        raise SpaceError(str(err)) from None
 
 
 def corners(space: Space) -> list[dict[str, Any]]:

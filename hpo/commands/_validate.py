@@ -11,14 +11,14 @@ from hpo.analysis import FileRefused, check_regular
 from hpo.backends import load_checked_space
 from hpo.commands._base import Command, Invocation, fail, spaces_dir
 
-MAX_METRICS_BYTES = 256 << 20  # validate --metrics: a long verl run's metrics file is tens of MB
+MAX_METRICS_BYTES = 256 << 20  # validate --metrics: a long run's metrics file is tens of MB
 
 
 def add_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument("--space", required=True, help="search_spaces/<NAME>.yaml or a path")
     v.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="as for search")
     v.add_argument("--metrics", type=Path, default=None, metavar="JSONL",
-                   help="verl spaces: a previous run's verl metrics file; its largest response_length/mean and "
+                   help="a previous run's metrics file; its largest response_length/mean and "
                         "prompt_length/mean are the expected lengths (a corner is refused only when it does not "
                         "fit at those; the worst case only warns)")
 
@@ -33,13 +33,10 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
     backend_of(space).check_launch(space, as_planned=True)  # e.g. a GPU study's interpreter has CUDA torch
     lengths = None
     if args.metrics is not None:
-        from verl_core.config import ConfigError
-        from verl_core.memory_verl import read_sequence_lengths
-
-        try:  # a regular file (not a FIFO, not /dev/zero) of bounded size, then verl_core reads it
+        try:  # a regular file (not a FIFO, not /dev/zero) of bounded size, then the trainer's backend reads it
             check_regular(args.metrics.expanduser(), f"--metrics {args.metrics}", MAX_METRICS_BYTES)
-            lengths = read_sequence_lengths(args.metrics)
-        except (ConfigError, FileRefused) as err:
+            lengths = backend_of(space).sequence_lengths(args.metrics)
+        except FileRefused as err:
             return fail(str(err))
         except OSError as err:
             return fail(f"--metrics {args.metrics}: unreadable ({err.strerror or err})")

@@ -216,6 +216,11 @@ class VerlBackend(Backend):
         download."""
         return corner_predictions(space, devices, lengths)
 
+    def sequence_lengths(self, path: Path) -> SequenceLengths:
+        from hpo.backends._preflight import read_lengths
+
+        return read_lengths(path)
+
     def validate(self, space: Space, devices: Sequence[str], out: TextIO,
                  lengths: SequenceLengths | None = None) -> int:
         """Every prompt of the data against ``data.max_prompt_length`` and each corner's estimate

@@ -29,11 +29,12 @@ from hpo.record import TRIAL_MARKER
 PROBE_TIMEOUT_S = 180.0  # the probe job: Ray starts a worker per node (~5-20 s on a busy host)
 PROBE_PREFIX = "@@verl-hpo-probe@@ "
 TOKEN_FILE = ".verl-hpo-shared-check"
+TENSOR_MODULE = "torch"  # imported by the probe on the nodes, never here
 
 # Run in the job with trial.python; its task runs on each node in the cluster's own interpreter (standard library
 # and ray only). Prints one line: PROBE_PREFIX + [{node, python, missing, cuda, gpus, shared}, ...].
 _PROBE = r'''
-import importlib.util, json, sys
+import importlib, importlib.util, json, sys
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 args = json.loads(sys.argv[1])
@@ -42,11 +43,10 @@ ray.init(logging_level="ERROR")
 @ray.remote(num_cpus=0)
 def probe(args):
     out = {"python": sys.executable, "missing": [m for m in args["modules"] if importlib.util.find_spec(m) is None]}
-    if args["cuda"]:
+    if args["cuda"]:  # the trainer's tensor library, named by the driver (which never imports it)
         try:
-            import torch
-            out["cuda"] = bool(torch.cuda.is_available())
-        except Exception as err:
+            out["cuda"] = bool(importlib.import_module(args["cuda"]).cuda.is_available())
+        except Exception:
             out["cuda"] = False
     try:
         with open(args["token_path"]) as f:
@@ -131,8 +131,8 @@ def check_cluster(ray: RaySpec, address: str, python: str, checkpoints: Path | N
     if token_path is not None:
         token_path.write_text(token)
     modules = ["verl", "vllm", *([PLUGIN_MODULE] if ray.device == "cpu" else [])]
-    args = {"modules": modules, "cuda": ray.device == "cuda", "token_path": str(token_path or ""), "token": token,
-            "prefix": PROBE_PREFIX, "timeout": timeout_s}
+    args = {"modules": modules, "cuda": TENSOR_MODULE if ray.device == "cuda" else "",
+            "token_path": str(token_path or ""), "token": token, "prefix": PROBE_PREFIX, "timeout": timeout_s}
     client = job_client(address)
     sid = f"verl-hpo-probe-{secrets.token_hex(4)}"
     entry = shlex.join([python, "-c", _PROBE, json.dumps(args)])

@@ -123,6 +123,11 @@ class VerlCoreBackend(VerlCoreCommand):
         """Every corner's estimate (``lengths`` is not used: verl_core's estimate takes the config's lengths)."""
         return corner_predictions(space, devices)
 
+    def sequence_lengths(self, path: Path) -> SequenceLengths:
+        from hpo.backends._preflight import read_lengths
+
+        return read_lengths(path)
+
     def validate(self, space: Space, devices: Sequence[str], out: TextIO,
                  lengths: SequenceLengths | None = None) -> int:
         """Each corner loaded by verl_core (its best-practice warnings) and estimated
