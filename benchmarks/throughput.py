@@ -44,7 +44,8 @@ SHIPPED = {
              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 64,
              "actor_rollout_ref.model.enable_gradient_checkpointing": True},
 }
-SMOKE = ["study.n_trials=2", "study.throughput.repeats=1", "study.throughput.top_k=1"]
+# --smoke: the whole path on the fewest runs (2 trials, one confirmation pair each, 3 steps of which 1 is warm-up)
+SMOKE = ["study.n_trials=2", "study.throughput.repeats=1", "study.throughput.top_k=1", "trainer.total_training_steps=3"]
 
 
 def _report(studies: Path, name: str) -> dict[str, Any]:
@@ -83,6 +84,7 @@ def one(backend: str, studies: Path, smoke: bool) -> dict[str, Any]:
     raw["study"]["throughput"]["top_k"] = 1
     if smoke:
         raw["study"]["throughput"]["repeats"] = 1
+        raw["overrides"]["trainer.total_training_steps"] = 3
     path = studies / f"{space}_vs_shipped.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     shipped_s = hpo_cli(["search", "--space", str(path)], studies)

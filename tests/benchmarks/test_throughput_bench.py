@@ -1,6 +1,7 @@
 """``python -m benchmarks.throughput --smoke --only verl_core`` (throughput_cpu, 2 trials, 1 re-measurement): the
 search, the confirmation and the comparison with the shipped config run through the real CLI and the rows come out,
-so the benchmark does not rot. ~1 min on 2 cores: slow."""
+so the benchmark does not rot. ~2-4 min on 2 cores: slow. How much faster the pick is, is ``make bench``'s to say
+(benchmarks/RESULTS.md): a speed ratio is not asserted here (a busy host measured 0.4x on one pair)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def test_throughput_smoke_compares_the_pick_with_both_configs(tmp_path: Path) ->
     poor = rows["throughput study's pick vs a deliberately poor start (the experiment's study.baseline), verl_core "
                 "(tiny_arith)"]
     shipped = rows["throughput study's pick vs the shipped learning config, verl_core (tiny_arith)"]
-    assert poor["ours"] > 1.0 and "same math: agrees" in poor["note"], poor["note"]
-    assert shipped["ours"] > 0 and shipped["raw"]["report"]["same_math"] is True
+    for row in (poor, shipped):  # a ratio measured from real pairs, and the pick does the same math as the config
+        assert row["ours"] > 0 and row["raw"]["report"]["pairs"] and row["raw"]["report"]["same_math"] is True, row
+    assert "same math: agrees" in poor["note"] and "interleaved pair(s)" in poor["note"], poor["note"]
     assert (tmp_path / "studies" / "throughput_cpu.db").is_file()
