@@ -22,6 +22,8 @@ def add_arguments(rh: argparse.ArgumentParser) -> None:
     rh.add_argument("--format", choices=("text", "md"), default="text", help="md: a report to paste into a ticket")
     rh.add_argument("--quick", action="store_true", help="the default point only, without the kill and resume: a "
                                                          "first look in a third of the time")
+    rh.add_argument("--parallel", type=int, default=None, metavar="N",
+                    help="corners run at once (default: two when this host has the free cores, else one)")
     rh.add_argument("--recheck", action="store_true", help="run nothing: the checks again on this experiment's last "
                                                            "rehearsal (after fixing e.g. the objective's name)")
     rh.add_argument("--corner-timeout", type=float, default=None, metavar="S",
@@ -40,6 +42,8 @@ def add_arguments(rh: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, inv: Invocation) -> int:
     from hpo.backends import rehearsal_of
 
+    if args.parallel is not None and args.parallel < 1:
+        return fail(f"--parallel {args.parallel}: must be 1 or more (corners run at once)")
     # --recheck reruns checks on kept runs: the quick load (a second), not every corner composed by verl
     space = (load_space if args.recheck else load_checked_space)(args.space, list(args.override), spaces_dir())
     tool = rehearsal_of(space)  # SpaceError: a trainer without a rehearsal
@@ -57,7 +61,8 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
         return fail(f"--gpu-memory {args.gpu_memory!r}: not a size (e.g. 80GiB, 141G, 24576MiB)")
     tokenizer = None if args.tokenizer is None else args.tokenizer.expanduser().resolve()
     return int(tool.rehearse(space, inv.studies_dir.resolve(), tokenizer=tokenizer, fmt=args.format,
-                             quick=args.quick, reward_timeout_s=args.reward_timeout,
+                             quick=args.quick, parallel=args.parallel,
+                             reward_timeout_s=args.reward_timeout,
                              timeout_s=args.corner_timeout, gpus=args.gpus, gpu_bytes=gpu_bytes))
 
 

@@ -144,6 +144,13 @@ def test_rehearse_refuses_a_space_of_another_backend(tmp_path: Path) -> None:
         "(trial.backend: verl)"]
 
 
+def test_rehearse_refuses_no_corners_at_once(tmp_path: Path) -> None:
+    code, out, err = rehearse("verl_grpo_cpu", tmp_path / "studies", "--parallel", "0", timeout=120)
+    assert (code, out, err.strip().splitlines()) == (2, "", ["error: --parallel 0: must be 1 or more (corners run "
+                                                              "at once)"])
+    assert not (tmp_path / "studies").exists()
+
+
 # ----------------------------------------------------------------------------- faults found by running verl
 @pytest.mark.slow
 @needs_verl
@@ -155,7 +162,8 @@ def test_the_shipped_gpu_experiment_passes_with_a_local_model(tmp_path: Path) ->
     from verl_core.pretrained import ensure_smollm2
 
     model = ensure_smollm2(log=False)
-    code, out, err = rehearse("verl_grpo_gsm8k", tmp_path / "studies", "--format", "md",
+    # the three corners at once (--parallel 3): the default point's kill and resume follow it in its own slot
+    code, out, err = rehearse("verl_grpo_gsm8k", tmp_path / "studies", "--format", "md", "--parallel", "3",
                               "--override", f"actor_rollout_ref.model.path={model}")
     assert code == 0, out + err[-3000:]
     assert problems(out.replace("| PROBLEM |", "PROBLEM")) == []
