@@ -17,15 +17,22 @@ A backend answers, for one experiment (:class:`~hpo.experiment.Space`):
 
 * ``check(space, origin)``: refuse the experiment before a study is made (SpaceError, one line); ``normalize``:
   the defaults it gives a parsed experiment (e.g. verl_core's prepare step).
-* ``configure(space, values, trial_dir, extra)``: one attempt's :class:`TrialConfig` (overrides, total steps, the
-  ``config.yaml`` text, the loaded config when the backend loads one). A trial's config is loaded once, here.
-* ``launch(space, config, ctx)``: the attempt's :class:`Launch` (argv, environment, private ``/tmp``).
-* ``metrics_path(trial_dir, attempt)``: where the attempt's JSONL metrics file lives (``{"step": N, "data": {}}``).
+* ``plan(attempt)``: the one call that launches a trial: an :class:`Attempt` (the driver's: values, trial
+  directory, retry chain, devices, environment) in, its :class:`Launch` out: argv, environment, metrics file,
+  :class:`TrialConfig` (overrides, total steps, the ``config.yaml`` text, the loaded config), the retry's resume
+  point, a private ``/tmp``. It is made of the hooks a trainer overrides:
+
+  - ``configure(space, values, trial_dir, extra, tail)``: the attempt's :class:`TrialConfig`. A trial's config is
+    loaded once, here;
+  - ``metrics_path(trial_dir, attempt)``: where the attempt's JSONL metrics file lives (``{"step": N, "data": {}}``);
+  - ``checkpoint_layout``: how the trainer's checkpoints look (:class:`~hpo.backends._replay.CheckpointLayout`); a
+    trainer that sets it gets ``resume_point(trials_dir, history)``, the checkpoint a retry continues from and the
+    curve logged up to it, from the walk every resumable backend shares (:func:`hpo.backends._replay.resume_point`);
+  - ``command(space, config, ctx)``: argv, environment and private ``/tmp`` of the process.
 * ``predict(space, config, devices)``: a memory estimate to skip a trial that cannot fit (None: none);
   ``corner_predictions(space, devices, lengths)``: the estimate of each corner of the space, for ``search``'s refusal
   of a space where none fits (None: none); ``validate(space, devices, out, lengths)``: ``verl-hpo validate``'s
   verdict on each corner (:mod:`hpo.backends._preflight`).
-* ``resume_point(trials_dir, history)``: the checkpoint a retry continues from, and the curve logged up to it.
 * ``seed_keys(space)``, ``default_seed(space, key)``: what a confirmation run sets to change its seed.
 * ``heldout_overrides(space)``, ``heldout_metric(space)``: how a confirmation run measures the held-out split.
 * ``segment_overrides(space, start, end, checkpoint)``: a PBT segment's overrides (``supports_pbt``).
@@ -50,6 +57,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TextIO
 import yaml
 
 from hpo.analysis._vocabulary import MetricNames
+from hpo.backends._replay import CheckpointLayout, resume_point
 from hpo.experiment._heldout import heldout_metric
 from hpo.experiment._space import Space, SpaceError, format_value
 from hpo.experiment._trust import CodeRules
@@ -104,8 +112,32 @@ class TrialConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One attempt of a trial as the driver knows it, the input of :meth:`Backend.plan`."""
+
+    space: Space
+    study: str
+    number: int
+    trial_dir: Path
+    trials_dir: Path  # the study's trials (the retry chain's attempts are ``<trials_dir>/<number>``)
+    history: tuple[int, ...]  # the retry chain's earlier trial numbers, oldest first (attempt = len(history))
+    values: Mapping[str, Any]  # the tuned values, by parameter name
+    cwd: str
+    env: dict[str, str]  # the driver's trial environment (CUDA_VISIBLE_DEVICES, the study's ids, trial.env)
+    devices: int  # devices handed to this attempt (0: none, the CPU)
+    ray_job: bool = False  # the attempt runs as a Ray job (trial.ray.num_gpus x trial.ray.nodes)
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # replaces fixed keys (a confirmation's seed)
+    tail: tuple[str, ...] = ()  # overrides that come last (a PBT segment's step range)
+    start: Path | None = None  # a PBT segment's start checkpoint (a retry's resume point comes first)
+
+    @property
+    def attempt(self) -> int:
+        return len(self.history)
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchContext:
-    """Where and as what one attempt runs."""
+    """Where and as what one attempt's process runs (:meth:`Backend.command`)."""
 
     study: str
     number: int
@@ -120,10 +152,24 @@ class LaunchContext:
 
 
 @dataclasses.dataclass
-class Launch:
+class Command:
+    """The process of one attempt."""
+
     argv: list[str]
     env: dict[str, str]
     private_tmp: Path | None = None  # a /tmp of the trial's own (verl's fixed socket names under /tmp)
+
+
+@dataclasses.dataclass
+class Launch:
+    """What :meth:`Backend.plan` decided for one attempt: its process, files and where it continues from."""
+
+    argv: list[str]
+    env: dict[str, str]
+    metrics: Path  # the JSONL metrics file the trainer writes
+    config: TrialConfig  # overrides, total steps, ``config.yaml`` text, the loaded config (for ``predict``)
+    resume: ResumePointLike | None = None  # a retry's checkpoint and the curve logged up to it
+    private_tmp: Path | None = None
 
 
 class Backend:
@@ -133,6 +179,7 @@ class Backend:
     supports_pbt: ClassVar[bool] = False  # it resumes a checkpoint at a given step with new values
     ray_hold: ClassVar[bool] = True  # a one-node Ray job may hold its GPUs itself (verl starts its own Ray)
     leaves_scratch: ClassVar[bool] = False  # cleanup removes scratch a killed attempt leaves (swept at driver start)
+    checkpoint_layout: ClassVar[CheckpointLayout | None] = None  # set: a retry resumes its chain's newest checkpoint
     # study.kind throughput: keys (fnmatch patterns) that change speed and memory but not the update; a custom
     # command knows none (study.throughput.neutral_keys names them), and the first-step metrics that must agree
     speed_keys: ClassVar[tuple[str, ...]] = ()
@@ -245,12 +292,32 @@ class Backend:
     def metrics_path(self, trial_dir: Path, attempt: int) -> Path:
         return trial_dir / "metrics.jsonl"
 
-    def launch(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Launch:
+    def plan(self, attempt: Attempt) -> Launch:
+        """One attempt, whole: its config (:meth:`configure`), metrics file (:meth:`metrics_path`, also told through
+        ``metrics_env``), the checkpoint a retry continues from (:meth:`resume_point`; else a PBT segment's start)
+        and its process (:meth:`command`)."""
+        space, trial_dir = attempt.space, attempt.trial_dir
+        config = self.configure(space, attempt.values, trial_dir, attempt.extra or None, attempt.tail)
+        config.resume_from = attempt.start
+        metrics = self.metrics_path(trial_dir, attempt.attempt)
+        point = self.resume_point(attempt.trials_dir, attempt.history) if attempt.history else None
+        env = dict(attempt.env)
+        if self.metrics_env:
+            env[self.metrics_env] = str(metrics)  # the trainer's own metrics-file variable, beside its argv
+        ctx = LaunchContext(study=attempt.study, number=attempt.number, trial_dir=trial_dir, attempt=attempt.attempt,
+                            metrics=metrics, cwd=attempt.cwd, env=env, devices=attempt.devices,
+                            ray_job=attempt.ray_job, resume_from=attempt.start if point is None else point.checkpoint)
+        process = self.command(space, config, ctx)
+        return Launch(process.argv, process.env, metrics, config, point, process.private_tmp)
+
+    def command(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Command:
+        """The attempt's process: ``trial.command`` (the driver's interpreter for ``python``) with ``--config``,
+        ``--metrics-file`` and the overrides."""
         cmd = list(space.trial.command or self.default_command)
         if cmd and cmd[0] == "python":  # the driver's interpreter (the venv), not whatever is on PATH
             cmd[0] = sys.executable
-        return Launch([*cmd, "--config", space.config, "--metrics-file", str(ctx.metrics), *config.overrides],
-                      dict(ctx.env))
+        return Command([*cmd, "--config", space.config, "--metrics-file", str(ctx.metrics), *config.overrides],
+                       dict(ctx.env))
 
     def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
         """The command a user runs to train with ``overrides`` outside the driver (``verl-hpo best --format
@@ -286,7 +353,10 @@ class Backend:
         return 0
 
     def resume_point(self, trials_dir: Path, history: Sequence[int]) -> ResumePointLike | None:
-        return None
+        """The newest complete checkpoint of the retry chain ``history`` (:func:`hpo.backends._replay.resume_point`
+        with :attr:`checkpoint_layout`); None: nothing to resume (no layout, no checkpoint)."""
+        layout = self.checkpoint_layout
+        return None if layout is None else resume_point(trials_dir, history, layout, self.metrics_path)
 
     def cleanup(self, trial_dir: Path, attempt: int) -> None:
         """After the attempt's process tree is gone (the trial's logs stay)."""

@@ -36,15 +36,13 @@ def fresh_trial_dir(trials_dir: Path, study_name: str, number: int, identity: di
     return trial_dir
 
 
-def trial_env(space: Space, study_name: str, number: int, identity: dict[str, Any], devices: list[str],
-              metrics: Path) -> dict[str, str]:
+def trial_env(space: Space, study_name: str, number: int, identity: dict[str, Any],
+              devices: list[str]) -> dict[str, str]:
+    """The driver's environment for one attempt (the backend's :meth:`~hpo.backends.Backend.plan` adds its own)."""
     env = dict(os.environ)
     env.update({k: v for k, v in space.trial.env.items() if v != MASK})  # a stored secret: the driver's own value
     env.update(secret_overrides(space.overrides))  # secret overrides: in the environment, never in argv
     env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    name = backend_of(space).metrics_env
-    if name:
-        env[name] = str(metrics)  # the trainer's own metrics-file variable (verl's file logger), beside its argv
     env["PYTHONUNBUFFERED"] = "1"
     env[ENV_STUDY] = study_name
     env[ENV_TRIAL] = str(number)

@@ -46,7 +46,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from hpo.analysis._diagnosis import Diagnoser
-from hpo.backends import Backend, LaunchContext, TrialConfig, backend_of
+from hpo.backends import Attempt, Backend, Launch, backend_of
 from hpo.execution._devices import DevicePool
 from hpo.execution._executor import TrialExecutor
 from hpo.execution._runner import RunResult, TrialProcess, read_tail
@@ -116,15 +116,16 @@ def _suggest(trial: Trial, p: Any) -> Any:
 
 @dataclasses.dataclass
 class _Plan:
-    """One attempt of a trial as decided before it waits for devices."""
+    """One attempt of a trial as decided before it waits for devices (the backend plans its launch on them)."""
 
     values: dict[str, Any]  # the sampled parameters, by name
     retry_of: int | None
     trial_dir: Path
     history: list[int]  # the retry chain's earlier trial numbers
-    metrics: Path
     confirm_seed: Any
-    config: TrialConfig  # the backend's: overrides, total steps, config.yaml, the loaded config
+    extra: dict[str, Any]  # a confirmation run's seed (and baseline) overrides
+    tail: list[str]  # a PBT segment's step range
+    start: Path | None  # a PBT segment's start checkpoint
 
 
 class TrialRunner:
@@ -175,7 +176,16 @@ class TrialRunner:
                                          job[1], self.reporter.note):
             self._interrupt(trial)
         entered = time.monotonic()
-        pred = self.backend.predict(self.space, plan.config, devices) if self.space.trial.preflight and not ray \
+        try:
+            launch = self.backend.plan(Attempt(
+                self.space, self.study.study_name, trial.number, plan.trial_dir, self.trials_dir,
+                tuple(plan.history), plan.values, self.cwd,
+                trial_env(self.space, self.study.study_name, trial.number, self.identity, devices), len(devices),
+                ray_job=job is not None, extra=plan.extra, tail=tuple(plan.tail), start=plan.start))
+        except BaseException:
+            self.pool.release(devices)
+            raise
+        pred = self.backend.predict(self.space, launch.config, devices) if self.space.trial.preflight and not ray \
             else None
         if pred is not None and not pred.fits:
             self.pool.release(devices)
@@ -186,7 +196,7 @@ class TrialRunner:
             return fail_trial(trial, self.space, "predicted_oom", f"predicted {pred.problem} ({pred.budget_source})",
                               "")
         try:
-            result, proc, watch = self._launch(trial, plan, devices, lost, job)
+            result, proc, watch = self._launch(trial, plan, launch, lost, job)
         finally:
             self.pool.release(devices)
             self.backend.cleanup(plan.trial_dir, len(plan.history))
@@ -214,7 +224,6 @@ class TrialRunner:
             self._interrupt(trial)
         trial_dir = fresh_trial_dir(self.trials_dir, self.study.study_name, trial.number, self.identity)
         history = list(system.get(ATTR_RETRY_HISTORY, []))
-        metrics = self.backend.metrics_path(trial_dir, len(history))
         confirm_seed = system.get(ATTR_CONFIRM_SEED)
         if confirm_seed is not None:  # a confirmation run: the top trial's values with a fresh seed
             of = system.get(ATTR_CONFIRM_OF)
@@ -224,27 +233,18 @@ class TrialRunner:
         resume_from = None
         if runs_steps(system):  # pbt: its step range and start checkpoint (hpo.study._population)
             tail, resume_from = segment_overrides(self.space, system, trial)
-        config = self.backend.configure(self.space, values, trial_dir, None if confirm_seed is None else
-                                        confirm_overrides(self.space, int(confirm_seed), baseline), tail)
-        config.resume_from = resume_from
+        extra = {} if confirm_seed is None else confirm_overrides(self.space, int(confirm_seed), baseline)
         trial.set_user_attr("trial_dir", str(trial_dir))
         if retry_of is not None:
             trial.set_user_attr("retry_of", retry_of)
-        return _Plan(values, retry_of, trial_dir, history, metrics, confirm_seed, config)
+        return _Plan(values, retry_of, trial_dir, history, confirm_seed, dict(extra), tail, resume_from)
 
-    def _launch(self, trial: Trial, plan: _Plan, devices: list[str], lost: threading.Event,
+    def _launch(self, trial: Trial, plan: _Plan, launch: Launch, lost: threading.Event,
                 job: tuple[str, bool] | None = None) -> tuple[RunResult, TrialExecutor, Watch]:
-        """Write the trial's files and run its process on ``devices``, a :class:`Watch` reading its metrics."""
-        spec, attempt, total = self.space.trial, len(plan.history), plan.config.total_steps
-        point = self.backend.resume_point(self.trials_dir, plan.history)  # a retry continues the chain's newest
-        ctx = LaunchContext(                                               # complete checkpoint
-            study=self.study.study_name, number=trial.number, trial_dir=plan.trial_dir, attempt=attempt,
-            metrics=plan.metrics, cwd=self.cwd, devices=len(devices), ray_job=job is not None,
-            env=trial_env(self.space, self.study.study_name, trial.number, self.identity, devices, plan.metrics),
-            resume_from=plan.config.resume_from if point is None else point.checkpoint)
-        launch = self.backend.launch(self.space, plan.config, ctx)
+        """Write the trial's files and run the backend's planned ``launch``, a :class:`Watch` reading its metrics."""
+        spec, total, point = self.space.trial, launch.config.total_steps, launch.resume
         argv, env = launch.argv, launch.env
-        write_trial_files(self.space, self.cwd, plan.trial_dir, argv, env, plan.config, plan.values)
+        write_trial_files(self.space, self.cwd, plan.trial_dir, argv, env, launch.config, plan.values)
         mem = [0.0]
 
         def on_eval(step: int, value: float) -> None:
@@ -274,7 +274,7 @@ class TrialRunner:
             trial.set_user_attr("replayed_steps", len(replayed))
         watch.over_budget = None if confirming else self.over_budget  # the live run's evaluations only
         run: dict[str, Any] = {
-            "argv": argv, "env": env, "log_dir": plan.trial_dir, "metrics_path": plan.metrics, "cwd": self.cwd,
+            "argv": argv, "env": env, "log_dir": plan.trial_dir, "metrics_path": launch.metrics, "cwd": self.cwd,
             "timeout_s": spec.timeout_s, "memory_limit_gb": spec.memory_limit_gb, "on_metrics": watch,
             "on_tick": on_tick, "stop_event": _TrialStop(self.stop_event, lost)}
         proc: TrialExecutor = (

@@ -34,8 +34,9 @@ from typing import Any, ClassVar
 import yaml
 
 from hpo.analysis._vocabulary import MetricNames
-from hpo.backends._base import Backend, Launch, LaunchContext, TrialConfig
-from hpo.backends._replay import replay_records
+from hpo.backends._base import Backend, Command, LaunchContext, TrialConfig
+from hpo.backends._replay import CheckpointLayout, ResumePoint
+from hpo.backends._replay import resume_point as chain_resume_point
 from hpo.backends.trl._keys import (
     DRIVER_KEYS,
     GRPO_FIELDS,
@@ -176,48 +177,24 @@ def resumed_from(trial_dir: Path) -> Path | None:
     return None if value in (None, "", "null") else Path(value)
 
 
-@dataclasses.dataclass(frozen=True)
-class ResumePoint:
-    """Where a retry continues (``checkpoint``, a ``checkpoint-<step>`` directory) and the metrics files of the attempts
-    whose training led to it (``lineage``, oldest first; ``starts``: the step each resumed from, None: fresh)."""
-
-    checkpoint: Path
-    step: int
-    lineage: tuple[Path, ...]
-    starts: tuple[int | None, ...]
-
-    def records(self) -> list[tuple[int, dict[str, Any]]]:
-        return replay_records(self.lineage, self.step, self.starts)
+def _step_of(checkpoint: Path) -> int | None:
+    m = _CHECKPOINT.match(checkpoint.name)
+    return int(m.group(1)) if m else None
 
 
 def resume_point(trials_dir: Path, history: Sequence[int]) -> ResumePoint | None:
-    """The newest complete checkpoint along a retry chain (attempt k ran as trial ``history[k]``), and the lineage of
-    attempts that led to it; None when no attempt left one (the retry starts afresh)."""
-    best: tuple[int, int] | None = None  # (step, attempt)
-    for k, number in enumerate(history):
-        step = checkpoint_step(trials_dir / str(number) / "checkpoints")
-        if step is not None and (best is None or step >= best[0]):
-            best = (step, k)
-    if best is None:
-        return None
-    step, k = best
-    index = {str(n): i for i, n in enumerate(history)}
-    chain: list[tuple[int, int | None]] = []  # (attempt, the step it resumed from)
-    attempt: int | None = k
-    while attempt is not None and attempt not in {a for a, _ in chain}:
-        source = resumed_from(trials_dir / str(history[attempt]))
-        m = _CHECKPOINT.match(source.name) if source is not None else None
-        chain.append((attempt, int(m.group(1)) if m else None))
-        attempt = index.get(source.parent.parent.name) if source is not None and m else None
-    chain.reverse()
-    return ResumePoint(trials_dir / str(history[k]) / "checkpoints" / f"checkpoint-{step}", step,
-                       tuple(metrics_file(trials_dir / str(history[a]), a) for a, _ in chain),
-                       tuple(s for _, s in chain))
+    """The newest complete ``checkpoint-<step>`` along a retry chain and the attempts that led to it (the shared
+    walk, :func:`hpo.backends._replay.resume_point`); None when no attempt left one."""
+    return chain_resume_point(trials_dir, history, LAYOUT, metrics_file)
 
 
 def metrics_file(trial_dir: Path, attempt: int) -> Path:
     """``metrics.jsonl`` for a first attempt, ``metrics.attempt<k>.jsonl`` for the k-th retry."""
     return trial_dir / ("metrics.jsonl" if attempt == 0 else f"metrics.attempt{attempt}.jsonl")
+
+
+LAYOUT = CheckpointLayout(newest=checkpoint_step, step_dir=lambda d, step: d / f"checkpoint-{step}",
+                          step_of=_step_of, resumed_from=resumed_from)
 
 
 # ----------------------------------------------------------------------------- the backend
@@ -228,6 +205,7 @@ class TrlBackend(Backend):
     default_command: ClassVar[tuple[str, ...]] = ("python", str(LAUNCHER))  # in trial.python (trl_python)
     heldout_keys: ClassVar[tuple[str, ...]] = (TEST_KEY,)
     heldout_prefixes: ClassVar[Mapping[str, str]] = {"eval/": "test/", "": "test/"}  # the launcher's test pass
+    checkpoint_layout: ClassVar[CheckpointLayout | None] = LAYOUT  # checkpoint-<step> under output_dir
 
     def normalize(self, space: Space) -> Space:
         """``config``, a relative path, resolved beside the experiment file (then the working directory, as before),
@@ -351,7 +329,7 @@ class TrlBackend(Backend):
     def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
         return [space.trial.python or "python", str(LAUNCHER), "--config", space.config, *overrides]
 
-    def launch(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Launch:
+    def command(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Command:
         argv = [trl_python(space), str(LAUNCHER), "--config", space.config, "--metrics-file", str(ctx.metrics),
                 *config.overrides, f"output_dir={ctx.trial_dir.absolute() / 'checkpoints'}"]
         if ctx.resume_from is not None:
@@ -359,10 +337,7 @@ class TrlBackend(Backend):
         env = dict(ctx.env)
         env.update(PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    HF_DATASETS_OFFLINE="1")
-        return Launch(argv, env)
-
-    def resume_point(self, trials_dir: Path, history: Sequence[int]) -> ResumePoint | None:
-        return resume_point(trials_dir, history)
+        return Command(argv, env)
 
     def trainer_version(self, space: Space) -> str | None:
         """Unknown from the driver (TRL runs in its own interpreter): baseline runs are never reused across studies."""

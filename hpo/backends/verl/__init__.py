@@ -12,6 +12,7 @@ checks on what the corners logged and its report.
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``, ``hpo.backends`` (its base, registry and
 pre-flight)."""
 
+from hpo.backends._replay import replay_records
 from hpo.backends.verl._backend import SEED_DEFAULTS, VerlBackend
 from hpo.backends.verl._check import (
     COMPOSE_SCRIPT,
@@ -60,7 +61,6 @@ from hpo.backends.verl._resume import (
     attempt_files,
     checkpoint_complete,
     checkpoint_step,
-    replay_records,
     resume_checkpoints,
     resume_point,
     resumed_from,

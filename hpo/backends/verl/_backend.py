@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from hpo.analysis._vocabulary import MetricNames
-from hpo.backends._base import Backend, Launch, LaunchContext, PredictionLike, ResumePointLike, TrialConfig, steps_in
+from hpo.backends._base import Backend, Command, LaunchContext, PredictionLike, TrialConfig, steps_in
+from hpo.backends._replay import CheckpointLayout
 from hpo.backends.verl._compose import SEED_KEYS
 from hpo.backends.verl._data import resolve_path, split_list
 from hpo.backends.verl._launch import (
@@ -29,7 +30,7 @@ from hpo.backends.verl._launch import (
 )
 from hpo.backends.verl._memory import corner_predictions, predict_verl, validate_verl
 from hpo.backends.verl._ray import job_checkpoints
-from hpo.backends.verl._resume import resume_point
+from hpo.backends.verl._resume import LAYOUT
 from hpo.experiment._space import Space, SpaceError, located_error
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class VerlBackend(Backend):
         sync_time="timing_s/update_weights", gpu_util="perf/gpu_util", mfu="perf/mfu/actor")
     default_command: ClassVar[tuple[str, ...]] = ("python", "-m", MAIN_MODULE)  # in trial.python (_launch)
     metrics_env: ClassVar[str | None] = "VERL_FILE_LOGGER_PATH"
+    checkpoint_layout: ClassVar[CheckpointLayout | None] = LAYOUT  # global_step_N under trainer.default_local_dir
     speed_metrics: ClassVar[dict[str, str]] = {
         "perf/throughput": "maximize", "perf/time_per_step": "minimize", "timing_s/step": "minimize"}
     memory_metrics: ClassVar[tuple[str, ...]] = (
@@ -163,7 +165,7 @@ class VerlBackend(Backend):
     def metrics_path(self, trial_dir: Path, attempt: int) -> Path:
         return verl_metrics_path(trial_dir, attempt)  # verl's FileLogger truncates: each attempt its own file
 
-    def launch(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Launch:
+    def command(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Command:
         spec = space.trial
         python = spec.python or default_python()
         if ctx.ray_job:  # verl joins the user's cluster: trial.ray's world size, its own logical CPUs
@@ -171,11 +173,11 @@ class VerlBackend(Backend):
             argv = verl_argv(python, space.config, config.overrides, ctx.study, ctx.number, ctx.trial_dir,
                              ray.num_gpus, ctx.resume_from, ray.nodes, cpu=cpu, joins_cluster=True,
                              cpus=int(ray.num_cpus * ray.nodes), checkpoints=job_checkpoints(ray, ctx))
-            return Launch(argv, verl_job_env(ctx.env, ctx.trial_dir, ctx.attempt, cpu=cpu))
+            return Command(argv, verl_job_env(ctx.env, ctx.trial_dir, ctx.attempt, cpu=cpu))
         argv = verl_argv(python, space.config, config.overrides, ctx.study, ctx.number, ctx.trial_dir,
                          ctx.devices, ctx.resume_from)
         # no GPU: verl on the CPU; verl's weight-sync sockets have fixed names under /tmp (issue 21 item 3)
-        return Launch(argv, verl_env(ctx.env, ctx.trial_dir, ctx.attempt, cpu=not ctx.devices),
+        return Command(argv, verl_env(ctx.env, ctx.trial_dir, ctx.attempt, cpu=not ctx.devices),
                       scratch_dir(ctx.trial_dir, ctx.attempt) / "slash-tmp")
 
     def check_cluster(self, space: Space, address: str, study: str, trials_dir: Path | None) -> list[str]:
@@ -226,9 +228,6 @@ class VerlBackend(Backend):
         """Every prompt of the data against ``data.max_prompt_length`` and each corner's estimate
         (:func:`~hpo.backends.verl._memory.validate_verl`)."""
         return validate_verl(space, devices, out, lengths)
-
-    def resume_point(self, trials_dir: Path, history: Sequence[int]) -> ResumePointLike | None:
-        return resume_point(trials_dir, history)
 
     def cleanup(self, trial_dir: Path, attempt: int) -> None:
         verl_cleanup(trial_dir, attempt, keep_logs=True)  # Ray's scratch (sockets, spilled objects); logs kept

@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from hpo.backends._replay import replay_records
+from hpo.backends._replay import CheckpointLayout, ResumePoint
+from hpo.backends._replay import resume_point as chain_resume_point
 from hpo.backends.verl._launch import verl_metrics_path
 from hpo.experiment._space import Space
 
@@ -76,23 +75,6 @@ def checkpoint_step(checkpoints: Path) -> int | None:
     return next((s for s in steps if checkpoint_complete(checkpoints / f"global_step_{s}")), None)
 
 
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where a retry continues: ``checkpoint`` (a ``global_step_<step>`` directory, passed as
-    ``trainer.resume_mode=resume_path trainer.resume_from_path=<checkpoint>``) and the metrics files of the
-    attempts whose training led to it (``lineage``, oldest first; ``starts``: the step each of them resumed from,
-    None for a fresh start), for :func:`replay_records`."""
-
-    checkpoint: Path
-    step: int
-    lineage: tuple[Path, ...]
-    starts: tuple[int | None, ...]
-
-    def records(self) -> list[tuple[int, dict[str, Any]]]:
-        """The steps the lineage logged up to the checkpoint, as one curve."""
-        return replay_records(self.lineage, self.step, self.starts)
-
-
 def resumed_from(trial_dir: Path) -> Path | None:
     """The checkpoint an attempt was started from (``trainer.resume_from_path`` in its ``command.json``)."""
     try:
@@ -104,32 +86,19 @@ def resumed_from(trial_dir: Path) -> Path | None:
     return None if value in (None, "null") else Path(value.strip("'"))
 
 
+def _step_of(checkpoint: Path) -> int | None:
+    m = _STEP_DIR.match(checkpoint.name)
+    return int(m.group(1)) if m else None
+
+
+LAYOUT = CheckpointLayout(newest=checkpoint_step, step_dir=lambda d, step: d / f"global_step_{step}",
+                          step_of=_step_of, resumed_from=resumed_from)
+
+
 def resume_point(trials_dir: Path, retry_history: Sequence[int]) -> ResumePoint | None:
-    """The newest complete checkpoint along a retry chain (attempt k ran as trial ``retry_history[k]`` and saved
-    into ``<trials_dir>/<retry_history[k]>/checkpoints``), and the lineage of attempts that led to it; None when
-    no attempt left a complete checkpoint (the retry starts afresh)."""
-    best: tuple[int, int] | None = None  # (step, attempt)
-    for k, number in enumerate(retry_history):
-        step = checkpoint_step(trials_dir / str(number) / "checkpoints")
-        if step is not None and (best is None or step >= best[0]):
-            best = (step, k)
-    if best is None:
-        return None
-    step, k = best
-    index = {str(n): i for i, n in enumerate(retry_history)}
-    chain: list[tuple[int, int | None]] = []  # (attempt, the step it resumed from)
-    seen: set[int] = set()
-    attempt: int | None = k
-    while attempt is not None and attempt not in seen:
-        seen.add(attempt)
-        source = resumed_from(trials_dir / str(retry_history[attempt]))
-        m = _STEP_DIR.match(source.name) if source is not None else None
-        chain.append((attempt, int(m.group(1)) if m else None))
-        attempt = index.get(source.parent.parent.name) if source is not None and m else None
-    chain.reverse()
-    return ResumePoint(trials_dir / str(retry_history[k]) / "checkpoints" / f"global_step_{step}", step,
-                       tuple(verl_metrics_path(trials_dir / str(retry_history[a]), a) for a, _ in chain),
-                       tuple(s for _, s in chain))
+    """The newest complete ``global_step_N`` along a retry chain and the attempts that led to it (the shared walk,
+    :func:`hpo.backends._replay.resume_point`); None when no attempt left a complete checkpoint."""
+    return chain_resume_point(trials_dir, retry_history, LAYOUT, verl_metrics_path)
 
 
 def resume_checkpoints(trials_dir: Path, retry_history: Sequence[int]) -> Path | None:

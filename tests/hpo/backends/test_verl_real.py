@@ -203,7 +203,7 @@ def test_a_killed_driver_s_real_verl_trial_resumes_from_verl_s_checkpoint(tmp_pa
     die with it; ``resume`` continues from verl's own ``global_step_2`` (``resume_mode=resume_path``) and replays
     the curve the killed attempt logged."""
     studies = tmp_path / "studies"
-    space = write_space(tmp_path, steps=6, save_freq=2)
+    space = write_space(tmp_path, steps=4, save_freq=2)
     driver = subprocess.Popen([PY, "-m", "hpo", "search", "--space", str(space), "--n-trials", "1",
                                "--studies-dir", str(studies)], cwd=ROOT, env=cli_env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -225,13 +225,13 @@ def test_a_killed_driver_s_real_verl_trial_resumes_from_verl_s_checkpoint(tmp_pa
     assert len(done) == 1 and done[0].user_attrs["resumed_from_step"] == 2
     retry_dir = Path(done[0].user_attrs["trial_dir"])
     resumed = MetricsTail(sorted(retry_dir.glob("metrics*.jsonl"))[-1]).read()
-    assert [s for s, _ in resumed] == [2, 3, 4, 5, 6]  # verl continued from its checkpoint, not from step 0
+    assert [s for s, _ in resumed] == [2, 3, 4]  # verl continued from its checkpoint, not from step 0
     again = dict(resumed)[2]  # val_before_train on resume: step 2 holds the resumed policy's validation only
     assert "actor/lr" not in again and again[VAL] == killed[2][VAL]  # the saved policy, exactly
     command = json.loads((retry_dir / "command.json").read_text())["argv"]
     assert "trainer.resume_mode=resume_path" in command
     assert any(a.startswith("trainer.resume_from_path=") and a.endswith("global_step_2") for a in command)
-    assert done[0].value == dict(resumed)[6][VAL]  # the final evaluation, the retry's
+    assert done[0].value == dict(resumed)[4][VAL]  # the final evaluation, the retry's
     replayed = done[0].intermediate_values
     assert replayed[2] == pytest.approx(killed[2][VAL])  # the killed attempt's step-2 evaluation, replayed
     assert wait_until_gone(studies) == []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpo.backends import LaunchContext, backend_of, load_checked_space, load_space
+from hpo.backends import Attempt, backend_of, load_checked_space, load_space
 from hpo.backends.trl import GRPO_FIELDS, LAUNCHER, LAUNCHER_KEYS, TrlBackend
 from hpo.experiment import Space, SpaceError
 from tests.hpo.conftest import ROOT
@@ -69,10 +69,11 @@ def test_a_confirmation_run_replaces_the_seed_and_scores_the_test_split(tmp_path
 def test_launch_runs_the_launcher_in_trls_interpreter(tmp_path: Path) -> None:
     backend, space = TrlBackend(), _space()
     cfg = backend.configure(space, VALUES, tmp_path)
-    ctx = LaunchContext(study="s", number=0, trial_dir=tmp_path, attempt=1, metrics=backend.metrics_path(tmp_path, 1),
-                        cwd=str(ROOT), env={"CUDA_VISIBLE_DEVICES": ""}, devices=0,
-                        resume_from=tmp_path / "checkpoints" / "checkpoint-6")
-    launch = backend.launch(space, cfg, ctx)
+    # a retry (attempt 1) whose chain left no checkpoint, started from a PBT segment's checkpoint: plan's one call
+    launch = backend.plan(Attempt(space, "s", 0, tmp_path, tmp_path / "trials", (3,), VALUES, str(ROOT),
+                                  {"CUDA_VISIBLE_DEVICES": ""}, 0, start=tmp_path / "checkpoints" / "checkpoint-6"))
+    assert launch.resume is None and launch.metrics == tmp_path / "metrics.attempt1.jsonl"
+    assert launch.config.overrides == cfg.overrides and launch.config.config_text == cfg.config_text
     assert launch.argv[:6] == [sys.executable, str(LAUNCHER), "--config", space.config, "--metrics-file",
                                str(tmp_path / "metrics.attempt1.jsonl")]
     assert launch.argv[6:-2] == cfg.overrides
