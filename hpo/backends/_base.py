@@ -216,13 +216,18 @@ class Backend:
 
     def with_defaults(self, space: Space) -> Space:
         """The experiment with what it leaves to the trainer filled in: ``trial.command`` (:attr:`default_command`),
-        ``objective.metric`` and ``early_stopping.metric`` (:attr:`metrics`). Run first on every load, stored
+        ``objective.metric`` (:attr:`metrics`; a throughput study's: the first of :attr:`speed_metrics`) and
+        ``early_stopping.metric`` (:attr:`metrics`). Run first on every load, stored
         experiments included, so a study made before a default moved still runs the same."""
         trial, objective, early = space.trial, space.objective, space.early_stopping
         if trial.command is None:
             trial = dataclasses.replace(trial, command=self.default_command)
-        if objective.mode == "single" and not objective.metric and self.metrics.objective:
-            objective = dataclasses.replace(objective, metric=self.metrics.objective)
+        if objective.mode == "single" and not objective.metric:
+            if space.study.kind == "throughput" and self.speed_metrics:  # its first speed metric, faster's way
+                metric, direction = next(iter(self.speed_metrics.items()))
+                objective = dataclasses.replace(objective, metric=metric, direction=direction)
+            elif space.study.kind != "throughput" and self.metrics.objective:
+                objective = dataclasses.replace(objective, metric=self.metrics.objective)
         if early.metric is None and self.metrics.spread:
             early = dataclasses.replace(early, metric=self.metrics.spread)
         if (trial, objective, early) == (space.trial, space.objective, space.early_stopping):

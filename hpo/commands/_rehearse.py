@@ -23,7 +23,8 @@ def add_arguments(rh: argparse.ArgumentParser) -> None:
     rh.add_argument("--quick", action="store_true", help="the default point only, without the kill and resume: a "
                                                          "first look in a third of the time")
     rh.add_argument("--parallel", type=int, default=None, metavar="N",
-                    help="corners run at once (default: two when this host has the free cores, else one)")
+                    help="corners run at once (default: two when this host has the free cores, else one); each is "
+                         "a verl run of its own, so host memory adds up (~7 GB each for a SmolLM2-size shrink)")
     rh.add_argument("--recheck", action="store_true", help="run nothing: the checks again on this experiment's last "
                                                            "rehearsal (after fixing e.g. the objective's name)")
     rh.add_argument("--corner-timeout", type=float, default=None, metavar="S",

@@ -60,7 +60,7 @@ def is_speed_key(key: str, patterns: Iterable[str]) -> bool:
 
 def throughput_defaults(raw: dict[str, Any]) -> None:
     """Fill in place what a throughput study means by default where the file is silent: no pruner (a trial is a few
-    steps), no early stopping, the mean over the measured steps."""
+    steps), no early stopping, the mean over the measured steps (of the trainer's first speed metric)."""
     study = raw.get("study")
     if not isinstance(study, dict) or study.get("kind") != "throughput":
         return
@@ -69,8 +69,8 @@ def throughput_defaults(raw: dict[str, Any]) -> None:
     if raw.get("early_stopping") is None:
         raw["early_stopping"] = {"enabled": False}
     objective = raw.get("objective")
-    if objective is None:
-        raw["objective"] = {"metric": "perf/throughput", "direction": "maximize", "aggregate": "mean"}
+    if objective is None:  # the metric: the trainer's first speed metric (Backend.with_defaults)
+        raw["objective"] = {"aggregate": "mean"}
     elif isinstance(objective, dict) and "aggregate" not in objective:
         objective["aggregate"] = "mean"
 

@@ -162,8 +162,7 @@ def test_the_shipped_gpu_experiment_passes_with_a_local_model(tmp_path: Path) ->
     from verl_core.pretrained import ensure_smollm2
 
     model = ensure_smollm2(log=False)
-    # the three corners at once (--parallel 3): the default point's kill and resume follow it in its own slot
-    code, out, err = rehearse("verl_grpo_gsm8k", tmp_path / "studies", "--format", "md", "--parallel", "3",
+    code, out, err = rehearse("verl_grpo_gsm8k", tmp_path / "studies", "--format", "md",
                               "--override", f"actor_rollout_ref.model.path={model}")
     assert code == 0, out + err[-3000:]
     assert problems(out.replace("| PROBLEM |", "PROBLEM")) == []
