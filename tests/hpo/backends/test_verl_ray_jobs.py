@@ -11,10 +11,8 @@ not finish within its 1,500 s (issue 45's note); CI's time budget has no room fo
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ from optuna.trial import TrialState
 from hpo.execution.ray_jobs import TERMINAL
 from hpo.study._slots import n_finished
 from tests.hpo.conftest import PY, ROOT, cli_env, load, run_cli
-from tests.hpo.execution.ray_jobs.conftest import RayCluster, cluster_env, free_ports, head_only, wait_for
+from tests.hpo.execution.ray_jobs.conftest import RayCluster, head_only, running_cluster, wait_for
 
 VERL_PY = ROOT / ".venv-verl" / "bin" / "python"
 VERL_RAY = VERL_PY.parent / "ray"
@@ -44,16 +42,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def verl_cluster() -> Iterator[RayCluster]:
     """Two nodes of 1 logical GPU and 16 logical CPUs each, started with verl's interpreter."""
-    temp = Path(tempfile.mkdtemp(prefix="vhv", dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
-    cluster = RayCluster(temp, *free_ports(2), cluster_env(), ray=VERL_RAY, cpus=16, gpus=1)
-    try:
-        cluster.start_head()
-        cluster.start_worker()
-        cluster.wait_nodes({"node_a", "node_b"})
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(temp, ignore_errors=True)
+    yield from running_cluster("vhv", workers=1, ray=VERL_RAY, cpus=16, gpus=1)
 
 
 def verl_space(tmp_path: Path, address: str, name: str, n_trials: int = 2, **ray: Any) -> Path:

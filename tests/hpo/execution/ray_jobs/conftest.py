@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -172,36 +173,38 @@ def cluster_env() -> dict[str, str]:
     return env
 
 
-@contextlib.contextmanager
-def head_only(agent_port: int | None = None) -> Iterator[RayCluster]:
-    """A cluster of its own (a head ``node_a`` alone), for a test that breaks or kills it."""
-    if not RAY.exists():
-        pytest.skip("Ray is not installed: pip install -e '.[ray]'")
-    temp = Path(tempfile.mkdtemp(prefix="vhr", dir="/tmp"))
-    cluster = RayCluster(temp, *free_ports(2), cluster_env(), agent_port=agent_port)
+def running_cluster(prefix: str, *, workers: int = 0, **options: Any) -> Iterator[RayCluster]:
+    """A local cluster (a head ``node_a`` and ``workers`` more nodes on this host, ``options`` for
+    :class:`RayCluster`), stopped and its directory removed afterwards."""
+    ray = Path(options.get("ray", RAY))
+    if not ray.exists():
+        pytest.skip(f"Ray is not installed ({ray}): pip install -e '.[ray]'")
+    temp = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
+    cluster = RayCluster(temp, *free_ports(2), cluster_env(), **options)
     try:
         cluster.start_head()
+        names = {"node_a"}
+        for i in range(workers):
+            name = f"node_{chr(ord('b') + i)}"
+            cluster.start_worker(name)
+            names.add(name)
+        if workers:
+            cluster.wait_nodes(names)
         yield cluster
     finally:
         cluster.stop()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def head_only(agent_port: int | None = None) -> Iterator[RayCluster]:
+    """A cluster of its own (a head ``node_a`` alone), for a test that breaks or kills it."""
+    yield from running_cluster("vhr", agent_port=agent_port)
 
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
-    if not RAY.exists():
-        pytest.skip("Ray is not installed: pip install -e '.[ray]'")
-    temp = Path(tempfile.mkdtemp(prefix="vhr", dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
-    gcs, dash = free_ports(2)
-    cluster = RayCluster(temp, gcs, dash, cluster_env())
-    try:
-        cluster.start_head()
-        cluster.start_worker()
-        cluster.wait_nodes({"node_a", "node_b"})
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(temp, ignore_errors=True)
+    yield from running_cluster("vhr", workers=1)
 
 
 def wait_for(cond: object, timeout: float = 120, what: str = "") -> None:

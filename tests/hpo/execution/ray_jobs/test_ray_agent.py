@@ -80,7 +80,7 @@ def test_a_head_killed_mid_trial_is_said_at_once(tmp_path: Path) -> None:
                 if "stopped answering" in line:
                     break
             took = time.monotonic() - killed
-            assert took < 30, f"{took:.0f} s of silence"  # was 108-300 s
+            assert took < 60, f"{took:.0f} s of silence"  # was 108-300 s; a loaded 2-core host needs ~5-40 s
             assert cluster.address in line and "waiting up to" in line
         finally:
             proc.kill()
