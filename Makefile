@@ -18,7 +18,7 @@ junit = $(if $(PYTEST_REPORT_DIR),--junitxml=$(PYTEST_REPORT_DIR)/$(1).xml)
 # servers) more than it computes, so 2 workers on 2 cores halve its wall time; 1 = serial.
 TEST_WORKERS ?= 2
 
-.PHONY: install install-vllm test-vllm search resume confirm best dashboard test test-slow test-ray-verl test-fast lint typecheck \
+.PHONY: install install-vllm test-vllm search resume confirm best dashboard test test-slow test-bench test-ray-verl test-fast lint typecheck \
 	bench bench-smoke bench-venvs gpu-check gpu-check-dry
 
 $(STAMP): pyproject.toml
@@ -76,18 +76,24 @@ test: $(STAMP)
 # the target fails if either run does. TEST_WORKERS=1: the whole suite in one run.
 test-slow: $(STAMP)
 ifeq ($(TEST_WORKERS),1)
-	$(PY) -m pytest -q -m slow --durations=25 $(call junit,slow) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "slow and not bench_smoke" --durations=25 $(call junit,slow) $(PYTEST_ARGS)
 else
 	@set -o pipefail; \
 	{ $(PY) -m pytest -v -p no:cacheprovider -m "slow and cpu_heavy" --durations=15 $(call junit,slow-heavy) $(PYTEST_ARGS) 2>&1 \
 		| sed -u 's/^/[cpu_heavy] /'; } & heavy=$$!; trap "kill $$heavy 2>/dev/null" EXIT; \
-	$(PY) -m pytest -q -m "slow and not cpu_heavy" --durations=15 $(call junit,slow-rest) $(PYTEST_ARGS); rest=$$?; \
+	$(PY) -m pytest -q -m "slow and not cpu_heavy and not bench_smoke" --durations=15 $(call junit,slow-rest) \
+		$(PYTEST_ARGS); rest=$$?; \
 	wait $$heavy; heavy_rc=$$?; echo "make test-slow: exit $$rest (the others), $$heavy_rc (cpu_heavy)"; \
 	for rc in $$rest $$heavy_rc; do test $$rc -eq 0 -o $$rc -eq 5 || exit 1; done  # 5: PYTEST_ARGS chose none of a run
 endif
 
 # Real verl trials as Ray jobs on a local two-node cluster of logical GPUs (issue 45; ~15-30 min on 2 cores): not in
 # CI yet (tests/hpo/backends/test_verl_ray_jobs.py says why).
+# Benchmark parts' own smoke runs whose product paths other tests already cover (search_cost: racing, confirmation and
+# baseline reuse are tested in tests/hpo/study): not in CI, to keep it under an hour; run before changing a benchmark.
+test-bench: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m bench_smoke $(PYTEST_ARGS)
+
 test-ray-verl: $(STAMP)
 	VERL_HPO_RAY_VERL=1 $(PY) -m pytest -v -p no:cacheprovider tests/hpo/backends/test_verl_ray_jobs.py $(PYTEST_ARGS)
 

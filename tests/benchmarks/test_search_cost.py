@@ -14,7 +14,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+# make test-bench, not CI (200-330 s there): racing, confirmation and baseline reuse are tested in tests/hpo/study
 @pytest.mark.slow
+@pytest.mark.bench_smoke
 def test_search_cost_smoke_runs_both_methods(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.search_cost", "--smoke", "--space", "kl_lr",

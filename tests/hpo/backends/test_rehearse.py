@@ -306,7 +306,7 @@ def test_a_healthy_experiment_on_a_busy_machine_never_fails(tmp_path: Path) -> N
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])]
     try:
         res = subprocess.run([sys.executable, "-m", "hpo", "rehearse", "--space", "mine/experiment.yaml", "--quick",
-                              "--corner-timeout", "150", "--studies-dir", str(tmp_path / "studies")], cwd=tmp_path,
+                              "--corner-timeout", "100", "--studies-dir", str(tmp_path / "studies")], cwd=tmp_path,
                              capture_output=True, text=True, timeout=1100, env={**os.environ, "PYTHONUNBUFFERED": "1",
                                                                                 "PYTHONPATH": str(ROOT)})
     finally:
@@ -316,11 +316,11 @@ def test_a_healthy_experiment_on_a_busy_machine_never_fails(tmp_path: Path) -> N
     code, out, err = res.returncode, res.stdout, res.stderr
     assert code in (0, 3), out + err[-3000:]
     assert problems(out) == [] and "FAIL" not in out.splitlines()[0], out
-    assert "each attempt's limit 150 s (--corner-timeout)" in err, err[-2000:]
+    assert "each attempt's limit 100 s (--corner-timeout)" in err, err[-2000:]
     if code == 3:
         assert "NOT FINISHED HERE: 1 corner(s) could not finish on this machine" in out.splitlines()[0], out
         line = next(x for x in out.splitlines() if "run: corner default" in x)
-        assert line.lstrip().startswith("NOT RUN") and "ran out of the corner's time limit (150 s" in line, line
+        assert line.lstrip().startswith("NOT RUN") and "ran out of the corner's time limit (100 s" in line, line
         assert " after " in line or "before verl logged its first metrics line" in line, line  # how far it got
     else:
         assert "PASS" in out.splitlines()[0], out
