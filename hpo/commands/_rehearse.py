@@ -13,7 +13,8 @@ from hpo.commands._base import ENV_STUDIES_DIR, Command, Invocation, fail, space
 
 
 def add_arguments(rh: argparse.ArgumentParser) -> None:
-    rh.add_argument("--space", required=True, help="search_spaces/<NAME>.yaml or a path (trial.backend: verl)")
+    rh.add_argument("--space", required=True,
+                    help="search_spaces/<NAME>.yaml or a path (a trainer whose backend has a rehearsal)")
     rh.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="as for search (e.g. "
                     "actor_rollout_ref.model.path=/local/model/dir)")
     rh.add_argument("--tokenizer", type=Path, default=None, metavar="DIR",
@@ -24,7 +25,7 @@ def add_arguments(rh: argparse.ArgumentParser) -> None:
                                                          "first look in a third of the time")
     rh.add_argument("--parallel", type=int, default=None, metavar="N",
                     help="corners run at once (default: two when this host has the free cores, else one); each is "
-                         "a verl run of its own, so host memory adds up (~7 GB each for a SmolLM2-size shrink)")
+                         "a trainer run of its own, so host memory adds up (~7 GB each for a 135M-parameter model)")
     rh.add_argument("--recheck", action="store_true", help="run nothing: the checks again on this experiment's last "
                                                            "rehearsal (after fixing e.g. the objective's name)")
     rh.add_argument("--corner-timeout", type=float, default=None, metavar="S",

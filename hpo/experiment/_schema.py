@@ -50,7 +50,7 @@ class EarlyStopping:
 
     enabled: bool = field(default=True, metadata=_meta("Off with false."))
     metric: str | None = field(default=None, metadata=_meta(
-        "Spread metric watched at evaluations; null = the trainer's (verl_core: eval/reward_std; none: rule off)."))
+        "Spread metric watched at evaluations; null = the trainer's (its backend's metrics.spread; none: rule off)."))
     threshold: float = field(default=0.05, metadata=_meta("Small spread while metric < threshold."))
     patience: int = field(default=3, metadata=_meta("Consecutive evaluations below threshold."))
     min_value: float = field(default=0.5, metadata=_meta(
@@ -131,18 +131,16 @@ class ConfirmSpec:
         "race: differences smaller than this do not matter (the candidates left are tied); null = "
         "early_stopping.plateau_min_delta, else 1% of the leader's mean."))
     seed_key: str | None = field(default=None, metadata=_meta(
-        "Trainer key of the run's seed; null = trainer.seed (verl_core) or data.seed (verl)."))
+        "Trainer key of the run's seed; null = the trainer's seed keys (its backend's seed_keys)."))
     seed_base: int = field(default=1000, metadata=_meta("First confirmation seed."))
     test_files: str | None = field(default=None, metadata=_meta(
-        "Held-out test data of confirmation runs (never seen by the search). verl_core: data.test_files, evaluated "
-        "once at the last step (test/*); null = the built-in task's test split when data.val_files is builtin:<task>, "
-        "else none. verl: validated beside data.val_files when test_metric is set, else it replaces data.val_files "
-        "in confirmation runs (whose values, the ones the race picks on, are then test values); null = none."))
+        "Held-out test data of confirmation runs (never seen by the search), set through the trainer's held-out key "
+        "(its backend's heldout_keys; how each trainer evaluates it: docs/trainer.md, docs/verl.md, docs/trl.md); "
+        "null = the trainer's built-in test split where it has one, else none."))
     test_metric: str | None = field(default=None, metadata=_meta(
         "The metric a confirmation run's held-out value is read from; null = the trainer's name for the objective's "
-        "metric on the test split (verl_core, TRL: test/..., test-core/...). verl names validation metrics by each "
-        "row's data_source (val-core/<data_source>/acc/mean@1): set it to the test file's, and confirmation runs "
-        "validate on data.val_files and test_files together, so the race and the ranking use the validation metric "
+        "metric on the test split (its backend's heldout_prefixes). A trainer that names metrics by data source "
+        "needs it set to the test file's (docs/verl.md); the race and the ranking then use the validation metric "
         "and only the report reads the test one."))
     early_stopping: bool = field(default=False, metadata=_meta(
         "Confirmation runs stop early by the early_stopping rules (plateau, spread) as search trials do; false = "
@@ -235,16 +233,14 @@ class StudySpec:
 @dataclass(frozen=True)
 class TrialSpec:
     backend: str = field(default=DEFAULT_BACKEND, metadata=_meta(
-        "Trainer: verl_core (python -m verl_core train), verl (python -m verl.trainer.main_ppo in trial.python, "
-        "hydra overrides; see docs/verl.md) or trl (TRL's GRPOTrainer in trial.python; see docs/trl.md); an "
-        "installed backend plugin's name (entry point group verl_hpo.backends; docs/layout.md). Checked against "
-        "the backends' registry when the experiment is loaded."))
+        "Trainer: a backend's name, a shipped one (docs/trainer.md, docs/verl.md, docs/trl.md) or an installed "
+        "plugin's (entry point group verl_hpo.backends; docs/layout.md). Checked against the backends' registry "
+        "when the experiment is loaded."))
     python: str | None = field(default=None, metadata=_meta(
-        "backend verl: verl's interpreter; null = .venv-gpu-verl/bin/python (make install-verl-gpu), else "
-        ".venv-verl/bin/python (make install-verl), else the driver's own. backend trl: TRL's interpreter "
-        "(docs/trl.md)."))
+        "The trainer's interpreter, for backends that run in one of their own; null = the backend's default (its "
+        "docs), else the driver's own."))
     command: tuple[str, ...] | None = field(default=None, metadata=_meta(
-        "Trainer argv prefix; null = the backend's default command (verl_core: python -m verl_core train)."))
+        "Trainer argv prefix; null = the backend's default command (its default_command)."))
     prepare_command: tuple[str, ...] | None = field(default=None, metadata=_meta("Run once before trials."))
     n_jobs: int = field(default=1, metadata=_meta("Trials run in parallel."))
     timeout_s: float | None = field(default=None, metadata=_meta("Kill a trial after this many seconds."))
