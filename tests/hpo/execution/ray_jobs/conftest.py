@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,9 +83,9 @@ class RayCluster:
     """The test cluster: ``address`` is the dashboard URL trials are submitted to."""
 
     temp: Path
-    gcs_port: int
-    dashboard_port: int
     env: dict[str, str]
+    gcs_port: int = 0  # both drawn by start_head
+    dashboard_port: int = 0
     marks: dict[str, str] = field(default_factory=dict)
     agent_port: int | None = None  # the dashboard agent's HTTP port (None: a free one)
     ray: Path = RAY  # the `ray` of the nodes' interpreter (what the cluster's workers and actors run in)
@@ -96,35 +96,42 @@ class RayCluster:
     def address(self) -> str:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
-    def _start(self, name: str, args: list[str]) -> None:
+    def _start(self, name: str, args: Callable[[], list[str]]) -> None:
+        """``ray start`` for node ``name``, tried up to 5 times, every port drawn afresh each time (``args`` too: a
+        port drawn once can be taken meanwhile by another test's Ray or trainer, and every try would then fail)."""
         mark = f"{self.temp}:{name}"
         self.marks[name] = mark
-        ports = free_ports(7)
-        if self.agent_port is not None:
-            ports[2] = self.agent_port
-        cmd = [str(self.ray), "start", "--num-cpus", str(self.cpus), "--num-gpus", str(self.gpus), "--resources",
-               json.dumps({name: 1}),
-               "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
-               "--node-manager-port", str(ports[0]), "--object-manager-port", str(ports[1]),
-               "--dashboard-agent-listen-port", str(ports[2]), "--dashboard-agent-grpc-port", str(ports[3]),
-               "--metrics-export-port", str(ports[4]), "--runtime-env-agent-port", str(ports[5]),
-               "--min-worker-port", str(ports[6] + 1), "--max-worker-port", str(ports[6] + 60), *args]
         for _attempt in range(5):  # `ray start` gives a raylet 30 s to register: not always enough on 2 busy cores
+            ports = free_ports(7)
+            if self.agent_port is not None:
+                ports[2] = self.agent_port
+            cmd = [str(self.ray), "start", "--num-cpus", str(self.cpus), "--num-gpus", str(self.gpus), "--resources",
+                   json.dumps({name: 1}),
+                   "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
+                   "--node-manager-port", str(ports[0]), "--object-manager-port", str(ports[1]),
+                   "--dashboard-agent-listen-port", str(ports[2]), "--dashboard-agent-grpc-port", str(ports[3]),
+                   "--metrics-export-port", str(ports[4]), "--runtime-env-agent-port", str(ports[5]),
+                   "--min-worker-port", str(ports[6] + 1), "--max-worker-port", str(ports[6] + 60), *args()]
             res = subprocess.run(cmd, env={**self.env, MARK: mark}, capture_output=True, text=True,
                                  timeout=START_TIMEOUT_S)
             if res.returncode == 0:
                 return
             kill_node(mark)
-        raise AssertionError(f"ray start ({name}) failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        last = (res.stderr.strip().splitlines() or ["(no stderr)"])[-1]  # the exception, first: a log may cut the rest
+        raise AssertionError(f"ray start ({name}) failed 5 times, last: {last}\n{res.stdout[-3000:]}\n"
+                             f"{res.stderr[-3000:]}")
 
     def start_head(self) -> None:
-        client_port = free_ports(1)[0]
-        self._start("node_a", ["--head", "--port", str(self.gcs_port), "--dashboard-port", str(self.dashboard_port),
-                               "--include-dashboard=true", "--dashboard-host", "127.0.0.1", "--temp-dir",
-                               str(self.temp), "--ray-client-server-port", str(client_port)])
+        def args() -> list[str]:
+            self.gcs_port, self.dashboard_port, client_port = free_ports(3)
+            return ["--head", "--port", str(self.gcs_port), "--dashboard-port", str(self.dashboard_port),
+                    "--include-dashboard=true", "--dashboard-host", "127.0.0.1", "--temp-dir", str(self.temp),
+                    "--ray-client-server-port", str(client_port)]
+
+        self._start("node_a", args)
 
     def start_worker(self, name: str = "node_b") -> None:
-        self._start(name, ["--address", f"127.0.0.1:{self.gcs_port}"])
+        self._start(name, lambda: ["--address", f"127.0.0.1:{self.gcs_port}"])
 
     def alive_nodes(self) -> list[dict[str, object]]:
         from hpo.execution.ray_jobs import RayClusterError, cluster_view
@@ -180,7 +187,7 @@ def running_cluster(prefix: str, *, workers: int = 0, **options: Any) -> Iterato
     if not ray.exists():
         pytest.skip(f"Ray is not installed ({ray}): pip install -e '.[ray]'")
     temp = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
-    cluster = RayCluster(temp, *free_ports(2), cluster_env(), **options)
+    cluster = RayCluster(temp, cluster_env(), **options)
     try:
         cluster.start_head()
         names = {"node_a"}
