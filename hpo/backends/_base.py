@@ -7,7 +7,8 @@ The study loop, confirmation, PBT, tracking and reporting never test a backend's
   score, entropy, KL, clip ratio, step time, response length ... under the names the trainer itself logs);
 * ``default_command``, ``default_prepare_command``: what ``trial.command`` and ``trial.prepare_command`` mean when
   an experiment leaves them unset (:meth:`with_defaults` fills them in on every load);
-* ``code_keys``, ``every_key_is_code``: which of its config keys name code (the trust check,
+* ``code_keys``, ``every_key_is_code``, ``default_runs_unasked``: which of its config keys name code, and whether
+  its own commands on a shipped config run unasked from a stored experiment (the trust check,
   :mod:`hpo.experiment._trust`);
 * ``heldout_keys``, ``heldout_prefixes``: the keys that select its held-out split and the names its metrics take
   there (the guard that keeps a search off it, :mod:`hpo.experiment._heldout`);
@@ -132,7 +133,8 @@ class Backend:
 
     def code_rules(self) -> CodeRules:
         """What decides whether a stored experiment of this trainer runs code here (:mod:`hpo.experiment._trust`)."""
-        return CodeRules(self.default_command, self.default_prepare_command, self.code_keys, self.every_key_is_code)
+        return CodeRules(self.default_command, self.default_prepare_command, self.code_keys, self.every_key_is_code,
+                         self.default_runs_unasked)
 
     def with_defaults(self, space: Space) -> Space:
         """The experiment with what it leaves to the trainer filled in: ``trial.command`` (:attr:`default_command`),
@@ -198,6 +200,7 @@ class Backend:
         return argv + ["--config", space.config, *space.trainer_overrides({})]
 
     every_key_is_code: ClassVar[bool] = False  # any override may name code to load (verl's hydra ``_target_``)
+    default_runs_unasked: ClassVar[bool] = False  # a stored experiment of its own commands, no code: runs untrusted
 
     # ------------------------------------------------------------------ one attempt
     def configure(self, space: Space, values: Mapping[str, Any], trial_dir: Path,

@@ -9,9 +9,10 @@ are the trainer's own, is the trainer's backend's to say (:class:`CodeRules`, ``
 verl_core's ``custom_reward_function.*`` and ``evaluation.custom``; for a verl study every key, since hydra's
 ``_target_`` instantiates code); the driver passes them in, this layer knows no trainer.
 
-* A stored experiment whose executable part is the default (the default trainer's own command on a shipped
-  config, no extra environment, no user code) runs: its fixed overrides and parameters are trainer
-  settings, which the trainer validates.
+* A stored experiment whose executable part is the default (its trainer's own command on a shipped config, no
+  interpreter, extra environment or user code), of a trainer whose backend says that runs no code but its own
+  (``CodeRules.default_runs_unasked``: verl_core), runs: its fixed overrides and parameters are trainer settings,
+  which the trainer validates.
 * Otherwise it runs only when a local experiment file (``--space FILE``, else the file the study was
   made from, if it exists here) has the same executable part, or when the user passes
   ``--trust-stored-experiment``.
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.experiment._secrets import MASK, is_secret_key
-from hpo.experiment._space import Space, SpaceError, TrialSpec, read_space
+from hpo.experiment._space import Space, SpaceError, read_space
 
 TRUST_FLAG = "--trust-stored-experiment"
 
@@ -42,6 +43,10 @@ class CodeRules:
     default_prepare_command: tuple[str, ...] | None = None  # the same for trial.prepare_command
     code_keys: tuple[str, ...] = ()  # key prefixes whose values name code to load
     every_key_is_code: bool = False  # any key may name code (verl's hydra ``_target_``)
+    # its own commands on a shipped config, with no interpreter, environment or code key of the experiment's, run no
+    # code but the trainer's: a stored experiment that is that runs unasked (verl_core's; verl's and TRL's configs
+    # are the user's files)
+    default_runs_unasked: bool = False
 
 
 def experiment_digest(raw: dict[str, Any]) -> str:
@@ -75,8 +80,8 @@ def executable_part(space: Space, rules: CodeRules = CodeRules()) -> dict[str, A
     }
 
 
-def is_default(part: dict[str, Any]) -> bool:
-    return (part["trial.backend"] == TrialSpec().backend and part["trial.python"] is None
+def is_default(part: dict[str, Any], rules: CodeRules) -> bool:
+    return (rules.default_runs_unasked and part["trial.python"] is None
             and part["trial.command"] is None and part["trial.prepare_command"] is None
             and not part["trial.env"] and part["config"] is None and not part["code keys"])
 
@@ -93,7 +98,7 @@ def check_stored_experiment(stored: Space, study_name: str, local_path: str | No
     """Raise SpaceError unless the stored experiment may run here; returns how it was accepted (``rules``: the stored
     experiment's trainer's, see :func:`executable_part`)."""
     part = executable_part(stored, rules)
-    if is_default(part):
+    if is_default(part, rules):
         return "default trainer"
     if trusted:
         return TRUST_FLAG
@@ -110,8 +115,8 @@ def check_stored_experiment(stored: Space, study_name: str, local_path: str | No
         local = _local_space(path)
         if local is not None and executable_part(local, rules) == part:
             return str(path)
-    differs = [k for k in part if part[k] not in (None, {}, [])
-               and (k != "trial.backend" or part[k] != TrialSpec().backend)]
+    differs = [k for k in part if part[k] not in (None, {}, []) and (k != "trial.backend" or
+                                                                       not rules.default_runs_unasked)]
     where = f"{candidates[0]} differs" if candidates else "no local experiment file to compare with"
     digest = f" (sha256 {stored_digest[:12]})" if stored_digest else ""
     raise SpaceError(

@@ -210,6 +210,26 @@ def test_stored_user_code_keys_need_trust_even_with_the_default_trainer(tmp_path
                                    rules=rules) == "default trainer"
 
 
+def test_only_a_backend_that_says_so_runs_its_default_experiment_unasked() -> None:
+    """The trust rule keys on what the trainer's backend says (``default_runs_unasked``), not on a trainer's name: the
+    same default experiment under rules that do not say so needs a local file or the flag."""
+    import dataclasses
+
+    from hpo.backends import backend_named, load_space
+    from hpo.experiment._trust import TRUST_FLAG, check_stored_experiment
+
+    rules = backend_named("verl_core").code_rules()
+    assert rules.default_runs_unasked and not backend_named("verl").code_rules().default_runs_unasked
+    space = load_space("kl_lr", check=False)
+    assert check_stored_experiment(space, "s", None, None, False, rules=rules) == "default trainer"
+    guarded = dataclasses.replace(rules, default_runs_unasked=False)
+    with pytest.raises(SpaceError, match="trial.backend.*no local experiment file"):
+        check_stored_experiment(space, "s", None, None, False, rules=guarded)
+    assert check_stored_experiment(space, "s", None, None, True, rules=guarded) == TRUST_FLAG
+    assert check_stored_experiment(space, "s", str(ROOT / "search_spaces" / "kl_lr.yaml"), None, False,
+                                   rules=guarded).endswith("kl_lr.yaml")
+
+
 def test_a_study_stored_with_the_old_default_command_is_still_the_default_trainer() -> None:
     """Before the default command moved into its backend, a stored experiment could name it; it is the trainer's own
     command still (trusted, and equal to a local file that leaves it unset)."""

@@ -28,6 +28,7 @@ class VerlCoreCommand(Backend):
     metrics = _names.METRICS
     default_command = _names.COMMAND  # what the experiment replaced (the trust check compares with it)
     code_keys = _names.CODE_KEYS
+    default_runs_unasked = True  # its command on a shipped config runs verl_core and no code of the experiment's
     heldout_keys = (TEST_KEY,)
     heldout_prefixes = _names.TEST_PREFIXES
     metrics_env = _names.METRICS_ENV
