@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from hpo.execution.ray_jobs._isolate import PRIVATE_NAMESPACES_ENV
+
 PLUGIN_MODULE = "verl_cpu_platform"  # plugins/verl-cpu
 PLATFORM_ENV = "VERL_PLATFORM"
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
@@ -86,7 +88,11 @@ CLUSTER_KEYS = ("ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.num_cpus")
 # verl's ray.init passes a runtime_env of its own (env_vars such as TOKENIZERS_PARALLELISM); inside a Ray job Ray
 # merges it with the job's and refuses any key both set ("Failed to merge the Job's runtime env") unless told
 # that verl's wins
-JOB_ENV = {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
+JOB_ENV = {"RAY_OVERRIDE_JOB_RUNTIME_ENV": "1",
+           # TransferQueue's controller is the named actor TransferQueueController in the fixed namespace
+           # transfer_queue: two verl jobs on one cluster would share it, and one job's tq.close() kills it under
+           # the other (hpo.execution.ray_jobs._isolate gives each job its own)
+           PRIVATE_NAMESPACES_ENV: "transfer_queue"}
 
 
 def cpu_overrides(overrides: Sequence[str], joins_cluster: bool = False) -> list[str]:

@@ -37,7 +37,7 @@ from typing import Any
 from hpo.execution._metrics import MAX_LINE_BYTES, parse_line
 from hpo.execution._process import ENV_DRIVER
 from hpo.execution._runner import CLASSIFY_TAIL_BYTES, REPORT_TICK_S, RunResult, final_exception, read_tail
-from hpo.execution.ray_jobs import _entry
+from hpo.execution.ray_jobs import _entry, _isolate
 from hpo.execution.ray_jobs._cluster import (
     NO_AGENT,
     TERMINAL,
@@ -72,6 +72,7 @@ def entry_package() -> Path:
             root.mkdir()
             (root / "__init__.py").write_text("")
             (root / "__main__.py").write_text(Path(_entry.__file__).read_text())
+            (root / "isolate.py").write_text(Path(_isolate.__file__).read_text())  # the jobs' worker setup hook
             _package_dir = root
         return _package_dir
 
@@ -253,6 +254,7 @@ class RayJob:
         runtime_env = dict(self.runtime_env)
         runtime_env["py_modules"] = [*runtime_env.get("py_modules", []), str(entry_package())]
         runtime_env["env_vars"] = {**dict(runtime_env.get("env_vars", {})), **job_env(self.env)}
+        _isolate.isolation(self.env, runtime_env, self.submission_id, ENTRY_PACKAGE)  # its own fixed namespaces
         kwargs: dict[str, Any] = {}
         if self.hold:
             per = dict(self.resources.per_node)

@@ -233,3 +233,81 @@ def test_a_verl_trial_runs_as_a_two_node_ray_job(ray_cluster: RayCluster, tmp_pa
     (job,) = ray_cluster.jobs("verl_ray")
     assert str(job.status.value) == "SUCCEEDED" and job.submission_id == trial.user_attrs["ray_job"]
     assert "verl_hpo_ray_entry" in job.entrypoint and "trainer.nnodes=2" in job.entrypoint
+
+
+# verl 0.9.1's TransferQueue pattern: a controller created from an actor as a named actor in a fixed namespace, and
+# found again by that name from every other worker (transfer_queue/interface.py: init, _init_from_existing)
+NAMED_ACTOR_JOB = '''
+import json, os, sys, time
+import ray
+
+token, meeting, metrics = sys.argv[1], sys.argv[2], sys.argv[3]
+ray.init()
+
+@ray.remote
+class Controller:
+    def __init__(self, token):
+        self.token = token
+    def owner(self):
+        return self.token
+
+@ray.remote(num_cpus=0)
+class Runner:  # the TaskRunner: tq.init creates the controller, or connects to the one that exists
+    def init(self, token):
+        try:
+            self.ctl = Controller.options(name="Controller", namespace="transfer_queue").remote(token)
+            return True
+        except ValueError:
+            return False
+
+@ray.remote(num_cpus=0)
+def worker_sees():  # any worker of the job: ray.get_actor by the fixed name
+    return ray.get(ray.get_actor("Controller", namespace="transfer_queue").owner.remote())
+
+runner = Runner.remote()
+created = ray.get(runner.init.remote(token))
+open(os.path.join(meeting, token), "w").close()
+deadline = time.time() + 120
+while len(os.listdir(meeting)) < 2 and time.time() < deadline:  # both jobs hold their controllers now
+    time.sleep(0.2)
+seen = ray.get(worker_sees.remote())
+with open(metrics, "a") as f:
+    f.write(json.dumps({"step": 1, "data": {"created": float(created), "own": float(seen == token)}}) + "\\n")
+'''
+
+
+def _two_named_actor_jobs(cluster: RayCluster, tmp_path: Path, env: dict[str, str]) -> list[dict[str, float]]:
+    import threading
+
+    from hpo.execution.ray_jobs import RayJob
+
+    script, meeting = tmp_path / "job.py", tmp_path / "meeting"
+    script.write_text(NAMED_ACTOR_JOB)
+    meeting.mkdir()
+    jobs = [RayJob(argv=[PY, str(script), token, str(meeting), str(tmp_path / f"{token}.jsonl")], env=env,
+                   log_dir=tmp_path / token, metrics_path=tmp_path / f"{token}.jsonl", address=cluster.address,
+                   submission_id=f"verl-hpo-isolate-{tmp_path.name}-{token}", note=lambda line: None)
+            for token in ("a", "b")]
+    results: list[Any] = [None, None]
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, jobs[i].run())) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert all(r is not None and r.exit_code == 0 for r in results), [
+        (j.log_dir / "stderr.log").read_text()[-2000:] for j in jobs]
+    return [yaml.safe_load((tmp_path / f"{token}.jsonl").read_text())["data"] for token in ("a", "b")]
+
+
+def test_two_jobs_get_their_own_copy_of_a_trainers_fixed_namespace(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    """Two jobs at once that each create a named actor in one fixed namespace (verl's TransferQueue controller): with
+    the namespace named private (what the verl backend says) each job creates and finds its own; without it the
+    second finds the first's (the collision that hung one of two real verl jobs when the other ended)."""
+    from hpo.execution.ray_jobs import PRIVATE_NAMESPACES_ENV
+
+    (tmp_path / "shared").mkdir()
+    shared = _two_named_actor_jobs(ray_cluster, tmp_path / "shared", {})
+    assert sorted(d["created"] for d in shared) == [0.0, 1.0] and sorted(d["own"] for d in shared) == [0.0, 1.0]
+    (tmp_path / "private").mkdir()
+    private = _two_named_actor_jobs(ray_cluster, tmp_path / "private", {PRIVATE_NAMESPACES_ENV: "transfer_queue"})
+    assert private == [{"created": 1.0, "own": 1.0}] * 2
