@@ -121,9 +121,11 @@ def test_two_verl_trials_at_once_survive_a_killed_driver(verl_cluster: RayCluste
     assert sorted(_alive(verl_cluster, "vray")) == sorted(jobs.values())
 
     res = run_cli(["resume", "--study", "vray"], studies, timeout=1500)
+    (tmp_path / "resume.stderr").write_text(res.stderr)
     assert res.returncode == 0, res.stderr[-3000:]
     study = load(studies, "vray")
-    assert n_finished(study) == 2 and len(verl_cluster.jobs("vray")) == 2  # adopted: never submitted twice
+    assert n_finished(study) == 2, res.stderr[-3000:]
+    assert len(verl_cluster.jobs("vray")) == 2  # adopted: never submitted twice
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert sorted(t.user_attrs["ray_job"] for t in done) == sorted(jobs.values())
     assert all(t.user_attrs.get("ray_job_adopted") is True for t in done)

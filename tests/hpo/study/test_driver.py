@@ -259,3 +259,31 @@ def test_one_driver_with_parallel_jobs_never_asks_for_a_surplus_trial(tmp_path: 
         trials = load(studies, f"jobs{run}").trials
         assert [t.state for t in trials] == [TrialState.COMPLETE] * 5
         assert "interrupted" not in res.stdout and "surplus" not in res.stdout
+
+
+@pytest.mark.parametrize("finished_elsewhere", [False, True])
+def test_a_trial_the_driver_cannot_go_on_with_is_queued_once_unless_it_finished(tmp_path: Path,
+                                                                               finished_elsewhere: bool) -> None:
+    """A driver error after the trial ran (a broken pipe, a full disk): the trial ends FAIL with one retry queued;
+    but a trial another driver has told meanwhile keeps its result and gets no retry (a resumed Ray-job study counted
+    a third finished trial of two when both happened)."""
+    from optuna.distributions import FloatDistribution
+
+    from hpo.backends import load_space
+    from hpo.study import DriverError
+    from hpo.study._trial import TrialRunner
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask({"x": FloatDistribution(0, 1)})
+    if finished_elsewhere:
+        optuna.load_study(study_name="s", storage=storage).tell(trial.number, 0.5)
+    runner = TrialRunner.__new__(TrialRunner)  # only what _abandon reads
+    runner.study, runner.space = study, load_space("kl_lr", check=False)
+    with pytest.raises(DriverError, match="Broken pipe"):
+        runner._abandon(trial, BrokenPipeError(32, "Broken pipe"))
+    states = [t.state for t in study.get_trials()]
+    assert states == ([TrialState.COMPLETE] if finished_elsewhere else [TrialState.FAIL, TrialState.WAITING])
+    if not finished_elsewhere:
+        assert study.trials[0].user_attrs["stop_reason"] == "driver_error"
+        assert study.trials[1].params == study.trials[0].params
