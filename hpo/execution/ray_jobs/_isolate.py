@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 PRIVATE_NAMESPACES_ENV = "VERL_HPO_RAY_PRIVATE_NAMESPACES"  # set by a backend: namespaces its trainer fixes
@@ -36,7 +37,7 @@ def namespace_map(names: str, submission_id: str) -> dict[str, str]:
     return {n: f"{n}@{submission_id}" for n in (s.strip() for s in names.split(",")) if n}
 
 
-def isolation(env: dict[str, str], runtime_env: dict[str, Any], submission_id: str, package: str) -> None:
+def isolation(env: Mapping[str, str], runtime_env: dict[str, Any], submission_id: str, package: str) -> None:
     """Add the hook and its map to a job's ``runtime_env`` (its ``env_vars`` already the job's, ``env``) when the
     backend named private namespaces; the user's own hook is kept to run after it."""
     mapping = namespace_map(env.get(PRIVATE_NAMESPACES_ENV, ""), submission_id)
