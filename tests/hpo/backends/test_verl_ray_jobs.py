@@ -4,13 +4,14 @@ it), and ``search_spaces/verl_grpo_cpu.yaml`` run with ``trial.executor: ray`` a
 ``main_ppo`` joins the cluster (no Ray of its own), its actors run in the nodes' interpreter on the CPU platform.
 
 One cluster and one test, to stay inside CI's time (in ``make test-slow``, ``cpu_heavy``; ``make test-ray-verl`` runs it
-alone): two real verl trials at once, the driver SIGKILLed and ``resume`` adopting both jobs, and, while those trials
-start, the refusals of clusters that cannot run them (each a ``search`` that stops before its study). ~4 min here on 2
-quiet cores. Its first runs hung one of the two jobs after the other ended: verl's TransferQueue controller is one
+alone): two real verl trials at once, the driver SIGKILLed, one job dead while nobody watched, ``resume`` adopting the
+other and retrying the dead one from its shared checkpoint; and, while those trials start, the refusals of clusters
+that cannot run them (each a ``search`` that stops before its study). Its first runs hung one of the two jobs after the other ended: verl's TransferQueue controller is one
 named actor per cluster (``hpo.execution.ray_jobs._isolate`` gives each job its own)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from hpo.backends.verl._resume import checkpoint_complete
 from hpo.execution.ray_jobs import TERMINAL
 from hpo.study._slots import n_finished
 from tests.hpo.conftest import PY, ROOT, cli_env, load, run_cli
@@ -46,7 +48,8 @@ def verl_cluster() -> Iterator[RayCluster]:
 
 def verl_space(tmp_path: Path, address: str, name: str, n_trials: int = 2, **ray: Any) -> Path:
     raw = yaml.safe_load(SPACE.read_text())
-    raw["overrides"].update({"trainer.total_training_steps": 2, "trainer.test_freq": 2, "trainer.save_freq": 2})
+    # 3 steps, a checkpoint at step 2 (and the last), validation before training and at the end
+    raw["overrides"].update({"trainer.total_training_steps": 3, "trainer.test_freq": 3, "trainer.save_freq": 2})
     raw["study"] = {"n_trials": n_trials, "sampler": {"type": "random", "seed": 0}, "pruner": {"type": "none"},
                     "heartbeat_interval": 1, "grace_period": 5}
     raw["trial"] = {**raw["trial"], "python": str(VERL_PY), "timeout_s": 1500, "n_jobs": 2, "executor": "ray",
@@ -99,12 +102,20 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.is_file() else []
 
 
+def _steps(path: Path) -> list[int]:
+    return [int(yaml.safe_load(line)["step"]) for line in _lines(path)]
+
+
 def test_two_verl_trials_at_once_survive_a_killed_driver(verl_cluster: RayCluster, tmp_path: Path) -> None:
-    """Two real verl trials in flight on the two nodes; the driver SIGKILLed once both have logged; ``resume``
-    adopts both running jobs (no second submission), and the study ends with both COMPLETE on verl's own metrics,
-    checkpoints in ``trial.ray.shared_dir``, and nothing of the study left on the cluster. Meanwhile: the
-    refusals (:func:`refusals`)."""
+    """Two real verl trials in flight on the two nodes. Once both are past their step-2 checkpoint (in
+    ``trial.ray.shared_dir``) the driver is SIGKILLed, and one job is stopped while no driver watches (a job that
+    died). ``resume`` adopts the running job (no second submission) and retries the dead one from its shared
+    checkpoint (a new job, ``resume_path`` at ``global_step_2``); both end COMPLETE on verl's own metrics, each job had
+    a TransferQueue of its own, and nothing of the study is left on the cluster. Meanwhile: the refusals
+    (:func:`refusals`)."""
     from ray.util.state import list_actors, list_placement_groups
+
+    from hpo.execution.ray_jobs import job_client, stop_and_wait
 
     studies, shared = tmp_path / "studies", tmp_path / "shared"
     space = verl_space(tmp_path, verl_cluster.address, "vray", shared_dir=str(shared))
@@ -112,36 +123,45 @@ def test_two_verl_trials_at_once_survive_a_killed_driver(verl_cluster: RayCluste
                               cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     refusals(verl_cluster, tmp_path)  # while the two trials start: their drivers stop before any study
     trials = studies / "vray" / "trials"
-    wait_for(lambda: all(_lines(trials / str(n) / "job-metrics.jsonl") for n in (0, 1)) or driver.poll() is not None,
-             1500, "both verl trials' first metrics")
+    wait_for(lambda: all(max(_steps(trials / str(n) / "job-metrics.jsonl"), default=-1) >= 2 for n in (0, 1))
+             or driver.poll() is not None, 1500, "both verl trials past their step-2 checkpoint")
     assert driver.poll() is None, driver.communicate()
     driver.send_signal(signal.SIGKILL)  # no cleanup at all: the jobs run on
     driver.communicate(timeout=30)
     first = load(studies, "vray").trials
     jobs = {t.number: t.user_attrs["ray_job"] for t in first}
-    assert sorted(_alive(verl_cluster, "vray")) == sorted(jobs.values())
+    assert jobs[1] in _alive(verl_cluster, "vray") and set(_alive(verl_cluster, "vray")) <= set(jobs.values())
+    assert checkpoint_complete(shared / "vray" / "1" / "checkpoints" / "global_step_2")
+    assert stop_and_wait(job_client(verl_cluster.address), jobs[1], 60) == "STOPPED"  # died, nobody watching
 
     res = run_cli(["resume", "--study", "vray"], studies, timeout=1500)
     (tmp_path / "resume.stderr").write_text(res.stderr)
     assert res.returncode == 0, res.stderr[-3000:]
     study = load(studies, "vray")
     assert n_finished(study) == 2, res.stderr[-3000:]
-    assert len(verl_cluster.jobs("vray")) == 2  # adopted: never submitted twice
-    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    assert sorted(t.user_attrs["ray_job"] for t in done) == sorted(jobs.values())
-    assert all(t.user_attrs.get("ray_job_adopted") is True for t in done)
-    for t in done:
+    done = {t.user_attrs["retry_of"]: t for t in study.trials if t.state == TrialState.COMPLETE}
+    assert sorted(done) == [0, 1], res.stderr[-3000:]
+    adopted, retried = done[0], done[1]
+    assert adopted.user_attrs["ray_job"] == jobs[0] and adopted.user_attrs.get("ray_job_adopted") is True
+    assert retried.user_attrs["ray_job"] not in jobs.values() and not retried.user_attrs.get("ray_job_adopted")
+    assert len(verl_cluster.jobs("vray")) == 3  # the running job was never submitted twice
+    assert retried.user_attrs["resumed_from_step"] == 2
+    argv = json.loads((trials / str(retried.number) / "command.json").read_text())["argv"]
+    (start,) = [a.split("=", 1)[1].strip("'") for a in argv if a.startswith("trainer.resume_from_path=")]
+    assert Path(start).resolve() == shared / "vray" / "1" / "checkpoints" / "global_step_2"  # the dead job's
+    assert _steps(trials / str(retried.number) / "job-metrics.jsonl")[0] == 2  # verl went on from its checkpoint
+    for t in (adopted, retried):
         records = [yaml.safe_load(line) for line in _lines(trials / str(t.number) / "job-metrics.jsonl")]
         keys = {k for r in records for k in r["data"]}
         assert {"timing_s/update_weights", VAL} <= keys, sorted(keys)
         assert t.value is not None and 0.0 <= t.value <= 1.0
-    for number in jobs:  # verl saved step 2 into the shared directory; the trial directory links to it
-        assert (shared / "vray" / str(number) / "checkpoints" / "global_step_2").is_dir()
-        assert (trials / str(number) / "checkpoints").resolve() == (shared / "vray" / str(number) / "checkpoints")
+    assert (trials / "0" / "checkpoints").resolve() == shared / "vray" / "0" / "checkpoints"  # a link to it
+    assert checkpoint_complete(shared / "vray" / str(retried.number) / "checkpoints" / "global_step_3")
     assert not _alive(verl_cluster, "vray")
     controllers = list_actors(address=verl_cluster.address, filters=[("class_name", "=", "TransferQueueController")],
-                              detail=True, limit=1000)  # one TransferQueue per job, not one shared by both
-    assert sorted(a["ray_namespace"] for a in controllers) == sorted(f"transfer_queue@{j}" for j in jobs.values())
+                              detail=True, limit=1000)  # one TransferQueue per job, not one shared by all
+    assert sorted(a["ray_namespace"] for a in controllers) == sorted(
+        f"transfer_queue@{j.submission_id}" for j in verl_cluster.jobs("vray"))
     wait_for(lambda: not list_placement_groups(address=verl_cluster.address, filters=[("state", "=", "CREATED")])
              and not list_actors(address=verl_cluster.address, filters=[("state", "=", "ALIVE")])
              and not _study_processes("vray"), 120, "verl's placement groups, actors and processes to be gone")
