@@ -21,7 +21,8 @@ ROW_KEYS = {"name", "unit", "ours", "baseline", "ratio", "ours_min", "ours_max",
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.slow  # make test-slow (CI runs it); kept out of make test's 15-minute budget
+@pytest.mark.slow
+@pytest.mark.bench_smoke  # make test-bench, not CI: the decode loop's equality with generate is tests/verl_core's
 def test_smoke_run_writes_results_schema(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-m", "benchmarks.run", "--smoke", "--skip-trl", "--skip-vllm", "--only", "trainer",

@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.bench_smoke  # make test-bench, not CI: a throughput study's path is tests/hpo/reporting/test_speed.py's
 def test_throughput_smoke_compares_the_pick_with_both_configs(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.throughput", "--smoke", "--only", "verl_core",

@@ -197,6 +197,7 @@ def test_a_real_verl_study_of_four_trials_two_at_once_with_collapses_and_mlflow_
     assert sorted(c for c in curves if c)[-2:] == [[0, 2, 4], [0, 2, 4]]  # the healthy trials' whole curves
 
 
+@pytest.mark.extended  # make test-extended, not CI: CI's retry from verl's checkpoint is test_verl_ray_jobs.py's
 @once_more_after_a_segfault
 def test_a_killed_driver_s_real_verl_trial_resumes_from_verl_s_checkpoint(tmp_path: Path) -> None:
     """The driver is SIGKILLed while its real verl trial trains past its step-2 checkpoint: the trial's processes
