@@ -135,13 +135,13 @@ class ConfirmSpec:
     seed_base: int = field(default=1000, metadata=_meta("First confirmation seed."))
     test_files: str | None = field(default=None, metadata=_meta(
         "Held-out test data of confirmation runs (never seen by the search), set through the trainer's held-out key "
-        "(its backend's heldout_keys; how each trainer evaluates it: docs/trainer.md, docs/verl.md, docs/trl.md); "
+        "(its backend's heldout_keys; how the trainer evaluates it: its page under docs/); "
         "null = the trainer's built-in test split where it has one, else none."))
     test_metric: str | None = field(default=None, metadata=_meta(
         "The metric a confirmation run's held-out value is read from; null = the trainer's name for the objective's "
         "metric on the test split (its backend's heldout_prefixes). A trainer that names metrics by data source "
-        "needs it set to the test file's (docs/verl.md); the race and the ranking then use the validation metric "
-        "and only the report reads the test one."))
+        "needs it set to the test file's (its page under docs/); the race and the ranking then use the validation "
+        "metric and only the report reads the test one."))
     early_stopping: bool = field(default=False, metadata=_meta(
         "Confirmation runs stop early by the early_stopping rules (plateau, spread) as search trials do; false = "
         "they run the full budget, so the confirmed value measures the setting, not the stopping rule (never "
@@ -233,7 +233,7 @@ class StudySpec:
 @dataclass(frozen=True)
 class TrialSpec:
     backend: str = field(default=DEFAULT_BACKEND, metadata=_meta(
-        "Trainer: a backend's name, a shipped one (docs/trainer.md, docs/verl.md, docs/trl.md) or an installed "
+        "Trainer: a backend's name, a shipped one (each with its page under docs/) or an installed "
         "plugin's (entry point group verl_hpo.backends; docs/layout.md). Checked against the backends' registry "
         "when the experiment is loaded."))
     python: str | None = field(default=None, metadata=_meta(

@@ -11,7 +11,7 @@ verl_core's ``custom_reward_function.*`` and ``evaluation.custom``; for a verl s
 
 * A stored experiment whose executable part is the default (its trainer's own command on a shipped config, no
   interpreter, extra environment or user code), of a trainer whose backend says that runs no code but its own
-  (``CodeRules.default_runs_unasked``: verl_core), runs: its fixed overrides and parameters are trainer settings,
+  (``CodeRules.default_runs_unasked``), runs: its fixed overrides and parameters are trainer settings,
   which the trainer validates.
 * Otherwise it runs only when a local experiment file (``--space FILE``, else the file the study was
   made from, if it exists here) has the same executable part, or when the user passes
@@ -44,8 +44,8 @@ class CodeRules:
     code_keys: tuple[str, ...] = ()  # key prefixes whose values name code to load
     every_key_is_code: bool = False  # any key may name code (verl's hydra ``_target_``)
     # its own commands on a shipped config, with no interpreter, environment or code key of the experiment's, run no
-    # code but the trainer's: a stored experiment that is that runs unasked (verl_core's; verl's and TRL's configs
-    # are the user's files)
+    # code but the trainer's: a stored experiment that is that runs unasked (not for a trainer whose config is a
+    # file of the user's)
     default_runs_unasked: bool = False
 
 

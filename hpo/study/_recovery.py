@@ -116,15 +116,24 @@ def recover_stale_trials(study: optuna.Study, grace_period: float, max_retry: in
             if finish(study, t._trial_id, state, decode_values(recorded.get("values"))):
                 done.append((t.number, f"recorded {state.name.lower()}"))
             continue
-        try:  # mark first, so that counting drivers see the retry as due between the FAIL and the queueing
-            study._storage.set_trial_system_attr(t._trial_id, ATTR_RECOVERING, True)
-        except UpdateFinishedTrialError:
-            continue
-        if not finish(study, t._trial_id, TrialState.FAIL, None):
-            continue  # another driver recovered it first: its retry, not ours
-        retried = queue_retry(study, t, max_retry)
-        done.append((t.number, "retry queued" if retried else "max_retry reached, not retried"))
+        retried = fail_and_retry(study, t, max_retry)
+        if retried is not None:  # None: another driver recovered it first: its retry, not ours
+            done.append((t.number, "retry queued" if retried else "max_retry reached, not retried"))
     return done
+
+
+def fail_and_retry(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) -> bool | None:
+    """Move a RUNNING trial to FAIL and queue one retry, as this driver: marked first (counting drivers see the retry
+    as due between the FAIL and the queueing), the retry queued only when this driver moved it. None when it was
+    already finished (recovered by another driver, or told meanwhile: never run again); else whether the retry was
+    queued (False: ``max_retry`` reached)."""
+    try:
+        study._storage.set_trial_system_attr(trial._trial_id, ATTR_RECOVERING, True)
+    except UpdateFinishedTrialError:
+        return None
+    if not finish(study, trial._trial_id, TrialState.FAIL, None):
+        return None
+    return queue_retry(study, trial, max_retry)
 
 
 # ----------------------------------------------------------------------------- heartbeat

@@ -52,7 +52,7 @@ from hpo.execution._executor import TrialExecutor
 from hpo.execution._runner import RunResult, TrialProcess, read_tail
 from hpo.experiment._objective import Scored
 from hpo.experiment._space import Space
-from hpo.record import ATTR_RECOVERING, ATTR_RETRY_HISTORY, ATTR_RETRY_OF, runs_steps
+from hpo.record import ATTR_RETRY_HISTORY, ATTR_RETRY_OF, runs_steps
 from hpo.storages._retrying import STORAGE_ERRORS
 from hpo.study._checkpoints import clean_after
 from hpo.study._command import fresh_trial_dir, trial_env, write_trial_files
@@ -69,7 +69,7 @@ from hpo.study._errors import DriverError, TrialFailed, TrialInterrupted, TrialL
 from hpo.study._population import segment_overrides
 from hpo.study._progress import Progress
 from hpo.study._ray_trials import admit, job_for, ray_job
-from hpo.study._recovery import finish, queue_retry
+from hpo.study._recovery import fail_and_retry, queue_retry
 from hpo.study._slots import is_finished
 from hpo.study._watch import Watch
 
@@ -288,13 +288,10 @@ class TrialRunner:
         why = (str(err).strip().splitlines() or [type(err).__name__])[0]
         if isinstance(err, OSError) and err.strerror:
             why = f"{err.strerror}" + (f": {err.filename}" if err.filename else "")
-        try:  # as recovery does: marked, moved to FAIL by this driver, then queued (a trial that finished
-            # meanwhile, its result told, is not run again)
+        try:  # a trial told meanwhile keeps its result and is not run again
             trial.set_user_attr("stop_reason", "driver_error")
             trial.set_user_attr("error", why[:4000])
-            self.study._storage.set_trial_system_attr(trial._trial_id, ATTR_RECOVERING, True)
-            if finish(self.study, trial._trial_id, TrialState.FAIL, None):
-                queue_retry(self.study, frozen_trial(self.study, trial.number), max_retry=self.space.study.max_retry)
+            fail_and_retry(self.study, frozen_trial(self.study, trial.number), self.space.study.max_retry)
         except Exception:  # noqa: BLE001 - the storage may be the problem; recovery finds the trial later
             pass
         raise DriverError(f"trial {trial.number} could not be run: {type(err).__name__}: {why}") from err

@@ -1,10 +1,9 @@
 """Ray namespaces of one trial's own, on a cluster that runs several trials at once.
 
-A trainer may name a Ray actor in a namespace fixed in its code: verl 0.9.1's TransferQueue creates its controller as
-``TransferQueueController`` in namespace ``transfer_queue`` and finds it again by that name from every worker. Two
-such jobs on one cluster share one controller and one store: the second job's ``tq.init`` connects to the first's
-(its own config ignored), the two trials' batches meet in one store, and the first to finish kills it (``tq.close``)
-under the other, which waits for it forever (seen here: ``kv_list`` blocked in the other job's final validation).
+A trainer may create a Ray actor under a name in a namespace fixed in its code and find it again by that name from
+every worker. Two jobs of such a trainer on one cluster then share that actor: the second job's workers use the
+first's, and when the first job ends and kills it, the second waits on it forever (a backend's case and why: the
+comment where it names the namespace; docs/ray.md).
 
 The trainer's backend names such namespaces in the trial's environment (:data:`PRIVATE_NAMESPACES_ENV`, a
 comma-separated list). The job is then submitted with this module's :func:`setup_worker` as Ray's
@@ -27,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 PRIVATE_NAMESPACES_ENV = "VERL_HPO_RAY_PRIVATE_NAMESPACES"  # set by a backend: namespaces its trainer fixes
-NAMESPACE_MAP_ENV = "VERL_HPO_RAY_NAMESPACE_MAP"  # set on submission: {"transfer_queue": "transfer_queue@<sid>"}
+NAMESPACE_MAP_ENV = "VERL_HPO_RAY_NAMESPACE_MAP"  # set on submission: {"<ns>": "<ns>@<submission id>"}
 USER_HOOK_ENV = "VERL_HPO_RAY_USER_HOOK"  # the user's own worker_process_setup_hook ("module.function")
 HOOK = "isolate.setup_worker"  # under the entrypoint package
 

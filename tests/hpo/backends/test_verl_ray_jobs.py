@@ -6,8 +6,9 @@ it), and ``search_spaces/verl_grpo_cpu.yaml`` run with ``trial.executor: ray`` a
 One cluster and one test, to stay inside CI's time (in ``make test-slow``, ``cpu_heavy``; ``make test-ray-verl`` runs it
 alone): two real verl trials at once, the driver SIGKILLed, one job dead while nobody watched, ``resume`` adopting the
 other and retrying the dead one from its shared checkpoint; and, while those trials start, the refusals of clusters
-that cannot run them (each a ``search`` that stops before its study). Its first runs hung one of the two jobs after the other ended: verl's TransferQueue controller is one
-named actor per cluster (``hpo.execution.ray_jobs._isolate`` gives each job its own)."""
+that cannot run them (each a ``search`` that stops before its study). Its first runs hung one of the two jobs after
+the other ended: verl's TransferQueue controller is one named actor per cluster (``hpo.execution.ray_jobs._isolate``
+gives each job its own)."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def _lines(path: Path) -> list[str]:
 
 
 def _steps(path: Path) -> list[int]:
-    return [int(yaml.safe_load(line)["step"]) for line in _lines(path)]
+    return [int(json.loads(line)["step"]) for line in _lines(path)]
 
 
 def test_two_verl_trials_at_once_survive_a_killed_driver(verl_cluster: RayCluster, tmp_path: Path) -> None:
