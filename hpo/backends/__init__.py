@@ -12,6 +12,7 @@ May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
 from hpo.backends._base import Attempt, Backend, Command, Launch, LaunchContext, TrialConfig
 from hpo.backends._check import check_space, load_checked_space, load_space, rehearsal_of, stored_space
 from hpo.backends._registry import (
+    DEFAULT_BACKEND,
     ENTRY_POINT_GROUP,
     BackendError,
     backend_named,
@@ -23,7 +24,7 @@ from hpo.backends._registry import (
 )
 from hpo.experiment._trust import CodeRules
 
-__all__ = ["ENTRY_POINT_GROUP", "Attempt", "Backend", "BackendError", "CodeRules", "Command", "Launch", "LaunchContext",
-           "TrialConfig",
+__all__ = ["DEFAULT_BACKEND", "ENTRY_POINT_GROUP", "Attempt", "Backend", "BackendError", "CodeRules", "Command",
+           "Launch", "LaunchContext", "TrialConfig",
            "backend_named", "backend_of", "check_space", "known_backends", "load_checked_space", "load_space",
            "register", "rehearsal_of", "stored_space", "trial_backend", "unregister"]

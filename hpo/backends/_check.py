@@ -7,12 +7,13 @@ corners composed by verl itself)."""
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from pathlib import Path
 from typing import Any
 
 from hpo.backends._base import Backend
-from hpo.backends._registry import BackendError, backend_named, backend_of, known_backends
+from hpo.backends._registry import DEFAULT_BACKEND, BackendError, backend_named, backend_of, known_backends
 from hpo.experiment._heldout import check_no_test_split
 from hpo.experiment._limits import check_code_files
 from hpo.experiment._space import SPACES_DIR, Space, SpaceError, load_space_origin, located_error, space_from_stored
@@ -23,6 +24,8 @@ def _trainer(space: Space, origin: dict[str, str]) -> tuple[Space, Backend]:
     """The space's backend (SpaceError, one line, for a name the registry does not know or a plugin that does not
     load) and the space with the trainer's defaults filled in."""
     names = known_backends()
+    if not space.trial.backend:  # the experiment names no trainer: the default one
+        space = dataclasses.replace(space, trial=dataclasses.replace(space.trial, backend=DEFAULT_BACKEND))
     if space.trial.backend not in names:
         raise located_error(space, origin, "trial.backend", f"{space.trial.backend!r} is not one of "
                             f"{', '.join(names)}")
@@ -54,8 +57,9 @@ def _checked(space: Space, origin: dict[str, str]) -> Space:
     space, backend = _trainer(space, origin)
     _check_defaults(space, origin, backend)
     if space.study.strategy == "pbt" and not backend.supports_pbt:
+        have = _backends_that(lambda b: b.supports_pbt)
         raise located_error(space, origin, "study.strategy", f"pbt needs a trainer that resumes its checkpoints "
-                            f"(verl_core or verl); trial.backend is {space.trial.backend}")
+                            f"({have}); trial.backend is {space.trial.backend}")
     speed = space.study.kind == "throughput"
     if speed:  # a learning key is the first thing wrong with a throughput study, whatever its value
         _check_speed_keys(space, origin, backend)
@@ -123,17 +127,20 @@ def rehearsal_of(space: Space) -> Any:
     """The rehearsal of ``space``'s trainer (``Backend.rehearsal``); SpaceError naming the trainers that have one."""
     tool = backend_of(space).rehearsal()
     if tool is None:
-        have = " or ".join(n for n in known_backends() if _rehearses(n))
+        have = _backends_that(lambda b: b.rehearsal() is not None)
         raise SpaceError(f"{space.source}: trial.backend is {space.trial.backend!r}: rehearse runs {have} experiments "
                          f"(trial.backend: {have})")
     return tool
 
 
-def _rehearses(name: str) -> bool:
-    try:
-        return backend_named(name).rehearsal() is not None
-    except BackendError:  # a plugin that does not load rehearses nothing
-        return False
+def _backends_that(does: typing.Callable[[Backend], bool]) -> str:
+    """The trainers whose backend ``does`` (one that does not load does nothing), as "a or b"."""
+    def ok(name: str) -> bool:
+        try:
+            return does(backend_named(name))
+        except BackendError:
+            return False
+    return " or ".join(n for n in known_backends() if ok(n))
 
 
 def check_space(space: Space, origin: dict[str, str] | None = None) -> None:

@@ -22,6 +22,8 @@ from hpo.backends._base import Backend
 from hpo.experiment._space import Space, SpaceError, TrialSpec
 
 ENTRY_POINT_GROUP = "verl_hpo.backends"
+# the trainer of an experiment that names none (``trial.backend`` unset): the project's own, docs/trainer.md
+DEFAULT_BACKEND = "verl_core"
 Factory = str | Callable[[], Backend]
 _REGISTERED: dict[str, Factory] = {}
 _CACHE: dict[str, Backend] = {}
@@ -73,13 +75,14 @@ def known_backends() -> tuple[str, ...]:
     """Every trainer ``trial.backend`` may name: the shipped ones, then the plugins and the registered ones."""
     factories = _factories()
     shipped = _shipped()
-    return (*sorted(shipped, key=lambda n: (n != TrialSpec().backend, n)),
+    return (*sorted(shipped, key=lambda n: (n != DEFAULT_BACKEND, n)),
             *sorted(n for n in factories if n not in shipped))
 
 
 def backend_named(name: str) -> Backend:
-    """The backend registered as ``name`` ("command": the base class, a plain command); KeyError when none is,
-    :class:`BackendError` when it does not load."""
+    """The backend registered as ``name`` ("command": the base class, a plain command; "": the default trainer,
+    :data:`DEFAULT_BACKEND`); KeyError when none is, :class:`BackendError` when it does not load."""
+    name = name or DEFAULT_BACKEND
     if name not in _CACHE:
         if name == Backend.name:
             _CACHE[name] = Backend()

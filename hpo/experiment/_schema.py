@@ -23,9 +23,10 @@ from hpo.experiment._secrets import env_ref, is_env_ref, is_secret_key, secret_e
 from hpo.experiment._throughput import ThroughputSpec
 from hpo.experiment._tracking import TrackingSpec
 
-# trial.backend when an experiment names none: the project's own trainer. Which names trial.backend accepts, and what
-# each trainer's command, metric names and held-out split are, is the backends' registry's (hpo.backends).
-DEFAULT_BACKEND = "verl_core"
+# trial.backend when an experiment names none: "the default trainer". Which trainer that is, which names
+# trial.backend accepts, and what each trainer's command, metric names and held-out split are, is the backends'
+# registry's (hpo.backends: its DEFAULT_BACKEND is filled in when an experiment is loaded).
+DEFAULT_BACKEND = ""
 
 
 def _meta(help: str, choices: typing.Sequence[Any] | None = None) -> dict[str, Any]:
@@ -234,8 +235,8 @@ class StudySpec:
 class TrialSpec:
     backend: str = field(default=DEFAULT_BACKEND, metadata=_meta(
         "Trainer: a backend's name, a shipped one (each with its page under docs/) or an installed "
-        "plugin's (entry point group verl_hpo.backends; docs/layout.md). Checked against the backends' registry "
-        "when the experiment is loaded."))
+        "plugin's (entry point group verl_hpo.backends; docs/layout.md); unset: the default trainer (the project's "
+        "own, docs/trainer.md). Checked against the backends' registry when the experiment is loaded."))
     python: str | None = field(default=None, metadata=_meta(
         "The trainer's interpreter, for backends that run in one of their own; null = the backend's default (its "
         "docs), else the driver's own."))

@@ -59,18 +59,18 @@ def _is_shipped_config(config: str) -> bool:
     return "/" not in config and not config.endswith((".yaml", ".yml"))
 
 
-def executable_part(space: Space, rules: CodeRules = CodeRules()) -> dict[str, Any]:
+def executable_part(space: Space, rules: CodeRules = CodeRules(), default_backend: str = "") -> dict[str, Any]:
     """What decides which programs a trial runs (see the module docstring), by the trainer's ``rules``: its own
     commands count as unset (None), whether the experiment names them or not (a study stored before the default
     command moved into its backend names it), and code keys are those it names (every key with
-    ``every_key_is_code``)."""
+    ``every_key_is_code``); an unset ``trial.backend`` is ``default_backend`` (the registry's default trainer)."""
     every, prefixes = rules.every_key_is_code, rules.code_keys
     code = {k: v for k, v in space.fixed_overrides().items() if every or (prefixes and k.startswith(prefixes))}
     code.update({f"params.{p.name}": p.key for p in space.params
                  if every or (prefixes and p.key.startswith(prefixes))})
     command, prepare = space.trial.command, space.trial.prepare_command
     return {
-        "trial.backend": space.trial.backend,
+        "trial.backend": space.trial.backend or default_backend,
         "trial.python": space.trial.python,
         "trial.command": None if command in (None, rules.default_command) else list(command or ()),
         "trial.prepare_command": None if prepare in (None, rules.default_prepare_command) else list(prepare or ()),
@@ -94,10 +94,12 @@ def _local_space(path: Path) -> Space | None:
 
 
 def check_stored_experiment(stored: Space, study_name: str, local_path: str | None, stored_source: str | None,
-                            trusted: bool, stored_digest: str | None = None, rules: CodeRules = CodeRules()) -> str:
+                            trusted: bool, stored_digest: str | None = None, rules: CodeRules = CodeRules(),
+                            default_backend: str = "") -> str:
     """Raise SpaceError unless the stored experiment may run here; returns how it was accepted (``rules``: the stored
-    experiment's trainer's, see :func:`executable_part`)."""
-    part = executable_part(stored, rules)
+    experiment's trainer's, see :func:`executable_part`; ``default_backend``: the trainer of a local file that names
+    none)."""
+    part = executable_part(stored, rules, default_backend)
     if is_default(part, rules):
         return "default trainer"
     if trusted:
@@ -113,7 +115,7 @@ def check_stored_experiment(stored: Space, study_name: str, local_path: str | No
         candidates.append(Path(stored_source))
     for path in candidates:
         local = _local_space(path)
-        if local is not None and executable_part(local, rules) == part:
+        if local is not None and executable_part(local, rules, default_backend) == part:
             return str(path)
     differs = [k for k in part if part[k] not in (None, {}, []) and (k != "trial.backend" or
                                                                        not rules.default_runs_unasked)]

@@ -25,7 +25,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from hpo.backends import backend_named, backend_of
+from hpo.backends import DEFAULT_BACKEND, backend_named, backend_of
 from hpo.execution._devices import DevicePool, detect_devices
 from hpo.execution._identity import driver_identity
 from hpo.execution._process import sweep_orphans
@@ -126,7 +126,8 @@ def open_stored(study_name: str, storage_url: str, *, local_space: str | None = 
         raise SpaceError(f"study {study_name!r}: its experiment's secrets are not stored; export "
                          f"{', '.join(missing)} in this driver's environment")
     check_stored_experiment(space, study_name, local_space, study.user_attrs.get(ATTR_SOURCE), trust,
-                            study.user_attrs.get(ATTR_DIGEST), backend_named(space.trial.backend).code_rules())
+                            study.user_attrs.get(ATTR_DIGEST), backend_named(space.trial.backend).code_rules(),
+                            DEFAULT_BACKEND)
     if n_jobs is not None:
         space = dataclasses.replace(space, trial=dataclasses.replace(space.trial, n_jobs=n_jobs))
     space = with_ray_address(space, ray_address)

@@ -28,10 +28,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.backends import Backend, BackendError, backend_named, known_backends
+from hpo.backends import DEFAULT_BACKEND, Backend, BackendError, backend_named, known_backends
 from hpo.execution._metrics import MetricsFileError, MetricsTail
 from hpo.execution.ray_jobs._job import JOB_METRICS
-from hpo.experiment._space import TrialSpec
 from hpo.experiment._tracking import TrackingSpec, redact_uri
 from hpo.record import ATTR_SPACE, retry_history
 from hpo.storages._storage import open_storage, scrub
@@ -126,7 +125,7 @@ class Tracker:
         self.objective_names = list(study.metric_names or [f"value_{i}" for i in range(len(study.directions))])
         space = study.user_attrs.get(ATTR_SPACE)
         trial = space.get("trial") if isinstance(space, dict) else None
-        name = trial.get("backend", TrialSpec().backend) if isinstance(trial, dict) else None
+        name = (trial.get("backend") or DEFAULT_BACKEND) if isinstance(trial, dict) else None
         try:  # where metrics files live; a trainer not installed here: the base class's place
             self.backend = backend_named(name) if name in known_backends() else Backend()
         except BackendError:

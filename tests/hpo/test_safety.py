@@ -215,7 +215,7 @@ def test_only_a_backend_that_says_so_runs_its_default_experiment_unasked() -> No
     same default experiment under rules that do not say so needs a local file or the flag."""
     import dataclasses
 
-    from hpo.backends import backend_named, load_space
+    from hpo.backends import DEFAULT_BACKEND, backend_named, load_space
     from hpo.experiment._trust import TRUST_FLAG, check_stored_experiment
 
     rules = backend_named("verl_core").code_rules()
@@ -226,8 +226,12 @@ def test_only_a_backend_that_says_so_runs_its_default_experiment_unasked() -> No
     with pytest.raises(SpaceError, match="trial.backend.*no local experiment file"):
         check_stored_experiment(space, "s", None, None, False, rules=guarded)
     assert check_stored_experiment(space, "s", None, None, True, rules=guarded) == TRUST_FLAG
-    assert check_stored_experiment(space, "s", str(ROOT / "search_spaces" / "kl_lr.yaml"), None, False,
-                                   rules=guarded).endswith("kl_lr.yaml")
+    local = str(ROOT / "search_spaces" / "kl_lr.yaml")  # names no trainer: the registry's default is filled in
+    assert check_stored_experiment(space, "s", local, None, False, rules=guarded,
+                                   default_backend=DEFAULT_BACKEND).endswith("kl_lr.yaml")
+    with pytest.raises(SpaceError, match="trial.backend"):  # unset is not "whatever the stored one ran"
+        check_stored_experiment(dataclasses.replace(space, trial=dataclasses.replace(space.trial, backend="trl")),
+                                "s", local, None, False, rules=guarded, default_backend=DEFAULT_BACKEND)
 
 
 def test_a_study_stored_with_the_old_default_command_is_still_the_default_trainer() -> None:

@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from hpo.backends import Backend, TrialConfig, backend_of, known_backends, load_space, register
 from hpo.backends._registry import unregister
+from hpo.experiment import SpaceError
 from tests.hpo.conftest import ROOT, fake_space, load, run_cli
 
 
@@ -19,6 +21,25 @@ def test_each_shipped_backend_is_known() -> None:
     assert backend_of(load_space("kl_lr", spaces_dir=ROOT / "search_spaces")).name == "verl_core"
     assert backend_of(load_space("verl_grpo_cpu", spaces_dir=ROOT / "search_spaces", check=False)).name == "verl"
     assert backend_of(load_space("trl_grpo_arith", spaces_dir=ROOT / "search_spaces", check=False)).name == "trl"
+
+
+def test_an_experiment_naming_no_trainer_runs_the_registrys_default(tmp_path: Path) -> None:
+    """The schema only knows "unset"; which trainer that is, the registry says (on every load, stored ones too, and in
+    every lookup of a backend by name)."""
+    from hpo.backends import DEFAULT_BACKEND, backend_named, stored_space
+    from hpo.experiment import TrialSpec, read_space
+
+    assert TrialSpec().backend == "" and DEFAULT_BACKEND == known_backends()[0]
+    raw = yaml.safe_load((ROOT / "search_spaces" / "kl_lr.yaml").read_text())
+    assert "backend" not in raw.get("trial", {})
+    assert read_space("kl_lr", spaces_dir=ROOT / "search_spaces").trial.backend == ""
+    assert load_space("kl_lr", spaces_dir=ROOT / "search_spaces").trial.backend == DEFAULT_BACKEND
+    assert stored_space(raw, "kl_lr.yaml", "kl_lr").trial.backend == DEFAULT_BACKEND
+    assert backend_named("") is backend_named(DEFAULT_BACKEND)
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({**raw, "trial": {**raw.get("trial", {}), "backend": "nope"}}))
+    with pytest.raises(SpaceError, match=r"trial.backend.*'nope' is not one of verl_core"):
+        load_space(str(path))
 
 
 def test_verl_core_with_a_command_of_its_own_is_a_plain_command(tmp_path: Path) -> None:
