@@ -91,8 +91,10 @@ def overhead(reps: int, steps: int, n_trials: int, workdir: Path) -> list[Row]:
     """Item 2. Interleaved: one study of ``n_trials`` sequential trials, then the same number of direct runs."""
     fixed = [f"trainer.total_training_steps={steps}", "trainer.test_freq=10", "trainer.val_before_train=true",
              "trainer.cpu_threads=1", "trainer.seed=1", "algorithm.gamma=1.0", "reward_model.temperature=1.0"]
+    # no stop of any kind (pruner, plateau, collapse): every driver trial runs the steps a direct launch runs
     space_overrides = [f"study.n_trials={n_trials}", "trial.n_jobs=1", "study.pruner.type=none",
-                       "early_stopping.enabled=false", f"trainer.total_training_steps={steps}"]
+                       "early_stopping.enabled=false", "diagnosis.enabled=false",
+                       f"trainer.total_training_steps={steps}"]
     driver_first, direct_first, shares, launch, rss, direct_wall, driver_wall = [], [], [], [], [], [], []
     for rep, side in interleave(reps, ["driver", "direct"]):
         log(f"driver overhead: rep {rep + 1}/{reps} {side}")

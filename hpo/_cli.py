@@ -53,7 +53,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="verl-hpo", description="Hyperparameter search over verl_core trainer runs (Optuna).")
+    p = _Parser(prog="verl-hpo", description="Hyperparameter search over RL post-training runs of LLMs (Optuna).")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     for command in COMMANDS.values():
         command.add_arguments(sub.add_parser(command.name, help=command.help))

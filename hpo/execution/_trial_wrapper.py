@@ -320,8 +320,8 @@ def wait_host_lock(why: str, waited: Collection[int]) -> int:
         except BlockingIOError:
             pass
         if not said:
-            os.write(2, (f"trial wrapper: no private /tmp here ({why}) and verl binds its weight-sync sockets under "
-                         f"the host's /tmp: waiting until the other verl trial on this host, which holds {HOST_LOCK}, "
+            os.write(2, (f"trial wrapper: no private /tmp here ({why}) and this trainer binds fixed paths under the "
+                         f"host's /tmp: waiting until the other such trial on this host, which holds {HOST_LOCK}, "
                          f"ends\n").encode())
             said = True
         info = signal.sigtimedwait(waited, HOST_LOCK_POLL_S)

@@ -248,8 +248,9 @@ class TrialSpec:
     memory_limit_gb: float | None = field(default=None, metadata=_meta(
         "Hard memory cap of a trial (a cgroup where possible, else a 0.1 s watchdog over peak RSS)."))
     preflight: bool = field(default=True, metadata=_meta(
-        "Default trainer: skip a trial whose memory estimate does not fit its budget (fail_reason=predicted_oom); "
-        "verl backend: the space is refused at search when no corner fits (estimated with verl's composed config)."))
+        "Skip a trial whose memory estimate (its trainer's, where it has one) does not fit its budget "
+        "(fail_reason=predicted_oom); a trainer that estimates from its composed config refuses the space at search "
+        "when no corner fits."))
     preflight_margin: float = field(default=0.1, metadata=_meta(
         "Pre-flight safety margin: the estimate times (1 + margin) must fit."))
     on_failure: str = field(default="worst", metadata=_meta("worst value or FAIL state.", ("worst", "fail")))
@@ -257,8 +258,8 @@ class TrialSpec:
     devices: tuple[str, ...] | None = field(default=None, metadata=_meta("Device ids; null = detect."))
     env: dict[str, str] = field(default_factory=dict, metadata=_meta("Extra environment of trials."))
     keep_checkpoints: int = field(default=0, metadata=_meta(
-        "backend verl: keep the final checkpoint of the best K finished trials; every other checkpoint is "
-        "deleted once its trial can no longer be resumed (finished, not interrupted)."))
+        "Keep the final checkpoints (a trial's checkpoints/ directory) of the best K finished trials; every other "
+        "trial's are deleted once it can no longer be resumed (finished, not interrupted)."))
     executor: str = field(default="local", metadata=_meta(
         "Where trials run: local processes, or ray (each trial a job on a Ray cluster: trial.ray, docs/ray.md).",
         EXECUTORS))
