@@ -137,16 +137,19 @@ class DiagnosisSpec:
     hacking_min_drop: float = field(default=0.02, metadata=_meta(
         "Reward hacking: least total fall of the objective over those evaluations (objective units)."))
     clip_ratio_threshold: float = field(default=0.5, metadata=_meta(
-        "Length clipping: response_length/clip_ratio at or above this, in (0, 1]."))
+        "Length clipping: the share of responses cut at the length limit (the trainer's clip_ratio metric) at or "
+        "above this, in (0, 1]."))
     clip_patience: int = field(default=3, metadata=_meta("Length clipping: consecutive steps at or above."))
     util_low: float = field(default=60.0, metadata=_meta(
         "Health gpu_underused: mean GPU utilisation (%) below this after the first step."))
     util_high: float = field(default=95.0, metadata=_meta(
         "Health gpu_saturated: mean GPU utilisation (%) above this after the first step."))
     gen_fraction: float = field(default=0.7, metadata=_meta(
-        "Health generation_bound: timing_s/gen over timing_s/step at or above this, in (0, 1]."))
+        "Health generation_bound: generation time over step time (the trainer's gen_time and step_time metrics) "
+        "at or above this, in (0, 1]."))
     sync_fraction: float = field(default=0.3, metadata=_meta(
-        "Health sync_bound: timing_s/update_weights over timing_s/step at or above this, in (0, 1]."))
+        "Health sync_bound: weight-sync time over step time (the trainer's sync_time and step_time metrics) at or "
+        "above this, in (0, 1]."))
 
     def validate(self) -> list[tuple[str, str]]:
         """The problems of this spec as ``(field, message)`` pairs; ``[]`` when valid. Never raises."""

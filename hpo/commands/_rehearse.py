@@ -46,7 +46,7 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
 
     if args.parallel is not None and args.parallel < 1:
         return fail(f"--parallel {args.parallel}: must be 1 or more (corners run at once)")
-    # --recheck reruns checks on kept runs: the quick load (a second), not every corner composed by verl
+    # --recheck reruns checks on kept runs: the quick load (a second), not every corner composed by the trainer
     space = (load_space if args.recheck else load_checked_space)(args.space, list(args.override), spaces_dir())
     tool = rehearsal_of(space)  # SpaceError: a trainer without a rehearsal
     if args.tokenizer is not None and not args.tokenizer.expanduser().is_dir():
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
                              timeout_s=args.corner_timeout, gpus=args.gpus, gpu_bytes=gpu_bytes))
 
 
-REHEARSE = Command("rehearse", "verl experiments: run the experiment's own pipeline (config, data, reward, objective, "
-                               "corners, a resume) shrunk to a small model on this CPU, and report what would fail a "
-                               "real study; exit 0 it would run, 1 it would fail, 3 a corner could not finish on this "
-                               "machine (not a failure)", add_arguments, run)
+REHEARSE = Command("rehearse", "an experiment of a trainer that has a rehearsal: run its own pipeline (config, data, "
+                               "reward, objective, corners, a resume) shrunk to a small model on this CPU, and report "
+                               "what would fail a real study; exit 0 it would run, 1 it would fail, 3 a corner could "
+                               "not finish on this machine (not a failure)", add_arguments, run)

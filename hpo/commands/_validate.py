@@ -18,8 +18,8 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument("--space", required=True, help="search_spaces/<NAME>.yaml or a path")
     v.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="as for search")
     v.add_argument("--metrics", type=Path, default=None, metavar="JSONL",
-                   help="a previous run's metrics file; its largest response_length/mean and "
-                        "prompt_length/mean are the expected lengths (a corner is refused only when it does not "
+                   help="a previous run's metrics file; its largest response and prompt lengths (as the trainer "
+                        "logs them) are the expected lengths (a corner is refused only when it does not "
                         "fit at those; the worst case only warns)")
 
 

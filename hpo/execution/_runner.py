@@ -205,7 +205,7 @@ class TrialProcess:
     on_tick: Callable[[int | None, float], None] | None = None
     stop_event: threading.Event | None = None
     memory_mechanism: str | None = None  # one of MECHANISMS; None: $VERL_HPO_MEMORY_MECHANISM, else auto
-    # a /tmp of the trial's own (the wrapper's --private-tmp): verl binds fixed socket paths under /tmp
+    # a /tmp of the trial's own (the wrapper's --private-tmp), for a trainer that binds fixed paths under /tmp
     private_tmp: Path | None = None
     pid: int | None = field(default=None, init=False)  # the wrapper's pid (the trainer is its child)
     spawned_at: float | None = field(default=None, init=False)  # time.monotonic() just before the spawn

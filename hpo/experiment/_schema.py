@@ -23,11 +23,6 @@ from hpo.experiment._secrets import env_ref, is_env_ref, is_secret_key, secret_e
 from hpo.experiment._throughput import ThroughputSpec
 from hpo.experiment._tracking import TrackingSpec
 
-# trial.backend when an experiment names none: "the default trainer". Which trainer that is, which names
-# trial.backend accepts, and what each trainer's command, metric names and held-out split are, is the backends'
-# registry's (hpo.backends: its DEFAULT_BACKEND is filled in when an experiment is loaded).
-DEFAULT_BACKEND = ""
-
 
 def _meta(help: str, choices: typing.Sequence[Any] | None = None) -> dict[str, Any]:
     return {"help": help, "choices": choices}
@@ -220,7 +215,7 @@ class StudySpec:
     kind: str = field(default="learning", metadata=_meta(
         "learning: trials are scored on what the model learns; throughput: on how fast it trains (tokens per second "
         "after study.throughput.warmup_steps), tuning only math-neutral speed keys (hpo/experiment/_throughput.py, "
-        "docs/verl.md 'Tuning speed').", ("learning", "throughput")))
+        "its trainer's docs page, 'Tuning speed').", ("learning", "throughput")))
     throughput: ThroughputSpec = field(default_factory=ThroughputSpec, metadata=_meta(
         "kind throughput: warm-up, the re-measurement of picks and the same-math check."))
     speed_from: str | None = field(default=None, metadata=_meta(
@@ -233,7 +228,9 @@ class StudySpec:
 
 @dataclass(frozen=True)
 class TrialSpec:
-    backend: str = field(default=DEFAULT_BACKEND, metadata=_meta(
+    # "": the default trainer; which one that is, which names are accepted, and what each trainer's command, metric
+    # names and held-out split are, is the backends' registry's (filled in when an experiment is loaded)
+    backend: str = field(default="", metadata=_meta(
         "Trainer: a backend's name, a shipped one (each with its page under docs/) or an installed "
         "plugin's (entry point group verl_hpo.backends; docs/layout.md); unset: the default trainer (the project's "
         "own, docs/trainer.md). Checked against the backends' registry when the experiment is loaded."))

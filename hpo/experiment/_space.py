@@ -29,7 +29,6 @@ from hpo.experiment._overrides import apply_overrides
 from hpo.experiment._parse import parse_rollback_rule, parse_space
 from hpo.experiment._ray_spec import RaySpec
 from hpo.experiment._schema import (
-    DEFAULT_BACKEND,
     ROLLBACK_LABELS,
     ConfirmSpec,
     EarlyStopping,
@@ -47,7 +46,7 @@ from hpo.experiment._tracking import TrackingSpec
 from hpo.experiment._yaml import MAX_YAML_NODES, YamlTooComplex, load_yaml_text, read_yaml
 
 __all__ = [
-    "DEFAULT_BACKEND", "MAX_ARGV_BYTES", "MAX_ARG_BYTES", "MAX_PARAMS",
+    "MAX_ARGV_BYTES", "MAX_ARG_BYTES", "MAX_PARAMS",
     "MAX_SHOWN_OVERRIDE", "MAX_YAML_NODES", "ROLLBACK_LABELS", "SPACES_DIR", "ConfirmSpec", "DiagnosisSpec",
     "EarlyStopping", "Objective", "Param", "PbtSpec", "PrunerSpec", "RaySpec", "SamplerSpec", "Space", "SpaceError",
     "StudySpec", "ThroughputSpec", "TrackingSpec", "TrialSpec", "YamlTooComplex", "apply_overrides", "format_value",

@@ -42,7 +42,7 @@ class CodeRules:
     default_command: tuple[str, ...] = ()  # its own trial.command: an experiment that leaves it (or names it) runs it
     default_prepare_command: tuple[str, ...] | None = None  # the same for trial.prepare_command
     code_keys: tuple[str, ...] = ()  # key prefixes whose values name code to load
-    every_key_is_code: bool = False  # any key may name code (verl's hydra ``_target_``)
+    every_key_is_code: bool = False  # any key may name code (e.g. hydra's ``_target_``)
     # its own commands on a shipped config, with no interpreter, environment or code key of the experiment's, run no
     # code but the trainer's: a stored experiment that is that runs unasked (not for a trainer whose config is a
     # file of the user's)

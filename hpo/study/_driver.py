@@ -222,7 +222,7 @@ class Driver:
             self.reporter.note(f"killed {killed} leftover trial process(es) of a dead driver")
         self._sweep_jobs(final=False)
         self.recover()
-        if self.runner.backend.leaves_scratch:  # a killed driver's trials left their scratch behind (verl's /tmp)
+        if self.runner.backend.leaves_scratch:  # a killed driver's trials left their scratch behind
             sweep_scratch(self.study, self.trials_dir, self.runner.backend.cleanup)
         if not self.confirming and self.population is None and n_finished(self.study) >= target:
             return 0
