@@ -15,8 +15,10 @@ from hpo.backends._registry import (
     DEFAULT_BACKEND,
     ENTRY_POINT_GROUP,
     BackendError,
+    backend_label,
     backend_named,
     backend_of,
+    backends_that,
     known_backends,
     register,
     trial_backend,
@@ -26,5 +28,6 @@ from hpo.experiment._trust import CodeRules
 
 __all__ = ["DEFAULT_BACKEND", "ENTRY_POINT_GROUP", "Attempt", "Backend", "BackendError", "CodeRules", "Command",
            "Launch", "LaunchContext", "TrialConfig",
-           "backend_named", "backend_of", "check_space", "known_backends", "load_checked_space", "load_space",
+           "backend_label", "backend_named", "backend_of", "backends_that", "check_space", "known_backends",
+           "load_checked_space", "load_space",
            "register", "rehearsal_of", "stored_space", "trial_backend", "unregister"]

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from hpo.backends._base import Backend
-from hpo.backends._registry import DEFAULT_BACKEND, BackendError, backend_named, backend_of, known_backends
+from hpo.backends._registry import (
+    DEFAULT_BACKEND,
+    BackendError,
+    backend_label,
+    backend_of,
+    backends_that,
+    known_backends,
+)
 from hpo.experiment._heldout import check_no_test_split
 from hpo.experiment._limits import check_code_files
 from hpo.experiment._space import SPACES_DIR, Space, SpaceError, load_space_origin, located_error, space_from_stored
@@ -28,7 +35,7 @@ def _trainer(space: Space, origin: dict[str, str]) -> tuple[Space, Backend]:
         space = dataclasses.replace(space, trial=dataclasses.replace(space.trial, backend=DEFAULT_BACKEND))
     if space.trial.backend not in names:
         raise located_error(space, origin, "trial.backend", f"{space.trial.backend!r} is not one of "
-                            f"{', '.join(names)}")
+                            f"{', '.join(backend_label(n) for n in names)}")
     try:
         backend = backend_of(space)
     except BackendError as err:
@@ -57,9 +64,9 @@ def _checked(space: Space, origin: dict[str, str]) -> Space:
     space, backend = _trainer(space, origin)
     _check_defaults(space, origin, backend)
     if space.study.strategy == "pbt" and not backend.supports_pbt:
-        have = _backends_that(lambda b: b.supports_pbt)
+        have, unasked = _backends_that(lambda b: b.supports_pbt)
         raise located_error(space, origin, "study.strategy", f"pbt needs a trainer that resumes its checkpoints "
-                            f"({have}); trial.backend is {space.trial.backend}")
+                            f"({have}{unasked}); trial.backend is {_trainer_words(space, backend)}")
     speed = space.study.kind == "throughput"
     if speed:  # a learning key is the first thing wrong with a throughput study, whatever its value
         _check_speed_keys(space, origin, backend)
@@ -127,20 +134,24 @@ def rehearsal_of(space: Space) -> Any:
     """The rehearsal of ``space``'s trainer (``Backend.rehearsal``); SpaceError naming the trainers that have one."""
     tool = backend_of(space).rehearsal()
     if tool is None:
-        have = _backends_that(lambda b: b.rehearsal() is not None)
+        have, unasked = _backends_that(lambda b: b.rehearsal() is not None)
         raise SpaceError(f"{space.source}: trial.backend is {space.trial.backend!r}: rehearse runs {have} experiments "
-                         f"(trial.backend: {have})")
+                         f"(trial.backend: {have}{unasked})")
     return tool
 
 
-def _backends_that(does: typing.Callable[[Backend], bool]) -> str:
-    """The trainers whose backend ``does`` (one that does not load does nothing), as "a or b"."""
-    def ok(name: str) -> bool:
-        try:
-            return does(backend_named(name))
-        except BackendError:
-            return False
-    return " or ".join(n for n in known_backends() if ok(n))
+def _backends_that(does: typing.Callable[[Backend], bool]) -> tuple[str, str]:
+    """The trainers whose backend ``does``, as "a or b", and "; installed plugins not asked: c, d" (a refusal imports
+    no plugin: :func:`~hpo.backends._registry.backends_that`) or "" when none is installed."""
+    able, unasked = backends_that(does)
+    return " or ".join(able), (f"; installed plugins not asked: {', '.join(unasked)}" if unasked else "")
+
+
+def _trainer_words(space: Space, backend: Backend) -> str:
+    """``trial.backend`` as a refusal names it: with a word when its own ``trial.command`` makes it a plain command."""
+    if backend.name != space.trial.backend:
+        return f"{space.trial.backend} with a command of its own (trial.command)"
+    return space.trial.backend
 
 
 def check_space(space: Space, origin: dict[str, str] | None = None) -> None:

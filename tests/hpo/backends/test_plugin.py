@@ -15,7 +15,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tests.hpo.conftest import PY, ROOT, load, run_cli
+from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, load, run_cli
 
 # the plugin's trainer: --config FILE --metrics-file PATH key=value ...; quality peaks at x = 0.3
 TRAINER = '''
@@ -124,3 +124,122 @@ def test_a_plugin_name_is_listed_and_a_broken_plugin_is_one_line(tmp_path: Path,
     line = broken.stderr.strip()
     assert len(line.splitlines()) == 1 and "Traceback" not in line
     assert "trial.backend broken" in line and "toy_hpo_missing" in line and "ModuleNotFoundError" in line
+
+
+# Hostile plugins (issue 53, item 7). Each is a module beside a ``*.dist-info`` directory on PYTHONPATH (what pip
+# installs, without pip): its import first leaves a marker file, then does what the plugin does.
+HOSTILE = {
+    "exit": "import sys; sys.exit(0)",
+    "exit_message": "raise SystemExit('bye')",
+    "interrupt": "raise KeyboardInterrupt",
+    "sleep": "import time; time.sleep(5)",
+}
+
+
+def _distribution(site: Path, dist: str, entry_points: dict[str, str]) -> None:
+    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[verl_hpo.backends]\n" + "".join(f"{n} = {v}\n"
+                                                                           for n, v in entry_points.items()))
+
+
+def _module(site: Path, module: str, then: str) -> Path:
+    """``module`` on ``site``: its import writes ``<module>.imported`` beside the site, then runs ``then``."""
+    marker = site.parent / f"{module}.imported"
+    (site / f"{module}.py").write_text(f"open({str(marker)!r}, 'w').close()\n{then}\n")
+    return marker
+
+
+def _cli(tmp_path: Path, site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m hpo ARGS`` as a user runs it, from a directory outside the repository, the plugins installed."""
+    return subprocess.run([PY, "-m", "hpo", *args], cwd=tmp_path, env=cli_env(PYTHONPATH=f"{ROOT}:{site}"),
+                          capture_output=True, text=True, timeout=60)
+
+
+def _one_line(res: subprocess.CompletedProcess[str]) -> str:
+    assert res.returncode == 2 and res.stdout == "", (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def hostile_site(tmp_path: Path) -> tuple[Path, list[Path]]:
+    """Two installed plugins nobody's experiment names: one exits at import, one sleeps 5 s."""
+    site = tmp_path / "site"
+    _distribution(site, "hostile", {"quitter": "hostile_exit:Backend", "sleeper": "hostile_sleep:Backend"})
+    return site, [_module(site, "hostile_exit", HOSTILE["exit"]), _module(site, "hostile_sleep", HOSTILE["sleep"])]
+
+
+def test_refusals_and_other_experiments_never_import_an_installed_plugin(
+        tmp_path: Path, hostile_site: tuple[Path, list[Path]]) -> None:
+    """A refusal that lists the trainers that can (pbt, rehearse) asks the shipped ones and names the plugins it did
+    not ask: a plugin that exits at import cannot turn it into a silent exit 0, one that sleeps cannot delay it."""
+    site, markers = hostile_site
+    studies = tmp_path / "studies"
+    pbt = fake_space(tmp_path, study={"strategy": "pbt"})
+    not_asked = "installed plugins not asked: quitter, sleeper"
+    for command in (["validate", "--space", str(pbt)], ["search", "--space", str(pbt), "--studies-dir", str(studies)]):
+        line = _one_line(_cli(tmp_path, site, *command))
+        assert line == (f"error: {pbt}: study.strategy: pbt needs a trainer that resumes its checkpoints (verl_core "
+                        f"or verl; {not_asked}); trial.backend is verl_core with a command of its own (trial.command)")
+    kl_lr = ROOT / "search_spaces" / "kl_lr.yaml"
+    assert _one_line(_cli(tmp_path, site, "rehearse", "--space", str(kl_lr))) == (
+        f"error: {kl_lr}: trial.backend is 'verl_core': rehearse runs verl experiments (trial.backend: verl; "
+        f"{not_asked})")
+    unknown = _one_line(_cli(tmp_path, site, "validate", "--space", str(fake_space(tmp_path, "unknown", trial={
+        "backend": "openrlhf"}))))
+    assert "'openrlhf' is not one of verl_core, trl, verl, quitter, sleeper" in unknown
+    plain = _cli(tmp_path, site, "validate", "--space", str(fake_space(tmp_path, "plain")))
+    assert plain.returncode == 0 and "All checks passed" in plain.stdout, plain.stderr
+    assert not studies.exists() and [m for m in markers if m.exists()] == []
+
+
+@pytest.mark.parametrize("does", ["exit", "exit_message", "interrupt"])
+def test_a_plugin_that_ends_its_import_is_one_line_naming_it(tmp_path: Path, does: str) -> None:
+    """The experiment names the plugin: whatever its import raises (SystemExit, its own KeyboardInterrupt) is one
+    line naming the entry point, its module and what it raised, exit 2, no study."""
+    site = tmp_path / "site"
+    _distribution(site, "hostile", {"quitter": "hostile_exit:Backend"})
+    marker = _module(site, "hostile_exit", HOSTILE[does])
+    raised = {"exit": "SystemExit: 0", "exit_message": "SystemExit: bye", "interrupt": "KeyboardInterrupt"}[does]
+    path = fake_space(tmp_path, trial={"backend": "quitter"})
+    studies = tmp_path / "studies"
+    commands = [["validate", "--space", str(path)], ["search", "--space", str(path), "--studies-dir", str(studies)]]
+    for command in commands if does == "exit" else commands[:1]:
+        line = _one_line(_cli(tmp_path, site, *command))
+        assert line.startswith(f"error: {path}: trial.backend quitter: ") and marker.exists()
+        assert "entry point quitter = hostile_exit:Backend" in line and "distribution hostile" in line, line
+        assert line.endswith(f"does not load: {raised}"), line
+    assert not studies.exists()
+
+
+DUPLICATE = '''
+from hpo.backends import Backend
+
+
+class Dup(Backend):
+    name = "dup"
+'''
+
+
+def test_two_plugins_of_one_name_are_refused_when_that_name_is_used(tmp_path: Path) -> None:
+    """Two distributions give the trainer ``dup``: an experiment naming it is refused (both named, neither imported),
+    an experiment of another trainer runs, and the list of trainers says ``dup`` is claimed twice."""
+    site = tmp_path / "site"
+    _distribution(site, "dup-one", {"dup": "dup_one:Dup"})
+    _distribution(site, "dup-two", {"dup": "dup_two:Dup"})
+    markers = [_module(site, m, DUPLICATE) for m in ("dup_one", "dup_two")]
+    path = fake_space(tmp_path, trial={"backend": "dup"})
+    line = _one_line(_cli(tmp_path, site, "validate", "--space", str(path)))
+    assert line.startswith(f"error: {path}: trial.backend dup: 2 installed plugins give this name: "), line
+    for module, dist in (("dup_one:Dup", "dup-one"), ("dup_two:Dup", "dup-two")):
+        assert f"{module} (distribution {dist}, {site})" in line, line
+    assert line.endswith("uninstall all but one"), line
+    plain = _cli(tmp_path, site, "validate", "--space", str(fake_space(tmp_path, "plain")))
+    assert plain.returncode == 0 and plain.stderr == "", plain.stderr
+    unknown = _one_line(_cli(tmp_path, site, "validate", "--space", str(fake_space(tmp_path, "unknown", trial={
+        "backend": "openrlhf"}))))
+    assert "'openrlhf' is not one of verl_core, trl, verl, dup (2 plugins: dup-one, dup-two)" in unknown
+    assert [m for m in markers if m.exists()] == []

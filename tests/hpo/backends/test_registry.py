@@ -93,3 +93,47 @@ def test_an_unregistered_backend_is_one_line(tmp_path: Path) -> None:
     res = run_cli(["search", "--space", str(path)], tmp_path / "studies")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "trial.backend" in res.stderr and "openrlhf" in res.stderr and "Traceback" not in res.stderr
+
+
+def _interrupted_by_a_real_ctrl_c() -> Backend:
+    """A plugin whose load is slow, and the user presses Ctrl-C meanwhile (a SIGINT to the process)."""
+    import os
+    import signal
+    import time
+
+    os.kill(os.getpid(), signal.SIGINT)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the signal is handled at the next bytecode: this loop is interrupted
+        time.sleep(0.01)
+    raise AssertionError("the SIGINT never arrived")
+
+
+def _raises_keyboard_interrupt() -> Backend:
+    raise KeyboardInterrupt
+
+
+def _exits() -> Backend:
+    raise SystemExit(0)
+
+
+def test_a_plugins_own_exit_is_its_error_but_a_real_ctrl_c_still_stops() -> None:
+    """A plugin's load is isolated: SystemExit or a KeyboardInterrupt it raises itself is a BackendError naming it;
+    a Ctrl-C the user presses while it loads still stops the command (KeyboardInterrupt: exit 130)."""
+    import signal
+
+    from hpo.backends import BackendError, backend_named
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        for name, factory, raised in (("exits", _exits, "SystemExit: 0"),
+                                      ("interrupts", _raises_keyboard_interrupt, "KeyboardInterrupt")):
+            register(name, factory)
+            with pytest.raises(BackendError, match=rf"^trial.backend {name}: .* does not load: {raised}$"):
+                backend_named(name)
+        register("slow", _interrupted_by_a_real_ctrl_c)
+        with pytest.raises(KeyboardInterrupt):
+            backend_named("slow")
+        assert signal.getsignal(signal.SIGINT) is before  # the handler of the load is gone
+    finally:
+        for name in ("exits", "interrupts", "slow"):
+            unregister(name)
