@@ -33,6 +33,7 @@ from hpo.commands import (
     Command,
     Invocation,
     check_numbers,
+    check_studies_dir,
     default_studies_dir,
     fail,
     follow_up,
@@ -70,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         refused = check_numbers(args)  # before any study exists
         if refused is not None:
             return refused
+        if hasattr(args, "studies_dir"):  # a regular file named as the studies directory: not the storage's fault
+            check_studies_dir(inv.studies_dir)
         return COMMANDS[args.cmd].run(args, inv)
     except SpaceError as err:
         return fail(scrub(str(err), inv.storage_url) if inv.storage_url else str(err))

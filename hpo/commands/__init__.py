@@ -11,9 +11,11 @@ from hpo.commands._base import (
     Command,
     Invocation,
     check_numbers,
+    check_studies_dir,
     default_studies_dir,
     fail,
     follow_up,
+    make_studies_dir,
 )
 from hpo.commands._best import BEST
 from hpo.commands._confirm import CONFIRM
@@ -26,4 +28,5 @@ from hpo.commands._validate import VALIDATE
 from hpo.commands._worker import WORKER
 
 __all__ = ["BEST", "CONFIRM", "DASHBOARD", "EXIT_SIGNAL", "REHEARSE", "RESUME", "SEARCH", "TRACK", "VALIDATE",
-           "WORKER", "Command", "Invocation", "check_numbers", "default_studies_dir", "fail", "follow_up"]
+           "WORKER", "Command", "Invocation", "check_numbers", "check_studies_dir", "default_studies_dir", "fail",
+           "follow_up", "make_studies_dir"]

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpo.experiment._space import SPACES_DIR
+from hpo.analysis._outputs import OutputRefused, check_dir_creatable, make_output_dir
+from hpo.experiment._space import SPACES_DIR, SpaceError
 from hpo.storages._storage import mask_url
 
 EXIT_SIGNAL: dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
@@ -48,8 +49,32 @@ def default_studies_dir(arg: Path | None = None) -> Path:
 
 
 def spaces_dir() -> Path:
-    """Where a bare space name is looked up: ``$VERL_HPO_SPACES_DIR``, else the shipped ``search_spaces/``."""
+    """Where a bare space name is looked up first: ``$VERL_HPO_SPACES_DIR``, else ``./search_spaces``; a name not
+    there is then looked up among the shipped ones (:func:`hpo.experiment._space.resolve_space_path`)."""
     return Path(os.environ.get(ENV_SPACES_DIR, str(SPACES_DIR)))
+
+
+def _studies_dir_flag(path: Path) -> str:
+    return "--studies-dir" if os.environ.get(ENV_STUDIES_DIR) is None or path != default_studies_dir() \
+        else f"${ENV_STUDIES_DIR}"
+
+
+def check_studies_dir(path: Path) -> None:
+    """SpaceError (exit 2, one line naming it) when the studies directory is, or would have to be made under,
+    something that is not a directory (a regular file): every subcommand, before any storage is opened."""
+    try:
+        check_dir_creatable(path, _studies_dir_flag(path), writable=False)
+    except OutputRefused as err:
+        raise SpaceError(str(err)) from None
+
+
+def make_studies_dir(path: Path) -> None:
+    """Make the studies directory (and its parents); SpaceError naming the directory and the OS error when that
+    fails (a read-only directory, a path under a regular file), not a storage error."""
+    try:
+        make_output_dir(path, _studies_dir_flag(path))
+    except OutputRefused as err:
+        raise SpaceError(str(err)) from None
 
 
 def follow_up(cmd: str, study_name: str, storage_url: str, studies_dir: Path) -> str:

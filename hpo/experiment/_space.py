@@ -17,6 +17,7 @@ backend's (:func:`hpo.backends.load_space`).
 
 from __future__ import annotations
 
+import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -55,14 +56,43 @@ __all__ = [
 ]
 
 SPACES_DIR = Path("search_spaces")
+# the experiments shipped with verl-hpo: ``search_spaces/`` beside the ``hpo`` package (a source checkout or an
+# editable install); a bare name not found in ``spaces_dir`` is looked up there, from whatever directory
+SHIPPED_SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
 def resolve_space_path(name_or_path: str, spaces_dir: Path = SPACES_DIR) -> Path:
-    """``kl_lr`` -> ``search_spaces/kl_lr.yaml``; anything with a suffix or a slash is a path."""
+    """``kl_lr`` -> ``search_spaces/kl_lr.yaml`` (``spaces_dir``), else the shipped ``kl_lr.yaml``
+    (:data:`SHIPPED_SPACES_DIR`); anything with a suffix or a slash is a path. SpaceError naming every place
+    looked in when a bare name is in none."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
         return p
-    return spaces_dir / f"{name_or_path}.yaml"
+    file = f"{name_or_path}.yaml"
+    places = [spaces_dir] + ([SHIPPED_SPACES_DIR] if SHIPPED_SPACES_DIR != _absolute(spaces_dir) else [])
+    for place in places:
+        if os.path.lexists(place / file):  # there, whatever it is: read_yaml refuses what is not a regular file
+            return place / file
+    looked = " or ".join(_shown_dir(place) for place in places)
+    raise SpaceError(f"--space {name_or_path}: no experiment file {file} in {looked}; give a path to a .yaml "
+                     "file, or a name from one of these")
+
+
+def _absolute(place: Path) -> Path:
+    try:
+        return place.absolute()
+    except OSError:  # the working directory was removed
+        return place
+
+
+def _shown_dir(place: Path) -> str:
+    """``search_spaces/ (in /home/me)``: a relative directory with the one it was looked up from."""
+    if place.is_absolute():
+        return f"{place}/"
+    try:
+        return f"{place}/ (in {os.getcwd()})"
+    except OSError:  # the working directory was removed
+        return f"{place}/"
 
 
 def load_space_origin(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR

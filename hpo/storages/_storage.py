@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import optuna
 
 from hpo.analysis._files import FileRefused, open_regular
+from hpo.analysis._outputs import OutputRefused, check_dir_creatable, reserved_study_name
 from hpo.experiment._space import SpaceError, StudySpec
 from hpo.storages._retrying import RetryingStorage, opening
 from hpo.storages._urls import REDIS_SCHEMES, mask_url, scrub
@@ -30,10 +31,15 @@ PG_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 
 def check_study_name(name: str, what: str = "--study") -> str:
     """A study name becomes a file (``<name>.db``) and a directory under the studies directory: letters,
     digits and ``._-``, not starting with a dot or a dash, at most 100 characters (no path separators, so it
-    can never point outside the studies directory)."""
+    can never point outside the studies directory), and not one of the tool's own names there
+    (:func:`~hpo.analysis._outputs.reserved_study_name`: ``rehearsals``, ``x.db``, ...)."""
     if not isinstance(name, str) or not STUDY_NAME_RE.fullmatch(name) or name in (".", ".."):
         raise SpaceError(f"{what} {name!r}: a study name is 1-100 letters, digits, '.', '_' or '-', "
                          "starting with a letter or digit")
+    why = reserved_study_name(name)
+    if why is not None:
+        hint = "choose another study name" if what == "--study" else "give the study another name with --study"
+        raise SpaceError(f"{what} {name!r}: not a study name: {why}; {hint}")
     return name
 
 
@@ -84,13 +90,14 @@ def check_sqlite_file(db: Path, url: str) -> None:
         if real.parent.is_dir() and not os.access(real.parent, os.W_OK | os.X_OK):
             raise SpaceError(f"--storage {mask_url(url)}: cannot create files in {real.parent} (SQLite writes "
                              f"{db.name}-journal and the driver {db.name}.lock there)")
+        check_dir_creatable(db.parent, "--storage", shown=mask_url(url))  # its directory can be made
         if not db.exists() or (db.is_file() and db.stat().st_size == 0):
             return  # SQLite makes a new database here (an empty file is one too)
         if not db.is_file():
             raise SpaceError(f"--storage {mask_url(url)}: {db} is not a file")
         with os.fdopen(open_regular(db, f"--storage {mask_url(url)}: {db}"), "rb") as f:  # not a FIFO swapped in
             head = f.read(len(SQLITE_HEADER))
-    except FileRefused as err:
+    except (FileRefused, OutputRefused) as err:
         raise SpaceError(str(err)) from None
     except OSError as err:
         raise SpaceError(f"--storage {mask_url(url)}: {db} cannot be read ({err.strerror})") from None
@@ -160,7 +167,11 @@ def open_storage(url: str, spec: StudySpec | None = None, wait_s: float = 0.0) -
         rdb = opening(url, wait_s, lambda: optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs))
     else:
         check_sqlite_file(db, url)
-        db.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # the database's directory, not the database: one line naming it
+            raise SpaceError(f"--storage {mask_url(url)}: cannot create directory {db.parent} "
+                             f"({err.strerror or err})") from None
         with open(db.with_name(db.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
