@@ -94,8 +94,9 @@ endif
 test-bench: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m bench_smoke $(PYTEST_ARGS)
 
-# Real-verl scenarios whose code paths CI runs in another real-verl test (the local executor's killed driver: the retry
-# from verl's own checkpoint runs in CI through the Ray-job test): not in CI, to keep it under an hour.
+# Long scenarios whose code paths CI runs in another test (the local executor's killed real-verl driver: the retry from
+# verl's own checkpoint runs in CI through the Ray-job test; the large tiny_arith model's 5-min build: the small one's
+# runs in make test): not in CI, to keep it under an hour.
 test-extended: $(STAMP)
 	$(PY) -m pytest -v -p no:cacheprovider -m extended $(PYTEST_ARGS)
 

@@ -9,7 +9,9 @@ runnable alone), ``workers`` (3 vs 1 ``verl-hpo worker`` on one PostgreSQL study
 pick against its baseline on the held-out test split, over 3 study seeds; ``benchmarks/pays.py``), ``search_cost``
 (full-run equivalents to a confirmed pick: today's method against successive halving with racing confirmation, on
 kl_lr and kl_lr_clip over 3 study seeds; ``benchmarks/search_cost.py``), ``search_cost_verl`` (the racing method on
-real verl on the CPU, one study seed), ``pbt``
+real verl on the CPU, one study seed), ``proxy`` (model-size fidelity: kl_lr_proxy's search on the small tiny_arith
+model against racing and the 21-run method on the large one, and the two models' rank agreement on 8 settings;
+``benchmarks/proxy.py``), ``pbt``
 (population-based training vs TPE and random at equal trainer steps; ``benchmarks/pbt.py``), ``verl_cpu`` (real
 verl 0.9.1 trials on the CPU through the driver: start-up, step times, the driver's own CPU, RSS and wall beside
 them; skipped without ``.venv-verl``; ``benchmarks/verl_cpu.py``), ``rehearse`` (``verl-hpo rehearse`` of the shipped
@@ -37,7 +39,7 @@ from benchmarks._common import REPO, Row, all_versions, load_average, log, machi
 from benchmarks._results import render
 
 PARTS = ("trainer", "overhead", "pruning", "search", "noise", "rollout", "memory", "workers", "footprint", "pays",
-         "search_cost", "search_cost_verl", "pbt", "verl_cpu", "rehearse", "throughput", "verl_ray")
+         "search_cost", "search_cost_verl", "proxy", "pbt", "verl_cpu", "rehearse", "throughput", "verl_ray")
 
 
 def _rows(doc: dict[str, Any]) -> list[Row]:
@@ -208,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import search_cost
 
         attempt("search_cost_verl", lambda: search_cost.bench_verl(args.smoke, args.workdir))
+    if "proxy" in parts:
+        from benchmarks import proxy
+
+        attempt("proxy", lambda: proxy.bench(args.smoke, args.workdir))
     if "pbt" in parts:
         from benchmarks import pbt
 

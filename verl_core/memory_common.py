@@ -186,15 +186,15 @@ class ModelShape:
 def read_model_config(path: str | None, key: str = "model path") -> dict[str, Any]:
     """The ``config.json`` of a model path as a dict, without loading weights or importing torch.
 
-    Builtin names (``builtin:tiny_arith``, ``builtin:smollm2``) are answered from their recipes even
+    Builtin names (``builtin:tiny_arith`` and its sizes, ``builtin:smollm2``) are answered from their recipes even
     before they are built; a directory must hold ``config.json``.
     """
     if path is None:
         raise ConfigError(f"{key}=None: no model path")
-    if path == "builtin:tiny_arith":
-        from verl_core.tiny_model import tiny_config
+    from verl_core.tiny_model import FAMILY, tiny_config
 
-        return tiny_config()
+    if path.startswith("builtin:") and path.removeprefix("builtin:") in FAMILY:
+        return tiny_config(path.removeprefix("builtin:"))
     if path == "builtin:smollm2":
         from verl_core.pretrained import smollm2_config
 

@@ -9,18 +9,31 @@ from pathlib import Path
 from verl_core.config import ConfigError
 
 
+def builtin_models() -> tuple[str, ...]:
+    """The names ``builtin:<name>`` accepts as a model: the tiny_arith family (``verl_core.tiny_model.FAMILY``) and
+    ``smollm2``."""
+    from verl_core.tiny_model import FAMILY
+
+    return (*FAMILY, "smollm2")
+
+
 def resolve_model_path(path: str, key: str) -> str:
-    """A local HF directory for ``path``; ``builtin:tiny_arith`` and ``builtin:smollm2`` are built (once, cached)."""
-    if path == "builtin:tiny_arith":
+    """A local HF directory for ``path``; ``builtin:<name>`` (:func:`builtin_models`: ``tiny_arith``, its sizes
+    ``tiny_arith_s`` / ``tiny_arith_l``, ``smollm2``) is built (once, cached)."""
+    from verl_core.tiny_model import FAMILY
+
+    name = path.removeprefix("builtin:") if path.startswith("builtin:") else None
+    if name in FAMILY:
         from verl_core.tiny_model import ensure_tiny_arith
 
-        return str(ensure_tiny_arith())
-    if path == "builtin:smollm2":
+        return str(ensure_tiny_arith(name=name))
+    if name == "smollm2":
         from verl_core.pretrained import ensure_smollm2
 
         return str(ensure_smollm2())
-    if path.startswith("builtin:"):
-        raise ConfigError(f"{key}={path!r}: unknown built-in model (known: builtin:tiny_arith, builtin:smollm2)")
+    if name is not None:
+        known = ", ".join(f"builtin:{n}" for n in builtin_models())
+        raise ConfigError(f"{key}={path!r}: unknown built-in model (known: {known})")
     if not (Path(path).expanduser() / "config.json").is_file():
         raise ConfigError(f"{key}={path!r}: not a local Hugging Face model directory (no config.json)")
     return str(Path(path).expanduser())

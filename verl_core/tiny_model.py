@@ -1,10 +1,20 @@
-"""Build the default ``builtin:tiny_arith`` policy locally: no hub, deterministic, ~1-2 minutes on 2 cores.
+"""Build the ``builtin:tiny_arith`` policy family locally: no hub, deterministic, ~1 minute on 2 cores (the default
+size; the small one ~40 s, the large one ~5-6 min).
+
+One recipe at three sizes (:data:`FAMILY`), for studies that search on a small model of the target's family
+(``study.fidelity.proxy``): ``builtin:tiny_arith_s`` (hidden 64, 2 layers, 0.10M parameters),
+``builtin:tiny_arith`` (hidden 128, 2 layers, 0.33M: the default) and ``builtin:tiny_arith_l`` (hidden 256,
+4 layers, 2.4M). They share steps 1 and 3 below: the tokenizer files are byte-identical (same token ids, same chat
+template) and the warm start is the same SFT (data, steps, batch, learning rate, seeds); only the shape of step 2
+differs. Each starts at a comparable point (greedy right on 2-3% of the validation problems, the off-by-one answer
+on 94-98%, sampling right ~20%: docs/trainer.md). One layer at hidden 64 was tried and does not fit the
+2:7 split in the same SFT (greedy right 22%, off by one 52%), hence 2 layers for the small one.
 
 Recipe (bump ``RECIPE_VERSION`` when it changes; the cache key includes it). Version 2:
 
 1. a byte-level BPE tokenizer trained by ``tokenizers`` on task text (digits split
    individually), with a chat template ``<|user|>...<|assistant|>`` and ``<|eos|>``;
-2. a random-weight Qwen2 (hidden 128, 2 layers, 2 heads of dim 64, 1 KV head);
+2. a random-weight Qwen2 of the member's shape (the default: hidden 128, 2 layers, 2 heads of dim 64, 1 KV head);
 3. a supervised warm start on *biased* answers (:func:`sft_answers`): of the ``SFT_COPIES``
    targets of every problem ``a+b=``, ``SFT_CORRECT`` (2) are the sum, ``SFT_DOMINANT`` (7) are a
    systematic wrong answer, the sum + ``DOMINANT_OFFSET`` (off by one), and the rest a random small
@@ -49,23 +59,39 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 SPECIAL_TOKENS = ["<|pad|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>"]
-# The model's shape (step 2 of the recipe) and the vocabulary the tokenizer training yields.
+# The default model's shape (step 2 of the recipe) and the vocabulary the tokenizer training yields.
 TINY_SHAPE: dict[str, Any] = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                                   num_key_value_heads=1, head_dim=64, max_position_embeddings=256)
 TINY_VOCAB = 304
+DEFAULT = "tiny_arith"
+# The family: builtin name -> shape. Heads of dim 64 throughout (vLLM's CPU attention supports it), the MLP twice
+# the hidden size; the default's cache directory (tiny_arith_v2) and bytes are those of before the family.
+# Only the recipe's shape differs, so RECIPE_VERSION (the cache key) is the family's.
+FAMILY: dict[str, dict[str, Any]] = {
+    "tiny_arith_s": {**TINY_SHAPE, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 1},
+    DEFAULT: TINY_SHAPE,
+    "tiny_arith_l": {**TINY_SHAPE, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+                     "num_attention_heads": 4, "num_key_value_heads": 2},
+}
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("VERL_HPO_CACHE", Path.home() / ".cache" / "verl_hpo"))
 
 
-def builtin_model_dir() -> Path:
-    return cache_root() / "models" / f"tiny_arith_v{RECIPE_VERSION}"
+def _member(name: str) -> str:
+    if name not in FAMILY:
+        raise ValueError(f"unknown tiny_arith family member {name!r} (known: {', '.join(FAMILY)})")
+    return name
 
 
-def ensure_tiny_arith(log: bool = True) -> Path:
-    """Return the cached model directory, building it first if needed (process-safe)."""
-    return build_once(builtin_model_dir(), build_tiny_arith, "the tiny_arith model", log)
+def builtin_model_dir(name: str = DEFAULT) -> Path:
+    return cache_root() / "models" / f"{_member(name)}_v{RECIPE_VERSION}"
+
+
+def ensure_tiny_arith(log: bool = True, name: str = DEFAULT) -> Path:
+    """Return the cached directory of family member ``name``, building it first if needed (process-safe)."""
+    return build_once(builtin_model_dir(name), lambda out: build_tiny_arith(out, name), f"the {name} model", log)
 
 
 def build_once(target: Path, build: Callable[[Path], None], what: str, log: bool = True) -> Path:
@@ -97,14 +123,14 @@ def build_once(target: Path, build: Callable[[Path], None], what: str, log: bool
     return target
 
 
-def tiny_config() -> dict[str, Any]:
-    """The ``config.json`` of the builtin tiny model as a dict, without building it or importing torch
+def tiny_config(name: str = DEFAULT) -> dict[str, Any]:
+    """The ``config.json`` of family member ``name`` as a dict, without building it or importing torch
     (for memory estimates): the cached one when built, else the recipe's (``TINY_VOCAB`` is what the
     deterministic tokenizer training yields; a test checks both agree)."""
-    built = builtin_model_dir() / "config.json"
+    built = builtin_model_dir(name) / "config.json"
     if built.is_file():
         return dict(json.loads(built.read_text()))
-    return {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": TINY_VOCAB, **TINY_SHAPE,
+    return {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": TINY_VOCAB, **FAMILY[name],
             "tie_word_embeddings": True, "dtype": "float32"}
 
 
@@ -159,27 +185,29 @@ def _sft_examples(tokenizer: object) -> list[tuple[list[int], int]]:
     return out
 
 
-def build_tiny_arith(out_dir: Path) -> None:
-    """Build on one torch thread whatever the caller's setting: float reductions split over threads round
-    differently, and the cached model must not depend on who built it (a trainer on 1 thread, pytest on all)."""
+def build_tiny_arith(out_dir: Path, name: str = DEFAULT) -> None:
+    """Build family member ``name`` on one torch thread whatever the caller's setting: float reductions split over
+    threads round differently, and the cached model must not depend on who built it (a trainer on 1 thread, pytest
+    on all)."""
     import torch
 
+    shape = FAMILY[_member(name)]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        _build_tiny_arith(out_dir)
+        _build_tiny_arith(out_dir, shape)
     finally:
         torch.set_num_threads(threads)
 
 
-def _build_tiny_arith(out_dir: Path) -> None:
+def _build_tiny_arith(out_dir: Path, shape: dict[str, Any]) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     tokenizer = train_tokenizer()
     config = Qwen2Config(
-        vocab_size=len(tokenizer), **TINY_SHAPE,  # type: ignore[arg-type]
+        vocab_size=len(tokenizer), **shape,  # type: ignore[arg-type]
         tie_word_embeddings=True, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,  # type: ignore
         pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0,  # type: ignore[attr-defined]
     )

@@ -95,3 +95,4 @@ class Launch:
     config: TrialConfig  # overrides, total steps, ``config.yaml`` text, the loaded config (for ``predict``)
     resume: ResumePointLike | None = None  # a retry's checkpoint and the curve logged up to it
     private_tmp: Path | None = None
+    notes: tuple[str, ...] = ()  # lines for the user: checkpoints of the chain passed over (a file of theirs refused)

@@ -12,7 +12,9 @@ The study loop, confirmation, PBT, tracking and reporting never test a backend's
   :mod:`hpo.experiment._trust`);
 * ``heldout_keys``, ``heldout_prefixes``: the keys that select its held-out split and the names its metrics take
   there (the guard that keeps a search off it, :mod:`hpo.experiment._heldout`);
-* ``metrics_env``: the environment variable through which the trainer is told where its metrics file goes.
+* ``metrics_env``: the environment variable through which the trainer is told where its metrics file goes;
+* ``model_keys``, ``tokenizer_keys``: the keys that name its model and tokenizer (``study.fidelity.proxy``; none:
+  no proxy search), with ``model_path``, ``tokenizer_path`` and ``model_facts`` (:mod:`hpo.backends._models`).
 
 A backend answers, for one experiment (:class:`~hpo.experiment.Space`):
 
@@ -59,7 +61,8 @@ import yaml
 
 from hpo.analysis._vocabulary import MetricNames
 from hpo.backends._attempt import Attempt, Command, Launch, LaunchContext, ResumePointLike, TrialConfig
-from hpo.backends._replay import CheckpointLayout, resume_point
+from hpo.backends._models import ModelFacts, local_facts
+from hpo.backends._replay import CheckpointLayout, lost_checkpoints, resume_point
 from hpo.experiment._heldout import heldout_metric
 from hpo.experiment._space import Space, SpaceError, format_value
 from hpo.experiment._trust import CodeRules
@@ -119,6 +122,10 @@ class Backend:
     # a validation metric's prefix -> its name on the held-out split ("": any other metric)
     heldout_prefixes: ClassVar[Mapping[str, str]] = {}
     metrics_env: ClassVar[str | None] = None  # an environment variable that tells the trainer its metrics file
+    # study.fidelity.proxy: the keys that name the model (the first: the policy's, actor, rollout and reference), and
+    # those that name a tokenizer apart from it; a trainer that names none cannot run a proxy search
+    model_keys: ClassVar[tuple[str, ...]] = ()
+    tokenizer_keys: ClassVar[tuple[str, ...]] = ()
 
     def for_command(self, command: Sequence[str] | None) -> Backend:
         """The backend of a trial of this trainer whose ``trial.command`` is ``command`` (None: unset, the default):
@@ -228,7 +235,8 @@ class Backend:
         config = self.configure(space, attempt.values, trial_dir, attempt.extra or None, attempt.tail)
         config.resume_from = attempt.start
         metrics = self.metrics_path(trial_dir, attempt.attempt)
-        point = self.resume_point(attempt.trials_dir, attempt.history) if attempt.history else None
+        with lost_checkpoints() as notes:  # a checkpoint passed over: its files refused (hpo.backends._replay)
+            point = self.resume_point(attempt.trials_dir, attempt.history) if attempt.history else None
         env = dict(attempt.env)
         if self.metrics_env:
             env[self.metrics_env] = str(metrics)  # the trainer's own metrics-file variable, beside its argv
@@ -236,7 +244,7 @@ class Backend:
                             metrics=metrics, cwd=attempt.cwd, env=env, devices=attempt.devices,
                             ray_job=attempt.ray_job, resume_from=attempt.start if point is None else point.checkpoint)
         process = self.command(space, config, ctx)
-        return Launch(process.argv, process.env, metrics, config, point, process.private_tmp)
+        return Launch(process.argv, process.env, metrics, config, point, process.private_tmp, tuple(notes))
 
     def command(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Command:
         """The attempt's process: ``trial.command`` (the driver's interpreter for ``python``) with ``--config``,
@@ -340,11 +348,35 @@ class Backend:
         """Before confirmation runs launch (after the prepare step): SpaceError, one line, when the held-out data
         they would read is missing (None: nothing to check here, the trainer reports it)."""
 
+    # ------------------------------------------------------------------ model-size fidelity
+    def model_path(self, space: Space, overrides: Mapping[str, Any]) -> str | None:
+        """The policy model a run with the fixed ``overrides`` trains (its first :attr:`model_keys`; None: not set
+        there, and this trainer's default is not known here)."""
+        return _set_value(overrides, self.model_keys[:1])
+
+    def tokenizer_path(self, space: Space, overrides: Mapping[str, Any]) -> str | None:
+        """The tokenizer such a run reads: its first :attr:`tokenizer_keys` when set, else its model's."""
+        return _set_value(overrides, self.tokenizer_keys[:1]) or self.model_path(space, overrides)
+
+    def model_facts(self, path: str) -> ModelFacts:
+        """What is known here of model ``path`` without loading it (:mod:`hpo.backends._models`): a local Hugging
+        Face directory's tokenizer digest and hidden size; a trainer with built-in models answers for those."""
+        return local_facts(path)
+
     # ------------------------------------------------------------------ population-based training
     def segment_overrides(self, space: Space, end: int, checkpoint: str | None) -> tuple[list[str], Path | None]:
         """A PBT segment that trains to step ``end`` and saves there, continuing ``checkpoint`` when given: its
         overrides and the checkpoint :meth:`launch` resumes itself (None when the overrides do it)."""
         raise NotImplementedError(f"trial.backend {self.name} does not resume checkpoints for pbt")
+
+
+def _set_value(overrides: Mapping[str, Any], keys: Sequence[str]) -> str | None:
+    """The string value of the first of ``keys`` set in ``overrides`` (a leading ``+`` or ``++`` of hydra's allowed)."""
+    for key in keys:
+        for k, v in overrides.items():
+            if k.lstrip("+") == key and isinstance(v, str) and v.strip() and v.strip() != "null":
+                return v.strip()
+    return None
 
 
 def steps_in(overrides: Sequence[str]) -> int | None:

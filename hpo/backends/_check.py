@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.backends._base import Backend
+from hpo.backends._fidelity import check_proxy
 from hpo.backends._registry import (
     DEFAULT_BACKEND,
     BackendError,
@@ -73,6 +74,7 @@ def _checked(space: Space, origin: dict[str, str]) -> Space:
     space = backend.resolve_paths(space, origin)
     backend.check(space, origin)
     space = backend.normalize(space)
+    check_proxy(space, origin, backend)  # study.fidelity.proxy: model keys, the model, its tokenizer
     if speed:
         _check_trial_length(space, origin, backend)
     if space.study.confirm.test_metric and not backend.heldout_overrides(space):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpo.analysis._outputs import OutputRefused, check_dir_creatable, make_output_dir
+from hpo.analysis import OutputRefused, check_dir_creatable, make_output_dir
 from hpo.experiment._space import SPACES_DIR, SpaceError
 from hpo.storages._storage import mask_url
 

@@ -15,6 +15,10 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                    help="configurations to confirm, best first (default: the experiment's study.confirm.top_k)")
     c.add_argument("--seeds", type=int, default=None, metavar="S",
                    help="fresh seeds per configuration (default: study.confirm.seeds); never a tuning seed")
+    c.add_argument("--baseline-runs", nargs="+", action="extend", default=[], metavar="PATH[:seed=N]",
+                   help="your own runs of study.baseline (verl's file-logger JSONL, or a run directory holding one "
+                        "and a record of its overrides) imported as the baseline's runs on their seeds instead of "
+                        "run here, after checking they ran the study's experiment; :seed=N names a file's seed")
     trust_args(c)
     tracking_args(c)
     budget_arg(c)

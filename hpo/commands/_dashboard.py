@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hpo.analysis._outputs import OutputRefused, check_output_path
+from hpo.analysis import OutputRefused, check_output_path
 from hpo.commands._args import storage_args
 from hpo.commands._base import Command, Invocation, fail, open_existing
 
@@ -34,6 +34,8 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
         return refused
     try:
         return dashboard_command(args.study, inv.storage_url, inv.studies_dir, out)
+    except OutputRefused as err:  # something not a regular file put there while the page was built
+        return fail(str(err))
     except OSError as err:  # making the page's directory or writing it (a full disk): not the storage's fault
         if not _is_about(err, out):
             raise

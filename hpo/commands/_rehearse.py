@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 from hpo.backends import load_checked_space, load_space
 from hpo.commands._base import ENV_STUDIES_DIR, Command, Invocation, fail, spaces_dir
+from hpo.experiment import SpaceError
 
 
 def add_arguments(rh: argparse.ArgumentParser) -> None:
@@ -41,26 +43,56 @@ def add_arguments(rh: argparse.ArgumentParser) -> None:
                     help=f"its files go to <studies-dir>/rehearsals/<space> (default ${ENV_STUDIES_DIR} or ./studies)")
 
 
+# Ranges of rehearse's numeric flags, checked before the experiment is loaded (loading composes every corner).
+MAX_PARALLEL = 16  # corners at once (a rehearsal has three; each is a trainer run of ~7 GB of host memory)
+MAX_GPUS = 4096  # GPUs per trial of the real study, for the memory estimate
+MAX_SECONDS = 7 * 86400.0  # --corner-timeout, --reward-timeout: a week
+
+
+def _shown(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
+def flag_problem(args: argparse.Namespace) -> str | None:
+    """The first numeric flag out of its range, as an error line; None when all are in range."""
+    if args.parallel is not None and not 1 <= args.parallel <= MAX_PARALLEL:
+        return (f"--parallel {_shown(args.parallel)}: must be 1 or more (corners run at once)" if args.parallel < 1
+                else f"--parallel {_shown(args.parallel)}: at most {MAX_PARALLEL} (corners run at once; a rehearsal "
+                     "has three)")
+    for flag, value in (("--reward-timeout", args.reward_timeout), ("--corner-timeout", args.corner_timeout)):
+        if value is not None and not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+            return f"{flag} {_shown(f'{value:g}')}: must be a positive number of seconds, at most {MAX_SECONDS:.0f} " \
+                   "(a week)"
+    if args.gpus is not None and not 1 <= args.gpus <= MAX_GPUS:
+        return f"--gpus {_shown(args.gpus)}: must be from 1 to {MAX_GPUS} (GPUs per trial of the real study)"
+    return None
+
+
 def run(args: argparse.Namespace, inv: Invocation) -> int:
     from hpo.backends import rehearsal_of
 
-    if args.parallel is not None and args.parallel < 1:
-        return fail(f"--parallel {args.parallel}: must be 1 or more (corners run at once)")
-    # --recheck reruns checks on kept runs: the quick load (a second), not every corner composed by the trainer
-    space = (load_space if args.recheck else load_checked_space)(args.space, list(args.override), spaces_dir())
+    problem = flag_problem(args)  # before loading: a load composes every corner (a minute, more on a busy host)
+    if problem is not None:
+        return fail(problem)
+    space = load_space(args.space, list(args.override), spaces_dir())  # the quick load (a second)
     tool = rehearsal_of(space)  # SpaceError: a trainer without a rehearsal
     if args.tokenizer is not None and not args.tokenizer.expanduser().is_dir():
-        return fail(f"--tokenizer {args.tokenizer}: not a directory")
-    if args.recheck:
-        return int(tool.recheck(space, inv.studies_dir.resolve(), fmt=args.format))
-    for flag, value in (("--reward-timeout", args.reward_timeout), ("--corner-timeout", args.corner_timeout)):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            return fail(f"{flag} {value:g}: must be a positive number of seconds")
-    if args.gpus is not None and args.gpus < 1:
-        return fail(f"--gpus {args.gpus}: must be 1 or more (GPUs per trial of the real study)")
+        return fail(f"--tokenizer {_shown(args.tokenizer)}: not a directory")
     gpu_bytes = None if args.gpu_memory is None else tool.parse_size(args.gpu_memory)
     if args.gpu_memory is not None and gpu_bytes is None:
-        return fail(f"--gpu-memory {args.gpu_memory!r}: not a size (e.g. 80GiB, 141G, 24576MiB)")
+        return fail(f"--gpu-memory {_shown(repr(args.gpu_memory))}: not a GPU size "
+                    f"{getattr(tool, 'SIZE_RANGE', 'in range')} (e.g. 80GiB, 141G, 24576MiB)")
+    if args.recheck:  # reruns checks on kept runs: the quick load, not every corner composed by the trainer
+        return int(tool.recheck(space, inv.studies_dir.resolve(), fmt=args.format))
+    try:
+        space = load_checked_space(args.space, list(args.override), spaces_dir())
+    except SpaceError as err:
+        if not getattr(err, "unfinished", False):
+            raise
+        # the trainer's check ran out of its time on this host: not rehearsed, not failed (exit 3, as a corner's)
+        print(f"NOT FINISHED HERE: {err}; not rehearsed, not failed", file=sys.stderr)
+        return 3
     tokenizer = None if args.tokenizer is None else args.tokenizer.expanduser().resolve()
     return int(tool.rehearse(space, inv.studies_dir.resolve(), tokenizer=tokenizer, fmt=args.format,
                              quick=args.quick, parallel=args.parallel,

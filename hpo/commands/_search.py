@@ -6,8 +6,8 @@ import argparse
 
 from hpo.backends import load_checked_space, load_space
 from hpo.commands._args import budget_arg, ray_arg, storage_args, tracking_args
-from hpo.commands._base import Command, Invocation, spaces_dir
-from hpo.commands._study import run_study
+from hpo.commands._base import Command, Invocation, make_studies_dir, spaces_dir
+from hpo.commands._study import run_study, speed_overrides
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
@@ -30,21 +30,15 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
     if args.n_trials is not None:
         overrides.append(f"study.n_trials={args.n_trials}")
     quick = load_space(args.space, overrides, spaces_dir())
-    speed_name = quick.study.speed_from
-    if speed_name is not None:  # a throughput study's confirmed speed settings, fixed for every trial
-        from hpo.reporting._speed import speed_from
-
-        speed_url = args.storage or default_storage_url(inv.studies_dir, check_study_name(speed_name,
-                                                                                          "study.speed_from"))
-        check_storage_url(speed_url)
-        extra, args.speed_info = speed_from(quick, speed_url)
+    if quick.study.speed_from is not None:  # a throughput study's confirmed speed settings, fixed for every trial
+        extra, args.speed_info = speed_overrides(quick, args.storage, inv.studies_dir)
         overrides += extra
     space = load_checked_space(args.space, overrides, spaces_dir())
     study_name = (check_study_name(args.study) if args.study is not None
                   else check_study_name(space.name, "space name"))
     inv.storage_url = args.storage or default_storage_url(inv.studies_dir, study_name)
-    check_storage_url(inv.storage_url)
-    inv.studies_dir.mkdir(parents=True, exist_ok=True)
+    check_storage_url(inv.storage_url)  # first: a bad storage leaves no studies directory behind
+    make_studies_dir(inv.studies_dir)  # one line naming the directory, not the storage, when it cannot be made
     return run_study(space, study_name, inv, args)
 
 

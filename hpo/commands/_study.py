@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -90,15 +91,69 @@ def _open(space: Space | None, study_name: str, storage_url: str, args: argparse
             study_name, storage_url, local_space=args.space, trust=args.trust_stored_experiment,
             n_trials=getattr(args, "n_trials", None), n_jobs=getattr(args, "n_jobs", None),
             devices=_device_list(getattr(args, "devices", None)), ray_address=getattr(args, "ray_address", None),
-            studies_dir=studies_dir,
+            studies_dir=studies_dir, confirming=args.cmd == "confirm",
             # a worker (often started by a scheduler) waits for a database that is starting or restarting
             wait_s=StudySpec().storage_retry_s if args.cmd == "worker" else 0.0)
+        space = _recheck_speed(space, study, args, studies_dir)
         tracking = _tracking_spec(space, args)
     else:
         space, devices = check_search(space, getattr(args, "ray_address", None), study_name, studies_dir)
         tracking = _tracking_spec(space, args)
         study = open_study(space, study_name, storage_url)
     return space, study, devices, tracking
+
+
+def _recheck_speed(space: Space, study: Any, args: argparse.Namespace, studies_dir: Path | None) -> Space:
+    """A stored learning study with ``study.speed_from``: its source asked again; settings it no longer recommends
+    (its math now differs on new seeds, another pick won, the study is gone) are taken out for this run's trials,
+    the user's own values back, with one line, and the reason is kept in the study (``speed_from.withdrawn``)."""
+    from hpo.commands._base import default_studies_dir
+    from hpo.reporting._speed_from import speed_recheck, withdrawn_note, without_speed
+
+    info = study.user_attrs.get("speed_from")
+    if space.study.speed_from is None or not isinstance(info, dict) or not isinstance(info.get("settings"), dict):
+        return space
+    try:
+        why = speed_recheck(space, info, speed_url(space, getattr(args, "storage", None),
+                                                   studies_dir or default_studies_dir()))
+    except SpaceError as err:  # its storage is not there any more
+        why = str(err).removeprefix(f"{space.source}: study.speed_from: {space.study.speed_from!r}: ")
+    if why is None:
+        if "withdrawn" in info:  # withdrawn by an earlier run, recommended again
+            print(f"{space.source}: study.speed_from: throughput study {space.study.speed_from} recommends "
+                  + " ".join(f"{k}={v}" for k, v in info["settings"].items()) + " again; this run's trials run "
+                  "with them", flush=True)
+            study.set_user_attr("speed_from", {k: v for k, v in info.items() if k != "withdrawn"})
+        return space
+    space, shown = without_speed(space, info)
+    print(withdrawn_note(space, info, why, shown), flush=True)
+    study.set_user_attr("speed_from", {**info, "withdrawn": why})
+    return space
+
+
+def speed_url(space: Space, storage: str | None, studies_dir: Path) -> str:
+    """The storage of the throughput study ``study.speed_from`` names (``--storage``, else its SQLite file in the
+    studies directory), checked; SpaceError (one line naming the key) when its SQLite file is not there: nothing is
+    created looking for it."""
+    from hpo.storages._storage import check_storage_url, check_study_name, default_storage_url, sqlite_path
+
+    name = space.study.speed_from
+    assert name is not None
+    url = storage or default_storage_url(studies_dir, check_study_name(name, "study.speed_from"))
+    check_storage_url(url)
+    db = sqlite_path(url)
+    if db is not None and not db.is_file():
+        raise SpaceError(f"{space.source}: study.speed_from: {name!r}: no study {name!r}: {db} does not exist (a "
+                         "throughput study searched and confirmed first)")
+    return url
+
+
+def speed_overrides(space: Space, storage: str | None, studies_dir: Path) -> tuple[list[str], dict[str, Any]]:
+    """``study.speed_from``: the named throughput study's recommended settings as ``--override`` texts, and what the
+    search reports and keeps of them; SpaceError (one line) unless it has a complete confirmation."""
+    from hpo.reporting._speed_from import speed_from
+
+    return speed_from(space, speed_url(space, storage, studies_dir))
 
 
 def _with_budget(space: Space, study: Any, args: argparse.Namespace) -> Space:
@@ -127,6 +182,10 @@ def _queue_confirm(study: Any, space: Space, study_name: str, studies_dir: Path,
     speed = space.study.kind == "throughput"  # re-measured against the user's config (hpo.reporting._speed)
     top_k = args.top or (space.study.throughput.top_k if speed else space.study.confirm.top_k)
     n_seeds = args.seeds or (space.study.throughput.repeats if speed else space.study.confirm.seeds)
+    if getattr(args, "baseline_runs", None):  # the user's own runs of the baseline, checked, before any is queued
+        from hpo.commands._baseline_runs import import_baseline_runs
+
+        import_baseline_runs(study, space, args.baseline_runs, n_seeds, reporter.note)
     try:
         queued = queue_confirm(study, space, top_k, n_seeds, studies_dir, reporter.note)
     except NoHealthyMember as err:  # every member collapsed: nothing to confirm (exit 1, not a bad file)
@@ -155,7 +214,7 @@ def _search_notes(study: Any, space: Space, studies_dir: Path, args: argparse.Na
                           "seeds); the search may run no trial")
     speed_info = getattr(args, "speed_info", None)
     if speed_info is not None:  # study.speed_from: what each learning trial saves
-        from hpo.reporting._speed import speed_from_note
+        from hpo.reporting._speed_from import speed_from_note
 
         reporter.note(speed_from_note(speed_info))
         study.set_user_attr("speed_from", speed_info)
@@ -244,10 +303,22 @@ def _start_tracking(spec: Any, study_name: str, storage_url: str, studies_dir: P
     return feed.wrap(reporter)
 
 
+# what CUDA_VISIBLE_DEVICES names a GPU by: its index, or its UUID as nvidia-smi -L prints it (GPU-..., MIG-...)
+_GPU_ID = re.compile(r"(0|[1-9][0-9]{0,3}|(GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]{0,99})")
+
+
 def _device_list(text: str | None) -> list[str] | None:
+    """``--devices``: distinct GPU indices (0,1) or UUIDs; SpaceError (one line) for anything else (a name, -1, a
+    GPU twice), which CUDA_VISIBLE_DEVICES would read as 'no GPU after this one'."""
     if text is None:
         return None
-    devices = [d.strip() for d in text.split(",") if d.strip()]
-    if not devices:
-        raise SpaceError(f"--devices {text!r}: expected GPU ids like 0,1")
+    devices = [d.strip() for d in text.split(",")]
+    bad = next((d for d in devices if not _GPU_ID.fullmatch(d)), None) if text.strip() else ""
+    if bad is not None:
+        shown = f" ({bad!r} is not one)" if bad else ""
+        raise SpaceError(f"--devices {text!r}: expected distinct GPU indices or UUIDs, comma-separated, like 0,1 or "
+                         f"GPU-8f2a...{shown}")
+    twice = next((d for i, d in enumerate(devices) if d in devices[:i]), None)
+    if twice is not None:
+        raise SpaceError(f"--devices {text!r}: GPU {twice} is named twice")
     return devices

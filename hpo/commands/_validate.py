@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from hpo.analysis import FileRefused, check_regular
-from hpo.backends import load_checked_space
+from hpo.backends import load_checked_space, load_space
+from hpo.commands._args import storage_args
 from hpo.commands._base import Command, Invocation, fail, spaces_dir
 
 MAX_METRICS_BYTES = 256 << 20  # validate --metrics: a long run's metrics file is tens of MB
@@ -21,13 +22,23 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
                    help="a previous run's metrics file; its largest response and prompt lengths (as the trainer "
                         "logs them) are the expected lengths (a corner is refused only when it does not "
                         "fit at those; the worst case only warns)")
+    storage_args(v)  # where study.speed_from's throughput study lives
 
 
 def run(args: argparse.Namespace, inv: Invocation) -> int:
     from hpo.backends._preflight import validate_space
     from hpo.study._driver import resolve_devices
 
-    space = load_checked_space(args.space, list(args.override), spaces_dir())
+    overrides = list(args.override)
+    quick = load_space(args.space, overrides, spaces_dir())
+    if quick.study.speed_from is not None:  # checked as search checks it: a complete confirmation, its settings
+        from hpo.commands._study import speed_overrides
+        from hpo.reporting._speed_from import speed_from_note
+
+        extra, info = speed_overrides(quick, args.storage, inv.studies_dir)
+        overrides += extra
+        print(speed_from_note(info))
+    space = load_checked_space(args.space, overrides, spaces_dir())
     from hpo.backends import backend_of
 
     backend_of(space).check_launch(space, as_planned=True)  # e.g. a GPU study's interpreter has CUDA torch

@@ -4,6 +4,7 @@ huge or endless line, odd numbers, deep nesting, a FIFO at its path, a truncatio
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -66,9 +67,10 @@ class MetricsTail:
     A file that shrinks or is replaced (a restarted trainer truncating it) is read again from the start
     (``rewinds`` counts it); the reader of the records decides what a repeated step means."""
 
-    def __init__(self, path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+    def __init__(self, path: Path, max_line_bytes: int = MAX_LINE_BYTES, follow: bool = True) -> None:
         self.path = path
         self.max_line_bytes = max_line_bytes
+        self.follow = follow  # False: a symbolic link at ``path`` is refused too (an earlier attempt's file, replayed)
         self._offset = 0
         self._ino: tuple[int, int] | None = None
         self._partial = bytearray()
@@ -78,10 +80,12 @@ class MetricsTail:
 
     def _open(self) -> int | None:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if self.follow else os.O_NOFOLLOW))
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as err:
+            if err.errno == errno.ELOOP and not self.follow:
+                raise MetricsFileError(f"metrics file {self.path} is a symbolic link, not followed") from None
             raise MetricsFileError(f"metrics file {self.path} cannot be read: {err.strerror}") from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

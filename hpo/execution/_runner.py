@@ -129,10 +129,10 @@ def classify_exit(exit_code: int | None, stderr_tail: str, kernel_oom: bool = Fa
 
 
 def read_tail(path: Path, lines: int = STDERR_TAIL_LINES, max_bytes: int = 16384) -> str:
-    """The last lines of a log in the trial's directory; "" unless it is a regular file (the trial may have put a
-    FIFO or a link to ``/dev/zero`` in its place)."""
+    """The last lines of a log in the trial's directory; "" unless it is a regular file itself (the trial may have
+    put a FIFO, a link to ``/dev/zero`` or to a file that is not its own in its place)."""
     try:
-        text = _files.read_tail(path, max_bytes).decode("utf-8", "replace")
+        text = _files.read_tail(path, max_bytes, follow=False).decode("utf-8", "replace")
     except (OSError, _files.FileRefused):
         return ""
     return "\n".join(text.splitlines()[-lines:])
@@ -331,13 +331,14 @@ class TrialProcess:
 def _wrapper_status(status_path: Path) -> tuple[int, int]:
     """The wrapper's last words (``maxrss`` in bytes, descendants it killed), read and removed; zeros when it left
     none (killed) or they do not parse."""
-    maxrss, leftovers = 0, 0
     try:
-        status = json.loads(_files.read_bounded(status_path, str(status_path), 4096))  # the trial's dir
+        status = json.loads(_files.read_trial_file(status_path, 4096))  # the trial's dir
         maxrss, leftovers = int(status["maxrss_kb"]) * 1024, int(status["leftovers"])
         status_path.unlink()
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, OverflowError):
+        return 0, 0
+    if not (0 <= maxrss < 2**60 and 0 <= leftovers < 2**31):  # numbers a trial may have written there
+        return 0, 0
     return maxrss, leftovers
 
 

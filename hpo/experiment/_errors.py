@@ -5,6 +5,8 @@ An ``--override`` text is repeated in an error as :func:`shown_override` gives i
 
 from __future__ import annotations
 
+from hpo.experiment._secrets import is_secret_key
+
 MAX_SHOWN_OVERRIDE = 60  # characters of an --override text an error line repeats
 
 
@@ -13,7 +15,11 @@ class SpaceError(ValueError):
 
 
 def shown_override(text: str) -> str:
-    """An ``--override`` text as an error line shows it: a long one cut, with its size."""
+    """An ``--override`` text as an error line shows it: a long one cut, with its size; a secret's value never
+    (:func:`hpo.experiment._secrets.is_secret_key`)."""
+    key, sep, _ = text.partition("=")
+    if sep and is_secret_key(key.strip()):
+        return f"{key}=<a secret, not shown>"
     if len(text) <= MAX_SHOWN_OVERRIDE:
         return text
     return f"{text[:MAX_SHOWN_OVERRIDE]}... ({len(text.encode('utf-8', 'surrogateescape'))} bytes)"

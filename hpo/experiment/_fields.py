@@ -83,9 +83,13 @@ def build_section(cls: type, raw: Any, where: str, ctx: ErrorContext) -> Any:
             "seed", "n_warmup_steps", "n_startup_trials", "max_retry", "gpus_per_trial", "threshold", "min_value",
             "preflight_margin", "n_warmup_evals", "min_delta", "seed_base", "hacking_min_drop", "plateau_min_delta",
             "keep_checkpoints", "burn_in_steps", "resample_probability", "max_rollbacks", "warmup_steps",
+            "resolution",  # study.confirm.resolution 0: a preference only between equal means
         ):
             raise ctx.error(sub, f"must be positive, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 and f.name != "min_value":
             raise ctx.error(sub, f"must be >= 0, got {value!r}")
+        most = f.metadata.get("max")
+        if most is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value > most:
+            raise ctx.error(sub, f"at most {most}, got {value!r}")
         kwargs[f.name] = value
     return cls(**kwargs)

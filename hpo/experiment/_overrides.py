@@ -1,9 +1,10 @@
 """``--override key=value``: a command line's changes to an experiment, applied to its raw mapping before parsing.
 
 A key whose first part is a field of the file (``study.n_trials=4``, ``params.lr.high=1e-3``) sets that field; any
-other dotted key (or ``overrides.<key>``) is a fixed trainer override. The value is YAML (read by the hardened reader,
-:mod:`hpo.experiment._yaml`; text that is not YAML stays text). :func:`apply_overrides` returns which field each text
-set, so that a later error about that field names the ``--override`` rather than the file
+other dotted key (or ``overrides.<key>``) is a fixed trainer override; past ``study.fidelity.proxy.overrides.`` the
+rest is one trainer key (``...overrides.actor_rollout_ref.model.path=DIR``). The value is YAML (read by the hardened
+reader, :mod:`hpo.experiment._yaml`; text that is not YAML stays text). :func:`apply_overrides` returns which field
+each text set, so that a later error about that field names the ``--override`` rather than the file
 (:class:`~hpo.experiment._errors.ErrorContext`).
 """
 
@@ -17,6 +18,9 @@ import yaml
 from hpo.experiment._errors import SpaceError, shown_override
 from hpo.experiment._schema import TOP_FIELDS
 from hpo.experiment._yaml import YamlTooComplex, load_yaml_text, yaml_problem
+
+# fields that are mappings of dotted trainer keys: past the prefix, a key is one trainer key, not a path
+KEYED_BY_TRAINER_KEYS = ("study.fidelity.proxy.overrides.",)
 
 
 def _set_path(raw: dict[str, Any], path: list[str], value: Any) -> None:
@@ -46,7 +50,11 @@ def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dic
         except yaml.YAMLError:
             value = rhs
         head = key.split(".")[0]
-        if head in TOP_FIELDS and head != "overrides":
+        if key.startswith(KEYED_BY_TRAINER_KEYS) and key not in KEYED_BY_TRAINER_KEYS:  # the rest is one trainer key
+            prefix = next(k for k in KEYED_BY_TRAINER_KEYS if key.startswith(k))
+            _set_path(raw, [*prefix.rstrip(".").split("."), key[len(prefix):]], value)
+            origin[key] = text
+        elif head in TOP_FIELDS and head != "overrides":
             _set_path(raw, key.split("."), value)
             origin[key] = text
         else:

@@ -3,10 +3,11 @@
 sections, the rules between fields of ``study``, the launch limits, PBT's rules), one tuned parameter
 (:func:`_parse_param`) and a ``study.pbt.rollback`` rule (:func:`parse_rollback_rule`).
 
-Sections are built by :mod:`hpo.experiment._fields`; the objective, ``trial.ray``, ``study.baseline``, ``tracking``
-and a throughput study's rules by their own modules. Every problem raises one
-:class:`~hpo.experiment._errors.SpaceError` line naming the file (or the ``--override`` that set the field), the
-field and the value. Nothing here reads a file; what a trainer accepts is its backend's (:mod:`hpo.backends`).
+Sections are built by :mod:`hpo.experiment._fields`; the objective, ``trial.ray``, ``study.baseline``, ``tracking``,
+``study.fidelity`` (:mod:`hpo.experiment._fidelity`) and a throughput study's rules by their own modules. Every
+problem raises one :class:`~hpo.experiment._errors.SpaceError` line naming the file (or the ``--override`` that set
+the field), the field and the value. Nothing here reads a file; what a trainer accepts is its backend's
+(:mod:`hpo.backends`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from typing import Any
 
 from hpo.experiment._errors import ErrorContext
+from hpo.experiment._fidelity import check_fidelity, parse_fidelity
 from hpo.experiment._fields import build_section
 from hpo.experiment._heldout import parse_baseline
 from hpo.experiment._limits import check_argv_sizes, check_param_count
@@ -34,7 +36,7 @@ from hpo.experiment._schema import (
     StudySpec,
     TrialSpec,
 )
-from hpo.experiment._secrets import is_secret_key
+from hpo.experiment._secrets import baseline_refs, check_secret_value, is_secret_key, shown_value
 from hpo.experiment._throughput import check_throughput, throughput_defaults
 from hpo.experiment._tracking import parse_tracking
 
@@ -49,6 +51,8 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     params = _params(raw, fixed, ctx)
     objective = parse_objective(raw.get("objective"), ctx.error)
     sections = _sections(raw, ctx)
+    sections["study"] = dataclasses.replace(sections["study"], fidelity=parse_fidelity(
+        raw["study"].get("fidelity") if isinstance(raw.get("study"), dict) else None, params, ctx.error))
     study: StudySpec = sections["study"]
     trial: TrialSpec = sections["trial"]
     early: EarlyStopping = sections["early_stopping"]
@@ -61,6 +65,8 @@ def parse_space(raw: dict[str, Any], source: str, name: str, origin: dict[str, s
     tracking = parse_tracking(raw.get("tracking"), ctx.error)  # MLflow / W&B (hpo.experiment._tracking)
     if study.strategy == "pbt":
         _check_pbt(study.pbt, params, objective.multi, ctx)
+    check_fidelity(study.fidelity, study.strategy, study.kind, objective.multi, study.pruner.type, study.n_trials,
+                   ctx.error)
     if study.kind == "throughput":
         check_throughput(objective, study.pruner.type, early.enabled, study.strategy, study.speed_from,
                          study.throughput, ctx.error)
@@ -74,7 +80,8 @@ def _top_level(raw: dict[str, Any], ctx: ErrorContext) -> tuple[str, dict[str, A
     fixed overrides (dotted key -> a value, not a mapping): (config, fixed overrides)."""
     for key in raw:
         if key not in TOP_FIELDS:
-            raise ctx.error(str(key), f"unknown field (value {raw[key]!r}); known: {', '.join(TOP_FIELDS)}")
+            raise ctx.error(str(key), f"unknown field (value {shown_value(key, raw[key])}); known: "
+                            f"{', '.join(TOP_FIELDS)}")
     config = raw.get("config")
     if not isinstance(config, str) or not config:
         raise ctx.error("config", f"expected a trainer config name or path, got {config!r}")
@@ -85,6 +92,7 @@ def _top_level(raw: dict[str, Any], ctx: ErrorContext) -> tuple[str, dict[str, A
     for k, v in fixed.items():
         if not isinstance(k, str) or not k:
             raise ctx.error("overrides", f"key {k!r} is not a dotted trainer key")
+        check_secret_value(f"overrides.{k}", k, v, ctx.error)  # by key, its value never shown
         if isinstance(v, dict):
             raise ctx.error(f"overrides.{k}", f"expected a value, got a mapping {v!r}")
     return config, fixed
@@ -118,15 +126,26 @@ def _sections(raw: dict[str, Any], ctx: ErrorContext) -> dict[str, Any]:
     """Each of :data:`SECTIONS` built against the schema, with ``study.baseline`` and ``trial.ray`` parsed by their
     own modules (both are free-form in places)."""
     study_raw = raw.get("study")
+    _check_secret_values(study_raw, "baseline", "study.baseline", ctx)
+    _check_secret_values(raw.get("trial"), "env", "trial.env", ctx)
     baseline = parse_baseline(study_raw.get("baseline"), ctx.error) if isinstance(study_raw, dict) else {}
+    baseline = baseline_refs(baseline)  # a secret as its reference: shown as that everywhere (hpo.experiment._secrets)
     trial_raw, ray_raw = split_ray(raw.get("trial"))  # trial.ray is free-form in places: parsed on its own
-    section_raw = {"trial": trial_raw, "study": {k: v for k, v in study_raw.items() if k != "baseline"}
+    free = ("baseline", "fidelity")  # parsed by their own modules
+    section_raw = {"trial": trial_raw, "study": {k: v for k, v in study_raw.items() if k not in free}
                    if isinstance(study_raw, dict) else study_raw}
     sections = {s: build_section(cls, section_raw[s] if s in section_raw else raw.get(s), s, ctx)
                 for s, cls in SECTIONS.items()}
     sections["trial"] = dataclasses.replace(sections["trial"], ray=parse_ray(ray_raw, ctx.error))
     sections["study"] = dataclasses.replace(sections["study"], baseline=baseline)
     return sections
+
+
+def _check_secret_values(section: Any, field: str, where: str, ctx: ErrorContext) -> None:
+    """Each secret key of the mapping ``section[field]`` holds one value (refused by key, its value not shown)."""
+    mapping = section.get(field) if isinstance(section, dict) else None
+    for k, v in (mapping.items() if isinstance(mapping, dict) else ()):
+        check_secret_value(f"{where}.{k}", k, v, ctx.error)
 
 
 def _check_study(study: StudySpec, objective: Objective, ctx: ErrorContext) -> None:
@@ -182,7 +201,8 @@ def _parse_param(name: str, raw: Any, ctx: ErrorContext) -> Param:
         raise ctx.error(where, f"expected a mapping like {{key: ..., type: float, low: ..., high: ...}}, got {raw!r}")
     for k in raw:
         if k not in PARAM_FIELDS:
-            raise ctx.error(f"{where}.{k}", f"unknown field (value {raw[k]!r}); known: {', '.join(PARAM_FIELDS)}")
+            raise ctx.error(f"{where}.{k}", f"unknown field (value {shown_value(k, raw[k])}); known: "
+                            f"{', '.join(PARAM_FIELDS)}")
     key, kind = raw.get("key"), raw.get("type")
     if not isinstance(key, str) or not key:
         raise ctx.error(f"{where}.key", f"expected a dotted trainer key, got {key!r}")

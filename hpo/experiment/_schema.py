@@ -17,11 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpo.analysis._diagnosis import DiagnosisSpec
+from hpo.experiment._fidelity import FidelitySpec
 from hpo.experiment._objective import Objective
 from hpo.experiment._ray_spec import EXECUTORS, RaySpec
 from hpo.experiment._secrets import env_ref, is_env_ref, is_secret_key, secret_env_name
 from hpo.experiment._throughput import ThroughputSpec
 from hpo.experiment._tracking import TrackingSpec
+
+MAX_N_JOBS = 256  # trials one driver runs at once (trial.n_jobs, worker --n-jobs): each job is a thread with its
+# trial's own threads beside it; 100,000 ended in "can't start new thread" after as many trials as the host allowed
 
 
 def _meta(help: str, choices: typing.Sequence[Any] | None = None) -> dict[str, Any]:
@@ -124,8 +128,9 @@ class ConfirmSpec:
         "under <studies>/.baselines/); false = always run them."))
     min_seeds: int = field(default=2, metadata=_meta("race: seeds before anything is dropped or decided (>= 2)."))
     resolution: float | None = field(default=None, metadata=_meta(
-        "race: differences smaller than this do not matter (the candidates left are tied); null = "
-        "early_stopping.plateau_min_delta, else 1% of the leader's mean."))
+        "Confirmed means closer than this do not matter: best prefers the safer, cheaper of settings not separated "
+        "only within it (else the better mean wins); a race ends tied when all are within it. null = "
+        "early_stopping.plateau_min_delta, else 1% of the best confirmed mean."))
     seed_key: str | None = field(default=None, metadata=_meta(
         "Trainer key of the run's seed; null = the trainer's seed keys (its backend's seed_keys)."))
     seed_base: int = field(default=1000, metadata=_meta("First confirmation seed."))
@@ -204,6 +209,13 @@ class StudySpec:
         "on min_seeds seeds; seeds when not racing) plus one evaluation interval per running trial would pass it, "
         "and a race ends ('budget') when its next round would pass it; null = no limit (--budget sets it)."))
     confirm: ConfirmSpec = field(default_factory=ConfirmSpec, metadata=_meta("verl-hpo confirm defaults."))
+    fidelity: FidelitySpec = field(default_factory=FidelitySpec, metadata=_meta(
+        "Model-size fidelity: proxy: {overrides: {<model key>: <a smaller model of the same family>, ...}, promote: "
+        "4, promote_steps: null, transfer: {<param>: {multiply: F} | {scale_by: hidden_ratio}}}: the search runs on "
+        "the proxy, its top `promote` settings run on the target for promote_steps steps (null: the first "
+        "successive-halving rung, else a quarter of the trial's steps), and the proxy is trusted only if it ranks them "
+        "as the target does; otherwise the rest of the budget searches on the target. Parsed by "
+        "hpo.experiment._fidelity."))
     baseline: dict[str, Any] = field(default_factory=dict, metadata=_meta(
         "The setting a user would run without a search, as trainer overrides on top of the fixed ones (e.g. the "
         "framework's defaults of the tuned keys); verl-hpo confirm runs it on the same fresh seeds and best "
@@ -240,7 +252,9 @@ class TrialSpec:
     command: tuple[str, ...] | None = field(default=None, metadata=_meta(
         "Trainer argv prefix; null = the backend's default command (its default_command)."))
     prepare_command: tuple[str, ...] | None = field(default=None, metadata=_meta("Run once before trials."))
-    n_jobs: int = field(default=1, metadata=_meta("Trials run in parallel."))
+    n_jobs: int = field(default=1, metadata={**_meta(
+        f"Trials run in parallel (at most {MAX_N_JOBS}: each is a thread of the driver with its trial's; run more "
+        "workers for more)."), "max": MAX_N_JOBS})
     timeout_s: float | None = field(default=None, metadata=_meta("Kill a trial after this many seconds."))
     memory_limit_gb: float | None = field(default=None, metadata=_meta(
         "Hard memory cap of a trial (a cgroup where possible, else a 0.1 s watchdog over peak RSS)."))
@@ -316,6 +330,9 @@ class Space:
     trial: TrialSpec = field(default_factory=TrialSpec)
     tracking: TrackingSpec = field(default_factory=TrackingSpec)
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
+    # a tuned value is multiplied by this before it reaches the trainer: a proxy run's transfer rules (1 / factor,
+    # hpo.experiment._fidelity); empty for every other run
+    scale: dict[str, float] = field(default_factory=dict, compare=False)
 
     def param(self, name: str) -> Param:
         return next(p for p in self.params if p.name == name)
@@ -330,8 +347,16 @@ class Space:
         """Fixed overrides then ``key=value`` for each tuned parameter value (by param name); secrets as references
         (:meth:`fixed_overrides`)."""
         out = [f"{k}={format_value(v)}" for k, v in self.fixed_overrides().items()]
-        out += [f"{p.key}={format_value(values[p.name])}" for p in self.params if p.name in values]
+        out += [f"{p.key}={format_value(self.scaled(p, values[p.name]))}" for p in self.params if p.name in values]
         return out
+
+    def scaled(self, p: Param, value: Any) -> Any:
+        """``value`` of parameter ``p`` as the trainer gets it: times :attr:`scale` (a proxy run's transfer rule; float
+        parameters only)."""
+        factor = self.scale.get(p.name)
+        if factor is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return value
+        return float(value) * factor
 
 
 # The sections built field by field from the schema (objective, tracking and trial.ray are parsed by their modules).

@@ -52,6 +52,27 @@ class ThroughputSpec:
         "driver does not know that do not change the update; the same-math check still checks every pick."))
 
 
+# A measured speed (tokens per second, seconds per step) outside these bounds is not a measurement (a trainer's bug, a
+# planted value): 5e-324 or 1e308 make paired ratios underflow to 0 or overflow to inf. Inside them every ratio of two
+# values and its log stay finite (|log ratio| < 49).
+SPEED_MIN, SPEED_MAX = 1e-9, 1e12
+
+
+def speed_value_ok(value: Any) -> bool:
+    """``value`` is a number a throughput measurement can be: finite, in (:data:`SPEED_MIN`, :data:`SPEED_MAX`)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and SPEED_MIN < value < SPEED_MAX
+
+
+def speed_value_problem(metric: str, measured: Sequence[float], value: float) -> str | None:
+    """Why a throughput trial's measured steps (``measured``: the first objective after the warm-up) and its value
+    (their mean) are not a valid measurement (one line), or None."""
+    bad = next((v for v in (*measured, value) if not speed_value_ok(v)), None)
+    if bad is None:
+        return None
+    return (f"{metric} {bad:.6g} is not a valid measurement: a throughput must be finite and between {SPEED_MIN:g} "
+            f"and {SPEED_MAX:g}")
+
+
 def is_speed_key(key: str, patterns: Iterable[str]) -> bool:
     """``key`` (a leading ``+`` ignored) matches one of the fnmatch ``patterns``."""
     bare = key.lstrip("+")

@@ -14,10 +14,11 @@
         dir: null                          # null: <studies-dir>/<study>/tracking
       flush_s: 60                          # at the end of a study, wait this long for the logging to catch up
 
-The section is stored with the experiment, so it must hold no secret: a password in ``mlflow.uri`` is refused
-(use ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, or pass the URI with ``--tracking``, which is
-never stored); W&B reads its key from ``WANDB_API_KEY`` or ``wandb login``. Every problem is one
-:class:`~hpo.experiment._errors.SpaceError` line naming the file (or flag), key and value.
+The section is stored with the experiment, so it must hold no secret: a credential in ``mlflow.uri`` (a password
+or a token as its userinfo, a credential-named query parameter such as ``?token=``) is refused (use
+``MLFLOW_TRACKING_TOKEN`` or ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, or pass the URI
+with ``--tracking``, which is never stored); W&B reads its key from ``WANDB_API_KEY`` or ``wandb login``. Every
+problem is one :class:`~hpo.experiment._errors.SpaceError` line naming the file (or flag), key and value.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-MASK = "***"
+from hpo.experiment._secrets import mask_uri, shown_value, uri_secrets
+
 WANDB_MODES = ("online", "offline")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._/-]{0,127}$")
 _WANDB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -76,22 +77,15 @@ class TrackingSpec:
 
 # ----------------------------------------------------------------------------- secrets
 def redact_uri(uri: str) -> str:
-    """``uri`` with the password of ``user:pass@host`` replaced by ``***`` (shown and logged this way only)."""
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return re.sub(r"(//[^/@:]*:)[^/@]*@", rf"\g<1>{MASK}@", uri)
-    if parts.password is None:
-        return uri
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{MASK}@{host}"))
+    """``uri`` as it is shown and logged: a password or a bare token in its userinfo, and credential-named query
+    parameters, replaced by ``***`` (:func:`hpo.experiment._secrets.mask_uri`)."""
+    return mask_uri(uri)
 
 
 def uri_password(uri: str) -> str | None:
-    try:
-        return urlsplit(uri).password
-    except ValueError:
-        return None
+    """The first credential in ``uri`` (a userinfo password or token, a credential-named query value), or None."""
+    found = uri_secrets(uri)
+    return found[0] if found else None
 
 
 # ----------------------------------------------------------------------------- the experiment file
@@ -105,7 +99,7 @@ def _mapping(raw: Any, where: str, known: Sequence[str], error: Error) -> dict[s
         raise error(where, f"expected a mapping, got {raw!r}")
     for k in raw:
         if k not in known:
-            raise error(f"{where}.{k}", f"unknown field (value {raw[k]!r}); known: {', '.join(known)}")
+            raise error(f"{where}.{k}", f"unknown field (value {shown_value(k, raw[k])}); known: {', '.join(known)}")
     return raw
 
 
@@ -114,8 +108,9 @@ def _text(raw: dict[str, Any], key: str, where: str, error: Error, default: str 
     if key not in raw or raw[key] is None:
         return default
     v = raw[key]
-    if not isinstance(v, str) or not v.strip():
-        raise error(f"{where}.{key}", f"expected a non-empty string, got {v!r}")
+    if not isinstance(v, str) or not v.strip():  # a URI's value is never shown (it may hold a credential)
+        raise error(f"{where}.{key}", f"expected a non-empty string, got "
+                    f"{'a ' + type(v).__name__ if key == 'uri' else repr(v)}")
     if pattern is not None and not pattern.match(v):
         raise error(f"{where}.{key}", f"{v!r}: use letters, digits and . _ - (at most 128 characters)")
     return v
@@ -128,9 +123,11 @@ def check_mlflow_uri(uri: str, where: str, error: Error, stored: bool) -> None:
             not scheme.startswith(("postgresql+", "mysql+")):
         raise error(where, f"{redact_uri(uri)!r}: expected an http(s)://, file:, sqlite:///, postgresql:// or "
                     "databricks tracking URI")
-    if stored and uri_password(uri):
-        raise error(where, f"{redact_uri(uri)!r} holds a password, which would be stored in the study; set "
-                    "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD or pass the URI with --tracking mlflow=URI")
+    if stored and uri_secrets(uri):
+        raise error(where, f"{redact_uri(uri)!r} holds a credential (a password or token in its userinfo or "
+                    "query), which would be stored in the study; put it in an environment variable instead "
+                    "(MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD), or pass the URI "
+                    "with --tracking mlflow=URI, which is never stored")
 
 
 def parse_tracking(raw: Any, error: Error) -> TrackingSpec:

@@ -68,6 +68,9 @@ def executable_part(space: Space, rules: CodeRules = CodeRules(), default_backen
     code = {k: v for k, v in space.fixed_overrides().items() if every or (prefixes and k.startswith(prefixes))}
     code.update({f"params.{p.name}": p.key for p in space.params
                  if every or (prefixes and p.key.startswith(prefixes))})
+    proxy = space.study.fidelity.proxy  # a proxy run's overrides reach its trainer as the fixed ones do
+    code.update({f"study.fidelity.proxy.overrides.{k}": v for k, v in (proxy.overrides if proxy else {}).items()
+                 if every or (prefixes and k.startswith(prefixes))})
     command, prepare = space.trial.command, space.trial.prepare_command
     return {
         "trial.backend": space.trial.backend or default_backend,

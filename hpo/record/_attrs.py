@@ -4,7 +4,9 @@ reporting, tracking and the dashboard read them; all of them read the keys and t
 Study system attributes: :data:`ATTR_SPACE` (the experiment as parsed), :data:`ATTR_SOURCE` (its file),
 :data:`ATTR_TARGET` (the trial target), :data:`ATTR_DIGEST` (sha256 of the experiment), :data:`ATTR_TRACKING_KEY`
 and :data:`ATTR_TRACKING_RUN` (MLflow / W&B run ids of each retry chain), :data:`ATTR_RACE` (racing confirmation's
-settings).
+settings), :data:`ATTR_PROMOTION` (the proxy settings promoted to the target). Study user attributes:
+:data:`ATTR_BUDGET`, :data:`ATTR_FIDELITY_CHECK` (the proxy's rank agreement with the target and the decision),
+:data:`ATTR_TRANSFER`.
 
 Trial system attributes (set before a trial runs, by whoever queued it):
 
@@ -12,10 +14,12 @@ Trial system attributes (set before a trial runs, by whoever queued it):
   ``retry_history`` (:data:`ATTR_RETRY_HISTORY`, the chain's earlier trial numbers, oldest first: the chain's root
   is the first);
 * a confirmation run: :data:`ATTR_CONFIRM_OF` (the confirmed trial, ``"baseline"`` shown for baseline runs),
-  :data:`ATTR_CONFIRM_SEED`, :data:`ATTR_BASELINE`;
+  :data:`ATTR_CONFIRM_SEED`, :data:`ATTR_BASELINE`; a throughput study's re-measurement, :data:`ATTR_SPEED_BLOCK`;
 * the driver's liveness: :data:`ATTR_HEARTBEAT`, :data:`ATTR_RESULT` (the result its driver recorded before telling),
   :data:`ATTR_RECOVERING`, :data:`ATTR_RAY_CLAIM`;
-* a PBT segment: the ``pbt:`` keys (:data:`PBT_MEMBER` ... :data:`PBT_INTERMEDIATE`); :data:`ATTR_JOB_TYPE`.
+* a PBT segment: the ``pbt:`` keys (:data:`PBT_MEMBER` ... :data:`PBT_INTERMEDIATE`); :data:`ATTR_JOB_TYPE`;
+* ``study.fidelity.proxy``: :data:`ATTR_FIDELITY` (``proxy`` or ``target``), a promoted run's
+  :data:`ATTR_PROMOTED_FROM` and :data:`ATTR_PROMOTE_STEPS`.
 
 Trial user attributes (what happened): see :data:`USER_ATTRS`.
 """
@@ -35,6 +39,11 @@ ATTR_TRACKING_KEY = "hpo:tracking:key"  # the study's tracking key (run ids deri
 ATTR_TRACKING_RUN = "hpo:tracking:{root}"  # {"mlflow": run id, "wandb": run id} of a retry chain
 ATTR_BUDGET = "hpo:budget"  # the --budget the search was given (full runs): resume, worker and confirm keep to it
 ATTR_RACE = "hpo:race"  # racing confirmation's settings: candidates, seeds (min, max), resolution (hpo.study._confirm)
+# study.fidelity.proxy: the proxy settings promoted to the target (candidates, steps), set once (system attr), and
+# the proxy's check against the target (agreement figures and the decision: a user attr, so reports show it)
+ATTR_PROMOTION = "hpo:promotion"
+ATTR_FIDELITY_CHECK = "hpo:fidelity_check"
+ATTR_TRANSFER = "hpo:fidelity_transfer"  # the transfer factors the study's proxy runs used, by parameter (user attr)
 
 # ----------------------------------------------------------------------------- trial system attributes
 ATTR_RETRY_OF = "failed_trial"  # Optuna's RetryFailedTrialCallback key
@@ -42,6 +51,7 @@ ATTR_RETRY_HISTORY = "retry_history"
 ATTR_CONFIRM_OF = "hpo:confirm_of"
 ATTR_CONFIRM_SEED = "hpo:confirm_seed"
 ATTR_BASELINE = "hpo:baseline"
+ATTR_SPEED_BLOCK = "hpo:speed_block"  # a throughput re-measurement: its seed's runs in order (hpo.study._confirm)
 ATTR_HEARTBEAT = "hpo:heartbeat"
 ATTR_RESULT = "hpo:result"
 ATTR_RECOVERING = "hpo:recovering"  # set on a dead driver's trial just before it is failed: its retry is due
@@ -50,6 +60,12 @@ ATTR_RAY_CLAIM = "hpo:ray_claim"
 # of a Ray-job trial (trial.ray.shared_dir): only directories holding it are ever deleted
 TRIAL_MARKER = ".verl-hpo-trial"
 ATTR_JOB_TYPE = "hpo:job_type"  # a trial's job type (e.g. "pbt"); else tune or confirm
+# study.fidelity.proxy: "proxy" (a search trial on the proxy model) or "target"; a promoted target run names the
+# proxy trial whose setting it runs and the steps it stops at
+ATTR_FIDELITY = "hpo:fidelity"
+ATTR_PROMOTED_FROM = "hpo:promoted_from"
+ATTR_PROMOTE_STEPS = "hpo:promote_steps"
+PROXY, TARGET = "proxy", "target"
 
 PBT = "pbt:"
 PBT_MEMBER, PBT_SEQ, PBT_GEN = "pbt:member", "pbt:seq", "pbt:generation"
@@ -71,6 +87,11 @@ USER_ATTRS: dict[str, str] = {
     "last_step": "the last step it logged",
     "total_steps": "the steps its run was set to (a full run's length)",
     "baseline_reused": "a baseline run copied from an earlier study's identical run on this host (costs nothing)",
+    "baseline_imported": "a baseline run imported from the user's own run by confirm --baseline-runs (its path; costs "
+                         "nothing)",
+    "baseline_imported_sha256": "the imported run's metrics file digest (an import is made once per file)",
+    "baseline_imported_record": "the record (config.yaml or .hydra/overrides.yaml) the imported run was checked "
+                                "against",
     "wall_time_s": "wall time of its process",
     "peak_memory_gb": "its peak memory",
     "first_metric_s": "seconds to its first metrics line",
@@ -82,6 +103,8 @@ USER_ATTRS: dict[str, str] = {
     "diagnosis": "the run's diagnosis label (hpo.analysis)",
     "resumed_from_step": "a retry: the checkpoint step it continued from",
     "interrupted": "stopped by the user or its driver's death (queued again)",
+    "fidelity": "study.fidelity.proxy: proxy (ran on the proxy model) or target",
+    "promoted_from": "a promoted target run: the proxy trial whose setting it runs",
 }
 
 
@@ -89,6 +112,21 @@ USER_ATTRS: dict[str, str] = {
 def is_confirm(t: FrozenTrial) -> bool:
     """A confirmation run (queued by ``verl-hpo confirm``)."""
     return ATTR_CONFIRM_OF in t.system_attrs
+
+
+def fidelity_of(t: FrozenTrial) -> str:
+    """``proxy`` for a search trial that ran on ``study.fidelity.proxy``'s model, else ``target`` (every trial of a
+    study without a proxy, and every confirmation run)."""
+    return PROXY if t.system_attrs.get(ATTR_FIDELITY) == PROXY and not is_confirm(t) else TARGET
+
+
+def is_proxy(t: FrozenTrial) -> bool:
+    return fidelity_of(t) == PROXY
+
+
+def is_promoted(t: FrozenTrial) -> bool:
+    """A target run of a proxy setting promoted by ``study.fidelity.proxy`` (its short budget: promote_steps)."""
+    return ATTR_PROMOTED_FROM in t.system_attrs and not is_confirm(t)
 
 
 def is_baseline(t: FrozenTrial) -> bool:

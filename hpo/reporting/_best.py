@@ -60,9 +60,33 @@ def print_best(space: Space, study: Any, study_name: str, fmt: str, trial_number
     if trial is None:
         raise NoBest(f"study {study_name!r} has no feasible completed trial with a finite value yet", 1)
     shown = ", ".join(f"{n}={v:.4g}" for n, v in zip(objective_names(study), trial.values, strict=True))
-    print(f"# trial {trial.number} of study {study_name} ({space.objective.label}): {shown}", file=sys.stderr)
+    print(f"# trial {trial.number} of study {study_name} ({space.objective.label}): {shown}{_on_proxy(trial)}",
+          file=sys.stderr)
+    _print_fidelity(study)
     print(render_best(space, trial, fmt))
     return 0
+
+
+def _on_proxy(trial: Any) -> str:
+    """A proxy search's best before any target run: its value is the proxy model's (``study.fidelity.proxy``)."""
+    from hpo.record import is_promoted, is_proxy
+
+    if is_proxy(trial):
+        return " on the proxy model (not run on the target yet)"
+    return " (a promoted setting's target run at its short budget)" if is_promoted(trial) else ""
+
+
+def _print_fidelity(study: Any, spent: bool = True) -> None:
+    """A proxy search's check and what it saved or wasted, and (``spent``) the spend split (stderr); nothing for
+    another study."""
+    from hpo.record import study_cost
+    from hpo.reporting._report import fidelity_summary
+
+    line = fidelity_summary(study).strip()
+    if line:
+        print(f"# {line}", file=sys.stderr)
+        if spent:
+            print(f"# spent: {study_cost(study.get_trials(deepcopy=False)).text()}", file=sys.stderr)
 
 
 def _pbt_best(space: Space, study: Any, study_name: str, fmt: str, trial_number: int | None) -> int:
@@ -102,5 +126,6 @@ def _print_confirmed(space: Space, study: Any, study_name: str, fmt: str) -> boo
           file=sys.stderr)
     print("\n".join(f"#   {line}" for line in confirmed_table(study, space).splitlines()), file=sys.stderr)
     print("\n".join(f"# {line}" for line in verdict_lines(study, space)), file=sys.stderr)
+    _print_fidelity(study, spent=False)  # the verdict said what was spent
     print(render_best(space, top.trial, fmt))
     return True

@@ -42,7 +42,8 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
-from hpo.record import ATTR_SOURCE, is_confirm, rungs, steps_run, study_cost
+from hpo.analysis import check_output_path, make_output_dir
+from hpo.record import ATTR_SOURCE, is_confirm, is_proxy, rungs, steps_run, study_cost
 from hpo.reporting._figures import (
     PLOT_CONFIG,
     SCORE_PREFIX,
@@ -56,7 +57,7 @@ from hpo.reporting._figures import (
     param_names,
     plottable_copy,
 )
-from hpo.reporting._report import fmt_value, outcome
+from hpo.reporting._report import fidelity_mark, fidelity_summary, fmt_value, outcome
 from hpo.storages._storage import mask_url
 from hpo.study._confirm import confirmed
 from hpo.study._optuna import quiet_optuna
@@ -144,6 +145,7 @@ def header_html(study: optuna.Study, storage_url: str, names: list[str], params:
     saved = sum(float(v) for t in trials if isinstance(v := t.user_attrs.get("compute_saved_s"), (int, float))
                 and math.isfinite(v))
     done = [t for t in trials if is_finite_complete(t) and not is_confirm(t)]
+    done = [t for t in done if not is_proxy(t)] or done  # a proxy search: its best target run once there is one
     if not done:
         best = "none yet (no completed trial with a finite value)"
     elif len(study.directions) == 1:
@@ -164,6 +166,7 @@ def header_html(study: optuna.Study, storage_url: str, names: list[str], params:
         ("outcomes", _e(by_outcome or "-")), ("best", best),
         ("compute", _e(f"{_seconds(total)} of trainer time; pruning and early stopping saved ~{_seconds(saved)}")),
         ("spent", _e(study_cost(trials).text())),
+        *([("proxy", _e(proxy))] if (proxy := fidelity_summary(study).strip().removeprefix("proxy: ")) else []),
         ("written", _e(datetime.datetime.now().isoformat(timespec="seconds"))),
     ]
     body = "\n".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
@@ -211,7 +214,8 @@ def table_html(study: optuna.Study, names: list[str], params: list[str], out_dir
             str(t.number), _e(t.state.name),
             f'<span class="outcome" style="color: {outcome_color(outcome(t))}">{_e(outcome(t))}</span>'
             + (f' <span class="confirm">confirms #{_e(ua.get("confirm_of"))}, seed {_e(ua.get("confirm_seed"))}'
-               "</span>" if is_confirm(t) else ""),
+               "</span>" if is_confirm(t) else "")
+            + (f' <span class="fidelity">{_e(fidelity_mark(t).strip(" ()"))}</span>' if fidelity_mark(t) else ""),
             f'<span class="diagnosis" title="{_e(json.dumps(ua.get("diagnosis_evidence", {}), default=str))}">'
             f'{_e(ua.get("diagnosis", "-"))}</span>',
             *(_num(v) for v in values), *(_num(ua.get(k)) for k in scores),
@@ -304,10 +308,15 @@ def figures_script(figures: dict[str, Any]) -> str:
 def write_dashboard(study: optuna.Study, out: Path, *, storage_url: str, studies_dir: Path | None = None) -> Path:
     """Write the study's page to ``out`` (atomically: a browser reloading it never sees half a page)."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out.parent, "dashboard")
     text = build_html(study, storage_url=storage_url, out_dir=out.parent, studies_dir=studies_dir)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(text, encoding="utf-8")
+    try:
+        check_output_path(out, "dashboard")  # right before the rename: a FIFO or device put there meanwhile stays
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, out)
     return out
 

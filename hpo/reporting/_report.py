@@ -18,7 +18,15 @@ from optuna.trial import FrozenTrial, TrialState
 from hpo.analysis._diagnosis import HEALTH_KNOBS
 from hpo.backends import backend_of
 from hpo.experiment._space import Space, format_value
-from hpo.record import is_confirm, study_cost
+from hpo.record import (
+    ATTR_FIDELITY_CHECK,
+    ATTR_PROMOTED_FROM,
+    is_confirm,
+    is_promoted,
+    is_proxy,
+    steps_run,
+    study_cost,
+)
 from hpo.storages._retrying import storage_downtime, storage_outages
 from hpo.storages._storage import mask_url
 from hpo.study._confirm import Confirmed, baseline_confirmed, confirmed
@@ -121,7 +129,8 @@ class Reporter:
             best_txt = f"pareto front {len(pareto_front(study))} trial(s)"
         else:
             best = best_trial(study)
-            best_txt = f"best {fmt_value(best.value)} (trial {best.number})" if best is not None else "best -"
+            best_txt = f"best {fmt_value(best.value)} (trial {best.number}{', proxy' if is_proxy(best) else ''})" \
+                if best is not None else "best -"
         ua = trial.user_attrs
         wall = ua.get("wall_time_s")
         extra = f" {wall:.1f}s" if isinstance(wall, (int, float)) else ""
@@ -152,8 +161,10 @@ def _finite_complete(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The best feasible COMPLETE trial with a finite value (failed trials complete with +-inf)."""
+    """The best feasible COMPLETE trial with a finite value (failed trials complete with +-inf); a proxy search's
+    best target run, or its proxy's best before any target run finished (a proxy value is not a target value)."""
     done = _finite_complete(study)
+    done = [t for t in done if not is_proxy(t)] or done
     if not done:
         return None
     sign = 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
@@ -250,7 +261,8 @@ def top_table(study: optuna.Study, limit: int = 10) -> str:
         rows.append([
             str(t.number), *(fmt_value(v) for v in values),
             outcome(t) + ("" if feasible(t) else " infeasible")
-            + (f" (confirms {ua.get('confirm_of')}, seed {ua.get('confirm_seed')})" if is_confirm(t) else ""),
+            + (f" (confirms {ua.get('confirm_of')}, seed {ua.get('confirm_seed')})" if is_confirm(t) else "")
+            + fidelity_mark(t),
             str(ua.get("diagnosis", "-")),
             *(fmt_value(t.params[n]) if isinstance(t.params.get(n), float) else str(t.params.get(n, "-"))
               for n in names),
@@ -261,6 +273,58 @@ def top_table(study: optuna.Study, limit: int = 10) -> str:
     if len(trials) > limit:
         lines.append(f"... {len(trials) - limit} more")
     return "\n".join(lines)
+
+
+def fidelity_mark(t: FrozenTrial) -> str:
+    """`` (proxy)`` for a proxy search's trial on the proxy model, `` (promoted from N)`` for a promoted setting's
+    target run, else nothing (``study.fidelity.proxy``)."""
+    if is_proxy(t):
+        return " (proxy)"
+    if is_promoted(t):
+        return f" (promoted from {t.system_attrs.get(ATTR_PROMOTED_FROM)})"
+    return ""
+
+
+def fidelity_summary(study: optuna.Study) -> str:
+    """A proxy search's check in the summary (the agreement figures and what followed); "" for any other study."""
+    check = study.user_attrs.get(ATTR_FIDELITY_CHECK)
+    if not isinstance(check, dict):
+        if any(is_proxy(t) for t in study.get_trials(deepcopy=False)):
+            return "proxy: not checked against the target yet (its promoted settings' target runs have not finished)\n"
+        return ""
+    tau, iv = check.get("tau"), check.get("interval")
+    figures = f"tau {tau:.2f}" if isinstance(tau, (int, float)) else "tau n/a"
+    if isinstance(iv, list) and len(iv) == 2:
+        figures += f" [{iv[0]:.2f}, {iv[1]:.2f}]"
+    gap, res = check.get("gap"), check.get("resolution")
+    if isinstance(gap, (int, float)) and isinstance(res, (int, float)):
+        figures += f"; its best {gap:.4g} from the target's best (resolution {res:.4g})"
+    rules = ", ".join(f"{k} {v.get('rule')} x{v.get('factor'):.4g}" for k, v in (check.get("transfer") or {}).items()
+                      if isinstance(v, dict) and isinstance(v.get("factor"), (int, float)))
+    other = check.get("without_transfer")
+    if rules and isinstance(other, dict) and isinstance(other.get("tau"), (int, float)):
+        rules += f" (without it, estimated: tau {other['tau']:.2f})"
+    what = "held: confirm races the promoted settings on the target" if check.get("holds") else \
+        "did not hold: the search went on on the target"
+    return (f"proxy: {what} ({figures} over {check.get('n')} promoted settings at {check.get('steps')} steps"
+            f"{'; transfer ' + rules if rules else ''}); {proxy_effect(study, bool(check.get('holds')))}\n")
+
+
+def proxy_effect(study: optuna.Study, holds: bool) -> str:
+    """What the proxy saved (it held: its search against the same trials' steps on the target) or wasted (it did not:
+    its search and the promoted runs), in target full runs at the measured cost ratio."""
+    trials = study.get_trials(deepcopy=False)
+    cost = study_cost(trials)
+    if not cost.full or cost.proxy_ratio is None:
+        return "its cost ratio to the target is not measured yet"
+    spent = cost.proxy_runs
+    if holds:
+        same = cost.runs(cost.proxy_steps)
+        return (f"its search cost {spent:.1f} target full runs where the same trials on the target would have cost "
+                f"{same:.1f}: {same - spent:.1f} saved")
+    promoted = cost.runs(sum(steps_run(t) for t in trials if is_promoted(t)))
+    return (f"its search ({spent:.1f} target full runs) and the promoted runs ({promoted:.1f}) were spent on a proxy "
+            "that did not hold")
 
 
 def _peak_rss_mb() -> float:
@@ -310,7 +374,7 @@ def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
             f"trials: {parts}; early stopping and pruning saved ~{saved:.0f}s of trainer time; "
             f"driver peak RSS {driver_mb:.0f} MB; {disk}\n"
             f"spent: {study_cost(study.get_trials(deepcopy=False)).text()}\n"
-            f"{memory}{spread}{speed}{outages}"
+            f"{fidelity_summary(study)}{memory}{spread}{speed}{outages}"
             f"study {study.study_name} in {mask_url(storage)}\n"
             f"trial logs in {trials_dir}/<number>/ (command.json, config.yaml, stdout.log, stderr.log, "
             f"metrics.jsonl)")

@@ -19,7 +19,13 @@ minute of a shared machine falls on both. Runs are ordinary confirmation runs of
   recommended.
 
 The recommendation is the fastest pick that passes the same-math check and is faster than the user's config (ratio >
-1); ``best --format overrides`` prints its speed settings and a learning study takes them with ``study.speed_from``.
+1); ``best --format overrides`` prints its speed settings and a learning study takes them with ``study.speed_from``,
+only from a complete confirmation (:func:`confirmation_gaps`: every paired run there, an interval that excludes 1),
+checked again by each ``resume`` / ``worker`` / ``confirm`` of the learning study (:mod:`hpo.reporting._speed_from`).
+
+Every value is read as untrusted (a trainer's bug or a planted storage): a run whose throughput is not in
+(:data:`~hpo.experiment._throughput.SPEED_MIN`, ``SPEED_MAX``) is not a measurement and is skipped with a note, so a
+ratio never underflows to 0 or overflows to inf, and a first step's non-numbers are not compared.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo.experiment import speed_value_ok
 from hpo.experiment._space import Space
 from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
 from hpo.study._compare import LEVEL, t_quantile
@@ -46,6 +53,7 @@ class SpeedPick:
     search_value: float
     pairs: list[tuple[int, float, float]] = field(default_factory=list)  # (seed, pick's value, user's value)
     failed: int = 0  # runs of the pick that ended without a finite value (an OOM, a crash)
+    out_of_range: int = 0  # runs of the pick whose stored value is not a measurement (skipped)
     ratio: float | None = None  # > 1: faster than the user's config
     low: float | None = None
     high: float | None = None
@@ -68,6 +76,7 @@ class SpeedReport:
     tolerance: float
     pending: int
     noise: dict[str, float] | None = None  # the control's relative first-step differences (None: no control ran)
+    baseline_out_of_range: int = 0  # runs of the user's config whose stored value is not a measurement (skipped)
 
     @property
     def recommended(self) -> SpeedPick | None:
@@ -86,17 +95,34 @@ def _latest_runs(study: optuna.Study) -> tuple[dict[tuple[int, int], FrozenTrial
             pending += 1
         if t.state != TrialState.COMPLETE:
             continue
-        try:
-            of = int(t.system_attrs[ATTR_CONFIRM_OF])  # BASELINE_OF, CONTROL_OF or the pick's trial number
-        except (TypeError, ValueError):
+        try:  # BASELINE_OF, CONTROL_OF or the pick's trial number; the seed
+            of, seed = int(t.system_attrs[ATTR_CONFIRM_OF]), int(t.system_attrs[ATTR_CONFIRM_SEED])
+        except (KeyError, TypeError, ValueError, OverflowError):
             continue
-        runs[(of, int(t.system_attrs[ATTR_CONFIRM_SEED]))] = t
+        runs[(of, seed)] = t
     return runs, pending
 
 
-def _value(t: FrozenTrial) -> float | None:
+def _measured(t: FrozenTrial) -> tuple[float | None, bool]:
+    """A run's throughput, or (None, out of range): a failed run (``fail_reason``, or no value) is not out of
+    range; a stored value outside the bounds of a measurement (0, negative, 5e-324, 1e308, inf) is."""
     v = t.values[0] if t.values else None
-    return float(v) if v is not None and math.isfinite(v) and v > 0 else None
+    if v is not None and speed_value_ok(v):
+        return float(v), False
+    return None, v is not None and "fail_reason" not in t.user_attrs
+
+
+def _value(t: FrozenTrial) -> float | None:
+    return _measured(t)[0]
+
+
+def _first_step(t: FrozenTrial) -> dict[str, Any] | None:
+    """A run's ``first_step`` user attr with only its finite numbers (a stored text or a list is not compared)."""
+    first = t.user_attrs.get("first_step")
+    if not isinstance(first, dict):
+        return None
+    return {str(k): v for k, v in first.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 NOISE_FACTOR = 3.0  # a metric may differ by this many times what two runs of the user's config on one seed differ by
@@ -139,14 +165,30 @@ def run_noise(base: dict[str, Any], control: dict[str, Any]) -> dict[str, float]
             for m in set(base) & set(control) - {"step"}}
 
 
-def _ratio(pairs: list[tuple[int, float, float]], faster_is_higher: bool) -> tuple[float, float | None, float | None]:
-    """Geometric mean of the paired ratios (in the faster direction) and its t interval over the log ratios."""
-    logs = [math.log(a / b) if faster_is_higher else math.log(b / a) for _, a, b in pairs]
+def _log_ratio(a: float, b: float, faster_is_higher: bool) -> float | None:
+    """log(a / b) in the faster direction; None when either value is not a measurement (a ratio that would
+    underflow to 0 or overflow to inf)."""
+    if not (speed_value_ok(a) and speed_value_ok(b)):
+        return None
+    return math.log(a) - math.log(b) if faster_is_higher else math.log(b) - math.log(a)
+
+
+def _exp(x: float) -> float:
+    return math.exp(x) if x < 700.0 else math.inf
+
+
+def _ratio(pairs: list[tuple[int, float, float]], faster_is_higher: bool
+           ) -> tuple[float | None, float | None, float | None]:
+    """Geometric mean of the paired ratios (in the faster direction) and its t interval over the log ratios; a pair
+    with a value out of range is skipped (None: no pair left)."""
+    logs = [lr for _, a, b in pairs if (lr := _log_ratio(a, b, faster_is_higher)) is not None]
+    if not logs:
+        return None, None, None
     mean = statistics.fmean(logs)
     if len(logs) < 2:
-        return math.exp(mean), None, None
+        return _exp(mean), None, None
     half = t_quantile(0.5 + LEVEL / 2.0, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    return _exp(mean), _exp(mean - half), _exp(mean + half)
 
 
 def speed_report(study: optuna.Study, space: Space) -> SpeedReport | None:
@@ -161,42 +203,63 @@ def speed_report(study: optuna.Study, space: Space) -> SpeedReport | None:
     control = next(((seed, t) for (of, seed), t in runs.items() if of == CONTROL_OF and seed in base), None)
     rel_noise: dict[str, float] = {}
     if control is not None:
-        first_b, first_c = base[control[0]].user_attrs.get("first_step"), control[1].user_attrs.get("first_step")
-        if isinstance(first_b, dict) and isinstance(first_c, dict):
+        first_b, first_c = _first_step(base[control[0]]), _first_step(control[1])
+        if first_b is not None and first_c is not None:
             rel_noise = run_noise(first_b, first_c)
     numbers = sorted({of for of, _ in runs if of not in (BASELINE_OF, CONTROL_OF)})
     by_number = {t.number: t for t in study.get_trials(deepcopy=False) if t.number in numbers}
-    picks = []
-    for n in numbers:
-        trial = by_number[n]
-        pick = SpeedPick(trial, float(trial.values[0]) if trial.values else math.nan)
-        for (of, seed), run in sorted(runs.items()):
-            if of != n or seed not in base:
-                continue
-            a, b = _value(run), _value(base[seed])
-            if a is None:
-                pick.failed += 1
-            if a is not None and b is not None:
-                pick.pairs.append((seed, a, b))
-            first_a, first_b = run.user_attrs.get("first_step"), base[seed].user_attrs.get("first_step")
-            if isinstance(first_a, dict) and isinstance(first_b, dict):
-                pick.compared += 1
-                pick.disagreements += [f"seed {seed}: {d}"
-                                       for d in math_disagreements(first_a, first_b, tol, rel_noise)]
-        if pick.pairs:
-            pick.ratio, pick.low, pick.high = _ratio(pick.pairs, higher)
-        picks.append(pick)
+    picks = [_pick(by_number[n], runs, base, higher, tol, rel_noise) for n in numbers if n in by_number]
     picks.sort(key=lambda p: -(p.ratio or 0.0))
     return SpeedReport(metric, picks, {s: v for s, t in base.items() if (v := _value(t)) is not None}, tol, pending,
-                       None if control is None else rel_noise)
+                       None if control is None else rel_noise, sum(_measured(t)[1] for t in base.values()))
+
+
+def _pick(trial: FrozenTrial, runs: dict[tuple[int, int], FrozenTrial], base: dict[int, FrozenTrial], higher: bool,
+          tol: float, rel_noise: dict[str, float]) -> SpeedPick:
+    """One pick's paired runs against the user's config's on the same seeds, and its same-math check."""
+    v = trial.values[0] if trial.values else math.nan
+    pick = SpeedPick(trial, float(v))
+    for (of, seed), run in sorted(runs.items()):
+        if of != trial.number or seed not in base:
+            continue
+        (a, a_bad), b = _measured(run), _value(base[seed])
+        pick.out_of_range += a_bad
+        pick.failed += a is None and not a_bad
+        if a is not None and b is not None:
+            pick.pairs.append((seed, a, b))
+        first_a, first_b = _first_step(run), _first_step(base[seed])
+        if first_a is not None and first_b is not None:
+            pick.compared += 1
+            pick.disagreements += [f"seed {seed}: {d}" for d in math_disagreements(first_a, first_b, tol, rel_noise)]
+    if pick.pairs:
+        pick.ratio, pick.low, pick.high = _ratio(pick.pairs, higher)
+    return pick
+
+
+def _skipped(n: int) -> str:
+    return f"; {n} run(s) out of range (not a valid measurement), skipped" if n else ""
+
+
+def _pick_line(p: SpeedPick, names: list[str]) -> str:
+    """One pick: its settings, its speed-up with the interval, and the same-math check."""
+    setting = " ".join(f"{n}={p.trial.params.get(n)}" for n in names)
+    if p.ratio is None:
+        speed = ("no paired run yet" if not p.failed and not p.out_of_range else
+                 "no valid paired run" if not p.failed else f"{p.failed} run(s) failed (no value)")
+    else:
+        interval = "" if p.low is None else f" [{p.low:.3f}, {p.high:.3f}] (95%, {len(p.pairs)} paired runs)"
+        speed = f"{p.ratio:.3f}x your config's speed{interval}"
+    same = {True: "same math: agrees", False: "same math: DIFFERS (" + "; ".join(p.disagreements[:3]) + ")",
+            None: "same math: not checked (no first step logged by both)"}[p.same_math]
+    return f"trial {p.trial.number} ({setting}): {speed}{_skipped(p.out_of_range)}; {same}"
 
 
 def speed_lines(report: SpeedReport, space: Space) -> list[str]:
     """The report as lines: one per pick, then the recommendation."""
     names = [p.name for p in space.params]
     base = list(report.baseline_values.values())
-    out = [f"user's config: {report.metric} {statistics.fmean(base):.4g} over {len(base)} run(s)" if base else
-           "user's config: no finished run with a finite value"]
+    out = [(f"user's config: {report.metric} {statistics.fmean(base):.4g} over {len(base)} run(s)" if base else
+            "user's config: no finished run with a finite value") + _skipped(report.baseline_out_of_range)]
     if report.noise is not None:
         moved = {m: r for m, r in sorted(report.noise.items()) if r > 1e-9}
         skipped = [m for m, r in moved.items() if r > UNCOMPARABLE]
@@ -207,82 +270,64 @@ def speed_lines(report: SpeedReport, space: Space) -> list[str]:
                    + f"), so the same-math check is loose: each metric within max({NOISE_FACTOR:g}x that, "
                    f"{100 * LOOSE_FLOOR:.0f}%) of its value" + (f", {', '.join(skipped)} not compared" if skipped
                                                                 else "") + " (it catches a change of scale)")
-    for p in report.picks:
-        setting = " ".join(f"{n}={p.trial.params.get(n)}" for n in names)
-        if p.ratio is None:
-            speed = "no paired run yet" if not p.failed else f"{p.failed} run(s) failed (no value)"
-        else:
-            interval = "" if p.low is None else f" [{p.low:.3f}, {p.high:.3f}] (95%, {len(p.pairs)} paired runs)"
-            speed = f"{p.ratio:.3f}x your config's speed{interval}"
-        same = {True: "same math: agrees", False: "same math: DIFFERS (" + "; ".join(p.disagreements[:3]) + ")",
-                None: "same math: not checked (no first step logged by both)"}[p.same_math]
-        out.append(f"trial {p.trial.number} ({setting}): {speed}; {same}")
+    out += [_pick_line(p, names) for p in report.picks]
+    left = f"; {report.pending} run(s) still to run" if report.pending else ""
     rec = report.recommended
     if rec is None:
         why = ("no pick computes the same update as your config" if report.picks and not any(
-            p.same_math for p in report.picks) else "no pick is faster than your config")
-        out.append(f"recommended: keep your config ({why})" + (f"; {report.pending} run(s) still to run"
-                                                               if report.pending else ""))
+            p.same_math for p in report.picks) else "no pick is faster than your config" if any(
+            p.ratio is not None for p in report.picks) else "no pick has a valid paired run yet")
+        out.append(f"recommended: keep your config ({why}){left}")
     else:
-        sure = " (its interval excludes 1)" if rec.low is not None and rec.low > 1.0 else \
-            " (its interval includes 1: not separated from your config)"
+        sure = (f" (no interval: {len(rec.pairs)} paired run)" if rec.low is None else
+                " (its interval excludes 1)" if rec.low > 1.0 else
+                " (its interval includes 1: not separated from your config)")
         out.append(f"recommended: trial {rec.trial.number}, {rec.ratio:.3f}x{sure}; verl-hpo best --format overrides "
-                   "prints its settings")
+                   f"prints its settings{left}")
     return out
 
 
-def speed_settings(study: optuna.Study, space: Space) -> tuple[dict[str, Any], SpeedPick]:
+def confirmation_gaps(report: SpeedReport, pick: SpeedPick, required: int, pending_ok: bool = False) -> list[str]:
+    """What the confirmation of the recommended ``pick`` lacks before a learning study may take its settings: its
+    ``required`` paired runs (``study.throughput.repeats``, at least 2: an interval), an interval that excludes 1, a
+    same-math check at each paired seed, and (unless ``pending_ok``) no run still to run; [] when complete."""
+    n, gaps = pick.trial.number, []
+    if len(pick.pairs) < required:
+        gaps.append(f"trial {n} has {len(pick.pairs)} of {required} paired run(s)")
+    if pick.low is None or pick.high is None:
+        gaps.append("no interval")
+    elif pick.low <= 1.0:
+        gaps.append(f"its interval [{pick.low:.3f}, {pick.high:.3f}] includes 1 (not separated from your config)")
+    if pick.compared < len(pick.pairs):
+        gaps.append(f"{len(pick.pairs) - pick.compared} paired run(s) with no first step to compare")
+    if report.pending and not pending_ok:
+        gaps.append(f"{report.pending} run(s) still to run")
+    return gaps
+
+
+def speed_settings(study: optuna.Study, space: Space, pending_ok: bool = False
+                   ) -> tuple[dict[str, Any], SpeedPick]:
     """The recommended pick's speed settings {trainer key: value} (what ``study.speed_from`` runs with); ValueError
-    (one line) when the study is not a re-measured throughput study with a recommendation."""
+    (one line) when the study is not a throughput study whose complete confirmation (:func:`confirmation_gaps`)
+    recommends a pick."""
+    name = study.study_name
     if space.study.kind != "throughput":
-        raise ValueError(f"study {study.study_name!r} is not a throughput study (study.kind: {space.study.kind})")
+        raise ValueError(f"study {name!r} is not a throughput study (study.kind: {space.study.kind})")
     report = speed_report(study, space)
     if report is None:
-        raise ValueError(f"throughput study {study.study_name!r} is not re-measured yet: run verl-hpo confirm --study "
-                         f"{study.study_name} first")
+        raise ValueError(f"throughput study {name!r} is not re-measured yet: run verl-hpo confirm --study {name} "
+                         "first")
     rec = report.recommended
     if rec is None:
-        raise ValueError(f"throughput study {study.study_name!r} recommends keeping the user's config: "
-                         + speed_lines(report, space)[-1].removeprefix("recommended: keep your config "))
+        lines = speed_lines(report, space)
+        top = next((line for line in lines if line.startswith(f"trial {report.picks[0].trial.number} (")), None) \
+            if report.picks else None
+        raise ValueError(f"throughput study {name!r} recommends keeping the user's config "
+                         + lines[-1].removeprefix("recommended: keep your config ") + (f"; {top}" if top else ""))
+    required = max(2, space.study.throughput.repeats)
+    gaps = confirmation_gaps(report, rec, required, pending_ok)
+    if gaps:
+        more = "" if report.pending else f" --seeds {max(required, len(rec.pairs)) + 1}"
+        raise ValueError(f"throughput study {name!r}: its confirmation is not complete ({', '.join(gaps)}): "
+                         f"verl-hpo confirm --study {name}{more} goes on with it")
     return {p.key: rec.trial.params[p.name] for p in space.params if p.name in rec.trial.params}, rec
-
-
-def speed_from(space: Space, storage_url: str) -> tuple[list[str], dict[str, Any]]:
-    """``study.speed_from``: the trainer overrides (``key=value`` texts) of the named throughput study's
-    recommendation, for a learning study's every trial, and what to report of it; SpaceError (one line) when the
-    study cannot give one or a setting clashes with a key this study tunes."""
-    from hpo.experiment._space import SpaceError, format_value
-    from hpo.study._optuna import load_stored
-
-    name = space.study.speed_from
-    assert name is not None
-    where = f"{space.source}: study.speed_from: {name!r}"
-    try:
-        speed_space, speed_study = load_stored(name, storage_url, None)
-        settings, pick = speed_settings(speed_study, speed_space)
-    except (SpaceError, ValueError) as err:
-        raise SpaceError(f"{where}: {err}") from None
-    if speed_space.trial.backend != space.trial.backend:
-        raise SpaceError(f"{where}: its trials ran trial.backend {speed_space.trial.backend}, this study's run "
-                         f"{space.trial.backend}")
-    tuned = {p.key.lstrip("+"): p.name for p in space.params}
-    for key in settings:
-        if key.lstrip("+") in tuned:
-            raise SpaceError(f"{where}: it sets {key}, which this study tunes (params.{tuned[key.lstrip('+')]}); a "
-                             "speed setting is fixed for every learning trial")
-    replaced = {k: space.overrides[k] for k in settings if k in space.overrides and space.overrides[k] != settings[k]}
-    info = {"study": name, "trial": pick.trial.number, "ratio": pick.ratio, "low": pick.low, "high": pick.high,
-            "settings": {k: format_value(v) for k, v in settings.items()},
-            "replaced": {k: format_value(v) for k, v in replaced.items()}}
-    return [f"{k}={format_value(v)}" for k, v in settings.items()], info
-
-
-def speed_from_note(info: dict[str, Any]) -> str:
-    """One line for the search's start: which settings, from where, and what they save per trial."""
-    ratio, low, high = info["ratio"], info.get("low"), info.get("high")
-    interval = "" if low is None or high is None else f" [{low:.3f}, {high:.3f}]"
-    settings = " ".join(f"{k}={v}" for k, v in info["settings"].items())
-    replaced = "; replacing " + ", ".join(f"{k}={v}" for k, v in info["replaced"].items()) if info["replaced"] else ""
-    return (f"speed settings from throughput study {info['study']} (trial {info['trial']}, same math as your config, "
-            f"{ratio:.3f}x{interval} its throughput): {settings}{replaced}; each learning trial's training steps take "
-            f"~{100 * (1 - 1 / ratio):.0f}% less time")

@@ -1,6 +1,7 @@
 """What ``confirm`` and ``best`` say about confirmed settings beyond the table: where the held-out value comes from,
-which settings cannot be told apart and which one is preferred (:mod:`hpo.study._compare`), and the improvement over
-``study.baseline`` on the same seeds."""
+which settings cannot be told apart (paired on shared seeds, else Welch), which are within the resolution of the best
+mean and which one is preferred among those, that the better mean is kept when two are not separated but further
+apart (:mod:`hpo.study._compare`), and the improvement over ``study.baseline`` on the same seeds."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from hpo.experiment._space import Space, format_value
 from hpo.record import is_confirm, study_cost
 from hpo.study._compare import RULE, Difference, Verdict, improvement, race_state, verdict
 from hpo.study._confirm import Confirmed, baseline_confirmed, confirmed, heldout_note
+
+UNSEPARATED_ENDS = ("seed cap", "budget")  # a race ended with candidates left that it could not separate
 
 
 def _maximize(study: optuna.Study) -> bool:
@@ -28,6 +31,13 @@ def tolerance(space: Space, ranked: list[Confirmed]) -> float:
     return 0.01 * top or 1e-12
 
 
+def resolution(space: Space, ranked: list[Confirmed]) -> float:
+    """The confirmed means' differences that do not matter: ``study.confirm.resolution``, else
+    :func:`tolerance`'s ``early_stopping.plateau_min_delta``, else 1% of the best confirmed mean."""
+    res = space.study.confirm.resolution
+    return tolerance(space, ranked) if res is None else float(res)
+
+
 def study_verdict(study: optuna.Study, space: Space) -> Verdict | None:
     """The verdict on the confirmed settings (None before any confirmation run finished)."""
     ranked = confirmed(study)
@@ -37,7 +47,8 @@ def study_verdict(study: optuna.Study, space: Space) -> Verdict | None:
     out = frozenset(race.dropped) if race is not None else frozenset()
     if race is not None and race.alive and ranked[0].trial.number in out:  # a dropped one's lucky first runs
         ranked = [c for c in ranked if c.trial.number not in out] + [c for c in ranked if c.trial.number in out]
-    return verdict(ranked, _maximize(study), tolerance(space, ranked), out)
+    res = race.resolution if race is not None else resolution(space, ranked)  # the race's own: one answer
+    return verdict(ranked, _maximize(study), tolerance(space, ranked), out, res)
 
 
 def race_lines(study: optuna.Study, space: Space) -> list[str]:
@@ -48,7 +59,9 @@ def race_lines(study: optuna.Study, space: Space) -> list[str]:
         return []
     shown = {None: "goes on", "separated": "ended: the leader is separated from every other candidate",
              "tied": f"ended: the candidates left are tied at the resolution {race.resolution:.4g}",
-             "seed cap": f"ended at the seed cap ({len(race.seeds)}): the candidates left are not separated"}
+             "seed cap": f"ended at the seed cap ({len(race.seeds)}): the candidates left are not separated",
+             "budget": "ended at the budget (study.budget: the next round would pass it): the candidates left are "
+                       "not separated"}
     out = [f"racing confirmation {shown.get(race.end, race.end)} after {race.rounds} seed(s); leader trial "
            f"{race.leader}"]
     for c, (seeds, gap) in sorted(race.dropped.items()):
@@ -76,25 +89,66 @@ def verdict_lines(study: optuna.Study, space: Space) -> list[str]:
     if v is None:
         return out
     out += race_lines(study, space)
-    top = v.top.trial.number
-    for c in confirmed(study)[1:]:
-        d = v.gaps.get(c.trial.number)
-        gap = "n/a (fewer than 2 runs)" if d is None else f"{d.text()}"
-        tied = c.trial.number in {t.trial.number for t in v.tied}
-        out.append(f"trial {top} vs trial {c.trial.number}: confirmed difference {gap} (Welch 95%): "
-                   + ("cannot be told apart" if tied else f"trial {top} is better"))
-    if v.tied:
-        names = ", ".join(str(c.trial.number) for c in (v.top, *v.tied))
-        why = ", ".join(f"trial {c.trial.number}: {v.bad[c.trial.number]} bad run(s), "
-                        f"{_steps(v.plateau_steps[c.trial.number])} steps to plateau, mean {c.mean:.4g}"
-                        for c in (v.top, *v.tied))
-        out.append(f"trials {names} cannot be told apart at the confirmed spread; preferring trial "
-                   f"{v.pick.trial.number} by the rule {RULE} ({why})")
-    else:
-        out.append(f"trial {top} is better than every other confirmed setting (Welch 95% intervals exclude 0)")
+    out += _pair_lines(study, v) + _choice_lines(v)
     out.append(f"spent: {study_cost(study.get_trials(deepcopy=False)).text()}")
     out += baseline_lines(study, space, v.pick)
     return out
+
+
+def _pair_lines(study: optuna.Study, v: Verdict) -> list[str]:
+    """The best confirmed setting against each other one: the interval, and what it decides."""
+    out, top, res = [], v.top.trial.number, v.resolution
+    tied, unseparated = _numbers(v.tied), _numbers(v.unseparated)
+    for c in confirmed(study)[1:]:
+        d = v.gaps.get(c.trial.number)
+        gap = "n/a (fewer than 2 runs)" if d is None else f"{d.text()} ({_test(d)})"
+        word = (f"cannot be told apart, within the resolution {res:.3g} of it" if c.trial.number in tied else
+                f"not separated, but more than the resolution {res:.3g} below trial {top}"
+                if c.trial.number in unseparated else f"trial {top} is better")
+        out.append(f"trial {top} vs trial {c.trial.number}: confirmed difference {gap}: {word}")
+    return out
+
+
+def _choice_lines(v: Verdict) -> list[str]:
+    """Which setting is recommended and why: preferred among the tied ones, or the better mean of settings not
+    separated but more than the resolution apart, or the best, separated from every other."""
+    out, top, res = [], v.top, v.resolution
+    if v.tied:
+        names = ", ".join(str(c.trial.number) for c in (top, *v.tied))
+        why = ", ".join(f"trial {c.trial.number}: {v.bad[c.trial.number]} bad run(s), "
+                        f"{_steps(v.plateau_steps[c.trial.number])} steps to plateau, mean {c.mean:.4g}"
+                        for c in (top, *v.tied))
+        out.append(f"trials {names} are not separated after {_seeds(v, v.tied[0])} seeds and within the resolution "
+                   f"{res:.3g} of the best mean; preferring trial {v.pick.trial.number} by the rule {RULE} ({why})")
+    if v.unseparated:
+        other = v.unseparated[0]
+        if v.pick is top:
+            out.append(f"not separated after {_seeds(v, other)} seeds: the recommendation is the better mean, trial "
+                       f"{top.trial.number} {top.mean:.4g} vs trial {other.trial.number} {other.mean:.4g} (more than "
+                       f"the resolution {res:.3g} apart: bad runs and steps to plateau decide only within it)")
+        else:
+            names = ", ".join(f"trial {c.trial.number} {c.mean:.4g}" for c in v.unseparated)
+            out.append(f"not separated after {_seeds(v, other)} seeds from {names}, but more than the resolution "
+                       f"{res:.3g} below the best mean {top.mean:.4g}: the better means win over it")
+    if not v.tied and not v.unseparated:
+        tests = sorted({d.test for d in v.gaps.values() if d is not None})
+        out.append(f"trial {top.trial.number} is better than every other confirmed setting "
+                   f"({'/'.join(tests) + ' ' if tests else ''}95% intervals exclude 0)")
+    return out
+
+
+def _numbers(group: tuple[Confirmed, ...]) -> set[int]:
+    return {c.trial.number for c in group}
+
+
+def _seeds(v: Verdict, c: Confirmed) -> int:
+    """The seeds the best confirmed setting and ``c`` were compared on."""
+    d = v.gaps.get(c.trial.number)
+    return d.n if d is not None else min(v.top.n, c.n)
+
+
+def _test(d: Difference) -> str:
+    return f"paired 95% on {d.n} shared seeds" if d.test == "paired" else "Welch 95%"
 
 
 def baseline_lines(study: optuna.Study, space: Space, pick: Confirmed) -> list[str]:

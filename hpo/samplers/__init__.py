@@ -1,14 +1,27 @@
 """How the next trial's values are chosen, beyond Optuna's own samplers: the GP told about pruned trials (``_gp``,
 imports torch through Optuna: loaded only for ``study.sampler.type: gp``), the Latin-hypercube start
 (``_startup``), and population-based training's decisions as pure functions over a population's segments
-(``_pbt``; :mod:`hpo.study._population` turns trials into segments and queues the next ones), and asynchronous
+(``_pbt``; :mod:`hpo.study._population` turns trials into segments and queues the next ones), asynchronous
 successive halving over retry chains (``_halving``: the multi-fidelity pruner of ``study.pruner.type:
-successive_halving``).
+successive_halving``), and model-size fidelity (``study.fidelity.proxy``): a sampler and a pruner per fidelity
+(``_fidelity``) and the promotion of the proxy's best settings to the target with the check of its ranking
+(``_promotion``).
 
 May import: ``hpo.experiment``, ``hpo.analysis``."""
 
+from hpo.samplers._fidelity import FidelityPruner, FidelitySampler, FidelityView, search_fidelity, with_fidelity
 from hpo.samplers._halving import ChainHalvingPruner
 from hpo.samplers._pbt import Decision, Segment, decide, initial_population
+from hpo.samplers._promotion import (
+    check_line,
+    promotion,
+    promotion_pending,
+    promotion_twin,
+    record_check,
+    start_promotion,
+)
 from hpo.samplers._startup import LatinStartSampler
 
-__all__ = ["ChainHalvingPruner", "Decision", "LatinStartSampler", "Segment", "decide", "initial_population"]
+__all__ = ["ChainHalvingPruner", "Decision", "LatinStartSampler", "Segment", "decide", "initial_population",
+           "FidelityPruner", "FidelitySampler", "FidelityView", "search_fidelity", "with_fidelity",  # model size
+           "check_line", "promotion", "promotion_pending", "promotion_twin", "record_check", "start_promotion"]

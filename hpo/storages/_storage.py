@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 
 import optuna
 
+from hpo.analysis import OutputRefused, check_dir_creatable, reserved_study_name
 from hpo.analysis._files import FileRefused, open_regular
-from hpo.analysis._outputs import OutputRefused, check_dir_creatable, reserved_study_name
 from hpo.experiment._space import SpaceError, StudySpec
 from hpo.storages._retrying import RetryingStorage, opening
 from hpo.storages._urls import REDIS_SCHEMES, mask_url, scrub

@@ -1,6 +1,10 @@
 """What a trial is launched with, beyond what its backend decides (:mod:`hpo.backends`): its directory, the driver's
 part of its environment, the files that record the launch (``command.json``, ``params.json``, ``config.yaml``), and
-the experiment's one-off prepare step. The contract with a trial is argv + env + the JSONL metrics file."""
+the experiment's one-off prepare step. The contract with a trial is argv + env + the JSONL metrics file.
+
+Every secret a trial gets (:mod:`hpo.experiment._secrets`) is in its environment, never its argv: the fixed
+overrides' and, among the overrides a run adds (:func:`launch_extra`: ``study.baseline``'s, a confirmation's), each
+secret key's value, replaced on argv by a reference to the variable that carries it (:func:`trial_env`)."""
 
 from __future__ import annotations
 
@@ -9,12 +13,22 @@ import os
 import shlex
 import shutil
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hpo.backends import TrialConfig, backend_of
 from hpo.execution import ENV_DRIVER, ENV_STUDY, ENV_TRIAL, TrialProcess
-from hpo.experiment._secrets import MASK, is_secret_key, secret_overrides
+from hpo.experiment._secrets import (
+    ENV_REF,
+    MASK,
+    baseline_secrets,
+    env_ref,
+    is_env_ref,
+    is_secret_key,
+    secret_env_name,
+    secret_overrides,
+)
 from hpo.experiment._space import Space, SpaceError
 from hpo.study._checkpoints import TRIAL_MARKER
 from hpo.study._errors import DriverError, TrialInterrupted
@@ -36,12 +50,42 @@ def fresh_trial_dir(trials_dir: Path, study_name: str, number: int, identity: di
     return trial_dir
 
 
+def launch_extra(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The overrides a run adds beyond the fixed and tuned ones (``study.baseline``'s, a confirmation's seed and
+    held-out split) as its argv holds them: each secret key's value (not already a reference) replaced by a
+    reference to the variable :func:`trial_env` puts it in."""
+    return {k: env_ref(secret_env_name(k)) if is_secret_key(k) and v is not None and not is_env_ref(v) else v
+            for k, v in extra.items()}
+
+
+def extra_secrets(space: Space, extra: Mapping[str, Any]) -> dict[str, str]:
+    """{variable: value} of the secrets among ``extra``: a value (its :func:`launch_extra` variable), or a
+    reference to a ``study.baseline`` secret whose value the experiment holds (a stored one's: the driver's own
+    environment). SpaceError, naming the variable, when a reference's variable is nowhere."""
+    known = baseline_secrets(space.raw)
+    out = {}
+    for key, value in extra.items():
+        if not is_secret_key(key) or value is None:
+            continue
+        m = ENV_REF.match(value) if isinstance(value, str) else None
+        if m is None:
+            out[secret_env_name(key)] = str(value)
+        elif m.group(1) in known:
+            out[m.group(1)] = known[m.group(1)]
+        elif m.group(1) not in os.environ:
+            raise SpaceError(f"{key}: its secret is not stored with the study; export {m.group(1)} in this driver's "
+                             "environment and run it again")
+    return out
+
+
 def trial_env(space: Space, study_name: str, number: int, identity: dict[str, Any],
-              devices: list[str]) -> dict[str, str]:
-    """The driver's environment for one attempt (the backend's :meth:`~hpo.backends.Backend.plan` adds its own)."""
+              devices: list[str], extra: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The driver's environment for one attempt (the backend's :meth:`~hpo.backends.Backend.plan` adds its own),
+    with the secrets of the fixed overrides and of ``extra`` (the overrides the run adds, :func:`launch_extra`)."""
     env = dict(os.environ)
     env.update({k: v for k, v in space.trial.env.items() if v != MASK})  # a stored secret: the driver's own value
     env.update(secret_overrides(space.overrides))  # secret overrides: in the environment, never in argv
+    env.update(extra_secrets(space, extra or {}))  # study.baseline's and any other run's own
     env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     env["PYTHONUNBUFFERED"] = "1"
     env[ENV_STUDY] = study_name

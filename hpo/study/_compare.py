@@ -1,15 +1,26 @@
-"""Telling confirmed settings apart: Welch's interval on a difference of means, the settings tied with the best, the
+"""Telling confirmed settings apart: the paired interval of the per-seed differences where two settings ran the same
+seeds (Welch's interval on the difference of means where they did not), the settings tied with the best, the
 documented preference among tied settings, and the improvement over ``study.baseline``.
 
 Pure Python (the driver stays light: no scipy); Student's t quantile comes from the regularized incomplete beta
 function (a continued fraction), checked against tabulated values in the tests.
 
-**Tie rule.** Setting B cannot be told apart from the best confirmed setting A when the 95% Welch interval of
-``mean(A) - mean(B)`` over their confirmation runs contains 0 (with fewer than 2 runs on a side nothing can be told
-apart: every such setting is tied). **Preference among tied settings** (:func:`prefer`), safer then cheaper:
+**Telling two settings apart** (:func:`difference`): on the seeds both ran (at least 2), the 95% paired-t interval of
+the per-seed differences (a seed moves every setting alike: its data order and sampling); otherwise Welch's interval
+of ``mean(A) - mean(B)`` over all their runs. Fewer than 2 runs on a side (or 2 finite pairs): nothing can be told
+apart. B is *separated* from the best confirmed setting A when the interval excludes 0 (or when a racing
+confirmation dropped B as behind).
 
-1. fewer bad confirmation runs (failed, or stopped by the run diagnosis as collapsed): a setting that breaks under
-   some seed is riskier than one that never did;
+**Tie rule: never recommend the worse of two.** B is *tied* with A when it is not separated from A **and** its
+confirmed mean is within ``study.confirm.resolution`` of A's (default ``early_stopping.plateau_min_delta``, else 1% of
+the best confirmed mean: differences smaller than that do not matter). A setting not separated but more than the
+resolution below A (the seeds were too few to tell, e.g. a race that ended at the budget or the seed cap) is not
+tied: the better mean wins, and ``best`` says so ("not separated after N seeds: the recommendation is the better
+mean"). **Preference among tied settings** (:func:`prefer`), safer then cheaper:
+
+1. fewer bad confirmation runs (failed, stopped by the run diagnosis as collapsed, or labelled by it with a collapse
+   or ``reward_hacking``, :data:`BAD_LABELS`): a setting that breaks under some seed is riskier than one that never
+   did;
 2. then fewer steps to its plateau: the mean, over its confirmation runs, of the first evaluation step at which the
    objective came within ``tolerance`` (``early_stopping.plateau_min_delta``, else 1% of the value) of that run's
    best; a setting that gets there sooner can be trained shorter;
@@ -21,9 +32,9 @@ never choose, or the test split would become a second validation set.
 **Racing confirmation** (``study.confirm.race``; F-race's idea with a paired t-test in place of Friedman's): the
 candidates and the baseline run seed by seed; after each round a candidate behind the leader on the seeds they share
 (:func:`paired` interval above 0) is dropped, and the race ends when the leader is alone, when the others are within
-a stated resolution of it, or at the seed cap (:func:`race_step`). The baseline runs only until the improvement over
-it is clear. The race is replayed from the finished runs by whoever asks (:func:`race_state`), so several drivers and
-a killed one agree on it; only its settings are stored.
+the resolution of it, at the seed cap or at the budget (:func:`race_step`). The baseline runs only until the
+improvement over it is clear. The race is replayed from the finished runs by whoever asks (:func:`race_state`), so
+several drivers and a killed one agree on it; only its settings are stored.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo.analysis import LABELS
 from hpo.experiment._space import Space
 from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, ATTR_RACE, is_confirm, study_cost
 from hpo.record._attrs import PBT_INDEX
@@ -47,11 +59,17 @@ from hpo.study._confirm import (
     confirm_seeds,
     confirmed,
     queue_runs,
+    speed_generation,
     top_trials,
 )
 
 LEVEL = 0.95  # the intervals' confidence level
-RULE = "fewer bad runs, then fewer steps to plateau, then the better confirmed mean"  # see the module docstring
+# the preference among settings not separated and within the resolution of the best mean (see the module docstring)
+RULE = ("fewer bad runs (failed, collapsed or reward_hacking), then fewer steps to plateau, then the better confirmed "
+        "mean")
+# the run diagnosis's labels that make a confirmation run bad (hpo.analysis.LABELS less length_clipping: a clipped
+# response is a setting's cost, not its breaking)
+BAD_LABELS = tuple(label for label in LABELS if label != "length_clipping")
 
 
 # ----------------------------------------------------------------------------- Student's t
@@ -116,12 +134,15 @@ def t_quantile(p: float, df: float) -> float:
 # ----------------------------------------------------------------------------- Welch
 @dataclass(frozen=True)
 class Difference:
-    """``mean(a) - mean(b)`` and its two-sided Welch interval at :data:`LEVEL`."""
+    """``mean(a) - mean(b)`` and its two-sided interval at :data:`LEVEL`: Welch's, or the paired-t interval of the
+    per-seed differences (:func:`paired`)."""
 
     diff: float
     low: float
     high: float
     df: float
+    test: str = "Welch"  # "Welch" | "paired"
+    n: int = 0  # the pairs (paired), else the smaller side's runs
 
     @property
     def excludes_zero(self) -> bool:
@@ -141,22 +162,29 @@ def welch(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Diffe
     diff = statistics.fmean(a) - statistics.fmean(b)
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     se = math.sqrt(va + vb)
+    n = min(len(a), len(b))
     if se == 0.0:
-        return Difference(diff, diff, diff, math.inf)
+        return Difference(diff, diff, diff, math.inf, "Welch", n)
     df = (va + vb) ** 2 / ((va * va / (len(a) - 1) if va else 0.0) + (vb * vb / (len(b) - 1) if vb else 0.0))
     half = t_quantile(0.5 + level / 2.0, df) * se
-    return Difference(diff, diff - half, diff + half, df)
+    return Difference(diff, diff - half, diff + half, df, "Welch", n)
 
 
 # ----------------------------------------------------------------------------- ties and preference
 def bad_runs(c: Confirmed) -> int:
-    """Confirmation runs that failed (worst value) or that the diagnosis stopped as collapsed."""
-    out = 0
-    for r, v in zip(c.runs, c.values, strict=False):
-        stop = str(r.user_attrs.get("stop_reason", ""))
-        if not math.isfinite(v) or "fail_reason" in r.user_attrs or stop.startswith("collapsed"):
-            out += 1
-    return out
+    """Confirmation runs that failed (worst value), that the diagnosis stopped as collapsed, or that it labelled
+    with a collapse or ``reward_hacking`` (:data:`BAD_LABELS`; a label need not stop the run)."""
+    return sum(1 for r, v in zip(c.runs, c.values, strict=False)
+               if not math.isfinite(v) or "fail_reason" in r.user_attrs or _labelled_bad(r))
+
+
+def _labelled_bad(run: FrozenTrial) -> bool:
+    attrs = run.user_attrs
+    if str(attrs.get("stop_reason", "")).startswith("collapsed"):
+        return True
+    listed = attrs.get("diagnosis_labels")  # every label that applied; "diagnosis": the first of them
+    labels = [str(attrs.get("diagnosis", "")), *(map(str, listed) if isinstance(listed, list) else ())]
+    return any(label in BAD_LABELS for label in labels)
 
 
 def steps_to_plateau(run: FrozenTrial, tolerance: float, maximize: bool) -> int | None:
@@ -180,30 +208,50 @@ class Verdict:
 
     top: Confirmed  # the best confirmed mean
     pick: Confirmed  # the recommended setting (``top`` unless a tied one is preferred)
-    tied: tuple[Confirmed, ...]  # settings that cannot be told apart from ``top`` (``top`` excluded)
+    tied: tuple[Confirmed, ...]  # not separated from ``top`` and within the resolution of its mean (``top`` excluded)
     gaps: dict[int, Difference | None]  # trial number -> top - it (sign-adjusted: > 0 means top is better)
     plateau_steps: dict[int, float]
     bad: dict[int, int]
+    unseparated: tuple[Confirmed, ...] = ()  # not separated from ``top`` but more than the resolution below it
+    resolution: float = 0.0  # the confirmed means' differences that do not matter
+
+
+def difference(a: Confirmed, b: Confirmed, sign: float = 1.0) -> Difference | None:
+    """``sign * (a - b)``: the paired interval over the seeds both ran when they share at least 2, else Welch's over
+    all their runs (see the module docstring)."""
+    av, bv = _seed_values(a), _seed_values(b)
+    shared = [s for s in av if s in bv]
+    if len(shared) >= 2:
+        return paired([sign * av[s] for s in shared], [sign * bv[s] for s in shared])
+    return welch([sign * v for v in a.values], [sign * v for v in b.values])
+
+
+def _seed_values(c: Confirmed) -> dict[int, float]:
+    return {s: v for s, v in zip(c.seeds, c.values, strict=False) if s >= 0}  # -1: a run without its seed
 
 
 def verdict(ranked: Sequence[Confirmed], maximize: bool, tolerance: float,
-            out: frozenset[int] = frozenset()) -> Verdict:
+            out: frozenset[int] = frozenset(), resolution: float | None = None) -> Verdict:
     """Ties with the best confirmed setting (``ranked`` best first, as :func:`hpo.study._confirm.confirmed`) and the
     preferred one among them (see the module docstring). ``out``: trials a racing confirmation dropped as behind
-    (never tied, whatever their few runs' Welch interval says)."""
+    (never tied, whatever their few runs' interval says). ``resolution``: ``study.confirm.resolution`` (None: the
+    ``tolerance``)."""
     top = ranked[0]
     sign = 1.0 if maximize else -1.0
+    res = tolerance if resolution is None else resolution
     gaps: dict[int, Difference | None] = {}
     tied: list[Confirmed] = []
+    unseparated: list[Confirmed] = []
     for c in ranked[1:]:
-        d = welch([sign * v for v in top.values], [sign * v for v in c.values])
-        gaps[c.trial.number] = d
-        if (d is None or not d.excludes_zero) and c.trial.number not in out:
-            tied.append(c)
+        d = gaps[c.trial.number] = difference(top, c, sign)
+        if (d is not None and d.excludes_zero) or c.trial.number in out:
+            continue
+        below = sign * (top.mean - c.mean)  # nan: both failed everywhere, equally bad
+        (unseparated if below > res * (1 + 1e-9) + 1e-12 else tied).append(c)
     steps = {c.trial.number: mean_steps_to_plateau(c, tolerance, maximize) for c in ranked}
     bad = {c.trial.number: bad_runs(c) for c in ranked}
     pick = prefer([top, *tied], steps, bad, maximize)
-    return Verdict(top, pick, tuple(tied), gaps, steps, bad)
+    return Verdict(top, pick, tuple(tied), gaps, steps, bad, tuple(unseparated), res)
 
 
 def prefer(group: Sequence[Confirmed], steps: dict[int, float], bad: dict[int, int], maximize: bool) -> Confirmed:
@@ -229,9 +277,9 @@ def paired(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Diff
         return None
     mean, sd = statistics.fmean(d), statistics.stdev(d)
     if sd == 0.0:
-        return Difference(mean, mean, mean, math.inf)
+        return Difference(mean, mean, mean, math.inf, "paired", len(d))
     half = t_quantile(0.5 + level / 2.0, len(d) - 1) * sd / math.sqrt(len(d))
-    return Difference(mean, mean - half, mean + half, len(d) - 1.0)
+    return Difference(mean, mean - half, mean + half, len(d) - 1.0, "paired", len(d))
 
 
 @dataclass(frozen=True)
@@ -331,14 +379,16 @@ class Race:
     resolution: float
 
 
-def race_resolution(space: Space, settings: dict[str, Any], values: list[float]) -> float:
-    """``study.confirm.resolution``, else ``early_stopping.plateau_min_delta``, else 1% of the leader's mean."""
+def race_resolution(space: Space, settings: dict[str, Any], values: dict[int, list[float]], maximize: bool) -> float:
+    """``study.confirm.resolution``, else ``early_stopping.plateau_min_delta``, else 1% of the best candidate's mean
+    (``values``: candidate -> its values; the tie rule's default too, :func:`verdict`)."""
     if isinstance(settings.get("resolution"), (int, float)):
         return float(settings["resolution"])
     if space.early_stopping.plateau_min_delta > 0:
         return float(space.early_stopping.plateau_min_delta)
-    finite = [v for v in values if math.isfinite(v)]
-    return 0.01 * abs(statistics.fmean(finite)) if finite else 0.0
+    sign = 1.0 if maximize else -1.0
+    means = [statistics.fmean(vs) for vs in values.values() if vs and all(math.isfinite(v) for v in vs)]
+    return 0.01 * abs(max(sign * m for m in means)) if means else 0.0
 
 
 def _by_seed(c: Confirmed | None, seeds: tuple[int, ...], test: bool = False) -> list[float]:
@@ -371,7 +421,7 @@ def race_state(study: optuna.Study, space: Space) -> Race | None:
     base = baseline_confirmed(study)
     candidates = tuple(int(c) for c in settings["candidates"])
     values = {c: _by_seed(runs.get(c), seeds) for c in candidates}
-    resolution = race_resolution(space, settings, [v for vs in values.values() for v in vs])
+    resolution = race_resolution(space, settings, values, maximize)
     base_values = _by_seed(base, seeds) if space.study.baseline else None
     tests = {c: _by_seed(runs.get(c), seeds, True) for c in candidates}  # held-out values: the baseline's judge
     base_tests = _by_seed(base, seeds, True) if base_values is not None else None
@@ -429,9 +479,17 @@ def advance_race(study: optuna.Study, space: Space, cache: Path | None = None,
 def twin_of(study: optuna.Study, run: FrozenTrial) -> int | None:
     """Another confirmation run of the same (trial, seed, PBT schedule range) that goes first (finished, or queued or
     running with a lower number: the lowest of live twins runs): ``run`` is then surplus. None when ``run`` is the one
-    to run. The segments of a PBT schedule's confirmation share its trial and seed: each range is a run of its own."""
+    to run. The segments of a PBT schedule's confirmation share its trial and seed: each range is a run of its own.
+    A throughput re-measurement's twins are those of its block's generation, and a standing run of a later generation
+    of its seed's block replaces it (:func:`hpo.study._confirm.speed_block_retry`: a block re-made after a kill)."""
+    gen = speed_generation(run)
     for t in study.get_trials(deepcopy=False):
         if t.number == run.number or not is_confirm(t) or _run_key(t) != _run_key(run):
+            continue
+        other = speed_generation(t)
+        if gen is not None and other is not None and other != gen:
+            if other > gen and t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING):
+                return t.number  # its block was re-made: this run of the old one is not paired any more
             continue
         if t.state == TrialState.COMPLETE or (
                 t.state in (TrialState.RUNNING, TrialState.WAITING) and t.number < run.number):

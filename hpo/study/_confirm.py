@@ -25,6 +25,7 @@ queued, running or finished run with that seed), so an interrupted confirmation 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import statistics
@@ -35,12 +36,34 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo.analysis import BASELINES_DIR
 from hpo.backends import backend_of
 from hpo.experiment._space import Space
-from hpo.record import ATTR_BASELINE, ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm, retry_history, study_cost
-from hpo.record._kept import file_digest, read_kept, write_kept
+from hpo.record import (
+    ATTR_BASELINE,
+    ATTR_CONFIRM_OF,
+    ATTR_CONFIRM_SEED,
+    ATTR_RESULT,
+    ATTR_SPEED_BLOCK,
+    KEPT_ATTRS,
+    checked_record,
+    is_baseline,
+    is_confirm,
+    is_proxy,
+    kept_metrics,
+    metrics_inside,
+    read_kept,
+    read_study_file,
+    retry_history,
+    stored_run_problem,
+    study_cost,
+    trial_parts,
+    write_kept,
+)
 
 BASELINE_OF = -1  # hpo:confirm_of of a baseline run (no trial of the search)
 MAX_TUNED_SEEDS = 100_000  # a tuned integer seed range larger than this is treated as "any seed" (refused)
@@ -138,10 +161,11 @@ def _sign(study: optuna.Study) -> float:
 
 
 def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
-    """The ``k`` best search trials with distinct parameters (COMPLETE, finite, feasible), best first."""
+    """The ``k`` best search trials with distinct parameters (COMPLETE, finite, feasible), best first; a proxy
+    search's are its target runs (``study.fidelity.proxy``: a proxy value is not a target value)."""
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if not is_confirm(t) and t.values is not None and all(math.isfinite(v) for v in t.values)
-            and all(v <= 0 for v in t.constraints.values())]
+            if not is_confirm(t) and not is_proxy(t) and t.values is not None
+            and all(math.isfinite(v) for v in t.values) and all(v <= 0 for v in t.constraints.values())]
     done.sort(key=lambda t: (-_sign(study) * float(t.values[0]), t.number))
     out: list[FrozenTrial] = []
     seen: list[dict[str, Any]] = []
@@ -174,12 +198,10 @@ def queue_runs(study: optuna.Study, runs: list[tuple[FrozenTrial | None, int]],
         of = BASELINE_OF if t is None else t.number
         if (of, seed) in present:
             continue
-        kept = cached_baseline(cache, key, seed, space, note) if t is None and cache is not None and key else None
+        kept = cached_baseline(cache, key, seed, space, note, study._storage) \
+            if t is None and cache is not None and key else None
         if kept is not None:
-            study.add_trial(optuna.create_trial(
-                state=TrialState.COMPLETE, value=kept["value"], params={}, distributions={},
-                intermediate_values=kept["intermediate_values"], user_attrs=kept["user_attrs"],
-                system_attrs={ATTR_CONFIRM_OF: BASELINE_OF, ATTR_CONFIRM_SEED: seed, ATTR_BASELINE: True}))
+            study.add_trial(baseline_run(seed, kept["intermediate_values"], kept["user_attrs"], kept["value"]))
         elif t is None:
             study.add_trial(optuna.create_trial(
                 state=TrialState.WAITING, params={}, distributions={},
@@ -193,9 +215,67 @@ def queue_runs(study: optuna.Study, runs: list[tuple[FrozenTrial | None, int]],
     return queued
 
 
+def baseline_run(seed: int, intermediate: dict[int, float], user_attrs: dict[str, Any],
+                 value: float | None = None) -> FrozenTrial:
+    """A baseline run on ``seed`` made elsewhere, as the study holds it: finished with ``value`` (a run kept on this
+    host, :func:`cached_baseline`), or (``value`` None) running, the claim an imported run is added as
+    (:func:`add_imported_baseline`); no parameters, the baseline's tags."""
+    return optuna.create_trial(
+        state=TrialState.COMPLETE if value is not None else TrialState.RUNNING, value=value, params={},
+        distributions={}, intermediate_values=intermediate, user_attrs=user_attrs,
+        system_attrs={ATTR_CONFIRM_OF: BASELINE_OF, ATTR_CONFIRM_SEED: seed, ATTR_BASELINE: True})
+
+
+IMPORTED = "baseline_imported"  # user attr of a baseline run imported from the user's own (confirm --baseline-runs)
+IMPORTED_SHA256 = "baseline_imported_sha256"  # ... and the sha256 of its metrics file (imported once)
+
+
+def add_imported_baseline(study: optuna.Study, seed: int, value: float, intermediate: dict[int, float],
+                          user_attrs: dict[str, Any]) -> FrozenTrial | None:
+    """Add a run the user made of the baseline on ``seed`` (``confirm --baseline-runs``) as a finished baseline run;
+    None, adding nothing finished, when the seed already has one (finished, or started first).
+
+    Several drivers may import at once (PostgreSQL): the run goes in as a RUNNING claim with its curve and attrs,
+    then, as for two drivers queueing one confirmation run (:func:`queue_runs`, the runner's twin rule), the claim
+    that goes first wins: any other baseline run of the seed finished, or running with a lower number, makes this
+    one surplus (FAIL, ``stop_reason=surplus``); the winner records its result (``hpo:result``: a driver that dies
+    now has finished it, :mod:`hpo.study._recovery`) and completes. A queued (WAITING) baseline run of the seed is
+    then surplus in its turn, never run."""
+    storage = study._storage
+    trial_id = storage.create_new_trial(study._study_id, template_trial=baseline_run(seed, intermediate, user_attrs))
+    mine = storage.get_trial(trial_id)
+    first = next((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+                  if t._trial_id != trial_id and _baseline_on(t, seed)
+                  and (t.state == TrialState.COMPLETE or (t.number, t._trial_id) < (mine.number, trial_id))), None)
+    try:
+        if first is not None:
+            storage.set_trial_user_attr(trial_id, "stop_reason", "surplus")
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            return None
+        storage.set_trial_system_attr(trial_id, ATTR_RESULT, {"state": TrialState.COMPLETE.name, "values": [value]})
+        storage.set_trial_state_values(trial_id, TrialState.COMPLETE, [value])
+    except UpdateFinishedTrialError:  # finished by a driver that took it for a dead driver's (its recorded result)
+        pass
+    return storage.get_trial(trial_id)
+
+
+def _baseline_on(t: FrozenTrial, seed: int) -> bool:
+    return is_baseline(t) and t.system_attrs.get(ATTR_CONFIRM_OF) == BASELINE_OF \
+        and t.system_attrs.get(ATTR_CONFIRM_SEED) == seed
+
+
+def baseline_runs_on(study: optuna.Study, seed: int) -> list[FrozenTrial]:
+    """The baseline's runs on ``seed`` queued, running or finished (not failed), oldest first."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING,
+                                                                TrialState.WAITING, TrialState.PRUNED))
+            if _baseline_on(t, seed)]
+
+
 # ----------------------------------------------------------------------------- the baseline's runs, kept per host
-BASELINES = ".baselines"  # under the studies directory: <key>/<seed>.json (never a study name: those start alnum)
-_KEPT_ATTRS = ("last_step", "total_steps", "test_value", "test_metric", "stop_reason", "diagnosis")
+BASELINES = BASELINES_DIR  # under the studies directory: <key>/<seed>.json (a name no study may take)
+MAX_ATTEMPTS = 1000  # a kept metrics file is its trial's for one of its first MAX_ATTEMPTS attempts
+Note = Callable[[str], None]
+_SAID: set[str] = set()  # lines said without a reporter (once per process)
 
 
 def baseline_cache(studies_dir: Path) -> Path:
@@ -221,10 +301,6 @@ def baseline_key(space: Space) -> str | None:
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-Note = Callable[[str], None]
-_SAID: set[str] = set()  # lines said without a reporter (once per process)
-
-
 def _say(note: Note | None, line: str) -> None:
     if note is not None:
         note(line)
@@ -233,81 +309,55 @@ def _say(note: Note | None, line: str) -> None:
         print(line, file=sys.stderr)
 
 
-def _number(x: Any) -> float | None:
-    """A finite float from a JSON number (never a boolean, never one too large for a float)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    try:
-        v = float(x)
-    except OverflowError:
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _checked_kept(raw: Any, key: str, seed: int) -> tuple[dict[str, Any] | None, str]:
-    """A kept record's fields, each type- and range-checked, or None and why not."""
-    if not isinstance(raw, dict):
-        return None, f"a JSON {type(raw).__name__}, not a kept run"
-    value, trial, study = _number(raw.get("value")), raw.get("trial"), raw.get("study")
-    if value is None:
-        return None, f"value {str(raw.get('value'))[:40]!r} is not a finite number"
-    if isinstance(trial, bool) or not isinstance(trial, int) or not 0 <= trial < 2**31:
-        return None, f"trial {str(trial)[:40]!r} is not a trial number"
-    if not isinstance(study, str) or not 0 < len(study) <= 200:
-        return None, "no study name"
-    if raw.get("key") != key or raw.get("seed") != seed:
-        return None, "kept for another experiment or seed"
-    inter_raw = raw.get("intermediate_values")
-    if not isinstance(inter_raw, dict) or len(inter_raw) > 100_000:
-        return None, "intermediate values are not a mapping of steps"
-    inter: dict[int, float] = {}
-    for k, v in inter_raw.items():
-        x = _number(v)
-        if not (isinstance(k, str) and k.isdigit() and len(k) < 10) or x is None:
-            return None, f"intermediate value {str(k)[:20]!r}: {str(v)[:20]!r} is not a step and a finite number"
-        inter[int(k)] = x
-    metrics, digest = raw.get("metrics"), raw.get("metrics_sha256")
-    if not isinstance(metrics, str) or not isinstance(digest, str) or len(digest) != 64:
-        return None, "no digest of the metrics file it came from (kept by an older verl-hpo)"
-    attrs = {k: v for k, v in dict(raw.get("user_attrs") or {}).items()
-             if k in _KEPT_ATTRS and isinstance(v, (int, float, str)) and not isinstance(v, bool)
-             and (not isinstance(v, float) or math.isfinite(v)) and (not isinstance(v, str) or len(v) <= 4000)} \
-        if isinstance(raw.get("user_attrs"), dict) else {}
-    return {"value": value, "intermediate_values": inter, "user_attrs": attrs, "study": study, "trial": trial,
-            "metrics": metrics, "metrics_sha256": digest}, ""
-
-
-def value_from_metrics(space: Space, path: Path) -> float | None:
-    """The objective's value of a run recomputed from its metrics file (each step's first line, its finite
+def value_of_metrics(space: Space, data: bytes) -> float | None:
+    """The objective's value of a run recomputed from its metrics file's bytes (each step's first line, its finite
     evaluations in step order, the objective's aggregate); None when it has none."""
-    from hpo.analysis._files import FileRefused, read_bounded
-
-    try:
-        text = read_bounded(path, str(path), 256 << 20).decode("utf-8", "replace")
-    except (OSError, FileRefused):
-        return None
     evals: dict[int, list[float]] = {}
-    for line in text.splitlines():
+    for raw in io.BytesIO(data):  # one line at a time
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = json.loads(raw.decode("utf-8", "replace"))
+        except (ValueError, RecursionError):
             continue
-        step, data = (rec.get("step"), rec.get("data")) if isinstance(rec, dict) else (None, None)
-        if isinstance(step, bool) or not isinstance(step, int) or not isinstance(data, dict) or step in evals:
+        step, got = (rec.get("step"), rec.get("data")) if isinstance(rec, dict) else (None, None)
+        if isinstance(step, bool) or not isinstance(step, int) or not isinstance(got, dict) or step in evals:
             continue
-        got = space.objective.evaluate(data)
-        if got is not None and all(math.isfinite(v) for v in got[0]):
-            evals[step] = [float(v) for v in got[0]]
+        scored = space.objective.evaluate(got)
+        if scored is not None and all(math.isfinite(v) for v in scored[0]):
+            evals[step] = [float(v) for v in scored[0]]
     history = [evals[k] for k in sorted(evals)]
     return space.objective.aggregated(history)[0] if history else None
 
 
-def cached_baseline(cache: Path, key: str | None, seed: int, space: Space | None = None,
-                    note: Note | None = None) -> dict[str, Any] | None:
+def _kept_problem(cache: Path, rec: dict[str, Any], seed: int, space: Space | None,
+                  storage: BaseStorage | None) -> str:
+    """Why a checked record may not be reused ("" when it may): its metrics file is not its trial's own metrics
+    file, intact (:func:`hpo.record.kept_metrics`), giving its value; its study's stored trial says otherwise."""
+    inside, why = metrics_inside(cache.parent, rec)
+    if why:
+        return why
+    if space is not None:  # the backend's metrics file of one of the trial's attempts, nothing else the trial wrote
+        backend, base = backend_of(space), Path("trial")
+        if not any(backend.metrics_path(base, k) == base.joinpath(*inside) for k in range(MAX_ATTEMPTS)):
+            return f"{'/'.join(inside)[:200]} is not a metrics file of {rec['study']}#{rec['trial']}"
+    data, why = kept_metrics(cache.parent, rec, inside)
+    if data is None:
+        return why
+    if space is not None:
+        value = value_of_metrics(space, data)
+        if value is None or not math.isclose(value, rec["value"], rel_tol=1e-9, abs_tol=1e-12):
+            shown = "none" if value is None else f"{value:.6g}"
+            return f"its value {rec['value']:.6g} is not its metrics file's ({shown})"
+    return stored_run_problem(storage, rec, seed)
+
+
+def cached_baseline(cache: Path, key: str | None, seed: int, space: Space | None = None, note: Note | None = None,
+                    storage: BaseStorage | None = None) -> dict[str, Any] | None:
     """The kept run of ``key`` on ``seed``, or None: none is kept, or the kept file is not one the store wrote
-    (:mod:`hpo.record._kept`: no symlink followed, size-capped, every field checked), its metrics file is gone or
-    changed since, or (``space`` given) its value is not what that file gives; each of those is one line
-    (``note``) and the run is made again."""
+    (:mod:`hpo.record._kept`: no symlink followed, size-capped, every field checked), its metrics file is not its
+    trial's own, read from ``<studies>/<study>/trials/<n>/`` without following a link (gone, changed since, a link,
+    elsewhere on the host), (``space`` given) its value is not what that file gives, or (``storage``: the one of the
+    study being confirmed, where the named study is too) its trial is no finished baseline run on that seed; each of
+    those is one line (``note``) and the run is made again."""
     if key is None:
         return None
     where = f"{cache.name}/{key}/{int(seed)}.json"
@@ -318,24 +368,15 @@ def cached_baseline(cache: Path, key: str | None, seed: int, space: Space | None
         return None
     if raw is None:
         return None
-    rec, why = _checked_kept(raw, key, int(seed))
+    rec, why = checked_record(raw, key, int(seed))
     if rec is None:
         _say(note, f"kept baseline run {where} not reused: {why}; it runs again")
         return None
-    metrics = Path(rec["metrics"])
-    digest = file_digest(metrics)
-    why = ("its metrics file " + str(metrics) + (" is gone" if digest is None else " changed since it was kept")
-           if digest != rec["metrics_sha256"] else "")
-    if not why and space is not None:
-        value = value_from_metrics(space, metrics)
-        if value is None or not math.isclose(value, rec["value"], rel_tol=1e-9, abs_tol=1e-12):
-            shown = "none" if value is None else f"{value:.6g}"
-            why = f"its value {rec['value']:.6g} is not its metrics file's ({shown})"
-    if why:
-        _say(note, f"kept baseline run {where} (from {rec['study']}#{rec['trial']}) not reused: {why}; it runs "
-                   "again")
-        return None
     source = f"{rec['study']}#{rec['trial']}"
+    why = _kept_problem(cache, rec, int(seed), space, storage)
+    if why:
+        _say(note, f"kept baseline run {where} (from {source}) not reused: {why}; it runs again")
+        return None
     return {"value": rec["value"], "intermediate_values": rec["intermediate_values"],
             "user_attrs": {**rec["user_attrs"], "baseline_reused": source, "confirm_of": "baseline",
                            "confirm_seed": int(seed)}}
@@ -387,9 +428,10 @@ def search_over_budget(trials: list[FrozenTrial], space: Space, cache: Path | No
 
 def remember_baseline(cache: Path, space: Space, study_name: str, run: FrozenTrial) -> bool:
     """Keep a finished baseline run for later studies on this host (COMPLETE, finite, not failed, not itself
-    reused), with the path and sha256 of the metrics file its value came from; written whole or not at all
-    (:func:`hpo.record._kept.write_kept`: no symlink followed, no temporary file left). Returns whether it was kept;
-    OSError (KeptRefused included) when the store or the disk refuses."""
+    reused), with the name (relative to its trial directory) and sha256 of the metrics file its value came from,
+    read as :func:`cached_baseline` reads it; written whole or not at all (:func:`hpo.record._kept.write_kept`: no
+    symlink followed, no temporary file left). Returns whether it was kept; OSError (KeptRefused included: a link
+    where its metrics file was) when the store, the file or the disk refuses."""
     key = baseline_key(space)
     if (key is None or run.state != TrialState.COMPLETE or run.values is None or not math.isfinite(run.values[0])
             or "fail_reason" in run.user_attrs or run.user_attrs.get("baseline_reused")):
@@ -398,14 +440,17 @@ def remember_baseline(cache: Path, space: Space, study_name: str, run: FrozenTri
     trial_dir = run.user_attrs.get("trial_dir")
     if not isinstance(seed, int) or isinstance(seed, bool) or not isinstance(trial_dir, str):
         return False
-    metrics = backend_of(space).metrics_path(Path(trial_dir), len(retry_history(run))).resolve()
-    digest = file_digest(metrics)
-    if digest is None:
+    metrics = backend_of(space).metrics_path(Path(trial_dir), len(retry_history(run)))
+    if not metrics.is_relative_to(trial_dir) or metrics == Path(trial_dir):
+        return False  # a backend whose metrics file is not in the trial's directory: not kept
+    inside = metrics.relative_to(trial_dir).parts
+    data = read_study_file(cache.parent, (*trial_parts(study_name, run.number), *inside[:-1]), inside[-1])
+    if data is None:
         return False
     rec = {"value": run.values[0], "intermediate_values": {str(k): v for k, v in run.intermediate_values.items()},
-           "user_attrs": {k: run.user_attrs[k] for k in _KEPT_ATTRS if k in run.user_attrs},
-           "study": study_name, "trial": run.number, "key": key, "seed": seed, "metrics": str(metrics),
-           "metrics_sha256": digest}
+           "user_attrs": {k: run.user_attrs[k] for k in KEPT_ATTRS if k in run.user_attrs},
+           "study": study_name, "trial": run.number, "key": key, "seed": seed, "metrics": "/".join(inside),
+           "metrics_sha256": hashlib.sha256(data).hexdigest()}
     write_kept(cache.parent, (cache.name, key), f"{seed}.json", json.loads(json.dumps(rec, default=str)))
     return True
 
@@ -419,23 +464,99 @@ def queue_speed_check(study: optuna.Study, space: Space, top_k: int, repeats: in
     order on even seeds and the reverse on odd ones (the driver runs them one at a time, so they alternate on the
     host and a linear drift of its speed cancels out), and right after the first seed's run of the user's config a
     control: the same config on the same seed again, which tells the same-math check how far two runs of one config
-    and seed differ on this trainer (0 where its rollout is reproducible). What is not queued yet is queued, never
-    from the kept baselines (a timing is its run's own). ValueError when the search has no finite trial."""
+    and seed differ on this trainer (0 where its rollout is reproducible). Never from the kept baselines (a timing
+    is its run's own). ValueError when the search has no finite trial.
+
+    The runs of one seed are a block (:data:`~hpo.record.ATTR_SPEED_BLOCK`: their order and the block's generation):
+    what is not queued yet is queued, and a block that lost a run for good (it failed and was not retried) while
+    others of its runs stand is queued again whole, as a new generation (:func:`speed_block_retry`)."""
     picks = top_trials(study, top_k)
     if not picks:
         raise ValueError(f"study {study.study_name!r} has no completed throughput trial with a finite value yet")
-    seeds = confirm_seeds(space, repeats)
-    queued = queue_runs(study, [(None, seeds[0])])
-    if (CONTROL_OF, seeds[0]) not in present_runs(study):
-        study.add_trial(optuna.create_trial(
-            state=TrialState.WAITING, params={}, distributions={},
-            system_attrs={ATTR_CONFIRM_OF: CONTROL_OF, ATTR_CONFIRM_SEED: seeds[0], ATTR_BASELINE: True}))
-        queued.append((CONTROL_OF, seeds[0]))
-    runs: list[tuple[FrozenTrial | None, int]] = []
-    for i, seed in enumerate(seeds):
+    trials = study.get_trials(deepcopy=False)
+    live = [t for t in trials if is_confirm(t) and t.state in (TrialState.COMPLETE, TrialState.PRUNED,
+                                                               TrialState.RUNNING, TrialState.WAITING)]
+    queued: list[tuple[int, int]] = []
+    control = any(t.system_attrs.get(ATTR_CONFIRM_OF) == CONTROL_OF for t in live)
+    for i, seed in enumerate(confirm_seeds(space, repeats)):
         one = [None, *picks]  # the user's config first, then each pick; the next seed the other way round (ABBA):
-        runs += [(t, seed) for t in (one if i % 2 == 0 else one[::-1])]  # a drift of the host's speed cancels out
-    return queued + queue_runs(study, runs)
+        block = one if i % 2 == 0 else one[::-1]  # a drift of the host's speed cancels out
+        order = [BASELINE_OF if t is None else t.number for t in block]
+        newest: dict[int, int] = {}  # member -> the newest generation of its runs standing on this seed
+        for run in live:
+            member, made = run.system_attrs.get(ATTR_CONFIRM_OF), _generation(run)
+            if run.system_attrs.get(ATTR_CONFIRM_SEED) == seed and member in order and made is not None:
+                newest[member] = max(newest.get(member, made), made)
+        whole = set(newest) == set(order) and len(set(newest.values())) == 1
+        gen = len(trials) if newest else 0  # none queued yet: generation 0; a broken block: all of it again
+        for pick, of in zip(block, order):
+            if not whole:
+                _add_speed_run(study, pick, seed, {"order": order, "generation": gen})
+                queued.append((of, seed))
+            if i == 0 and pick is None and not control:  # right after the first seed's run of the user's config
+                study.add_trial(optuna.create_trial(
+                    state=TrialState.WAITING, params={}, distributions={},
+                    system_attrs={ATTR_CONFIRM_OF: CONTROL_OF, ATTR_CONFIRM_SEED: seed, ATTR_BASELINE: True}))
+                queued.append((CONTROL_OF, seed))
+                control = True
+    return queued
+
+
+def _generation(t: FrozenTrial) -> int | None:
+    """The generation of a throughput re-measurement's block (-1: a run queued before blocks were recorded); None
+    for any other run (the control, a learning study's)."""
+    block = t.system_attrs.get(ATTR_SPEED_BLOCK)
+    if t.system_attrs.get(ATTR_CONFIRM_OF) == CONTROL_OF or not is_confirm(t):
+        return None
+    gen = block.get("generation") if isinstance(block, dict) else -1
+    return gen if isinstance(gen, int) and not isinstance(gen, bool) else -1
+
+
+def speed_generation(t: FrozenTrial) -> int | None:
+    """A throughput re-measurement's block generation (a later one replaces an earlier one of its seed); None for
+    any run that is not one (only runs that carry a block are)."""
+    return _generation(t) if isinstance(t.system_attrs.get(ATTR_SPEED_BLOCK), dict) else None
+
+
+def _add_speed_run(study: optuna.Study, t: FrozenTrial | None, seed: int, block: dict[str, Any],
+                   system: dict[str, Any] | None = None) -> None:
+    """Queue a run of the user's config (``t`` None) or of pick ``t`` on ``seed`` in ``block``; ``system``: the
+    system attrs of a retry instead of a fresh run's."""
+    of = BASELINE_OF if t is None else t.number
+    attrs = {**(system or {ATTR_CONFIRM_OF: of, ATTR_CONFIRM_SEED: seed, **({ATTR_BASELINE: True} if t is None
+                                                                              else {})}), ATTR_SPEED_BLOCK: block}
+    study.add_trial(optuna.create_trial(state=TrialState.WAITING, params={} if t is None else t.params,
+                                        distributions={} if t is None else t.distributions, system_attrs=attrs))
+
+
+def speed_block_retry(study: optuna.Study, killed: FrozenTrial, retry: dict[str, Any]) -> bool:
+    """Queue the retry (system attrs ``retry``) of a throughput re-measurement that was killed (its driver killed or
+    interrupted, its Ray node lost) as part of its seed's block made again; False, queueing nothing, for any other
+    run (a learning study's, the control, a run queued before blocks were recorded): it is retried on its own.
+
+    A pick's speed-up is the ratio of its run to the user's config's on the same seed, and it cancels a drift of the
+    host's speed only because the runs of one seed run back to back. A retry is queued after everything already
+    queued, and a killed driver may be resumed hours later, so neither "after the whole sequence" (the old way: paired
+    with a run made minutes before) nor "next" can pair a retry with a run made before the kill. The seed's block is
+    therefore discarded and re-made: its runs (the user's config and each pick, in the block's ABBA order), the retry
+    in the killed run's place, queued together after the rest as a new generation of the block. The old block's
+    runs still waiting are then surplus (:func:`hpo.study._compare.twin_of`: never run) and the report compares the
+    newest finished run of each config and seed, so nothing made before the kill is paired with the new runs. A kill
+    costs the block's other runs once more."""
+    block = killed.system_attrs.get(ATTR_SPEED_BLOCK)
+    order = block.get("order") if isinstance(block, dict) else None
+    of, seed = killed.system_attrs.get(ATTR_CONFIRM_OF), killed.system_attrs.get(ATTR_CONFIRM_SEED)
+    if (not isinstance(order, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in order)
+            or of not in order or not isinstance(seed, int) or isinstance(seed, bool)):
+        return False
+    trials = study.get_trials(deepcopy=False)
+    picks = {t.number: t for t in trials if t.number in order}
+    if any(n != BASELINE_OF and n not in picks for n in order):
+        return False
+    new = {"order": order, "generation": len(trials)}  # above every generation before it
+    for n in order:
+        _add_speed_run(study, None if n == BASELINE_OF else picks[n], seed, new, retry if n == of else None)
+    return True
 
 
 def queue_confirmations(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
@@ -488,12 +609,23 @@ class Confirmed:
 
 
 def _mean(xs: tuple[float, ...]) -> float:
-    return statistics.fmean(xs) if xs else math.nan
+    """The mean; a trial's values near the float limit (1e308 logged as a reward) give inf, never OverflowError."""
+    if not xs:
+        return math.nan
+    try:
+        return statistics.fmean(xs)
+    except OverflowError:
+        return math.fsum(x / len(xs) for x in xs)
 
 
 def _std(xs: tuple[float, ...]) -> float:
-    """The sample standard deviation; 0 for fewer than two values."""
-    return statistics.stdev(xs) if len(xs) > 1 else 0.0
+    """The sample standard deviation; 0 for fewer than two values; inf where the values overflow it."""
+    if len(xs) < 2:
+        return 0.0
+    try:
+        return statistics.stdev(xs)
+    except (OverflowError, AttributeError):  # stdev of values near the float limit (AttributeError: CPython's)
+        return math.inf
 
 
 def confirmed(study: optuna.Study) -> list[Confirmed]:

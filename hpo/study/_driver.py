@@ -10,6 +10,10 @@ Confirmation trials (``verl-hpo confirm``, :mod:`hpo.study._confirm`) are queued
 with a fresh seed (system attrs ``hpo:confirm_of`` / ``hpo:confirm_seed``, shown as user attrs ``confirm_of`` /
 ``confirm_seed``). Any driver of the study that picks one up runs it to the end (never pruned), and they never
 count towards ``study.n_trials``.
+
+A proxy search (``study.fidelity.proxy``) runs its trials on the proxy model (a runner of its own, with the proxy's
+overrides and transfer rules), then its best settings' queued target runs, then (the proxy did not hold) a search on
+the target: :func:`hpo.study._slots.proxy_stage` says which, and each trial claims a slot among its own kind.
 """
 
 from __future__ import annotations
@@ -25,12 +29,22 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from hpo.analysis import OutputRefused, make_output_dir
 from hpo.backends import DEFAULT_BACKEND, backend_named, backend_of
 from hpo.execution._devices import DevicePool, detect_devices
 from hpo.execution._identity import driver_identity
 from hpo.execution._process import sweep_orphans
 from hpo.experiment._space import Space, SpaceError, TrialSpec
-from hpo.record import ATTR_RETRY_OF, is_baseline
+from hpo.record import (
+    ATTR_FIDELITY_CHECK,
+    ATTR_PROMOTED_FROM,
+    ATTR_RETRY_OF,
+    fidelity_of,
+    is_baseline,
+    is_promoted,
+    is_proxy,
+)
+from hpo.samplers import promotion_twin
 from hpo.storages._retrying import StorageUnavailable
 from hpo.storages._storage import check_study_name
 from hpo.study._command import prepare
@@ -40,7 +54,7 @@ from hpo.study._errors import TrialInterrupted, TrialLost, TrialRetried
 from hpo.study._population import Population, pbt_total, schedule_confirms
 from hpo.study._progress import Progress
 from hpo.study._recovery import Heartbeat, finish, record_result, recover_stale_trials, sweep_scratch
-from hpo.study._slots import Slots, n_finished
+from hpo.study._slots import Slots, n_finished, proxy_search_over, proxy_stage, same_kind
 from hpo.study._trial import TrialRunner, frozen_trial
 
 WAIT_S = 1.0  # poll period of a driver waiting for others' trials to finish or die
@@ -108,20 +122,31 @@ def check_search(space: Space, ray_address: str | None = None, study: str | None
     return space, devices
 
 
+def make_trials_dir(trials_dir: Path) -> None:
+    """``<study>/trials`` made; SpaceError naming the directory and the OS error (not the storage) when it cannot."""
+    try:
+        make_output_dir(trials_dir, "trials directory")
+    except OutputRefused as err:
+        raise SpaceError(str(err)) from None
+
+
 def open_stored(study_name: str, storage_url: str, *, local_space: str | None = None, trust: bool = False,
                 n_trials: int | None = None, n_jobs: int | None = None, devices: Sequence[str] | None = None,
-                ray_address: str | None = None, wait_s: float = 0.0, studies_dir: Path | None = None
-                ) -> tuple[Space, optuna.Study, list[str]]:
+                ray_address: str | None = None, wait_s: float = 0.0, studies_dir: Path | None = None,
+                confirming: bool = False) -> tuple[Space, optuna.Study, list[str]]:
     """The stored study for ``resume``, ``worker`` and ``confirm``: its experiment may run here
     (:mod:`hpo.experiment._trust`), with this driver's ``n_jobs``, Ray address and devices, and the backend's launch
-    check. ``wait_s``: ride out a database that is (re)starting this long (a worker started by a scheduler)."""
+    check. ``wait_s``: ride out a database that is (re)starting this long (a worker started by a scheduler).
+    ``confirming``: the baseline's secrets are needed too (its runs are queued here), so a missing one is refused
+    before any run."""
     from hpo.experiment._secrets import missing_secrets
     from hpo.experiment._trust import check_stored_experiment
     from hpo.record import ATTR_DIGEST, ATTR_SOURCE
     from hpo.study._optuna import load_stored
 
     space, study = load_stored(study_name, storage_url, n_trials, wait_s)
-    missing = missing_secrets(space.overrides, space.trial.env, os.environ)
+    missing = missing_secrets(space.overrides, space.trial.env, os.environ,
+                              baseline=space.study.baseline if confirming else None)
     if missing:  # a secret is never stored: this driver's environment must carry it
         raise SpaceError(f"study {study_name!r}: its experiment's secrets are not stored; export "
                          f"{', '.join(missing)} in this driver's environment")
@@ -166,6 +191,9 @@ def queue_confirm(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
             raise SpaceError(str(err)) from None
     if space.objective.multi:
         raise SpaceError(f"study {study.study_name!r} is multi-objective (pareto): confirm ranks by one objective")
+    if space.study.fidelity.proxy is not None and not isinstance(study.user_attrs.get(ATTR_FIDELITY_CHECK), dict):
+        raise SpaceError(f"study {study.study_name!r}: its proxy search has not been checked against the target yet "
+                         "(the promoted settings' target runs have not all finished); run verl-hpo resume first")
     try:
         if space.study.strategy == "pbt":
             return queue_schedule_confirmations(study, space, top_k, n_seeds)
@@ -200,6 +228,8 @@ class Driver:
         self.runner = TrialRunner(space, study, self.trials_dir, reporter, stop_event, self.cwd, self.identity,
                                   self.pool, self._trial_over_budget if space.study.budget is not None and
                                   space.study.strategy != "pbt" else None)
+        self.factors: dict[str, float] = {}  # study.fidelity.proxy: the transfer rules' factors
+        self.proxy_runner = self._proxy_runner()  # ... and the runner of the search's trials on the proxy model
         self.heartbeat: Heartbeat | None = None
         self.ran = 0
         self.confirming = False  # run_confirm: only the queued confirmation trials
@@ -209,6 +239,7 @@ class Driver:
         self._errors: list[BaseException] = []
         self.cache = baseline_cache(studies_dir)  # baseline runs kept for later studies on this host
         self._said_budget = False
+        self._said_check = False
         self._count_lock = threading.Lock()
         self._ask_lock = threading.Lock()
 
@@ -216,7 +247,7 @@ class Driver:
         """Run trials until the study has ``target`` finished trials (counting every driver's). Returns the
         number of trials this driver ran; raises TrialInterrupted when stopped, DriverError on a runtime
         problem."""
-        self.trials_dir.mkdir(parents=True, exist_ok=True)
+        make_trials_dir(self.trials_dir)
         killed = sweep_orphans(self.study.study_name)
         if killed:
             self.reporter.note(f"killed {killed} leftover trial process(es) of a dead driver")
@@ -224,7 +255,7 @@ class Driver:
         self.recover()
         if self.runner.backend.leaves_scratch:  # a killed driver's trials left their scratch behind
             sweep_scratch(self.study, self.trials_dir, self.runner.backend.cleanup)
-        if not self.confirming and self.population is None and n_finished(self.study) >= target:
+        if not self.confirming and self.population is None and self._search_over(target):
             return 0
         ready = self.space
         heldout = self.confirming and self.space.study.kind != "throughput"  # speed re-measurements read no test data
@@ -232,6 +263,8 @@ class Driver:
             held = self.runner.backend.heldout_overrides(self.space)
             ready = dataclasses.replace(self.space, overrides={**self.space.overrides, **held})
         prepare(ready, self.study_dir, self.cwd, self.reporter, self.stop_event)
+        if self.proxy_runner is not None and not self.confirming:  # the proxy's model too (its log: proxy/prepare)
+            prepare(self.proxy_runner.space, self.study_dir / "proxy", self.cwd, self.reporter, self.stop_event)
         if heldout:
             self.runner.backend.check_heldout(self.space)  # one line now, not a crash in every run
         # a throughput study's re-measurements run one at a time, in their interleaved order (hpo.reporting._speed)
@@ -312,10 +345,9 @@ class Driver:
                             return
                         full = not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
                     else:
-                        slots = Slots.count(trials, self.space.study.max_retry)
-                        if slots.finished >= target or self._budget_spent(trials):
+                        over, full = self._search_step(trials, target)
+                        if over:
                             return
-                        full = not slots.waiting and len(slots.held) >= target
                     trial = None if full else self.study.ask()
                 if trial is None:
                     self.stop_event.wait(WAIT_S)  # running trials (ours or others') hold the rest; they may die
@@ -324,7 +356,8 @@ class Driver:
                 if frozen is not None:
                     with self._count_lock:
                         self.ran += 1
-                    done = n_finished(self.study)
+                    done = n_finished(self.study) if self.proxy_runner is None else Slots.count(
+                        self._kind(self.study.get_trials(deepcopy=False), frozen), None).finished
                     self.reporter.trial_finished(self.study, frozen, done)
                     for cb in callbacks:
                         cb(self.study, frozen)
@@ -340,6 +373,53 @@ class Driver:
             return False
         self._say_budget(*over)
         return True
+
+    # ------------------------------------------------------------------ study.fidelity.proxy
+    def _proxy_runner(self) -> TrialRunner | None:
+        """A proxy search's runner of the proxy's trials (the proxy's overrides, its transfer rules); the study's
+        sampler and pruner each see one fidelity's trials (:mod:`hpo.samplers._fidelity`)."""
+        if self.space.study.fidelity.proxy is None:
+            return None
+        from hpo.backends import proxy_space, transfer_factors
+        from hpo.samplers import with_fidelity
+        from hpo.study._optuna import make_sampler
+
+        self.factors = transfer_factors(self.space, self.runner.backend)
+        with_fidelity(self.study, make_sampler(self.space.study.sampler, len(self.study.trials) + 1, joining=True))
+        return TrialRunner(proxy_space(self.space, self.factors), self.study, self.trials_dir, self.reporter,
+                           self.stop_event, self.cwd, self.identity, self.pool, self.runner.over_budget)
+
+    def _kind(self, trials: list[FrozenTrial], like: FrozenTrial) -> list[FrozenTrial]:
+        return trials if self.proxy_runner is None else same_kind(trials, like)
+
+    def _search_over(self, target: int) -> bool:
+        """Nothing left for this search to run (a proxy search: :func:`~hpo.study._slots.proxy_search_over`)."""
+        if self.proxy_runner is None:
+            return n_finished(self.study) >= target
+        return proxy_search_over(self.study, target, self.space.study.max_retry)
+
+    def _search_step(self, trials: list[FrozenTrial], target: int) -> tuple[bool, bool]:
+        """(the search is done, every slot is held: wait) for a search job about to ask for a trial; a proxy search's
+        stage is :func:`~hpo.study._slots.proxy_stage`'s."""
+        if self.proxy_runner is not None:
+            stage = proxy_stage(self.study, self.space, trials, target, self.factors)
+            if stage.check is not None:
+                self._say_check(stage.check)
+            if stage.fallback and not stage.done and self._budget_spent(trials):
+                return True, False
+            return stage.done, stage.full
+        slots = Slots.count(trials, self.space.study.max_retry)
+        if slots.finished >= target or self._budget_spent(trials):
+            return True, False
+        return False, not slots.waiting and len(slots.held) >= target
+
+    def _say_check(self, check: dict[str, object]) -> None:
+        """The proxy's check, one line, once per driver."""
+        from hpo.samplers import check_line
+
+        if not self._said_check:
+            self._said_check = True
+            self.reporter.note(check_line(check))
 
     def _trial_over_budget(self) -> bool:
         """Asked by a running search trial at each evaluation: ``study.budget`` leaves it no room to go on
@@ -361,21 +441,30 @@ class Driver:
         """Check the slot of an asked trial (another driver may have taken it), run, record and tell it; None when
         it was surplus or lost."""
         frozen = frozen_trial(self.study, trial.number)
-        queued = ATTR_RETRY_OF in frozen.system_attrs or is_confirm(frozen)  # requested work: never surplus
+        promoted = is_promoted(frozen)  # study.fidelity.proxy: a proxy setting's queued target run
+        queued = ATTR_RETRY_OF in frozen.system_attrs or is_confirm(frozen) or promoted  # requested: never surplus
         twin = is_confirm(frozen) and twin_of(self.study, frozen) is not None  # two drivers queued one race run
+        twin = twin or promoted and promotion_twin(self.study, frozen) is not None  # ... or one promoted run
         if self.population is not None and not self.confirming:  # pbt: its own segments, each once
             queued = not self.population.is_surplus(frozen, self.study.get_trials(deepcopy=False))
         if twin or not queued and (self.confirming or self.population is not None or not Slots.count(
-                self.study.get_trials(deepcopy=False), self.space.study.max_retry).admits(trial.number, target)):
+                self._kind(self.study.get_trials(deepcopy=False), frozen),
+                self.space.study.max_retry).admits(trial.number, target)):
             trial.set_user_attr("stop_reason", "surplus")
             finish(self.study, trial._trial_id, TrialState.FAIL, None)
             return None
         trial.set_user_attr("worker", self.identity)
+        runner = self.runner
+        if self.proxy_runner is not None and not is_confirm(frozen):
+            trial.set_user_attr("fidelity", fidelity_of(frozen))
+            if promoted:
+                trial.set_user_attr("promoted_from", frozen.system_attrs.get(ATTR_PROMOTED_FROM))
+            runner = self.proxy_runner if is_proxy(frozen) else self.runner
         assert self.heartbeat is not None
         lost = self.heartbeat.add(trial._trial_id)
         try:
             try:
-                state, values = self.runner.run(trial, lost)
+                state, values = runner.run(trial, lost)
             except TrialInterrupted:
                 self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
                 raise

@@ -41,6 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hpo.execution._identity import identity_alive
 from hpo.record import ATTR_HEARTBEAT, ATTR_RECOVERING, ATTR_RESULT, ATTR_RETRY_HISTORY, ATTR_RETRY_OF
 from hpo.storages._retrying import storage_recovered_at
+from hpo.study._confirm import speed_block_retry
 
 
 # ----------------------------------------------------------------------------- results
@@ -76,6 +77,8 @@ def queue_retry(study: optuna.Study, trial: FrozenTrial, max_retry: int | None) 
     if max_retry is not None and len(history) > max_retry:
         return False
     system.update({ATTR_RETRY_OF: trial.number, ATTR_RETRY_HISTORY: history})
+    if speed_block_retry(study, trial, system):  # a throughput re-measurement: its seed's runs re-made with it
+        return True
     study.add_trial(optuna.create_trial(state=TrialState.WAITING, params=trial.params,
                                         distributions=trial.distributions, system_attrs=system))
     return True

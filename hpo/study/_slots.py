@@ -1,17 +1,34 @@
 """How the study's target of finished trials is counted and claimed, by every driver of the study at once.
 
 "Finished" trials, which count towards ``study.n_trials``: COMPLETE, PRUNED, and FAIL with a recorded result
-(``on_failure: fail``). Confirmation trials (:mod:`hpo.study._confirm`) never count towards it."""
+(``on_failure: fail``). Confirmation trials (:mod:`hpo.study._confirm`) never count towards it.
+
+A proxy search (``study.fidelity.proxy``) has three targets in turn (:func:`proxy_stage`): ``study.n_trials`` proxy
+trials, one target run per promoted setting, and, when the proxy does not hold, ``study.n_trials`` trials of a search
+on the target; each trial claims a slot among its own kind (:func:`same_kind`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.record import ATTR_RECOVERING, ATTR_RETRY_HISTORY, ATTR_RETRY_OF, chain_root, is_confirm, is_finished
+from hpo.experiment._space import Space
+from hpo.record import (
+    ATTR_FIDELITY_CHECK,
+    ATTR_RECOVERING,
+    ATTR_RETRY_HISTORY,
+    ATTR_RETRY_OF,
+    chain_root,
+    is_confirm,
+    is_finished,
+    is_promoted,
+    is_proxy,
+)
+from hpo.samplers import promotion, promotion_pending, record_check, start_promotion
 
 
 def n_finished(study: optuna.Study) -> int:
@@ -58,3 +75,60 @@ class Slots:
 
     def admits(self, number: int, target: int) -> bool:
         return sum(p < number for p in self.held) < target
+
+
+# ----------------------------------------------------------------------------- study.fidelity.proxy
+def same_kind(trials: Sequence[FrozenTrial], like: FrozenTrial) -> list[FrozenTrial]:
+    """A proxy search's trials that share ``like``'s place in a target: its proxy trials (``study.n_trials`` of
+    them), its promoted target runs (one per promoted setting, queued), or its target search's (a fallback's
+    ``study.n_trials``)."""
+    return [t for t in trials if is_proxy(t) == is_proxy(like) and is_promoted(t) == is_promoted(like)
+            and not is_confirm(t)]
+
+
+def _target_search(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    return [t for t in trials if not is_proxy(t) and not is_promoted(t) and not is_confirm(t)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """Where a proxy search stands for a job about to ask for a trial: ``done`` (nothing left to ask), ``full``
+    (every slot held: wait), the proxy's ``check`` once it is made, and whether the search is on the target
+    (``fallback``: the study's budget applies to it)."""
+
+    done: bool
+    full: bool
+    check: dict[str, Any] | None = None
+    fallback: bool = False
+
+
+def proxy_stage(study: optuna.Study, space: Space, trials: Sequence[FrozenTrial], target: int,
+                factors: dict[str, float]) -> Stage:
+    """A proxy search's stages (:mod:`hpo.samplers._promotion`): its ``target`` proxy trials; then its best
+    settings' target runs (queued once, whoever gets here first); then the check, which ends the search (the proxy
+    holds) or starts a search of ``target`` trials on the target."""
+    retry = space.study.max_retry
+    slots = Slots.count([t for t in trials if is_proxy(t) and not is_confirm(t)], retry)
+    if slots.finished < target:
+        return Stage(False, not slots.waiting and len(slots.held) >= target)
+    if start_promotion(study, space):  # queued here: the next ask pops them
+        return Stage(False, False)
+    waiting, running = promotion_pending(trials)
+    if waiting or running:
+        return Stage(False, not waiting)
+    check = record_check(study, space, factors, promotion(study) or {})
+    if check.get("holds"):
+        return Stage(True, False, check)
+    slots = Slots.count(_target_search(trials), retry)
+    if slots.finished >= target:
+        return Stage(True, False, check, True)
+    return Stage(False, not slots.waiting and len(slots.held) >= target, check, True)
+
+
+def proxy_search_over(study: optuna.Study, target: int, max_retry: int | None) -> bool:
+    """A proxy search has nothing left to run: its check holds, or its target search has ``target`` trials."""
+    check = study.user_attrs.get(ATTR_FIDELITY_CHECK)
+    if not isinstance(check, dict):
+        return False
+    return bool(check.get("holds")) or Slots.count(_target_search(study.get_trials(deepcopy=False)),
+                                                   max_retry).finished >= target

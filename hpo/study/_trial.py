@@ -9,6 +9,8 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
 * ``stop_reason=converged|collapsed`` -> COMPLETE, value = the aggregate so far, ``compute_saved_s``
   (early stopping: the spread metric stayed small with the objective above / below ``min_value``)
 * ``stop_reason=plateau`` -> the same: the objective stopped improving (``early_stopping.plateau_evals``)
+* ``stop_reason=promote_steps`` -> the same: a proxy setting's target run reached its short budget
+  (``study.fidelity.proxy.promote_steps``; never pruned)
 * ``stop_reason=collapsed:<label>`` -> the same, stopped by the diagnosis (:mod:`hpo.analysis._diagnosis`: ``nan``,
   ``entropy_collapse``, ``kl_blowup``); with no finite evaluation yet, the worst value. Every trial also gets
   ``diagnosis`` (one label), ``diagnosis_labels`` and ``diagnosis_evidence``.
@@ -50,12 +52,13 @@ from hpo.backends import Attempt, Backend, Launch, backend_of
 from hpo.execution._devices import DevicePool
 from hpo.execution._executor import TrialExecutor
 from hpo.execution._runner import RunResult, TrialProcess, read_tail
+from hpo.experiment import speed_value_problem
 from hpo.experiment._objective import Scored
 from hpo.experiment._space import Space
-from hpo.record import ATTR_RETRY_HISTORY, ATTR_RETRY_OF, runs_steps
+from hpo.record import ATTR_PROMOTE_STEPS, ATTR_RETRY_HISTORY, ATTR_RETRY_OF, runs_steps
 from hpo.storages._retrying import STORAGE_ERRORS
 from hpo.study._checkpoints import clean_after
-from hpo.study._command import fresh_trial_dir, trial_env, write_trial_files
+from hpo.study._command import fresh_trial_dir, launch_extra, trial_env, write_trial_files
 from hpo.study._confirm import (
     ATTR_BASELINE,
     ATTR_CONFIRM_OF,
@@ -77,7 +80,7 @@ from hpo.study._watch import Watch
 DB_ERRORS: tuple[type[BaseException], ...] = (
     *(e for e in STORAGE_ERRORS if e is not OSError), optuna.exceptions.StorageInternalError)
 # a stop decided by the Watch (or ``collapsed:<label>``)
-STOPS = ("pruned", "budget", "converged", "collapsed", "plateau")
+STOPS = ("pruned", "budget", "converged", "collapsed", "plateau", "promote_steps")
 
 
 class _TrialStop(threading.Event):
@@ -126,6 +129,7 @@ class _Plan:
     extra: dict[str, Any]  # a confirmation run's seed (and baseline) overrides
     tail: list[str]  # a PBT segment's step range
     start: Path | None  # a PBT segment's start checkpoint
+    stop_at: int | None = None  # a promoted target run's steps (study.fidelity.proxy)
 
 
 class TrialRunner:
@@ -180,11 +184,14 @@ class TrialRunner:
             launch = self.backend.plan(Attempt(
                 self.space, self.study.study_name, trial.number, plan.trial_dir, self.trials_dir,
                 tuple(plan.history), plan.values, self.cwd,
-                trial_env(self.space, self.study.study_name, trial.number, self.identity, devices), len(devices),
-                ray_job=job is not None, extra=plan.extra, tail=tuple(plan.tail), start=plan.start))
+                trial_env(self.space, self.study.study_name, trial.number, self.identity, devices, plan.extra),
+                len(devices), ray_job=job is not None, extra=launch_extra(plan.extra), tail=tuple(plan.tail),
+                start=plan.start))  # secrets of plan.extra: in the environment, references on argv
         except BaseException:
             self.pool.release(devices)
             raise
+        for line in launch.notes:  # checkpoints of the retry chain passed over: a file of theirs was refused
+            self.reporter.note(f"trial {trial.number}: {line}")
         pred = self.backend.predict(self.space, launch.config, devices) if self.space.trial.preflight and not ray \
             else None
         if pred is not None and not pred.fits:
@@ -237,7 +244,9 @@ class TrialRunner:
         trial.set_user_attr("trial_dir", str(trial_dir))
         if retry_of is not None:
             trial.set_user_attr("retry_of", retry_of)
-        return _Plan(values, retry_of, trial_dir, history, confirm_seed, dict(extra), tail, resume_from)
+        stop_at = system.get(ATTR_PROMOTE_STEPS)  # a promoted setting's short run on the target
+        stop_at = stop_at if isinstance(stop_at, int) and not isinstance(stop_at, bool) else None
+        return _Plan(values, retry_of, trial_dir, history, confirm_seed, dict(extra), tail, resume_from, stop_at)
 
     def _launch(self, trial: Trial, plan: _Plan, launch: Launch, lost: threading.Event,
                 job: tuple[str, bool] | None = None) -> tuple[RunResult, TrialExecutor, Watch]:
@@ -260,7 +269,7 @@ class TrialRunner:
                               self.backend.metrics) if diag.enabled else None
         confirming = plan.confirm_seed is not None  # full budget unless study.confirm.early_stopping
         speed = self.space.study.kind == "throughput"
-        watch = Watch(trial, self.space, total, on_eval, diagnoser, prune=not confirming,
+        watch = Watch(trial, self.space, total, on_eval, diagnoser, prune=not confirming and plan.stop_at is None,
                       early_stop=not confirming or self.space.study.confirm.early_stopping,
                       test_metric=heldout_metric_of(self.space) if confirming and not speed else None,
                       warmup_steps=self.space.study.throughput.warmup_steps if speed else None,
@@ -273,6 +282,7 @@ class TrialRunner:
             trial.set_user_attr("resumed_from_step", point.step)
             trial.set_user_attr("replayed_steps", len(replayed))
         watch.over_budget = None if confirming else self.over_budget  # the live run's evaluations only
+        watch.stop_at = plan.stop_at
         run: dict[str, Any] = {
             "argv": argv, "env": env, "log_dir": plan.trial_dir, "metrics_path": launch.metrics, "cwd": self.cwd,
             "timeout_s": spec.timeout_s, "memory_limit_gb": spec.memory_limit_gb, "on_metrics": watch,
@@ -357,6 +367,8 @@ def run_attrs(result: RunResult, watch: Watch, launch_overhead_s: float | None,
 def outcome(trial: Trial, space: Space, result: RunResult, watch: Watch, trial_dir: Path) -> float | list[float]:
     """The values to tell for a process that was not interrupted, or TrialPruned / TrialFailed (see the module
     docstring)."""
+    if result.stop is None and watch.stopped_at is not None:  # the trainer ended before its promoted run's stop
+        result = dataclasses.replace(result, stop="promote_steps")
     if result.stop is not None and (result.stop in STOPS or result.stop.startswith("collapsed:")):
         trial.set_user_attr("stop_reason", result.stop)
         saved = watch.compute_saved_s(result.last_step, result.wall_time_s)
@@ -377,6 +389,10 @@ def outcome(trial: Trial, space: Space, result: RunResult, watch: Watch, trial_d
         names = ", ".join(space.objective.metrics)
         error = (f"exited {result.exit_code} without finite values of {names}" if watch.value is None
                  else f"an objective metric ({names}) is NaN or infinite")
+    if failure is None and watch.warmup_steps is not None and watch.scored is not None:  # a throughput: in range
+        error = speed_value_problem(space.objective.primary_metric, [h[0] for h in watch.history],
+                                    watch.scored.values[0])
+        failure = None if error is None else "bad_metrics"
     if failure is None:
         return _scored_values(trial, space, watch)
     return fail_trial(trial, space, failure, error, read_tail(trial_dir / "stderr.log"))

@@ -1,6 +1,6 @@
 """One trial's live state: each metrics line's objective values go to Optuna, and the pruner, the plateau rule, the
-spread rule (``early_stopping``), the run diagnosis and the study's budget decide whether the trial stops (the
-``stop_reason``s of :mod:`hpo.study._trial`)."""
+spread rule (``early_stopping``), the run diagnosis, a promoted run's steps and the study's budget decide whether the
+trial stops (the ``stop_reason``s of :mod:`hpo.study._trial`)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ class Watch:
     test_value: float | None = None
     # study.budget: asked at each evaluation before the last; True stops the trial (stop_reason=budget)
     over_budget: Callable[[], bool] | None = None
+    # study.fidelity.proxy: a promoted target run stops at its first evaluation at or past this step
+    # (stop_reason=promote_steps; its value is the aggregate there, whatever the trainer logged after it)
+    stop_at: int | None = None
+    stopped_at: int | None = None
     # study.kind throughput: evaluations up to this step are warm-up (not measured); the first training step's
     # math_metrics are kept for the same-math check (hpo.reporting._speed)
     warmup_steps: int | None = None
@@ -54,6 +58,8 @@ class Watch:
         return [raw for _, (raw, _, _) in sorted(self.evals.items()) if raw is not None]
 
     def __call__(self, step: int, data: dict[str, Any]) -> str | None:
+        if self.stopped_at is not None and step > self.stopped_at:  # logged before the stop reached the trainer
+            return "promote_steps"
         t = data.get(self.step_time) if self.step_time is not None else None
         if isinstance(t, (int, float)) and is_finite(t):
             self.step_times.append(float(t))
@@ -99,6 +105,10 @@ class Watch:
             label = self.diagnoser.update(step, data)
             if decision is None and label is not None:
                 decision = f"collapsed:{label}"
+        if decision is None and self.stop_at is not None and step >= self.stop_at \
+                and step == max(self.evals, default=-1) and self.evals[step][0] is not None \
+                and (self.total_steps is None or step < self.total_steps):
+            decision, self.stopped_at = "promote_steps", step
         if decision is None and self.over_budget is not None and self.evals.get(step, (None,))[0] is not None \
                 and step == max(self.evals) and (self.total_steps is None or step < self.total_steps) \
                 and self.over_budget():

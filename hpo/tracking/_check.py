@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from hpo.analysis import ARTIFACTS_DIR
 from hpo.experiment._space import SpaceError
 from hpo.experiment._tracking import TrackingSpec, redact_uri
 
@@ -67,7 +68,6 @@ def local_path(uri: str) -> Path | None:
     return None
 
 
-ARTIFACTS_DIR = "mlflow-artifacts"
 
 
 def artifact_root(uri: str, studies_dir: Path) -> Path | None:

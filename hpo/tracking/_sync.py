@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hpo.backends import DEFAULT_BACKEND, Backend, BackendError, backend_named, known_backends
 from hpo.execution._metrics import MetricsFileError, MetricsTail
 from hpo.execution.ray_jobs._job import JOB_METRICS
+from hpo.experiment import uri_secrets
 from hpo.experiment._tracking import TrackingSpec, redact_uri
 from hpo.record import ATTR_SPACE, retry_history
 from hpo.storages._storage import open_storage, scrub
@@ -335,11 +336,31 @@ def run(spool: Path, studies_dir: Path, study_name: str, driver_pid: int | None,
         return 0
 
 
+class _Scrubbed:
+    """A text stream that writes through to ``inner`` with each of ``secrets`` replaced by ``***``: the tracking
+    process's stdout and stderr, where MLflow prints its URI (run links) and its errors."""
+
+    def __init__(self, inner: Any, secrets: list[str]) -> None:
+        self.inner = inner
+        self.secrets = sorted((s for s in secrets if s), key=len, reverse=True)
+
+    def write(self, text: str) -> int:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return int(self.inner.write(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 def main(argv: list[str]) -> int:
     spool, studies_dir, study_name = Path(argv[0]), Path(argv[1]), argv[2]
     driver_pid = int(argv[3]) if len(argv) > 3 else None
     url = os.environ.get(ENV_STORAGE, "")
     spec = TrackingSpec.from_json(json.loads(os.environ.get(ENV_SPEC, "{}")))
+    hidden = [*uri_secrets(mlflow_uri(spec) or ""), *uri_secrets(url)]
+    if hidden:  # before mlflow is imported: its log handlers bind to these streams
+        sys.stdout, sys.stderr = _Scrubbed(sys.stdout, hidden), _Scrubbed(sys.stderr, hidden)
     try:
         return run(spool, studies_dir, study_name, driver_pid, spec, url)
     except Exception as err:  # noqa: BLE001 - one line, never a password

@@ -20,6 +20,7 @@ Behaviour keys (all optional):
     fake.bad            exit 2 with 'error: ...' (bad config)
     fake.tox            eval/toxicity_mean at every evaluation (default 0.1)
     fake.lat            eval/latency_p95 at every evaluation (default 0.5)
+    fake.throughput     perf/throughput (a throughput study's metric) at every training step (default: not logged)
     fake.env_file       write {"argv": [its overrides], "env": {VERL_HPO_SECRET_* and *_KEY / *_TOKEN variables}} (JSON)
     fake.log_file       append {"trial", "cuda", "x", "seed", "start", "end"} (JSON line) to this file when the run ends
     fake.seed_noise     add seed_noise * u to the final value, u in [-1, 1] drawn from trainer.seed (default 0)
@@ -28,6 +29,13 @@ Behaviour keys (all optional):
     fake.gate_at        at this step, wait while the file fake.gate_file exists (a test holds a trial mid-run)
     fake.gate_from_run  the gate holds only once fake.log_file records this many finished runs (default 0)
     fake.gate_max_s     the gate holds at most this many seconds (default: no bound)
+    fake.model          small | large (default large): which size of a model family the run trains (a proxy search,
+                        study.fidelity.proxy); the small one runs each step in fake.small_step_s and scores
+                        1 - (x - fake.small_x0)^2, or with fake.small_reverse=true (x - fake.small_x0)^2: the large
+                        model's ranking reversed
+    fake.small_step_s   seconds per step of the small model (default fake.step_s / 4)
+    fake.small_x0       the small model's best x (default 0.3: the large model's)
+    fake.small_reverse  true: the small model ranks every x the other way round (default false)
     data.test_files     when set (not null): test/reward_mean = the final value + fake.test_offset (default -0.05) at
                         the last step, as verl_core logs its held-out split
 """
@@ -86,6 +94,10 @@ def main(argv: list[str]) -> int:
     step_s = float(opts.get("fake.step_s", 0.02))
     seed = int(opts.get("trainer.seed", 1))
     final = 1.0 - (x - 0.3) ** 2 + float(opts.get("fake.seed_noise", 0.0)) * random.Random(seed).uniform(-1, 1)
+    if opts.get("fake.model") == "small":  # the proxy of a model family: faster, and its own ranking of x
+        step_s = float(opts.get("fake.small_step_s", step_s / 4))
+        gap = (x - float(opts.get("fake.small_x0", 0.3))) ** 2
+        final = gap if opts.get("fake.small_reverse") == "true" else 1.0 - gap
     nan_at = int(opts["fake.nan_at"]) if "fake.nan_at" in opts else None
     hog: list[bytearray] = []
     started = time.time()
@@ -112,6 +124,8 @@ def main(argv: list[str]) -> int:
                 hog.append(block)
             data: dict[str, float] = {"critic/score/mean": final * step / total, "timing_s/step": step_s,
                                       "actor/pg_loss": float("nan") if nan_at is not None and step >= nan_at else 0.1}
+            if step and "fake.throughput" in opts:
+                data["perf/throughput"] = float(opts["fake.throughput"])
             if (step == 0 and val0) or (step and freq > 0 and step % freq == 0) or step == total:
                 data["eval/reward_mean"] = final * (min(step, int(opts.get("fake.peak_at", total))) + 1) / (total + 1)
                 data["eval/reward_std"] = std

@@ -33,9 +33,19 @@ from typing import Any, ClassVar
 
 import yaml
 
-from hpo.analysis._vocabulary import MetricNames
+from hpo.analysis import FileRefused, MetricNames, read_bounded
 from hpo.backends._base import Backend, Command, LaunchContext, TrialConfig
-from hpo.backends._replay import CheckpointLayout, ResumePoint
+from hpo.backends._models import ModelFacts
+from hpo.backends._replay import (
+    CheckpointLayout,
+    CheckpointLost,
+    ResumePoint,
+    command_argv,
+    note_lost,
+    read_checkpoint_file,
+    real_dir,
+    step_number,
+)
 from hpo.backends._replay import resume_point as chain_resume_point
 from hpo.backends.trl._keys import (
     DRIVER_KEYS,
@@ -57,7 +67,8 @@ EVAL_METRICS = ("eval/reward_mean", "eval/reward_std", "eval/response_length_mea
 DEFAULT_SEED = 42  # transformers.TrainingArguments.seed
 CHECK_TIMEOUT_S = 300.0
 MAX_CORNERS = 16
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_CHECKPOINT = "checkpoint-"  # checkpoint-<step> (hpo.backends._replay.step_number)
+MAX_STATE_BYTES = 64 << 20  # trainer_state.json: the log history, a few hundred bytes a logged step
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
            "adapter_model.safetensors")
 TEST_KEY = TEST_FILES  # the launcher's held-out key, which the driver keeps out of a search (Backend.heldout_keys)
@@ -71,20 +82,31 @@ METRICS = MetricNames(objective="eval/reward_mean", spread="eval/reward_std", sc
 # ----------------------------------------------------------------------------- the config
 def resolve_beside(path: str, source: str) -> str:
     """A relative ``path`` named in the experiment file ``source``: the file beside the experiment if there is one,
-    else the one under the working directory; ``path`` unchanged when neither exists (``check`` names it)."""
+    else the one under the working directory; ``path`` unchanged when neither exists (``check`` names it). Beside
+    the experiment means beside the real file when ``source`` is a symbolic link, as for every backend's relative
+    paths (:func:`hpo.backends.verl._paths.resolve_user_paths`)."""
     p = Path(path).expanduser()
     if p.is_absolute():
         return path
-    here = Path(source).expanduser().parent / p
-    if Path(source).expanduser().is_file() and here.is_file():
+    real = Path(source).expanduser().resolve()
+    here = real.parent / p
+    if real.is_file() and here.is_file():
         return str(here.resolve())
     return str(p.resolve()) if p.is_file() else path
 
 
 def read_config(path: str) -> dict[str, Any]:
-    """The config file's keys (the launcher's sections as dotted keys); ValueError (one line) when unreadable."""
+    """The config file's keys (the launcher's sections as dotted keys); ValueError (one line) when unreadable: also
+    when it is not a regular file (a FIFO, a device or a link to one: never opened through) or over
+    :data:`~hpo.analysis._files.MAX_FILE_BYTES`."""
     try:
-        raw = load_mapping(Path(path).expanduser().read_text()) or {}
+        raw = load_mapping(read_bounded(Path(path).expanduser(), path).decode()) or {}
+    except FileRefused as err:
+        raise ValueError(str(err)) from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply") from None
     except OSError as err:
         raise ValueError(f"cannot read {path} ({err.strerror})") from None
     except yaml.YAMLError as err:
@@ -141,45 +163,60 @@ def _corner_sets(space: Space) -> list[tuple[str, list[str]]]:
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def checkpoint_complete(folder: Path) -> bool:
-    """A ``checkpoint-N`` the Trainer resumes: ``trainer_state.json`` (written last) at step N, the weights, and the
-    optimizer and scheduler states unless none of them was saved (``save_only_model``)."""
-    m = _CHECKPOINT.match(folder.name)
+def _complete(folder: Path) -> bool:
+    """Whether ``folder`` is a complete ``checkpoint-N`` (:func:`checkpoint_complete`); CheckpointLost when a file
+    of it is refused or ``trainer_state.json`` names another step."""
+    step = _step_of(folder)
+    if step is None or not real_dir(folder):
+        return False
+    raw = read_checkpoint_file(folder / "trainer_state.json", MAX_STATE_BYTES)
     try:
-        state = json.loads((folder / "trainer_state.json").read_text())
+        state = None if raw is None else json.loads(raw)
         names = {p.name for p in folder.iterdir()}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # not written yet, or cut short
         return False
-    if m is None or not isinstance(state, dict) or state.get("global_step") != int(m.group(1)):
+    if state is None:
         return False
+    found = state.get("global_step") if isinstance(state, dict) else None
+    if isinstance(found, bool) or not isinstance(found, int) or found != step:
+        raise CheckpointLost(f"{folder / 'trainer_state.json'}: global_step {str(found)[:40]!r} is not {step}")
     states = {"optimizer.pt", "scheduler.pt", "rng_state.pth"} & names
     return bool(names & set(WEIGHTS)) and (not states or {"optimizer.pt", "scheduler.pt"} <= names)
+
+
+def checkpoint_complete(folder: Path) -> bool:
+    """A ``checkpoint-N`` the Trainer resumes: ``trainer_state.json`` (written last) at step N, the weights, and the
+    optimizer and scheduler states unless none of them was saved (``save_only_model``). The checkpoint's
+    directory and ``trainer_state.json`` must be themselves (no link followed) and the latter a regular file of at
+    most :data:`MAX_STATE_BYTES`; a checkpoint that fails that is lost (one line to
+    :func:`~hpo.backends._replay.lost_checkpoints`), never read through."""
+    try:
+        return _complete(folder)
+    except CheckpointLost as err:
+        note_lost(f"{folder} not used: {err}")
+        return False
 
 
 def checkpoint_step(checkpoints: Path) -> int | None:
     """The step of the newest complete checkpoint in an ``output_dir``; None when there is none."""
     try:
-        steps = sorted((int(m.group(1)) for d in checkpoints.iterdir() if (m := _CHECKPOINT.match(d.name))),
-                       reverse=True)
+        steps = sorted({s for d in checkpoints.iterdir() if (s := _step_of(d)) is not None}, reverse=True)
     except OSError:
         return None
     return next((s for s in steps if checkpoint_complete(checkpoints / f"checkpoint-{s}")), None)
 
 
 def resumed_from(trial_dir: Path) -> Path | None:
-    """The checkpoint an attempt started from (``resume_from_checkpoint=`` in its ``command.json``)."""
-    try:
-        argv = json.loads((trial_dir / "command.json").read_text())["argv"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    value = next((a.partition("=")[2] for a in argv if isinstance(a, str) and a.startswith("resume_from_checkpoint=")),
-                 None)
+    """The checkpoint an attempt started from (``resume_from_checkpoint=`` in its ``command.json``); CheckpointLost
+    when that file is refused (:func:`~hpo.backends._replay.command_argv`)."""
+    argv = command_argv(trial_dir) or []
+    value = next((a.partition("=")[2] for a in argv if a.startswith("resume_from_checkpoint=")), None)
     return None if value in (None, "", "null") else Path(value)
 
 
 def _step_of(checkpoint: Path) -> int | None:
-    m = _CHECKPOINT.match(checkpoint.name)
-    return int(m.group(1)) if m else None
+    name = checkpoint.name
+    return step_number(name[len(_CHECKPOINT):]) if name.startswith(_CHECKPOINT) else None
 
 
 def resume_point(trials_dir: Path, history: Sequence[int]) -> ResumePoint | None:
@@ -206,6 +243,20 @@ class TrlBackend(Backend):
     heldout_keys: ClassVar[tuple[str, ...]] = (TEST_KEY,)
     heldout_prefixes: ClassVar[Mapping[str, str]] = {"eval/": "test/", "": "test/"}  # the launcher's test pass
     checkpoint_layout: ClassVar[CheckpointLayout | None] = LAYOUT  # checkpoint-<step> under output_dir
+    model_keys: ClassVar[tuple[str, ...]] = ("model.path",)  # the launcher's model (policy and reference)
+
+    def model_path(self, space: Space, overrides: Mapping[str, Any]) -> str | None:
+        """``model.path`` of the overrides, else of the config file, else the launcher's default."""
+        merged = {**LAUNCHER_KEYS, **merged_config(space, [f"{k}={format_value(v)}" for k, v in overrides.items()])}
+        model = merged.get("model.path")
+        return model if isinstance(model, str) and model.strip() else None
+
+    def model_facts(self, path: str) -> ModelFacts:
+        """The launcher builds verl_core's built-in models (:func:`hpo.backends.verl_core._names.builtin_facts`); else
+        a local directory's."""
+        from hpo.backends.verl_core._names import builtin_facts
+
+        return builtin_facts(path) or super().model_facts(path)
 
     def normalize(self, space: Space) -> Space:
         """``config``, a relative path, resolved beside the experiment file (then the working directory, as before),

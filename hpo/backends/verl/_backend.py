@@ -54,6 +54,10 @@ class VerlBackend(Backend):
         sync_time="timing_s/update_weights", gpu_util="perf/gpu_util", mfu="perf/mfu/actor")
     default_command: ClassVar[tuple[str, ...]] = ("python", "-m", MAIN_MODULE)  # in trial.python (_launch)
     metrics_env: ClassVar[str | None] = "VERL_FILE_LOGGER_PATH"
+    # study.fidelity.proxy: verl 0.9.1's policy model (actor, rollout and reference), the critic's, and the policy's
+    # tokenizer when it is not the model's (ppo_trainer.yaml)
+    model_keys: ClassVar[tuple[str, ...]] = ("actor_rollout_ref.model.path", "critic.model.path")
+    tokenizer_keys: ClassVar[tuple[str, ...]] = ("actor_rollout_ref.model.tokenizer_path",)
     checkpoint_layout: ClassVar[CheckpointLayout | None] = LAYOUT  # global_step_N under trainer.default_local_dir
     speed_metrics: ClassVar[dict[str, str]] = {
         "perf/throughput": "maximize", "perf/time_per_step": "minimize", "timing_s/step": "minimize"}
@@ -129,10 +133,12 @@ class VerlBackend(Backend):
                                 "overrides: confirmation runs validate on it and study.confirm.test_files together")
 
     def verify(self, space: Space, origin: Mapping[str, str]) -> None:
-        from hpo.backends.verl._check import VerlConfigError, check_verl_space
+        from hpo.backends.verl._check import ComposeTimeout, VerlConfigError, check_verl_space
 
         try:
             check_verl_space(space, space.trial.python or default_python())
+        except ComposeTimeout as err:  # this host was too slow: still a ComposeTimeout (rehearse: not finished here)
+            raise ComposeTimeout(f"{space.source}: {err}", err.where) from None
         except VerlConfigError as err:
             raise located_error(space, dict(origin), err.where, str(err)) from None
 

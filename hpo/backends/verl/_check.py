@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import subprocess
@@ -29,6 +30,7 @@ from hpo.backends.verl._launch import (
     verl_overrides,
 )
 from hpo.execution._devices import detect_devices
+from hpo.experiment._space import SpaceError
 
 if TYPE_CHECKING:
     from hpo.experiment._space import Space
@@ -54,6 +56,44 @@ class VerlConfigError(ValueError):
         self.corner = corner
         self.key = key
         self.value = value
+
+
+# How long composing verl's configs in verl's interpreter may take (each subprocess: the load's check of every corner,
+# the memory estimate's, the rehearsal's; rehearse's shrink step gets 1.5 times it); a busy host can need more than
+# the default, which says nothing against the experiment.
+COMPOSE_TIMEOUT_ENV = "VERL_HPO_COMPOSE_TIMEOUT_S"
+COMPOSE_TIMEOUT_S = 600.0
+MAX_COMPOSE_TIMEOUT_S = 86400.0
+
+
+class ComposeTimeout(VerlConfigError, SpaceError):
+    """Composing verl's configs ran out of :func:`compose_timeout` on this machine: the host was too slow, which says
+    nothing against the experiment (``rehearse`` reports it as not finished here, exit 3). ``unfinished`` tells the
+    trainer-neutral command so."""
+
+    unfinished = True
+
+
+def compose_timeout() -> float:
+    """Seconds a verl compose subprocess may take: ``$VERL_HPO_COMPOSE_TIMEOUT_S``, else :data:`COMPOSE_TIMEOUT_S`;
+    SpaceError (one line) for a value that is not a number of seconds from 0 to a day."""
+    raw = os.environ.get(COMPOSE_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return COMPOSE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_COMPOSE_TIMEOUT_S:
+        raise SpaceError(f"{COMPOSE_TIMEOUT_ENV}={raw[:40]!r}: must be a number of seconds above 0 and at most "
+                         f"{MAX_COMPOSE_TIMEOUT_S:.0f} (how long composing verl's configs may take)")
+    return value
+
+
+def compose_timed_out(what: str, python: str, limit: float) -> str:
+    """The line of a compose that ran out of its time: the limit and how to raise it."""
+    return (f"{what} in {python} took over {limit:g} s on this machine (a busy or slow host; "
+            f"{COMPOSE_TIMEOUT_ENV}=SECONDS raises the limit)")
 
 
 # ----------------------------------------------------------------------------- metric names
@@ -179,7 +219,8 @@ def _composed(info: dict[str, Any]) -> ComposedConfig:
 
 
 def compose_corners(python: str, config: str, corners: Sequence[Sequence[str]], n_gpus: int | None = 1,
-                    timeout_s: float = 600.0, env: Mapping[str, str] | None = None, nnodes: int = 1) -> ComposeReport:
+                    timeout_s: float | None = None, env: Mapping[str, str] | None = None,
+                    nnodes: int = 1) -> ComposeReport:
     """Compose every corner (a list of hydra overrides) with verl's own configs in verl's interpreter, with
     verl's ``validate_config`` and the checks it lacks (``hpo/backends/verl/_compose.py``), all in one subprocess.
 
@@ -187,8 +228,10 @@ def compose_corners(python: str, config: str, corners: Sequence[Sequence[str]], 
     (``n_gpus=None``: the corner's own; a Ray-job study: ``trial.ray.num_gpus`` and ``trial.ray.nodes``). The
     report holds per corner its :class:`ComposedConfig` or its :class:`VerlConfigError` (one line; ``.corner``;
     ``.key``/``.value`` of the culprit where known). Raises :class:`VerlConfigError` when ``python`` does not exist
-    or has no verl, or the config does not exist.
+    or has no verl, or the config does not exist; :class:`ComposeTimeout` past ``timeout_s`` (None:
+    :func:`compose_timeout`).
     """
+    timeout_s = compose_timeout() if timeout_s is None else timeout_s
     config_dir, config_name = None, config
     if is_config_path(config):
         path = Path(config).expanduser().resolve()
@@ -207,8 +250,8 @@ def compose_corners(python: str, config: str, corners: Sequence[Sequence[str]], 
         raise VerlConfigError(f"trial.python={python!r}: no such interpreter; {INSTALL_HINT}", "trial.python") \
             from None
     except subprocess.TimeoutExpired:
-        raise VerlConfigError(f"composing {len(corners)} verl configs took over {timeout_s:.0f} s", "config") \
-            from None
+        raise ComposeTimeout(compose_timed_out(f"composing {len(corners)} verl configs", python, timeout_s),
+                             "config") from None
     seconds = time.monotonic() - started
     try:
         reply = json.loads(res.stdout.strip().splitlines()[-1])
@@ -228,7 +271,7 @@ def compose_corners(python: str, config: str, corners: Sequence[Sequence[str]], 
 
 
 def check_space(python: str, config: str, corners: Sequence[Sequence[str]], n_gpus: int | None = 1,
-                timeout_s: float = 600.0, nnodes: int = 1) -> ComposeReport:
+                timeout_s: float | None = None, nnodes: int = 1) -> ComposeReport:
     """:func:`compose_corners`, raising the :class:`VerlConfigError` of the first bad corner."""
     report = compose_corners(python, config, corners, n_gpus, timeout_s, nnodes=nnodes)
     if report.first_error is not None:

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from hpo.backends._preflight import GiB, Prediction, corners, gpu_budget, report_corners
-from hpo.backends.verl._check import COMPOSE_SCRIPT
+from hpo.backends.verl._check import COMPOSE_SCRIPT, ComposeTimeout, compose_timed_out, compose_timeout
 from hpo.backends.verl._data import overlong_verdict
-from hpo.backends.verl._launch import INSTALL_HINT, default_python, format_override, is_config_path
+from hpo.backends.verl._launch import INSTALL_HINT, default_python, format_override, is_config_path, verl_overrides
 from hpo.backends.verl._resume import retry_note
 from hpo.experiment._space import Space, SpaceError
 
@@ -39,6 +39,13 @@ if TYPE_CHECKING:
 ASSUMED_GPU_GB = 80  # an A100/H100 80 GB: the GPU a verl estimate assumes when none is visible
 MEASURED_PROMPTS = 256  # verl: training prompts tokenized for the expected prompt length
 SHORT_RESPONSE_TOKENS = 64  # verl: the response length a corner must fit at when no previous run's lengths are known
+MAX_REASON = 500  # characters of verl's reason for rejecting a corner in an error line
+
+
+def corner_overrides_of(space: Space, values: dict[str, Any]) -> list[str]:
+    """A corner's hydra overrides as a verl trial gets them (:func:`~hpo.backends.verl._launch.verl_overrides`: a
+    string hydra cannot read bare, e.g. ``~/x.parquet`` or ``a b``, quoted), secrets as references."""
+    return verl_overrides(space.fixed_overrides(), {p.key: values[p.name] for p in space.params if p.name in values})
 
 
 def _verl_budget(space: Space, devices: Sequence[str], gpu_total_bytes: int | None) -> tuple[int, str, int]:
@@ -81,19 +88,23 @@ def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], 
     gpus = [format_override("trainer.n_gpus_per_node", max(1, n_gpus)), format_override("trainer.nnodes", 1)]
     request = {"config_dir": config_dir, "config_name": name, "corners": [[*c, *gpus] for c in corner_overrides],
                "select": list(dict.fromkeys([*VERL_MEMORY_KEYS, *extra_select])), "measure_prompts": measure_prompts}
+    limit = compose_timeout()
     try:
         res = subprocess.run([python, str(COMPOSE_SCRIPT)], input=json.dumps(request), capture_output=True,
-                             text=True, timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+                             text=True, timeout=limit, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
         reply = json.loads(res.stdout.strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:  # a busy host, not a missing verl
+        raise ComposeTimeout(f"{space.source}: memory estimate: " + compose_timed_out(
+            f"composing {len(corner_overrides)} verl configs", python, limit), "config") from None
     except (OSError, subprocess.SubprocessError, IndexError, ValueError) as err:
         raise SpaceError(f"{space.source}: memory estimate: composing the verl config with {python} failed "
                          f"({type(err).__name__}); {INSTALL_HINT}") from None
     if reply["status"] != "ok":
-        raise SpaceError(f"{space.source}: memory estimate: {reply['message']}")
+        raise SpaceError(f"{space.source}: memory estimate: {str(reply['message'])[:MAX_REASON]}")
     out = []
-    for overrides, r in zip(corner_overrides, reply["results"], strict=True):
-        if not r["ok"]:
-            raise SpaceError(f"{space.source}: memory estimate: {' '.join(overrides)}: {r['message']}")
+    for r in reply["results"]:
+        if not r["ok"]:  # the message names the override (never every override of the corner: kilobytes)
+            raise SpaceError(f"{space.source}: memory estimate: {str(r['message'])[:MAX_REASON]}")
         info = r["info"] if "prompt_lengths" not in r else {**r["info"], "prompt_lengths": r["prompt_lengths"]}
         out.append((info, r["selected"]))
     return out
@@ -192,7 +203,7 @@ def corner_predictions(space: Space, devices: Sequence[str],
 
     cs = corners(space)
     try:
-        verl = predict_verl_corners(space, [space.trainer_overrides(c) for c in cs], devices, lengths=lengths)
+        verl = predict_verl_corners(space, [corner_overrides_of(space, c) for c in cs], devices, lengths=lengths)
     except ModelConfigUnavailable:
         return None
     return list(zip(cs, verl, strict=True))
@@ -212,7 +223,7 @@ def validate_verl(space: Space, devices: Sequence[str], out: TextIO, lengths: Se
     per_trial = list(devices)
     values = corners(space)
     # every prompt of the data against data.max_prompt_length, in the same verl subprocess as the estimate
-    inputs = verl_memory_inputs(space, [space.trainer_overrides(c) for c in values],
+    inputs = verl_memory_inputs(space, [corner_overrides_of(space, c) for c in values],
                                 len(per_trial) or space.trial.gpus_per_trial, None, MEASURED_PROMPTS)
     verdict = overlong_verdict(((inputs[0][0].get("prompt_lengths") or {}) if inputs else {}).get("overlong"))
     if verdict is not None and verdict[0] == "problem":

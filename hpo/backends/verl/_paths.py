@@ -11,8 +11,11 @@ Which values are paths: the data files (``data.train_files``, ``data.val_files``
 ``data.custom_cls.path``, the reward function's file (``reward.custom_reward_function.path``, and the older
 ``custom_reward_function.path``), a relative ``trial.python`` with a slash; model and tokenizer paths
 (``*.model.path``, ``*.model.tokenizer_path``) only when they start with ``./`` or ``../`` or name a directory that
-exists there, since ``Qwen/Qwen2.5-0.5B-Instruct`` is a hub id. ``~``, ``${oc.env:...}`` and absolute paths are left
-as they are. The stored experiment holds the absolute paths, so ``resume`` does not depend on where it is run.
+exists there, since ``Qwen/Qwen2.5-0.5B-Instruct`` is a hub id. A leading ``~`` or ``~user`` of any of these is
+expanded to that home directory here (hydra's override syntax reads a leading ``~`` as a deletion and verl expands none;
+the user meant their home); a ``~user`` with no home on this host is refused, naming the key. ``${oc.env:...}`` and
+absolute paths are left as they are. The stored experiment holds the absolute paths, so ``resume`` does not depend on
+where it is run.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpo.backends.verl._launch import override_key
+from hpo.experiment._space import located_error
 
 if TYPE_CHECKING:
     from hpo.experiment._space import Space
@@ -39,14 +43,26 @@ def _relative(text: str) -> bool:
     return bool(t) and not (t.startswith(("/", "~", "$")) or "://" in t)
 
 
+class NoHome(ValueError):
+    """A ``~user/...`` path whose user has no home directory on this host."""
+
+
 def _resolve(value: Any, base: Path, model: bool) -> Any:
-    """``value`` with its relative path(s) made absolute against ``base`` (a list element by element)."""
+    """``value`` with its relative path(s) made absolute against ``base`` and a leading ``~`` expanded (a list
+    element by element); :class:`NoHome` for a ``~user`` that has none."""
     if isinstance(value, list):
         return [_resolve(v, base, model) for v in value]
     if isinstance(value, str) and value.strip().startswith("[") and value.strip().endswith("]"):
         from hpo.backends.verl._data import split_list
 
         return [_resolve(v, base, model) for v in split_list(value)]
+    if isinstance(value, str) and value.strip().strip("'\"").startswith("~"):
+        text = value.strip().strip("'\"")
+        home = os.path.expanduser(text)
+        if home.startswith("~"):
+            raise NoHome(f"{text.split('/', 1)[0]!r} is no user's home directory on this host (hydra reads a "
+                         "leading ~ as a deletion): write the full path")
+        return os.path.normpath(home)
     if not isinstance(value, str) or not _relative(value):
         return value
     text = value.strip().strip("'\"")
@@ -69,7 +85,10 @@ def resolve_user_paths(space: Space, origin: Mapping[str, str]) -> Space:
         if bare not in FILE_KEYS and bare not in MODEL_KEYS:
             continue
         base = cwd if f"overrides.{key}" in origin else file_dir
-        new = _resolve(value, base, bare in MODEL_KEYS)
+        try:
+            new = _resolve(value, base, bare in MODEL_KEYS)
+        except NoHome as err:
+            raise located_error(space, dict(origin), f"overrides.{key}", str(err)) from None
         if new != value:
             overrides[key] = new
             if key in raw_new:
@@ -84,7 +103,10 @@ def resolve_user_paths(space: Space, origin: Mapping[str, str]) -> Space:
     test_files = confirm.test_files
     if test_files:
         base = cwd if "study.confirm.test_files" in origin else file_dir
-        resolved = _resolve(test_files, base, False)  # a str field: a list stays hydra's [a, b] text
+        try:
+            resolved = _resolve(test_files, base, False)  # a str field: a list stays hydra's [a, b] text
+        except NoHome as err:
+            raise located_error(space, dict(origin), "study.confirm.test_files", str(err)) from None
         test_files = "[" + ", ".join(resolved) + "]" if isinstance(resolved, list) else resolved
     if not changed and python == trial.python and test_files == confirm.test_files:
         return space

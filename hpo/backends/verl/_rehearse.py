@@ -19,8 +19,11 @@ under exactly its name; each tuned parameter reaches the trainer where verl logs
 property of the corner, reported, not a failure; the checkpoint resumes at its step); the memory estimate of each
 corner on the user's GPUs, at the prompt lengths measured from the data and in the worst case. Exit 0 when a real
 study would run, 1 when it would fail, 2 for a bad file (raised before anything runs), 3 when this machine could not
-finish a corner (out of its time, killed by the host): not rehearsed, not failed. The rehearsal's files live under
-``<studies-dir>/rehearsals/<space>/`` (trials, shrunk model and data, the report).
+finish a corner (out of its time, killed by the host) or a step before them ran out of its time (composing verl's
+configs on a busy host: :func:`~hpo.backends.verl._check.compose_timeout`): not rehearsed, not failed; 128 + N when
+signal N stopped it (:mod:`hpo.backends.verl._rehearse_stop`: no run and no scratch outlives it). The rehearsal's
+files live under ``<studies-dir>/rehearsals/<space>/`` (trials, shrunk model and data, the report; ``--recheck``'s
+state, :mod:`hpo.backends.verl._rehearse_state`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -40,9 +44,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from hpo.analysis._files import FileRefused, read_bounded
+from hpo.analysis import REHEARSALS_DIR
 from hpo.backends._preflight import GiB
-from hpo.backends.verl._check import compose_corners, interpreter_problem, trial_base_env
+from hpo.backends.verl._check import (
+    ComposeTimeout,
+    VerlConfigError,
+    compose_corners,
+    compose_timed_out,
+    compose_timeout,
+    interpreter_problem,
+    trial_base_env,
+)
 from hpo.backends.verl._cpu import CPU_OVERRIDES, cpu_overrides, transfer_queue_overrides
 from hpo.backends.verl._launch import (
     format_override,
@@ -64,8 +76,11 @@ from hpo.backends.verl._rehearse_checks import (
     render,
     values_text,
 )
+from hpo.backends.verl._rehearse_state import MARKER, load_state, save_state
+from hpo.backends.verl._rehearse_stop import Stopped, stop_on_signals, sweep_scratch
 from hpo.backends.verl._resume import checkpoint_step
 from hpo.execution._runner import RunResult, TrialProcess
+from hpo.experiment._secrets import baseline_secrets, secret_overrides
 from hpo.experiment._space import SpaceError
 
 if TYPE_CHECKING:
@@ -76,8 +91,8 @@ STEPS = 2  # training steps of each corner (validation before the first and afte
 RESPONSE_TOKENS = 16  # data.max_response_length of the rehearsal
 VAL_ROWS = 8  # validation rows kept (every one is scored by the reward function)
 CORNER_TIMEOUT_S = 1800.0  # a corner's limit when neither --corner-timeout nor trial.timeout_s sets one
+SHRINK_FACTOR = 1.5  # the shrink script's limit: this times the compose limit (900 s by default), plus --reward-timeout
 CORNER_CORES = 0.75  # free cores a corner needs beside another (verl's CPU workers mostly take turns)
-MARKER = ".verl-hpo-rehearsal"  # in a rehearsal directory: what the driver made and may replace
 # GPU-only sizes the CPU rehearsal sets to one (each swap is printed when the experiment sets another value).
 ONE_DEVICE_KEYS = ("actor_rollout_ref.rollout.tensor_model_parallel_size",
                    "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
@@ -105,21 +120,33 @@ def rehearsal_corners(space: Space) -> list[RehearsalCorner]:
     out: list[RehearsalCorner] = []
     for name, values in (("default", default), ("low", {p.name: p.corner_values()[0] for p in space.params}),
                          ("high", {p.name: p.corner_values()[-1] for p in space.params})):
-        fixed = {**space.overrides, **(space.study.baseline if name == "default" else {})}
+        # secrets as references (their values go in the corner's environment: _secret_env), as in a trial's argv
+        fixed = {**space.fixed_overrides(), **(space.study.baseline if name == "default" else {})}
         overrides = verl_overrides(fixed, {p.key: values[p.name] for p in space.params})
         if all(c.overrides != overrides for c in out):
             out.append(RehearsalCorner(name, values, overrides))
     return out
 
 
+def _secret_env(space: Space) -> dict[str, str]:
+    """The values of the experiment's secret overrides and ``study.baseline`` secrets, which a corner's argv holds
+    as references (``hpo.experiment._secrets``)."""
+    return {**secret_overrides(space.overrides), **baseline_secrets(space.raw)}
+
+
+def home_name(space: Space) -> str:
+    """The directory name of ``space``'s rehearsals under ``<studies-dir>/rehearsals``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", space.name).lstrip(".") or "space"
+
+
 def rehearsal_home(studies_dir: Path, space: Space) -> Path:
     """``<studies-dir>/rehearsals/<space>``, emptied of an earlier rehearsal's files (only a directory that holds
     :data:`MARKER`, i.e. one the driver made, is ever emptied; anything else there is an error)."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", space.name).lstrip(".") or "space"
-    home = studies_dir / "rehearsals" / name
+    home = studies_dir / REHEARSALS_DIR / home_name(space)
     if home.is_symlink() or (home.exists() and not (home / MARKER).is_file()):
         raise SpaceError(f"{home}: exists and was not made by verl-hpo rehearse; remove it or use --studies-dir")
     if home.exists():
+        sweep_scratch(home)  # what a killed rehearsal of this experiment left outside its home
         shutil.rmtree(home)
     home.mkdir(parents=True)
     (home / MARKER).write_text("made by verl-hpo rehearse; replaced by the next rehearsal of this experiment\n")
@@ -162,9 +189,13 @@ def _script(python: str, script: Path, request: dict[str, Any], timeout_s: float
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        return {"status": "error", "message": f"{script.name} took over {timeout_s:.0f} s"}
+        return {"status": "error", "timed_out": True, "message": f"{script.name} took over {timeout_s:.0f} s"}
     except OSError:
         pass  # it exited before reading the request: its reply (or none) says why
+    except BaseException:  # a stop (the rehearsal's SIGTERM, Ctrl-C): the script does not outlive it
+        proc.kill()
+        proc.wait()
+        raise
     finally:
         for t in readers:
             t.join(timeout=10)
@@ -194,6 +225,7 @@ class _Runner:
     timeout_s: float
     say: Callable[[str], None]
     resume: bool = True  # the default point is killed after its first checkpoint and resumed
+    halt: threading.Event = field(default_factory=threading.Event)  # a stop signal: no run goes on or starts
 
     def corner_overrides(self, corner: RehearsalCorner, steps: int, save_freq: int) -> list[str]:
         own = [o for o in corner.overrides if override_key(o) != "trainer.logger"]  # no tracker from a rehearsal
@@ -205,11 +237,14 @@ class _Runner:
         trial_dir = outcome.trial_dir
         argv = verl_argv(self.python, self.space.config, overrides, f"rehearse-{self.space.name}", outcome.index,
                          trial_dir, 0, resume_from)
-        env = verl_env({**os.environ, **trial_base_env(self.space)}, trial_dir, attempt, cpu=True)
+        env = verl_env({**os.environ, **trial_base_env(self.space), **_secret_env(self.space)}, trial_dir, attempt,
+                       cpu=True)
         stop = threading.Event()
 
         def tick(_step: int | None, _gb: float) -> None:
-            if stop_at_checkpoint and (checkpoint_step(trial_dir / "checkpoints") or 0) >= 1:
+            if self.halt.is_set():
+                stop.set()  # the rehearsal was stopped by a signal
+            elif stop_at_checkpoint and (checkpoint_step(trial_dir / "checkpoints") or 0) >= 1:
                 stop.set()  # killed as a crashed trial would be, after its first complete checkpoint
 
         log_dir = trial_dir if attempt == 0 else trial_dir / f"attempt{attempt}"
@@ -228,6 +263,8 @@ class _Runner:
         outcome = CornerOutcome(corner, self.home / "trials" / f"{index}-{corner.name}", index,
                                 timeout_s=self.timeout_s)
         outcome.trial_dir.mkdir(parents=True)
+        if self.halt.is_set():
+            return outcome
         started = time.monotonic()
         self.say(f"  corner {corner.name} ({values_text(corner.values)}) started")
         if corner.name != "default" or not self.resume:
@@ -236,7 +273,7 @@ class _Runner:
             overrides = self.corner_overrides(corner, STEPS + 1, 1)
             result = self.attempt(outcome, overrides, 0, None, True)
             step = checkpoint_step(outcome.trial_dir / "checkpoints")
-            if result.stop == "interrupted" and step is not None:
+            if result.stop == "interrupted" and step is not None and not self.halt.is_set():
                 outcome.resumed_from = step
                 self.say(f"  corner default killed after its checkpoint of step {step}; resuming from it")
                 result = self.attempt(outcome, overrides, 1,
@@ -278,67 +315,15 @@ def memory_lines(space: Space, corners: Sequence[RehearsalCorner], inputs: Any, 
 
 
 # ----------------------------------------------------------------------------- --recheck: the checks again
-STATE = "rehearsal.json"  # what --recheck reads: the experiment's fingerprint, the swaps, each corner's attempts
-
-
-def fingerprint(space: Space) -> str:
-    """What decides a rehearsal's runs: the config, the fixed overrides, the parameters, the baseline and the trial
-    section (not the objective, early stopping or the study's search settings, which --recheck may change)."""
-    import dataclasses
-    import hashlib
-
-    decides = {"config": space.config, "overrides": space.overrides, "baseline": space.study.baseline,
-               "params": [dataclasses.asdict(p) for p in space.params], "trial": dataclasses.asdict(space.trial)}
-    return hashlib.sha256(json.dumps(decides, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def save_state(home: Path, space: Space, swaps: Sequence[str], outcomes: Sequence[CornerOutcome], quick: bool,
-               before: Sequence[Finding]) -> None:
-    corners = [{"name": o.corner.name, "values": o.corner.values, "trial_dir": str(o.trial_dir), "index": o.index,
-                "resumed_from": o.resumed_from,
-                "results": [{"exit_code": r.exit_code, "stop": r.stop, "wall_time_s": r.wall_time_s,
-                             "final_exception": r.final_exception, "stderr_tail": r.stderr_tail[-2000:]}
-                            for r in o.results]} for o in outcomes]
-    (home / STATE).write_text(json.dumps({"fingerprint": fingerprint(space), "quick": quick, "swaps": list(swaps),
-                                          "before": [f.__dict__ for f in before], "corners": corners}, default=str))
-
-
 def recheck(space: Space, studies_dir: Path, *, fmt: str = "text", out: TextIO = sys.stdout) -> int:
     """The checks on the runs of this experiment's last rehearsal again (nothing is run): after fixing what does
-    not change the runs, such as the objective's name. SpaceError when there is none, or the experiment changed."""
+    not change the runs, such as the objective's name. SpaceError when there is none, the experiment changed, or its
+    state file is not what a rehearsal writes (:func:`~hpo.backends.verl._rehearse_state.load_state`)."""
     started = time.monotonic()
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", space.name).lstrip(".") or "space"
-    home = studies_dir / "rehearsals" / name
-    try:
-        if not (home / MARKER).is_file():
-            raise FileNotFoundError
-        state = json.loads(read_bounded(home / STATE, STATE, 16 << 20))
-    except (OSError, FileRefused, ValueError):
-        raise SpaceError(f"{space.source}: no finished rehearsal in {home}: run verl-hpo rehearse first") from None
-    if not isinstance(state, dict):
-        raise SpaceError(f"{space.source}: the rehearsal state {home / STATE} is malformed (a JSON "
-                         f"{type(state).__name__}, not an object): rehearse again")
-    if state.get("fingerprint") != fingerprint(space):
-        raise SpaceError(f"{space.source}: config, overrides, params or trial changed since the rehearsal in {home}: "
-                         "rehearse again (--recheck only reruns the checks)")
-    try:  # a file on disk: anything may be in it
-        outcomes = []
-        for c in state["corners"]:
-            corner = RehearsalCorner(str(c["name"]), dict(c["values"]), [])
-            o = CornerOutcome(corner, Path(c["trial_dir"]), int(c["index"]), resumed_from=c.get("resumed_from"))
-            for attempt, r in enumerate(c["results"]):
-                o.results.append(RunResult(r["exit_code"], r["stop"], 0.0, float(r["wall_time_s"]), None, None,
-                                           str(r["stderr_tail"]), final_exception=r["final_exception"]))
-                o.records.append(read_records(verl_metrics_path(o.trial_dir, attempt)))
-            outcomes.append(o)
-        before = [Finding(**f) for f in state["before"]]
-        quick = bool(state["quick"])
-        swaps = [str(x) for x in state["swaps"]]
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise SpaceError(f"{space.source}: the rehearsal state {home / STATE} is malformed ({type(err).__name__}: "
-                         f"{str(err)[:200]}): rehearse again") from None
-    findings = before + check_runs(space, outcomes, resumed=not quick)
-    text = render(space, swaps, findings, fmt, time.monotonic() - started, home)
+    home = studies_dir / REHEARSALS_DIR / home_name(space)
+    state = load_state(home, space)
+    findings = state.before + check_runs(space, state.outcomes, resumed=not state.quick)
+    text = render(space, state.swaps, findings, fmt, time.monotonic() - started, home)
     out.write(text)
     out.flush()
     return exit_code(findings)
@@ -418,15 +403,19 @@ REHEARSAL_SELECT = ("data.max_prompt_length", "data.max_response_length", "data.
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g|mib|mb|m|tib|tb|t)?\s*$", re.IGNORECASE)
 
 
+MIN_GPU_BYTES, MAX_GPU_BYTES = 2**30, 4 * 2**40  # a GPU size --gpu-memory accepts: 1 GiB to 4 TiB
+SIZE_RANGE = "from 1 GiB to 4 TiB"
+
+
 def parse_size(text: str) -> int | None:
     """Bytes of a GPU size as typed: ``80GiB``, ``141G``, ``24576MiB``, a bare number is GiB (G, GB and GiB are
-    all 2**30: GPU makers' "80 GB" is 80 GiB of memory). None when it is not a positive size."""
-    m = _SIZE.match(text)
+    all 2**30: GPU makers' "80 GB" is 80 GiB of memory). None when it is not a size of :data:`SIZE_RANGE`."""
+    m = _SIZE.match(text) if len(text) <= 64 else None
     if not m:
         return None
     unit = (m.group(2) or "g").lower()[0]
     size = float(m.group(1)) * {"m": 2**20, "g": 2**30, "t": 2**40}[unit]
-    return int(size) if size >= 2**20 else None
+    return int(size) if MIN_GPU_BYTES <= size <= MAX_GPU_BYTES else None  # never inf: 400 digits are refused
 
 
 def corner_timeout(space: Space, given: float | None) -> tuple[float, str]:
@@ -503,6 +492,9 @@ class _Rehearsal:
             inputs = verl_memory_inputs(space, [c.overrides for c in corners],
                                         gpus or max(1, space.trial.gpus_per_trial), self.python,
                                         MEASURED_PROMPTS, extra_select=REHEARSAL_SELECT)
+        except ComposeTimeout as slow:  # this host was too slow: not rehearsed, not failed
+            self.findings.append(Finding("config", "unfinished", f"not rehearsed: {slow}"))
+            return None
         except SpaceError as bad:
             self.findings.append(Finding("config", "problem", str(bad)))
             return None
@@ -530,7 +522,13 @@ class _Rehearsal:
                    "val_rows": VAL_ROWS, "tokenizer": str(tokenizer) if tokenizer else None, "models": models,
                    "set_keys": set_keys, "reward_timeout_s": reward_timeout_s}
         self.say("building the small model, taking the data's first rows, calling the reward function")
-        reply = _script(self.python, SHRINK_SCRIPT, request, 900.0, {**os.environ, **trial_base_env(space)})
+        limit = SHRINK_FACTOR * compose_timeout() + reward_timeout_s
+        reply = _script(self.python, SHRINK_SCRIPT, request, limit, {**os.environ, **trial_base_env(space)})
+        if reply.get("timed_out"):  # this host was too slow: not rehearsed, not failed
+            self.findings.append(Finding("shrink", "unfinished", "not rehearsed: " + compose_timed_out(
+                f"building the small model, taking the data's rows and calling the reward function ({SHRINK_FACTOR:g} "
+                "times the compose limit plus --reward-timeout)", self.python, limit)))
+            return None
         if reply.get("status") != "ok":
             self.findings.append(Finding("shrink", "problem", "the rehearsal could not be prepared: "
                                          f"{reply.get('message')}"))
@@ -546,8 +544,16 @@ class _Rehearsal:
         for the CPU."""
         cpu = [[*cpu_overrides(o), *transfer_queue_overrides(o, True), *o]
                for o in (runner.corner_overrides(c, STEPS, -1) for c in corners)]
-        report = compose_corners(self.python, self.space.config, cpu, 0,
-                                 env={**os.environ, **trial_base_env(self.space)})
+        try:
+            report = compose_corners(self.python, self.space.config, cpu, 0,
+                                     env={**os.environ, **trial_base_env(self.space)})
+        except ComposeTimeout as slow:  # this host was too slow: not rehearsed, not failed
+            self.findings.append(Finding("config", "unfinished", f"not rehearsed: the corners shrunk for the CPU: "
+                                         f"{slow}"))
+            return
+        except VerlConfigError as bad:  # the interpreter went away since the load (one line, never a traceback)
+            self.findings.append(Finding("config", "problem", f"the corners shrunk for the CPU: {bad}"))
+            return
         for corner, result in zip(corners, report.results, strict=True):
             if isinstance(result, Exception):
                 self.findings.append(Finding("config", "problem", f"corner {corner.name} shrunk for the CPU is "
@@ -606,7 +612,8 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
     what the reward check's calls of the user's function may take in all. ``timeout_s``: each corner attempt's
     limit (None: :func:`corner_timeout`); ``parallel``: corners at once (None: :func:`corner_parallelism`).
     ``gpus``, ``gpu_bytes``: the real study's GPUs per trial and GPU size for the memory estimate (None:
-    ``trial.gpus_per_trial``; this host's GPU, else an 80 GiB one)."""
+    ``trial.gpus_per_trial``; this host's GPU, else an 80 GiB one). A stop signal (SIGTERM, SIGINT, SIGHUP) stops
+    the runs, removes their scratch and returns 128 + its number (:func:`stop_on_signals`)."""
     from hpo.backends.verl._launch import default_python
 
     started = time.monotonic()
@@ -617,6 +624,24 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
 
     r = _Rehearsal(space, rehearsal_home(studies_dir, space), python, say, fmt, out, started)
     say(f"rehearsing {space.source} on the CPU in {r.home}")
+    halt = threading.Event()
+    try:
+        with stop_on_signals(halt, say):
+            return _steps(r, tokenizer=tokenizer, response_tokens=response_tokens, timeout_s=timeout_s,
+                          parallel=parallel, quick=quick, reward_timeout_s=reward_timeout_s, gpus=gpus,
+                          gpu_bytes=gpu_bytes, halt=halt)
+    except Stopped as stop:
+        say(f"stopped by {signal.Signals(stop.signum).name}: not rehearsed (its runs stopped, their scratch removed); "
+            f"the files so far are in {r.home}, replaced by the next rehearsal of this experiment")
+        return 128 + stop.signum
+
+
+def _steps(r: _Rehearsal, *, tokenizer: Path | None, response_tokens: int, timeout_s: float | None,
+           parallel: int | None, quick: bool, reward_timeout_s: float, gpus: int | None, gpu_bytes: int | None,
+           halt: threading.Event) -> int:
+    """The rehearsal's steps (see :func:`rehearse`), each ending it with its report when it finds a problem or could
+    not finish on this machine."""
+    space = r.space
     problem = _prepare(space, r.home)
     if problem:
         r.findings.append(Finding("prepare", "problem", problem))
@@ -631,9 +656,9 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
         return r.finish()
     shrunk = _shrunk_overrides(space, reply, selected, response_tokens, r.swaps, quick)
     limit, limit_from = corner_timeout(space, timeout_s)
-    runner = _Runner(space, python, r.home, shrunk, limit, say, resume=not quick)
+    runner = _Runner(space, r.python, r.home, shrunk, limit, r.say, resume=not quick, halt=halt)
     r.check_cpu_corners(runner, corners)
-    if r.failed():
+    if r.failed() or any(f.level == "unfinished" for f in r.findings):
         return r.finish()
     outcomes = r.run(runner, corners, parallel, f"{limit:.0f} s ({limit_from})")
     r.findings += memory_lines(space, corners, inputs, gpus, gpu_bytes)

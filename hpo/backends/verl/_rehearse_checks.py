@@ -36,6 +36,7 @@ ECHOES = {
 }
 EXIT_PASS, EXIT_FAIL = 0, 1
 EXIT_UNFINISHED = 3  # could not finish here: a corner ran out of time or the host killed it (2: bad file)
+LEVELS = ("ok", "note", "unfinished", "problem")  # a Finding's level
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,9 @@ def _echoes(space: Space, outcomes: Sequence[CornerOutcome]) -> list[Finding]:
         for o in outcomes:
             if p.name not in o.corner.values or not o.records or not o.results or o.results[-1].exit_code != 0:
                 continue
-            want = float(o.corner.values[p.name])
+            want = o.corner.values[p.name]
+            if isinstance(want, bool) or not isinstance(want, (int, float)):
+                continue  # a value read back by --recheck that is no number: nothing to compare
             seen = [r["data"][metric] for recs in o.records for r in recs
                     if isinstance(r["data"].get(metric), (int, float))]
             if not seen:
@@ -310,9 +313,12 @@ def render(space: Space, swaps: Sequence[str], findings: Sequence[Finding], fmt:
            home: Path) -> str:
     problems = [f for f in findings if f.level == "problem"]
     unfinished = [f for f in findings if f.level == "unfinished" and f.check == "run"]
+    slow = next((f for f in findings if f.level == "unfinished"), None)  # a step before the corners ran out of time
     verdict = (f"FAIL: {len(problems)} problem(s); a real study would fail" if problems else
                f"NOT FINISHED HERE: {len(unfinished)} corner(s) could not finish on this machine (not rehearsed, "
                "not failed); the checks that ran passed" if unfinished else
+               f"NOT FINISHED HERE: this machine could not finish the rehearsal's {slow.check} step in its time (not "
+               "rehearsed, not failed); the checks that ran passed" if slow else
                "PASS: a real study of this experiment would run")
     mark = {"ok": "ok", "note": "note", "unfinished": "NOT RUN", "problem": "PROBLEM"}
     if fmt == "md":

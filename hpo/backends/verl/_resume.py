@@ -11,26 +11,36 @@ shared filesystem; without a checkpoint the retry starts afresh.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpo.backends._replay import CheckpointLayout, ResumePoint
+from hpo.backends._replay import (
+    CheckpointLayout,
+    CheckpointLost,
+    ResumePoint,
+    command_argv,
+    note_lost,
+    real_dir,
+    regular_file,
+    step_number,
+)
 from hpo.backends._replay import resume_point as chain_resume_point
 from hpo.backends.verl._launch import verl_metrics_path
 from hpo.experiment._space import Space
 
-CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"  # verl's trainer writes it after each checkpoint
-_STEP_DIR = re.compile(r"^global_step_(\d+)$")
-_SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
+CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"  # verl writes it after each checkpoint; never read here
+_STEP_DIR = "global_step_"  # global_step_<step> (hpo.backends._replay.step_number)
+_SHARD = re.compile(r"^(model|optim|extra_state)_world_size_([0-9]{1,9})_rank_([0-9]{1,9})\.pt$")
 
 
 def _shards_complete(folder: Path) -> bool:
     """An FSDP checkpoint of one role (``actor/``, ``critic/``) as verl's ``FSDPCheckpointManager.load_checkpoint``
     opens it: ``model_world_size_W_rank_r.pt`` for every rank r < W, and the ``optim_``/``extra_state_`` shards
     of every rank when that kind was saved at all (``checkpoint.save_contents``). A Megatron checkpoint
-    (``dist_ckpt/``) counts when that directory is there."""
+    (``dist_ckpt/``) counts when that directory is there. CheckpointLost when ``folder`` is a symbolic link."""
+    if not real_dir(folder):
+        return False
     try:
         names = [p.name for p in folder.iterdir()]
     except OSError:
@@ -47,7 +57,19 @@ def _shards_complete(folder: Path) -> bool:
     if len(sizes) != 1:
         return False
     world = sizes.pop()
+    if any(len(got) != world for got in shards.values()):  # (before a set of ``world`` ranks is made of a name)
+        return False
     return all(got == {(world, r) for r in range(world)} for got in shards.values())
+
+
+def _complete(step_dir: Path, critic: bool | None) -> bool:
+    if _step_of(step_dir) is None or not real_dir(step_dir):
+        return False
+    if not regular_file(step_dir / "data.pt") or not _shards_complete(step_dir / "actor"):
+        return False
+    if critic is None:
+        critic = any((d / "critic").is_dir() for d in step_dir.parent.glob(f"{_STEP_DIR}*"))
+    return not critic or _shards_complete(step_dir / "critic")
 
 
 def checkpoint_complete(step_dir: Path, critic: bool | None = None) -> bool:
@@ -56,42 +78,40 @@ def checkpoint_complete(step_dir: Path, critic: bool | None = None) -> bool:
     (``critic=None``: when a ``critic/`` directory is there or a sibling step has one), and ``data.pt``, which
     ``_save_checkpoint`` writes after both roles and right before the tracker file. A save removes the previous
     step's ``actor/`` (``max_actor_ckpt_to_keep``) before it rewrites the tracker, so a step the tracker names
-    can be half gone, and a step after it can be complete without the tracker naming it."""
-    if not (step_dir / "data.pt").is_file() or not _shards_complete(step_dir / "actor"):
+    can be half gone, and a step after it can be complete without the tracker naming it. The step's directory,
+    its roles' directories and ``data.pt`` must be themselves (no link followed, ``data.pt`` a regular file): a
+    checkpoint that fails that is lost (one line to :func:`~hpo.backends._replay.lost_checkpoints`)."""
+    try:
+        return _complete(step_dir, critic)
+    except CheckpointLost as err:
+        note_lost(f"{step_dir} not used: {err}")
         return False
-    if critic is None:
-        critic = any((d / "critic").is_dir() for d in step_dir.parent.glob("global_step_*"))
-    return not critic or _shards_complete(step_dir / "critic")
 
 
 def checkpoint_step(checkpoints: Path) -> int | None:
     """The step of the newest complete checkpoint (:func:`checkpoint_complete`) in a ``default_local_dir``,
     whether or not verl's tracker file names it; None when there is none."""
     try:
-        steps = sorted((int(m.group(1)) for d in checkpoints.iterdir() if (m := _STEP_DIR.match(d.name))),
-                       reverse=True)
+        steps = sorted({s for d in checkpoints.iterdir() if (s := _step_of(d)) is not None}, reverse=True)
     except OSError:
         return None
-    return next((s for s in steps if checkpoint_complete(checkpoints / f"global_step_{s}")), None)
+    return next((s for s in steps if checkpoint_complete(checkpoints / f"{_STEP_DIR}{s}")), None)
 
 
 def resumed_from(trial_dir: Path) -> Path | None:
-    """The checkpoint an attempt was started from (``trainer.resume_from_path`` in its ``command.json``)."""
-    try:
-        argv = json.loads((trial_dir / "command.json").read_text())["argv"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    value = next((a.split("=", 1)[1] for a in argv if isinstance(a, str)
-                  and a.startswith("trainer.resume_from_path=")), None)
+    """The checkpoint an attempt was started from (``trainer.resume_from_path`` in its ``command.json``);
+    CheckpointLost when that file is refused (:func:`~hpo.backends._replay.command_argv`)."""
+    argv = command_argv(trial_dir) or []
+    value = next((a.split("=", 1)[1] for a in argv if a.startswith("trainer.resume_from_path=")), None)
     return None if value in (None, "null") else Path(value.strip("'"))
 
 
 def _step_of(checkpoint: Path) -> int | None:
-    m = _STEP_DIR.match(checkpoint.name)
-    return int(m.group(1)) if m else None
+    name = checkpoint.name
+    return step_number(name[len(_STEP_DIR):]) if name.startswith(_STEP_DIR) else None
 
 
-LAYOUT = CheckpointLayout(newest=checkpoint_step, step_dir=lambda d, step: d / f"global_step_{step}",
+LAYOUT = CheckpointLayout(newest=checkpoint_step, step_dir=lambda d, step: d / f"{_STEP_DIR}{step}",
                           step_of=_step_of, resumed_from=resumed_from)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from hpo.backends._base import Backend, PredictionLike, TrialConfig
+from hpo.backends._models import ModelFacts
 from hpo.backends.verl_core import _names
 from hpo.backends.verl_core._check import check_driver_keys, check_trainer
 from hpo.backends.verl_core._memory import corner_predictions, predict, validate_corners
@@ -35,9 +36,15 @@ class VerlCoreCommand(Backend):
     speed_metrics = _names.SPEED_METRICS
     memory_metrics = _names.MEMORY_METRICS
     math_metrics = _names.MATH_METRICS
+    model_keys = _names.MODEL_KEYS
 
     def code_files(self, key: str, value: Any) -> list[str]:
         return _names.code_files(key, value)
+
+    def model_facts(self, path: str) -> ModelFacts:
+        """A built-in model's facts from verl_core (:func:`~hpo.backends.verl_core._names.builtin_facts`), else a
+        local directory's."""
+        return _names.builtin_facts(path) or super().model_facts(path)
 
 
 class VerlCoreBackend(VerlCoreCommand):
@@ -134,6 +141,19 @@ class VerlCoreBackend(VerlCoreCommand):
         """Each corner loaded by verl_core (its best-practice warnings) and estimated
         (:func:`~hpo.backends.verl_core._memory.validate_corners`)."""
         return validate_corners(space, devices, out)
+
+    def model_path(self, space: Space, overrides: Mapping[str, Any]) -> str | None:
+        """The overrides' model path, else the config's (verl_core's config loader is torch-free)."""
+        found = super().model_path(space, overrides)
+        if found is not None:
+            return found
+        from verl_core.config import ConfigError, load_config
+
+        try:
+            cfg = load_config(space.config, [f"{k}={format_value(v)}" for k, v in overrides.items()])
+            return str(cfg.actor_rollout_ref.model.path)
+        except (ConfigError, OSError, ValueError):
+            return None
 
     def default_seed(self, space: Space, key: str) -> int | None:
         if key != "trainer.seed":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 
+from hpo.experiment import shown_value
 from hpo.experiment._objective import check_metrics
 from hpo.experiment._space import Space, SpaceError, format_value, located_error
 
@@ -46,7 +47,7 @@ def check_trainer(space: Space, origin: Mapping[str, str] | None = None) -> None
         raise ctx.error("config", f"{space.config!r}: {err}") from None
     for k, v in space.overrides.items():
         if k not in keys:
-            raise ctx.error(f"overrides.{k}", f"unknown trainer key (value {v!r})")
+            raise ctx.error(f"overrides.{k}", f"unknown trainer key (value {shown_value(k, v)})")
     for p in space.params:
         if p.key not in keys:
             raise ctx.error(f"params.{p.name}.key", f"unknown trainer key {p.key!r}")
@@ -58,7 +59,7 @@ def check_trainer(space: Space, origin: Mapping[str, str] | None = None) -> None
         raise ctx.error(f"overrides.{bad}" if bad else "overrides", str(err)) from None
     for k, v in space.study.baseline.items():
         if k not in keys:
-            raise ctx.error(f"study.baseline.{k}", f"unknown trainer key (value {v!r})")
+            raise ctx.error(f"study.baseline.{k}", f"unknown trainer key (value {shown_value(k, v)})")
     if space.study.baseline:
         try:
             load_config(space.config, [*fixed, *(f"{k}={format_value(v)}" for k, v in space.study.baseline.items())])

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpo.analysis._vocabulary import MetricNames
+from hpo.backends._models import ModelFacts
 
 COMMAND = ("python", "-m", "verl_core", "train")
 PREPARE_COMMAND = ("python", "-m", "verl_core", "prepare")
@@ -36,3 +37,25 @@ def code_files(key: str, value: Any) -> list[str]:
     if key.endswith("evaluation.custom") and isinstance(value, list):
         return [str(v).partition("=")[2].rpartition(":")[0] for v in value]
     return []
+
+
+# study.fidelity.proxy: the keys that name the policy model (actor, rollout and reference share it) and the critic's
+MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path")
+
+
+def builtin_facts(path: str) -> ModelFacts | None:
+    """The facts of one of verl_core's built-in models (``builtin:<name>``; the TRL launcher builds the same ones),
+    asked of verl_core without torch: the ``tiny_arith`` family (``verl_core.tiny_model.FAMILY``: one tokenizer, built
+    byte-identical at every size) and ``smollm2``. None for a path that is not ``builtin:``; ``missing`` for an
+    unknown name."""
+    if not path.startswith("builtin:"):
+        return None
+    from verl_core import pretrained, tiny_model
+
+    family: dict[str, dict[str, Any]] = getattr(tiny_model, "FAMILY", {"tiny_arith": tiny_model.TINY_SHAPE})
+    known = {f"builtin:{name}": ("tiny_arith", shape.get("hidden_size")) for name, shape in family.items()}
+    known["builtin:smollm2"] = ("smollm2", pretrained.smollm2_config().get("hidden_size"))
+    if path not in known:
+        return ModelFacts(missing=f"{path!r} is not a built-in model (known: {', '.join(known)})")
+    tokenizer, hidden = known[path]
+    return ModelFacts(tokenizer=("family", tokenizer), hidden=hidden if isinstance(hidden, int) else None)

@@ -52,3 +52,24 @@ def test_the_limit_is_exact_and_reads_stop_past_it(tmp_path: Path) -> None:
 def test_a_missing_file_is_the_os_error() -> None:
     with pytest.raises(FileNotFoundError):
         read_bounded("/nonexistent/x.yaml", "x")
+
+
+@pytest.mark.timeout(30)
+def test_a_trial_file_is_read_only_when_it_is_itself_a_regular_file(tmp_path: Path, odd: dict[str, Path]) -> None:
+    """A file under a trial's directory: no link followed (not even to a regular file), no FIFO, no device."""
+    from hpo.analysis import read_trial_file
+
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not the trial's\n")
+    linked = tmp_path / "command.json"
+    linked.symlink_to(outside)
+    with pytest.raises(FileRefused, match=rf"^{linked}: is a symbolic link, not followed$"):
+        read_trial_file(linked)
+    for kind, path in odd.items():  # the link to /dev/zero is refused as a link, before anything is opened
+        with pytest.raises(FileRefused, match="a symbolic link" if path.is_symlink() else kind):
+            read_trial_file(path)
+    with pytest.raises(FileRefused, match="at most 10 are read"):
+        read_trial_file(outside, limit=10)
+    assert read_trial_file(outside) == b"not the trial's\n"
+    with pytest.raises(FileNotFoundError):
+        read_trial_file(tmp_path / "missing.json")

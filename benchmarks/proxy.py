@@ -1,0 +1,170 @@
+"""Model-size fidelity (issue 51): ``search_spaces/kl_lr_proxy.yaml`` searches on the smallest model of the tiny_arith
+family (``builtin:tiny_arith_s``) for the largest (``builtin:tiny_arith_l``), against searching on the target itself.
+
+* **agreement**: 8 settings x 2 trainer seeds, each run for the full budget on the proxy and on the target
+  (:func:`benchmarks.noise.run_one`, the model named by ``actor_rollout_ref.model.path``), scored as a kl_lr trial
+  records them (:func:`benchmarks.noise.recorded`: the shipped objective and stopping rules); Kendall's tau-b of the
+  settings' mean values, proxy against target, with its 95% bootstrap interval over the settings and the exact
+  permutation p-value (the study's own check: :mod:`hpo.samplers._promotion`).
+* **cost**: per study seed 0-2, three studies of the same experiment, each searched then confirmed: ``proxy``
+  (kl_lr_proxy as shipped), ``racing`` (the same on the target alone: ``study.fidelity=null``, today's racing method)
+  and ``today`` (the 21-run method of before issue 37, on the target: :data:`benchmarks.search_cost.TODAY`). Each
+  row: target full-run equivalents to the confirmed pick (:func:`hpo.record.study_cost`, a proxy step at the study's
+  measured ratio), without and with the baseline's runs of a fresh host, and the pick's held-out test mean. The proxy
+  study's check (tau, its decision) is in the notes; when the proxy does not hold, the fallback's cost is its row.
+
+Run alone: ``python -m benchmarks.proxy [--smoke] [--workdir DIR] [--only agreement|cost]``; from
+``benchmarks/run.py`` call :func:`bench`. Slow: the target model's full runs (~1-2 min each on 2 cores) dominate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import Row, hpo_cli, log, make_row
+
+GROUP = "model-size fidelity: search on a small model of the family"
+SPACE = "kl_lr_proxy"
+PROXY, TARGET = "builtin:tiny_arith_s", "builtin:tiny_arith_l"
+MODEL_KEY = "actor_rollout_ref.model.path"
+SEEDS = (0, 1, 2)
+TRAINER_SEEDS = (1, 2)
+# (label, kl_coef, lr): benchmarks/noise.py's six (the good region and both sides of it, verl's defaults) and two more
+SETTINGS: tuple[tuple[str, float, float], ...] = (
+    ("kl0.05_lr1e-5", 0.05, 1e-5), ("kl0.02_lr3e-5", 0.02, 3e-5), ("kl0.2_lr1e-5", 0.2, 1e-5),
+    ("kl0.05_lr1e-4", 0.05, 1e-4), ("kl0.05_lr3e-6", 0.05, 3e-6), ("kl0.001_lr1e-6", 0.001, 1e-6),
+    ("kl0.5_lr1e-5", 0.5, 1e-5), ("kl0.05_lr3e-4", 0.05, 3e-4),
+)
+SHIPPED_RULE = ("objective.aggregate=mean_last_k", "objective.k=3", "early_stopping.plateau_evals=3")
+SMOKE_STEPS = ["trainer.total_training_steps=4", "trainer.test_freq=2"]
+SMOKE_STUDY = [*SMOKE_STEPS, "study.n_trials=3", "study.pruner.min_resource=2", "study.confirm.seeds=2",
+               "study.fidelity.proxy.promote=2"]
+
+
+def agreement(runs_dir: Path, smoke: bool) -> dict[str, Any]:
+    """(a): each setting's mean recorded value on the proxy and on the target, and tau between them."""
+    from benchmarks.noise import recorded, run_one
+    from hpo.samplers._promotion import kendall_tau, tau_interval, tau_p_value
+
+    settings = SETTINGS[:3] if smoke else SETTINGS
+    seeds = TRAINER_SEEDS[:1] if smoke else TRAINER_SEEDS
+    extra = SMOKE_STEPS if smoke else []
+    means: dict[str, list[float]] = {"proxy": [], "target": []}
+    for model, path in (("proxy", PROXY), ("target", TARGET)):
+        where = runs_dir / model
+        where.mkdir(parents=True, exist_ok=True)
+        for label, kl, lr in settings:
+            values = [recorded(run_one(label, kl, lr, s, [*extra, f"{MODEL_KEY}={path}"], where), SHIPPED_RULE)[0]
+                      for s in seeds]
+            means[model].append(statistics.fmean(values))
+    tau = kendall_tau(means["proxy"], means["target"])
+    return {"settings": [s[0] for s in settings], "seeds": list(seeds), **means, "tau": tau,
+            "interval": tau_interval(means["proxy"], means["target"]),
+            "p_value": None if tau is None else tau_p_value(means["proxy"], means["target"], tau)}
+
+
+def one_study(method: str, seed: int, studies: Path, smoke: bool) -> dict[str, Any]:
+    """Search then confirm one study of ``method``; what it spent (target full runs) and what ``best`` picks."""
+    import optuna
+
+    from benchmarks.search_cost import TODAY, racing
+    from hpo.record import ATTR_FIDELITY_CHECK, is_baseline, is_confirm, study_cost
+    from hpo.reporting._verdict import study_verdict
+    from hpo.study._optuna import load_stored
+
+    over = {"proxy": [], "racing": [*racing(2 if smoke else 10), "study.fidelity=null"],
+            "today": [*TODAY, "study.fidelity=null"]}[method]
+    if smoke:
+        over = [o for o in over if not o.startswith("study.budget")] + SMOKE_STUDY + ["study.budget=null"]
+        if method != "proxy":
+            over = [o for o in over if not o.startswith("study.fidelity.proxy")]
+    name = f"proxy_{method}_{seed}"
+    args = [a for o in [*over, f"study.sampler.seed={seed}"] for a in ("--override", o)]
+    wall = hpo_cli(["search", "--space", SPACE, "--study", name, *args], studies, nice=True, timeout_s=14400)
+    wall += hpo_cli(["confirm", "--study", name], studies, nice=True, timeout_s=14400)
+    log(f"proxy: {name}: {wall:.0f} s")
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    space, study = load_stored(name, f"sqlite:///{studies / (name + '.db')}", None)
+    trials = study.get_trials(deepcopy=False)
+    cost = study_cost(trials)
+    fresh = sum(int(t.user_attrs.get("last_step") or 0) for t in trials
+                if is_confirm(t) and is_baseline(t) and t.user_attrs.get("baseline_reused"))
+    v = study_verdict(study, space)
+    assert v is not None, f"{name}: no confirmed setting"
+    return {"name": name, "wall_s": wall, "full": cost.full, "split": cost.split, "ratio": cost.proxy_ratio,
+            "runs": cost.total_runs - cost.split["baseline"], "runs_fresh_host": cost.total_runs + cost.runs(fresh),
+            "pick": {"trial": v.pick.trial.number, "params": dict(v.pick.trial.params),
+                     "values": list(v.pick.values), "test_values": list(v.pick.test_values)},
+            "check": study.user_attrs.get(ATTR_FIDELITY_CHECK)}
+
+
+def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("agreement", "cost")
+          ) -> tuple[list[Row], dict[str, Any]]:
+    seeds = SEEDS[:1] if smoke else SEEDS
+    details: dict[str, Any] = {"seeds": list(seeds)}
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="bench_proxy_") as tmp:
+        root = workdir or Path(tmp)
+        if "agreement" in parts:
+            details["agreement"] = a = agreement(root / "runs", smoke)
+            rows.append(make_row("proxy vs target rank agreement (Kendall's tau of the settings' mean values)", "tau",
+                                 [a["tau"]] if a["tau"] is not None else None, None, group=GROUP,
+                                 note=f"{len(a['settings'])} settings x {len(a['seeds'])} seeds, {PROXY} vs {TARGET};"
+                                      f" 95% interval {a['interval']}, p {a['p_value']}; proxy "
+                                      f"{[round(x, 3) for x in a['proxy']]}, target "
+                                      f"{[round(x, 3) for x in a['target']]}"))
+        if "cost" in parts:
+            studies = root / "studies"
+            studies.mkdir(parents=True, exist_ok=True)
+            for method in ("today", "racing", "proxy"):  # today's first: its baseline runs are kept for the others
+                for s in seeds:
+                    details[f"{method}/{s}"] = one_study(method, s, studies, smoke)
+            rows += _cost_rows(seeds, details)
+    return rows, details
+
+
+def _cost_rows(seeds: tuple[int, ...], details: dict[str, Any]) -> list[Row]:
+    by = {m: [details[f"{m}/{s}"] for s in seeds] for m in ("proxy", "racing", "today")}
+    checks = [(d["check"] or {}) for d in by["proxy"]]
+    notes = "; ".join(f"seed {s}: proxy {d['runs']:.1f} (split {({k: round(v, 2) for k, v in d['split'].items()})}, "
+                      f"ratio {d['ratio']}, check tau {c.get('tau')} holds {c.get('holds')}), racing "
+                      f"{r['runs']:.1f}, today {t['runs']:.1f}"
+                      for s, d, r, t, c in zip(seeds, by["proxy"], by["racing"], by["today"], checks, strict=True))
+    rows = [make_row(f"target full-run equivalents to a confirmed pick, {SPACE}: proxy vs racing on the target",
+                     "target runs", [d["runs"] for d in by["proxy"]], [d["runs"] for d in by["racing"]],
+                     higher_is_better=False, group=GROUP, note=f"goal <= 3; today's 21-run method "
+                     f"{[round(d['runs'], 1) for d in by['today']]}; {notes}"),
+            make_row(f"the same with a fresh host's baseline runs, {SPACE}", "target runs",
+                     [d["runs_fresh_host"] for d in by["proxy"]], [d["runs_fresh_host"] for d in by["racing"]],
+                     higher_is_better=False, group=GROUP, note="goal <= 5")]
+    tests = {m: [statistics.fmean(d["pick"]["test_values"]) if d["pick"]["test_values"] else float("nan")
+                 for d in by[m]] for m in by}
+    rows.append(make_row(f"confirmed pick's held-out test value, proxy vs the 21-run method, {SPACE}", "reward",
+                         tests["proxy"], tests["today"], group=GROUP,
+                         note=f"per seed {list(seeds)}: proxy {[round(x, 4) for x in tests['proxy']]}, racing "
+                              f"{[round(x, 4) for x in tests['racing']]}, today {[round(x, 4) for x in tests['today']]}"
+                              " (goal: within 0.01 of today's on every seed)"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.proxy", description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="one seed, 3 settings, studies of 3 trials of 4 steps")
+    p.add_argument("--workdir", type=Path, default=None, help="keep the runs and studies here")
+    p.add_argument("--only", nargs="+", choices=("agreement", "cost"), default=("agreement", "cost"))
+    args = p.parse_args(argv)
+    rows, details = bench(args.smoke, args.workdir, tuple(args.only))
+    for r in rows:
+        print(f"{r.name}: {r.ours} vs {r.baseline} {r.unit} [{r.note}]")
+    print(json.dumps({"rows": [r.to_json() for r in rows], "details": details}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""Promotion of the proxy's best settings to the target, and the check that decides whether the proxy is trusted
+(``study.fidelity.proxy``; the driver calls these, :mod:`hpo.study._driver`).
+
+* :func:`start_promotion`: once the proxy search has its ``n_trials``, its ``promote`` best distinct settings
+  (:func:`proxy_ranking`) are kept in the study (:data:`~hpo.record.ATTR_PROMOTION`, set once: every driver and a
+  resume promote the same ones) and each gets one WAITING target run (system attrs ``hpo:fidelity=target``,
+  ``hpo:promoted_from``, ``hpo:promote_steps``), queued only when none is queued, running or finished; two drivers
+  queueing one at once run it once (:func:`promotion_twin`: the later is surplus), as confirmation runs are.
+  A promoted run stops at ``promote_steps`` (the first successive-halving rung, else a quarter of a trial's steps;
+  :func:`promote_steps`) and its value is a target value.
+* :func:`record_check`: when every promoted run has finished, the proxy's ranking of them is compared with the
+  target's (:func:`agreement`): Kendall's tau-b with a 95% bootstrap interval (2,000 resamples of the settings, seed
+  0, so every driver computes the same) and the exact one-sided permutation p-value, and the gap between the target
+  value of the proxy's best setting and the target's best, against the race's resolution
+  (``study.confirm.resolution``, else ``early_stopping.plateau_min_delta``, else 1% of the best). The proxy *holds*
+  when its best is within the resolution of the target's best and tau > 0 (or every target value is within the
+  resolution of the others: nothing to rank). The figures and the decision are kept in the study's user attr
+  :data:`~hpo.record.ATTR_FIDELITY_CHECK`, the first driver to finish them writes them, and :func:`check_line` says
+  them in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from hpo.experiment._space import Param, Space
+from hpo.record import (
+    ATTR_FIDELITY,
+    ATTR_FIDELITY_CHECK,
+    ATTR_PROMOTE_STEPS,
+    ATTR_PROMOTED_FROM,
+    ATTR_PROMOTION,
+    ATTR_TRANSFER,
+    TARGET,
+    full_steps,
+    is_confirm,
+    is_finished,
+    is_promoted,
+    is_proxy,
+)
+
+BOOTSTRAP = 2000
+MAX_EXACT = 8  # the permutation p-value is exact up to this many settings (8! = 40,320 orderings)
+
+
+def _sign(study: optuna.Study) -> float:
+    return 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
+
+
+def _finite(t: FrozenTrial) -> bool:
+    return t.values is not None and all(math.isfinite(v) for v in t.values) and all(
+        v <= 0 for v in t.constraints.values())
+
+
+def proxy_ranking(trials: Sequence[FrozenTrial], sign: float) -> list[FrozenTrial]:
+    """The proxy's distinct settings, best first: completed trials by value, then pruned ones by the steps they
+    reached (a later rung first) and their value there."""
+    done = [t for t in trials if is_proxy(t) and not is_confirm(t) and _finite(t)
+            and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+
+    def key(t: FrozenTrial) -> tuple[int, int, float, int]:
+        last = t.user_attrs.get("last_step")
+        steps = last if isinstance(last, int) and not isinstance(last, bool) else max(t.intermediate_values, default=0)
+        return (0 if t.state == TrialState.COMPLETE else 1, -steps, -sign * float(t.values[0]), t.number)
+
+    out: list[FrozenTrial] = []
+    for t in sorted(done, key=key):
+        if all(t.params != o.params for o in out):
+            out.append(t)
+    return out
+
+
+def promote_steps(space: Space, trials: Sequence[FrozenTrial]) -> int:
+    """A promoted run's steps: ``promote_steps``, else the first successive-halving rung (``min_resource``), else a
+    quarter of a trial's steps (at least 1)."""
+    proxy = space.study.fidelity.proxy
+    assert proxy is not None
+    if proxy.promote_steps is not None:
+        return proxy.promote_steps
+    if space.study.pruner.type == "successive_halving":
+        return max(1, space.study.pruner.min_resource)
+    full = full_steps(trials) or 4
+    return max(1, full // 4)
+
+
+def promoted_runs(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    return [t for t in trials if is_promoted(t)]
+
+
+def start_promotion(study: optuna.Study, space: Space) -> list[int]:
+    """Keep the promoted settings in the study (once) and queue the target run of each that has none yet (in any
+    state: a run that failed for good is not queued again; an interrupted one's retry is queued by recovery); the
+    proxy trials whose run was queued here."""
+    proxy = space.study.fidelity.proxy
+    assert proxy is not None
+    trials = study.get_trials(deepcopy=False)
+    kept = study._storage.get_study_system_attrs(study._study_id).get(ATTR_PROMOTION)
+    if not isinstance(kept, dict):
+        ranked = proxy_ranking(trials, _sign(study))[:proxy.promote]
+        kept = {"candidates": [t.number for t in ranked], "steps": promote_steps(space, trials)}
+        study._storage.set_study_system_attr(study._study_id, ATTR_PROMOTION, kept)
+    by_number = {t.number: t for t in trials}
+    present = {t.system_attrs.get(ATTR_PROMOTED_FROM) for t in promoted_runs(trials)}  # any state: queued once
+    queued = []
+    for n in kept.get("candidates", []):
+        source = by_number.get(n)
+        if source is None or n in present:
+            continue
+        study.add_trial(optuna.create_trial(
+            state=TrialState.WAITING, params=source.params, distributions=source.distributions,
+            system_attrs={ATTR_FIDELITY: TARGET, ATTR_PROMOTED_FROM: n, ATTR_PROMOTE_STEPS: int(kept["steps"])}))
+        queued.append(n)
+    return queued
+
+
+def promotion(study: optuna.Study) -> dict[str, Any] | None:
+    """The promoted settings kept in the study (None before the promotion)."""
+    kept = study._storage.get_study_system_attrs(study._study_id).get(ATTR_PROMOTION)
+    return kept if isinstance(kept, dict) else None
+
+
+def promotion_twin(study: optuna.Study, run: FrozenTrial) -> int | None:
+    """Another target run of the same promoted setting that goes first (finished, or queued or running with a lower
+    number): ``run`` is then surplus. None when ``run`` is the one to run (a retry replaces its failed original)."""
+    key = run.system_attrs.get(ATTR_PROMOTED_FROM)
+    for t in study.get_trials(deepcopy=False):
+        if t.number == run.number or not is_promoted(t) or t.system_attrs.get(ATTR_PROMOTED_FROM) != key:
+            continue
+        if is_finished(t) or (t.state in (TrialState.RUNNING, TrialState.WAITING) and t.number < run.number):
+            return t.number
+    return None
+
+
+def promotion_pending(trials: Sequence[FrozenTrial]) -> tuple[bool, bool]:
+    """(a promoted run is waiting, a promoted run is running)."""
+    runs = promoted_runs(trials)
+    return (any(t.state == TrialState.WAITING for t in runs), any(t.state == TrialState.RUNNING for t in runs))
+
+
+# ----------------------------------------------------------------------------- the check
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Kendall's tau-b of two paired samples (None when either is constant)."""
+    conc = disc = tx = ty = 0
+    for i, j in itertools.combinations(range(len(x)), 2):
+        dx, dy = (x[i] > x[j]) - (x[i] < x[j]), (y[i] > y[j]) - (y[i] < y[j])
+        if dx == 0 and dy == 0:
+            continue
+        if dx == 0:
+            tx += 1
+        elif dy == 0:
+            ty += 1
+        elif dx == dy:
+            conc += 1
+        else:
+            disc += 1
+    denom = math.sqrt((conc + disc + tx) * (conc + disc + ty))
+    return (conc - disc) / denom if denom else None
+
+
+def tau_interval(x: Sequence[float], y: Sequence[float]) -> tuple[float, float] | None:
+    """95% percentile bootstrap interval of tau over the settings (seeded: every driver gets the same)."""
+    rng, n, taus = random.Random(0), len(x), []
+    for _ in range(BOOTSTRAP):
+        idx = [rng.randrange(n) for _ in range(n)]
+        tau = kendall_tau([x[i] for i in idx], [y[i] for i in idx])
+        if tau is not None:
+            taus.append(tau)
+    if len(taus) < BOOTSTRAP // 10:
+        return None
+    taus.sort()
+    return taus[int(0.025 * (len(taus) - 1))], taus[int(math.ceil(0.975 * (len(taus) - 1)))]
+
+
+def tau_p_value(x: Sequence[float], y: Sequence[float], tau: float) -> float | None:
+    """P(tau >= the observed one) over every ordering of ``y`` (no association); None past :data:`MAX_EXACT`."""
+    if len(x) > MAX_EXACT:
+        return None
+    taus = [kendall_tau(x, list(p)) for p in itertools.permutations(y)]
+    return sum(1 for t in taus if t is not None and t >= tau - 1e-12) / len(taus)
+
+
+def resolution(space: Space, best: float) -> float:
+    """The race's resolution: ``study.confirm.resolution``, else ``plateau_min_delta``, else 1% of the best."""
+    res = getattr(space.study.confirm, "resolution", None)
+    if isinstance(res, (int, float)) and not isinstance(res, bool):
+        return float(res)
+    delta = space.early_stopping.plateau_min_delta
+    return delta if delta > 0 else (0.01 * abs(best) or 1e-12)
+
+
+def agreement(pairs: Sequence[tuple[int, int, float, float]], sign: float, space: Space) -> dict[str, Any]:
+    """The check's figures from ``(proxy trial, target trial, proxy value, target value)`` in the proxy's order,
+    best first (see the module docstring)."""
+    n = len(pairs)
+    if n < 2:
+        return {"n": n, "holds": False, "why": f"{n} promoted setting(s) with a finite target value: nothing to rank"}
+    x = [float(n - i) for i in range(n)]  # the proxy's rank, higher better
+    y = [sign * p[3] for p in pairs]  # the target's values, higher better
+    best = max(range(n), key=lambda i: y[i])
+    res = resolution(space, pairs[best][3])
+    gap = y[best] - y[0]
+    tau = kendall_tau(x, y)
+    flat = max(y) - min(y) <= res
+    holds = gap <= res and (flat or (tau is not None and tau > 0))
+    out: dict[str, Any] = {
+        "n": n, "tau": tau, "interval": tau_interval(x, y), "p_value": None if tau is None else tau_p_value(x, y, tau),
+        "resolution": res, "gap": gap, "proxy_best": pairs[0][0], "target_best": pairs[best][0], "holds": holds,
+        "pairs": [list(p) for p in pairs]}
+    out["why"] = ("its best is within the resolution of the target's best and it ranks the rest alike" if holds else
+                  f"its best is {gap:.4g} below the target's best, more than the resolution {res:.4g}" if gap > res
+                  else "it ranks the promoted settings against the target's order")
+    return out
+
+
+def _unit(p: Param, value: Any) -> float | None:
+    """``value`` of numeric parameter ``p`` on [0, 1] over its range (log scale for a log parameter)."""
+    if p.type == "categorical" or p.low is None or p.high is None or not isinstance(value, (int, float)):
+        return None
+    lo, hi, v = (math.log(p.low), math.log(p.high), math.log(value)) if p.log and value > 0 else (p.low, p.high, value)
+    return (v - lo) / (hi - lo) if hi > lo else 0.0
+
+
+def without_transfer(space: Space, trials: Sequence[FrozenTrial], pairs: Sequence[tuple[int, int, float, float]],
+                     factors: dict[str, float], sign: float) -> dict[str, Any] | None:
+    """Whether the transfer rules helped, estimated from the runs the study has (no run is made for it): without the
+    rules the proxy would have run each promoted setting's own values, so its value there is taken from the proxy
+    trial that actually ran nearest them (its run values: the study's values / factor; within 0.1 of each range,
+    categoricals equal), and tau is computed again. None without rules or fewer than 2 such estimates."""
+    if not factors:
+        return None
+    by_number = {t.number: t for t in trials}
+    ran = [(t, {p.name: space.scaled(p, t.params.get(p.name)) for p in space.params}) for t in trials
+           if is_proxy(t) and _finite(t) and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    estimates: list[tuple[float, float]] = []  # (the proxy's estimated value without the rules, the target value)
+    for n, _, _, target in pairs:
+        wanted = by_number[n].params
+        best, near = None, 0.1
+        for t, values in ran:
+            if any(p.type == "categorical" and values.get(p.name) != wanted.get(p.name) for p in space.params):
+                continue
+            gaps = [abs((_unit(p, values.get(p.name)) or 0.0) - (_unit(p, wanted.get(p.name)) or 0.0))
+                    for p in space.params if p.type != "categorical"]
+            if max(gaps, default=0.0) <= near:
+                best, near = t, max(gaps, default=0.0)
+        if best is not None:
+            estimates.append((float(best.values[0]), target))
+    if len(estimates) < 2:
+        return None
+    x = [sign * e[0] for e in estimates]
+    y = [sign * e[1] for e in estimates]
+    return {"n": len(estimates), "tau": kendall_tau(x, y)}
+
+
+def check_pairs(study: optuna.Study, trials: Sequence[FrozenTrial], kept: dict[str, Any]
+                ) -> list[tuple[int, int, float, float]]:
+    """(proxy trial, its promoted run, proxy value, target value) of each candidate with a finite target value, in
+    the proxy's order (a retried run's finished attempt)."""
+    by_number = {t.number: t for t in trials}
+    runs = {t.system_attrs.get(ATTR_PROMOTED_FROM): t for t in sorted(promoted_runs(trials), key=lambda t: t.number)
+            if is_finished(t) and _finite(t) and promotion_twin(study, t) is None}
+    out = []
+    for n in kept.get("candidates", []):
+        src, run = by_number.get(n), runs.get(n)
+        if src is not None and run is not None and src.values is not None and run.values is not None:
+            out.append((n, run.number, float(src.values[0]), float(run.values[0])))
+    return out
+
+
+def record_check(study: optuna.Study, space: Space, factors: dict[str, float], kept: dict[str, Any]
+                 ) -> dict[str, Any]:
+    """The check of the proxy against the target on the promoted settings ``kept`` (computed and kept once; see the
+    module docstring)."""
+    attrs = study.user_attrs
+    found = attrs.get(ATTR_FIDELITY_CHECK)
+    if isinstance(found, dict) and isinstance(found.get("holds"), bool):
+        return found
+    trials = study.get_trials(deepcopy=False)
+    check = agreement(check_pairs(study, trials, kept), _sign(study), space)
+    proxy = space.study.fidelity.proxy
+    assert proxy is not None
+    check["steps"] = kept.get("steps")
+    scaled = dataclasses.replace(space, scale={k: 1.0 / f for k, f in factors.items()})  # what the proxy ran
+    check["without_transfer"] = without_transfer(scaled, trials, check.get("pairs") or [], factors, _sign(study))
+    check["transfer"] = {name: {"rule": rule.text(), "factor": factors.get(name)} for name, rule in
+                         proxy.transfer.items()}
+    check = json.loads(json.dumps(check))  # as the storage gives it back to every other driver
+    study.set_user_attr(ATTR_FIDELITY_CHECK, check)
+    if factors and ATTR_TRANSFER not in attrs:
+        study.set_user_attr(ATTR_TRANSFER, dict(factors))
+    return check
+
+
+def check_line(check: dict[str, Any]) -> str:
+    """The check in one line (what the search prints, and ``best`` and the summary repeat)."""
+    n = check.get("n", 0)
+    tau, iv, p = check.get("tau"), check.get("interval"), check.get("p_value")
+    figures = f"Kendall's tau {tau:.2f}" if isinstance(tau, (int, float)) else "Kendall's tau n/a"
+    if isinstance(iv, (list, tuple)) and len(iv) == 2:
+        figures += f", 95% interval [{iv[0]:.2f}, {iv[1]:.2f}]"
+    if isinstance(p, (int, float)):
+        figures += f", p {p:.2g}"
+    transfer = "; ".join(f"{k}: {v.get('rule')} (x{v.get('factor'):.4g})" for k, v in
+                         (check.get("transfer") or {}).items() if isinstance(v, dict)
+                         and isinstance(v.get("factor"), (int, float)))
+    rules = f"; transfer rules applied: {transfer}" if transfer else ""
+    other = check.get("without_transfer")
+    if transfer and isinstance(other, dict) and isinstance(other.get("tau"), (int, float)) \
+            and isinstance(tau, (int, float)):
+        helped = "helped" if tau > other["tau"] else "did not help"
+        rules += (f", which {helped}: without them tau {other['tau']:.2f} (estimated from the proxy trials nearest "
+                  f"{other['n']} settings)")
+    elif transfer:
+        rules += " (whether they helped: too few proxy trials near the promoted settings to tell)"
+    if check.get("holds"):
+        return (f"proxy check: the proxy holds on {n} promoted settings ({figures}; {check.get('why')}){rules}: "
+                "the confirmation races them on the target")
+    return (f"proxy check: the proxy does not rank settings as the target does ({figures} on {n} promoted settings; "
+            f"{check.get('why')}){rules}: the rest of the budget searches on the target")

@@ -1,0 +1,105 @@
+"""The proxy's promotion and check (:mod:`hpo.samplers._promotion`) on a real SQLite study: the promoted settings are
+queued once whoever asks and however often (a resume, two drivers at once: the later twin is surplus), Kendall's tau
+and the decision, and the fidelity-aware sampler that keeps the target's search off the proxy's values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.distributions import BaseDistribution, FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from hpo.experiment import read_space
+from hpo.record import ATTR_FIDELITY, ATTR_FIDELITY_CHECK, ATTR_PROMOTED_FROM, PROXY, TARGET, is_promoted
+from hpo.samplers._fidelity import FidelitySampler, search_fidelity
+from hpo.samplers._promotion import (
+    agreement,
+    kendall_tau,
+    promotion_twin,
+    record_check,
+    start_promotion,
+    tau_p_value,
+)
+
+DIST: dict[str, BaseDistribution] = {"x": FloatDistribution(0.0, 1.0)}
+
+
+def _space(tmp_path: Path, promote: int = 3):  # type: ignore[no-untyped-def]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({
+        "config": "tiny_arith", "params": {"x": {"key": "fake.x", "type": "float", "low": 0.0, "high": 1.0}},
+        "early_stopping": {"plateau_min_delta": 0.01},
+        "study": {"n_trials": 4, "fidelity": {"proxy": {"overrides": {"m": "small"}, "promote": promote,
+                                                        "promote_steps": 5}}}}))
+    return read_space(str(path))
+
+
+def _study(tmp_path: Path, proxy_values: list[float]) -> optuna.Study:
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
+    for i, v in enumerate(proxy_values):
+        study.add_trial(create_trial(value=v, params={"x": i / 10}, distributions=DIST,
+                                     system_attrs={ATTR_FIDELITY: PROXY}, user_attrs={"last_step": 10}))
+    return study
+
+
+def test_kendall_tau_and_its_exact_p_value() -> None:
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert kendall_tau([1, 2, 3, 4], [40, 30, 20, 10]) == -1.0
+    assert kendall_tau([1, 1, 1], [1, 2, 3]) is None  # a constant sample: no ranking
+    assert tau_p_value([1, 2, 3, 4], [1, 2, 3, 4], 1.0) == pytest.approx(1 / 24)  # 1 ordering in 4!
+
+
+def test_the_promoted_settings_are_queued_once_however_often_they_are_asked_for(tmp_path: Path) -> None:
+    space, study = _space(tmp_path), _study(tmp_path, [0.5, 0.9, 0.7, 0.1])
+    assert start_promotion(study, space) == [1, 2, 0]  # the proxy's best 3, best first
+    assert start_promotion(study, space) == []  # a resume, another driver later: nothing twice
+    promoted = [t for t in study.get_trials() if is_promoted(t)]
+    assert [t.system_attrs[ATTR_PROMOTED_FROM] for t in promoted] == [1, 2, 0]
+    assert all(t.state == TrialState.WAITING and t.system_attrs[ATTR_FIDELITY] == TARGET
+               and t.system_attrs["hpo:promote_steps"] == 5 and t.params == study.trials[
+                   t.system_attrs[ATTR_PROMOTED_FROM]].params for t in promoted)
+    # two drivers queueing at once: the later twin is surplus, the first runs
+    study.add_trial(create_trial(state=TrialState.WAITING, params={"x": 0.1}, distributions=DIST,
+                                 system_attrs=dict(promoted[0].system_attrs)))
+    twin = study.trials[-1]
+    assert promotion_twin(study, twin) == promoted[0].number and promotion_twin(study, promoted[0]) is None
+
+
+def test_the_check_catches_a_reversed_ranking_and_trusts_an_agreeing_one(tmp_path: Path) -> None:
+    space = _space(tmp_path)
+    reversed_ = agreement([(1, 5, 0.9, 0.2), (2, 6, 0.7, 0.5), (0, 7, 0.5, 0.8)], 1.0, space)
+    assert reversed_["holds"] is False and reversed_["tau"] == -1.0 and reversed_["target_best"] == 0
+    assert reversed_["gap"] == pytest.approx(0.6)
+    agreeing = agreement([(1, 5, 0.9, 0.8), (2, 6, 0.7, 0.5), (0, 7, 0.5, 0.2)], 1.0, space)
+    assert agreeing["holds"] is True and agreeing["tau"] == 1.0 and agreeing["gap"] == 0.0
+    # the proxy's best within the resolution (plateau_min_delta 0.01) of the target's: the swap at the top is noise
+    close = agreement([(1, 5, 0.9, 0.795), (2, 6, 0.7, 0.8), (0, 7, 0.5, 0.2)], 1.0, space)
+    assert close["holds"] is True and close["tau"] == pytest.approx(1 / 3)
+
+
+def test_the_check_is_recorded_once_and_then_the_search_samples_on_the_target(tmp_path: Path) -> None:
+    space, study = _space(tmp_path), _study(tmp_path, [0.5, 0.9, 0.7, 0.1])
+    start_promotion(study, space)
+    for t, value in zip([t for t in study.get_trials() if is_promoted(t)], (0.2, 0.5, 0.8), strict=True):
+        study._storage.set_trial_state_values(t._trial_id, TrialState.COMPLETE, [value])
+    assert search_fidelity(study) == PROXY
+    check = record_check(study, space, {}, {"candidates": [1, 2, 0], "steps": 5})
+    assert check["holds"] is False and study.user_attrs[ATTR_FIDELITY_CHECK] == check
+    assert record_check(study, space, {}, {"candidates": []}) == check  # kept: every driver reads the same
+    assert search_fidelity(study) == TARGET
+    # a new trial is tagged target, and its sampler sees only the target's trials, never the proxy's values
+    seen: list[list[int]] = []
+
+    class Spy(optuna.samplers.RandomSampler):
+        def sample_independent(self, study, trial, name, dist):  # type: ignore[no-untyped-def, override]
+            seen.append([t.number for t in study.get_trials(deepcopy=False)])
+            return super().sample_independent(study, trial, name, dist)
+
+    study.sampler = FidelitySampler(optuna.samplers.RandomSampler(seed=0), Spy(seed=0))
+    trial = study.ask()
+    trial.suggest_float("x", 0.0, 1.0)
+    assert study.trials[trial.number].system_attrs[ATTR_FIDELITY] == TARGET
+    assert seen and all(n >= 4 for n in seen[0])  # trials 0-3 are the proxy's
