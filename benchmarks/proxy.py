@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +56,21 @@ def agreement(runs_dir: Path, smoke: bool) -> dict[str, Any]:
     settings = SETTINGS[:3] if smoke else SETTINGS
     seeds = TRAINER_SEEDS[:1] if smoke else TRAINER_SEEDS
     extra = SMOKE_STEPS if smoke else []
-    means: dict[str, list[float]] = {"proxy": [], "target": []}
-    for model, path in (("proxy", PROXY), ("target", TARGET)):
-        where = runs_dir / model
-        where.mkdir(parents=True, exist_ok=True)
-        for label, kl, lr in settings:
-            values = [recorded(run_one(label, kl, lr, s, [*extra, f"{MODEL_KEY}={path}"], where), SHIPPED_RULE)[0]
-                      for s in seeds]
-            means[model].append(statistics.fmean(values))
+    jobs = [(model, path, label, kl, lr, s) for model, path in (("proxy", PROXY), ("target", TARGET))
+            for label, kl, lr in settings for s in seeds]
+    for model, _path in (("proxy", PROXY), ("target", TARGET)):
+        (runs_dir / model).mkdir(parents=True, exist_ok=True)
+
+    def one(job: tuple[str, str, str, float, float, int]) -> float:
+        model, path, label, kl, lr, s = job
+        return recorded(run_one(label, kl, lr, s, [*extra, f"{MODEL_KEY}={path}"], runs_dir / model), SHIPPED_RULE)[0]
+
+    # Two runs at a time (each one torch thread: the two cores), as the studies run their trials.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        values = dict(zip(jobs, pool.map(one, jobs), strict=True))
+    means: dict[str, list[float]] = {
+        model: [statistics.fmean(values[(model, path, label, kl, lr, s)] for s in seeds) for label, kl, lr in settings]
+        for model, path in (("proxy", PROXY), ("target", TARGET))}
     tau = kendall_tau(means["proxy"], means["target"])
     return {"settings": [s[0] for s in settings], "seeds": list(seeds), **means, "tau": tau,
             "interval": tau_interval(means["proxy"], means["target"]),
@@ -111,8 +119,29 @@ def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("a
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench_proxy_") as tmp:
         root = workdir or Path(tmp)
+        done = root / "results"  # each part's result as it ends: a re-run with the same --workdir goes on from there
+        done.mkdir(parents=True, exist_ok=True)
+
+        def cached(key: str, make: Any) -> Any:
+            path = done / f"{key.replace('/', '_')}.json"
+            if path.is_file():
+                return json.loads(path.read_text())
+            value = make()
+            path.write_text(json.dumps(value, default=str))
+            return value
+
+        if "cost" in parts:
+            studies = root / "studies"
+            studies.mkdir(parents=True, exist_ok=True)
+            # The cheap methods first (their figures are the point); the 21-run method last. A host's baseline runs
+            # are kept (studies/.baselines): the first study pays them, the others reuse them, and each row counts
+            # them as a fresh host would (runs_fresh_host).
+            for method in ("proxy", "racing"):
+                for s in seeds:
+                    details[f"{method}/{s}"] = cached(f"{method}/{s}", lambda m=method, s=s: one_study(m, s, studies,
+                                                                                                     smoke))
         if "agreement" in parts:
-            details["agreement"] = a = agreement(root / "runs", smoke)
+            details["agreement"] = a = cached("agreement", lambda: agreement(root / "runs", smoke))
             rows.append(make_row("proxy vs target rank agreement (Kendall's tau of the settings' mean values)", "tau",
                                  [a["tau"]] if a["tau"] is not None else None, None, group=GROUP,
                                  note=f"{len(a['settings'])} settings x {len(a['seeds'])} seeds, {PROXY} vs {TARGET};"
@@ -120,11 +149,8 @@ def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("a
                                       f"{[round(x, 3) for x in a['proxy']]}, target "
                                       f"{[round(x, 3) for x in a['target']]}"))
         if "cost" in parts:
-            studies = root / "studies"
-            studies.mkdir(parents=True, exist_ok=True)
-            for method in ("today", "racing", "proxy"):  # today's first: its baseline runs are kept for the others
-                for s in seeds:
-                    details[f"{method}/{s}"] = one_study(method, s, studies, smoke)
+            for s in seeds:
+                details[f"today/{s}"] = cached(f"today/{s}", lambda s=s: one_study("today", s, studies, smoke))
             rows += _cost_rows(seeds, details)
     return rows, details
 
