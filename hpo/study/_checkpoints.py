@@ -29,7 +29,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.record import ATTR_RETRY_HISTORY, TRIAL_MARKER
+from hpo.record import ATTR_RETRY_HISTORY, TRIAL_MARKER, is_proxy
 
 CHECKPOINTS = "checkpoints"
 COPY_CHUNK = 64 * 2**20
@@ -217,10 +217,13 @@ def clean_after(study: optuna.Study, trial: FrozenTrial, value: float | None, tr
     """``trial`` has just finished with ``value`` (None: no finite value) and is about to be told: delete the
     checkpoints of its chain unless it is among the ``keep`` best of itself and ``finished`` (the study's other
     finished search trials), and those of a trial it pushed out of the best ``keep``. Returns (GB its checkpoints
-    held, whether they are kept, GB freed in all). ``shared``: see :func:`checkpoint_dirs`."""
+    held, whether they are kept, GB freed in all). ``shared``: see :func:`checkpoint_dirs`. A proxy search's
+    (``study.fidelity.proxy``) proxy and target runs are ranked apart, the best ``keep`` of each: a proxy value is not
+    a target value."""
     maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+    proxy = is_proxy(trial)
     scored = [(t.values[0], t) for t in finished if t.number != trial.number and t.state == TrialState.COMPLETE
-              and t.values and math.isfinite(t.values[0])]
+              and t.values and math.isfinite(t.values[0]) and is_proxy(t) == proxy]
     if value is not None and math.isfinite(value):
         scored.append((value, trial))
     scored.sort(key=lambda vt: -vt[0] if maximize else vt[0])

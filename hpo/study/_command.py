@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpo.backends import TrialConfig, backend_of
+from hpo.backends import TrialConfig, backend_of, proxy_space
 from hpo.execution import ENV_DRIVER, ENV_STUDY, ENV_TRIAL, TrialProcess
 from hpo.experiment._secrets import (
     ENV_REF,
@@ -105,11 +105,18 @@ def write_trial_files(space: Space, cwd: str, trial_dir: Path, argv: list[str], 
 
 
 def prepare(space: Space, study_dir: Path, cwd: str, reporter: Progress, stop_event: threading.Event) -> None:
-    """Build the model/data the config needs once, before any trial (its time is no trial's)."""
+    """Build the model/data the config needs once, before any trial (its time is no trial's); a proxy search's
+    (``study.fidelity.proxy``) also with the proxy's overrides (its model), logged in ``prepare-proxy/``."""
     argv = backend_of(space).prepare_argv(space)
-    if not argv:
-        return
-    log_dir = study_dir / "prepare"
+    proxy = backend_of(space).prepare_argv(proxy_space(space, {})) if space.study.fidelity.proxy else None
+    if argv:
+        _prepare(space, argv, study_dir / "prepare", cwd, reporter, stop_event)
+    if proxy and proxy != argv:
+        _prepare(space, proxy, study_dir / "prepare-proxy", cwd, reporter, stop_event)
+
+
+def _prepare(space: Space, argv: list[str], log_dir: Path, cwd: str, reporter: Progress,
+             stop_event: threading.Event) -> None:
     reporter.note(f"preparing model and data: {' '.join(argv[1:])}")
     env = {**os.environ, **secret_overrides(space.overrides)}  # the prepare step's argv holds secrets as references
     result = TrialProcess(argv=argv, env=env, log_dir=log_dir, metrics_path=log_dir / "metrics.jsonl",

@@ -6,7 +6,8 @@ Writes, into :data:`ARITH_DIR` (``~/.cache/verl_hpo/verl_arith``) and only what 
 
 * ``model/``: ``verl_core``'s built-in tiny Qwen2 (``verl_core.tiny_model``: a locally trained tokenizer, 2 layers,
   a warm start that answers ``a+b+1`` greedily on almost every problem while sampling finds the sum 15-20% of the
-  time), built by ``verl_core`` in this interpreter (the driver's, which has torch) and copied;
+  time), built by ``verl_core`` in this interpreter (the driver's, which has torch) and copied; ``model_s/`` and
+  ``model_l/`` (when named): the small and the large member of its family (:data:`MODELS`), for a proxy search;
 * ``train.parquet``, ``val.parquet``, ``test.parquet``: ``verl_core``'s ``arith`` split (450/225/225 problems
   ``a+b=``) in verl's row format, data source ``synthetic/arith`` (:data:`TEST_SOURCE` for the test rows, so a
   confirmation run that validates on both files logs the test metric apart; one written by an older version with the
@@ -31,6 +32,9 @@ from hpo.backends.verl._data import ARITH_DIR, ARITH_FILES, prepare_args, resolv
 
 SPLITS = dict(zip(ARITH_FILES, ("train", "val", "test"), strict=True))
 MODEL, REWARD = "model", "reward.py"
+# The tiny_arith family (verl_core.tiny_model: one tokenizer, one warm start): ``model`` the default size, ``model_s``
+# and ``model_l`` the small and the large member, for a proxy search (search_spaces/verl_grpo_cpu_proxy.yaml).
+MODELS = {MODEL: "tiny_arith", "model_s": "tiny_arith_s", "model_l": "tiny_arith_l"}
 TEST_SOURCE = "synthetic/arith_test"  # verl logs the test rows as val-core/synthetic/arith_test/acc/mean@1
 KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path", "reward.custom_reward_function.path")
 REWARD_SOURCE = '''"""Reward of the arith task (verl's custom-reward contract): 1.0 when the response starts with the
@@ -44,7 +48,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     m = _INT.match(solution_str.strip())
     return 1.0 if m is not None and m.group(0) == str(ground_truth).strip() else 0.0
 '''
-_BUILD_MODEL = "from verl_core.tiny_model import ensure_tiny_arith; print(ensure_tiny_arith(log=False))"
+_BUILD_MODEL = ("import sys; from verl_core.tiny_model import ensure_tiny_arith; "
+                "print(ensure_tiny_arith(log=False, name=sys.argv[1]))")
 
 
 def arith_dir() -> Path:
@@ -58,7 +63,8 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def _write_model(dest: Path) -> None:
-    built = subprocess.run([sys.executable, "-c", _BUILD_MODEL], capture_output=True, text=True, check=False)
+    built = subprocess.run([sys.executable, "-c", _BUILD_MODEL, MODELS[dest.name]], capture_output=True, text=True,
+                           check=False)
     if built.returncode != 0:
         tail = (built.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise OSError(f"building the tiny model failed: {tail}")
@@ -97,10 +103,10 @@ def ensure(paths: Sequence[Path]) -> list[Path]:
     for path in paths:
         if path.exists() and not (path.parent == home and _stale(path)):
             continue
-        if path.parent != home or path.name not in (*SPLITS, MODEL, REWARD):
+        if path.parent != home or path.name not in (*SPLITS, *MODELS, REWARD):
             raise ValueError(f"{path} does not exist (only the arith task's files in {home} are generated)")
         home.mkdir(parents=True, exist_ok=True)
-        if path.name == MODEL:
+        if path.name in MODELS:
             _write_model(path)
         elif path.name == REWARD:
             _atomic_write(path, REWARD_SOURCE)
