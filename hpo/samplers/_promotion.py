@@ -68,9 +68,11 @@ def proxy_ranking(trials: Sequence[FrozenTrial], sign: float) -> list[FrozenTria
             and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
 
     def key(t: FrozenTrial) -> tuple[int, int, float, int]:
+        if t.state == TrialState.COMPLETE:  # by value alone: a plateau stop at step 40 is as complete as step 60
+            return (0, 0, -sign * float(t.values[0]), t.number)
         last = t.user_attrs.get("last_step")
         steps = last if isinstance(last, int) and not isinstance(last, bool) else max(t.intermediate_values, default=0)
-        return (0 if t.state == TrialState.COMPLETE else 1, -steps, -sign * float(t.values[0]), t.number)
+        return (1, -steps, -sign * float(t.values[0]), t.number)
 
     out: list[FrozenTrial] = []
     for t in sorted(done, key=key):

@@ -103,3 +103,18 @@ def test_the_check_is_recorded_once_and_then_the_search_samples_on_the_target(tm
     trial.suggest_float("x", 0.0, 1.0)
     assert study.trials[trial.number].system_attrs[ATTR_FIDELITY] == TARGET
     assert seen and all(n >= 4 for n in seen[0])  # trials 0-3 are the proxy's
+
+
+def test_completed_proxy_trials_rank_by_value_whatever_step_they_stopped_at(tmp_path: Path) -> None:
+    """A plateau stop at step 40 is a complete run: it ranks by its value above a lower one that ran all 60 steps
+    (seed 0 of the proxy benchmark promoted 0.938 at 60 steps as the proxy's best over 0.945 at 40). Pruned trials
+    come after every completed one, a later rung first."""
+    space = _space(tmp_path)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
+    for i, (v, steps, state) in enumerate([(0.938, 60, TrialState.COMPLETE), (0.945, 40, TrialState.COMPLETE),
+                                           (0.944, 50, TrialState.COMPLETE), (0.99, 30, TrialState.PRUNED),
+                                           (0.99, 10, TrialState.PRUNED)]):
+        study.add_trial(create_trial(state=state, value=v if state == TrialState.COMPLETE else None,
+                                     intermediate_values={steps: v}, params={"x": i / 10}, distributions=DIST,
+                                     system_attrs={ATTR_FIDELITY: PROXY}, user_attrs={"last_step": steps}))
+    assert start_promotion(study, space) == [1, 2, 0]
