@@ -1,6 +1,6 @@
 """Real verl as a :class:`~hpo.backends._base.Backend`: the argv, environment and scratch of an attempt
 (``_launch``), the retry's resume point (``_resume``), the composed-config check in verl's interpreter (``_check``),
-its seed keys (every seed of a run, ``_compose.SEED_KEYS``) and the held-out split (``study.confirm.test_files``
+its seed keys (every seed of a run, ``_compose_checks.SEED_KEYS``) and the held-out split (``study.confirm.test_files``
 validated beside ``data.val_files`` and read by its data source, ``study.confirm.test_metric``; or swapped for it)."""
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from hpo.analysis._vocabulary import MetricNames
 from hpo.backends._base import Backend, Command, LaunchContext, PredictionLike, TrialConfig, steps_in
+from hpo.backends._models import ModelFacts
 from hpo.backends._replay import CheckpointLayout
-from hpo.backends.verl._compose import SEED_KEYS
+from hpo.backends.verl._arith import MODELS as ARITH_MODELS
+from hpo.backends.verl._arith import arith_dir
+from hpo.backends.verl._compose_checks import SEED_KEYS
 from hpo.backends.verl._data import resolve_path, split_list
 from hpo.backends.verl._launch import (
     MAIN_MODULE,
@@ -101,6 +104,15 @@ class VerlBackend(Backend):
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
         "reward.num_workers", "data.dataloader_num_workers",
     )
+
+    def model_facts(self, path: str) -> ModelFacts:
+        """A local directory's facts; a model of the CPU arith task (``hpo.backends.verl._arith``: ``model``,
+        ``model_s``, ``model_l``) not written yet is the prepare step's to write: not missing, its facts unknown."""
+        where = resolve_path(path)
+        if not where.exists() and where.parent == arith_dir() and where.name in ARITH_MODELS:
+            return ModelFacts(note=f"{path!r} is written by the prepare step (hpo.backends.verl._arith): not checked "
+                                   "before it is")
+        return super().model_facts(path)
 
     def code_files(self, key: str, value: Any) -> list[str]:
         """``[reward.]custom_reward_function.path`` (verl_core shares verl's form of the key)."""

@@ -468,10 +468,10 @@ def check_verl_launch(space: Space, python: str | None = None, cpu: bool | None 
 
 def unread_tuned(keys: Sequence[tuple[str, str]], info: dict[str, Any]) -> list[tuple[str, str]]:
     """The tuned keys (``(field, key)``) that no worker of this run reads, decided from one composed corner's
-    ``info`` (:func:`hpo.backends.verl._compose.describe`): a critic key without a critic, a reference key without a
-    reference policy, a reward-model key without a reward model, the KL-loss coefficient without ``use_kl_loss``, the
-    in-reward KL controller without ``use_kl_in_reward``, another rollout engine's ``engine_kwargs``. ``(field,
-    why)`` each; keys it cannot decide (``info`` lacks the fact) are left out."""
+    ``info`` (:func:`hpo.backends.verl._compose_checks.describe`): a critic key without a critic, a reference key
+    without a reference policy, a reward-model key without a reward model, the KL-loss coefficient without
+    ``use_kl_loss``, the in-reward KL controller without ``use_kl_in_reward``, another rollout engine's
+    ``engine_kwargs``. ``(field, why)`` each; keys it cannot decide (``info`` lacks the fact) are left out."""
     rollout = str(info.get("rollout_name") or "")
     no_rm = "this run has no reward model (reward.reward_model.enable)"
     no_critic = f"this run has no critic (algorithm.adv_estimator={info.get('adv_estimator')})"

@@ -306,7 +306,7 @@ def _empty(column: Any, pc: Any) -> Any:
 
 def overlong_verdict(overlong: dict[str, Any] | None) -> tuple[str, str] | None:
     """``(level, one line)`` for the prompts longer than ``data.max_prompt_length`` that the compose script found
-    (``_compose.overlong_prompts`` plus the config's ``limit``, ``truncation`` and ``filter``), as verl's
+    (``_compose_data.overlong_prompts`` plus the config's ``limit``, ``truncation`` and ``filter``), as verl's
     ``RLHFDataset`` treats them: dropped at load with ``data.filter_overlong_prompts`` (a note), cut with
     ``data.truncation`` left/right/middle (a warning), else (``error``, verl's default) a crash when a batch reaches
     one: ``problem``. None when there are none (or nothing was measured)."""

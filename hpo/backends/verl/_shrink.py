@@ -27,8 +27,8 @@ Request: ``{"config_dir": DIR or null, "config_name": NAME, "overrides": [the de
 
 Reply (the one line on stdout): ``{"status": "ok", "models": {KEY: {...}}, "data": {...}, "reward": {...},
 "unread": [KEY, ...], "problems": [{"check": ..., "message": ONE LINE}]}``, or ``{"status": "error", "message"}``.
-Like ``_compose.py`` this imports nothing of the project but ``_compose`` (its neighbour, on ``sys.path`` when run
-as a script).
+Like ``_compose.py`` this imports nothing of the project but its neighbours ``_compose``, ``_compose_checks`` and
+``_compose_data`` (on ``sys.path`` when run as a script).
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ import re
 import sys
 from typing import Any
 
-from _compose import _files, _get, _one_line, _tokenizer_source, chat_kwargs, load_error, prompt_lengths, serve
+from _compose import serve
+from _compose_checks import load_error
+from _compose_data import _files, _get, _one_line, _tokenizer_source, chat_kwargs, prompt_lengths
 
 LAYERS = 2
 HIDDEN = 128

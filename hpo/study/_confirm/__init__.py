@@ -12,7 +12,7 @@ Seeds: ``study.confirm.seed_base, seed_base + 1, ...`` skipping every tuning see
 seed key, the trainer's default when it is not set (verl_core's ``trainer.seed``, verl's 42), and every value a
 tuned seed parameter could take. A confirmation run sets every seed key of the run to its seed
 (:func:`seed_overrides`): ``trainer.seed`` for verl_core; for verl every seed of its default path
-(``verl._compose.SEED_KEYS``: the train sampler ``data.seed``, vLLM's ``actor_rollout_ref.rollout.seed``, the
+(``verl._compose_checks.SEED_KEYS``: the train sampler ``data.seed``, vLLM's ``actor_rollout_ref.rollout.seed``, the
 actor's and critic's mini-batch shuffling ``*.data_loader_seed``); ``study.confirm.seed_key`` names one key instead.
 Confirmation runs go to the full budget (the early-stopping rules are off unless ``study.confirm.early_stopping``;
 never pruned) and evaluate the held-out test split once at their last step (:func:`heldout_overrides`); their user

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from hpo.backends import backend_of, load_space
-from hpo.backends.verl._rehearse import rehearsal_corners
+from hpo.backends.verl._rehearse_corners import rehearsal_corners
 from tests.hpo.backends.test_verl import needs_verl
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -205,7 +205,7 @@ def test_shrink_builds_a_small_model_of_the_same_architecture_and_keeps_the_long
     """One run of ``_shrink.py`` (a few seconds): the arith model's ``config.json`` -> 2 layers with heads of 64 (vLLM's
     CPU attention refuses 16), its tokenizer beside it, the rows with the longest prompts and their lengths, every
     validation row and the unusual training truths scored, and the one set key nothing in verl reads."""
-    from hpo.backends.verl._rehearse import SHRINK_SCRIPT
+    from hpo.backends.verl._rehearse_steps import SHRINK_SCRIPT
     from tests.hpo.backends.test_verl import VERL_PY
 
     arith_space(tmp_path)  # the prepare step: model, data, reward.py

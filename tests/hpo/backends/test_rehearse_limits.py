@@ -92,8 +92,9 @@ def test_the_rehearsal_s_own_composing_steps_out_of_time_are_not_finished_here(
     import io
 
     from hpo.backends import load_space
-    from hpo.backends.verl._rehearse import _Rehearsal, _Runner, rehearsal_corners
     from hpo.backends.verl._rehearse_checks import exit_code
+    from hpo.backends.verl._rehearse_corners import _Runner, rehearsal_corners
+    from hpo.backends.verl._rehearse_steps import _Rehearsal
 
     monkeypatch.setenv("VERL_HPO_COMPOSE_TIMEOUT_S", "0.5")
     space = load_space(str(_slow_interpreter(tmp_path)))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hpo.backends import load_space
 from hpo.backends.verl._data import overlong_verdict
-from hpo.backends.verl._rehearse import CORNER_TIMEOUT_S, corner_parallelism, corner_timeout, parse_size
+from hpo.backends.verl._rehearse import parse_size
 from hpo.backends.verl._rehearse_checks import (
     EXIT_FAIL,
     EXIT_PASS,
@@ -24,6 +24,7 @@ from hpo.backends.verl._rehearse_checks import (
     render,
     root_cause,
 )
+from hpo.backends.verl._rehearse_corners import CORNER_TIMEOUT_S, corner_parallelism, corner_timeout
 from hpo.execution._runner import RunResult
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -68,7 +68,7 @@ def test_what_a_reward_function_prints_is_capped_and_counted(tmp_path: Path) -> 
 
 
 def test_the_driver_keeps_only_the_end_of_a_helper_s_output(tmp_path: Path) -> None:
-    from hpo.backends.verl._rehearse import SCRIPT_TAIL_BYTES, _script
+    from hpo.backends.verl._rehearse_steps import SCRIPT_TAIL_BYTES, _script
 
     chatty = tmp_path / "chatty.py"
     chatty.write_text("import sys, json\nsys.stdin.read()\nfor _ in range(50):\n    sys.stdout.write('z' * 1_000_000)"

@@ -539,7 +539,7 @@ def test_verl_s_composed_config_has_every_seed_that_confirm_varies(
 
 
 def _verl_compose_seed_keys() -> tuple[str, ...]:
-    from hpo.backends.verl._compose import SEED_KEYS
+    from hpo.backends.verl._compose_checks import SEED_KEYS
 
     return SEED_KEYS
 

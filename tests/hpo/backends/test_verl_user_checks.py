@@ -90,7 +90,7 @@ def test_the_rehearsal_keeps_the_longest_prompts_and_scores_unusual_training_tru
     """The shrink step (verl's interpreter, a few seconds) keeps the training rows with the longest prompts, not the
     first; the reward function is called on the training row whose ground truth is the odd one out (an empty string
     at row 300, which the user's int() cannot read), so the rehearsal names that row before any corner runs."""
-    from hpo.backends.verl._rehearse import SHRINK_SCRIPT
+    from hpo.backends.verl._rehearse_steps import SHRINK_SCRIPT
 
     space = _experiment(tmp_path, _rows(400, empty_truth=300))
     reward = space.parent / "reward.py"

@@ -1,0 +1,297 @@
+"""What verl's interpreter makes of one composed corner for ``_compose.py`` (its neighbour): the checks verl does
+not make (:func:`extra_checks`: what a verl 0.9.1 run would trip over later, or silently pad, that ``validate_config``
+lets through) and what the driver needs to know of the config (:func:`describe`, with :data:`SEED_KEYS` and the
+reward function's core variable, :func:`core_variable`).
+
+Run in verl's interpreter it imports nothing of the project (its neighbour ``_compose_data`` is on ``sys.path``);
+the driver imports it as ``hpo.backends.verl._compose_checks`` for :data:`SEED_KEYS`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any
+
+if __package__:  # imported by the driver (hpo.backends.verl._compose_checks)
+    from ._compose_data import _data_sources, _files, _first_val_row, _get, _one_line
+else:  # run in verl's interpreter: the neighbour is on sys.path
+    from _compose_data import _data_sources, _files, _first_val_row, _get, _one_line  # type: ignore[no-redef]
+
+Problem = tuple[str, Any, str]  # (key, value, message naming both)
+
+
+def load_error(err: BaseException) -> str:
+    """Why a user's module did not load, from the root of the exception chain (verl wraps every failure in
+    ``RuntimeError: Error loading module from module_path=...``): its type and message, the missing module's name, and
+    the file and line (a syntax error's own, else the deepest frame in a file that is not the interpreter's)."""
+    root = err
+    while (nxt := root.__cause__ or root.__context__) is not None and nxt is not root:
+        root = nxt
+    text = f"{type(root).__name__}: {_one_line(str(root))[:300]}"
+    if isinstance(root, ModuleNotFoundError) and root.name:
+        text += f" (the module {root.name!r} is not installed in {sys.executable})"
+    if isinstance(root, SyntaxError) and root.filename:
+        return f"{text} at {root.filename}:{root.lineno}"
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(root.__traceback__) if "site-packages" not in f.filename
+              and "<frozen" not in f.filename and not f.filename.startswith(sys.prefix)]
+    return f"{text} at {frames[-1].filename}:{frames[-1].lineno}" if frames else text
+
+
+class ReasonedLoadError(ValueError):
+    """A user's reward module that does not load: ``str(err)`` is one line with the root cause."""
+
+
+# ----------------------------------------------------------------------------- checks verl does not make
+def _batch_checks(cfg: Any, section: str, n_gpus: int, mini_key: str | None, micro_key: str, legacy_micro: str,
+                  dyn_key: str, max_len_key: str, sp_key: str) -> Problem | None:
+    """One pass's batch arithmetic: an update (``mini_key`` set: actor, critic) or a log-prob pass over the whole
+    batch (rollout, ref). Without dynamic batching the mini-batch divides the batch and splits evenly over the
+    data-parallel GPUs (``n_gpus`` / sequence parallelism ``sp_key``), and the micro-batch divides each GPU's
+    share, as verl's ``prepare_micro_batches`` asserts at run time; with dynamic batching the token budget
+    holds at least one full sequence."""
+    bs = int(_get(cfg, "data.train_batch_size"))
+    n = int(_get(cfg, "actor_rollout_ref.rollout.n"))
+    sp = int(_get(cfg, sp_key) or 1)
+    if n_gpus % sp:
+        return (sp_key, sp, f"{sp_key}={sp} does not divide the trial's {n_gpus} GPU(s) "
+                f"(trainer.n_gpus_per_node x trainer.nnodes)")
+    dp = n_gpus // sp
+    share = bs * n // dp  # a log-prob pass sees the whole batch
+    if mini_key is not None:
+        mini = int(_get(cfg, f"{section}.{mini_key}"))
+        key = f"{section}.{mini_key}"
+        if mini < 1:
+            return key, mini, f"{key}={mini} must be at least 1"
+        if mini > bs:
+            return key, mini, f"{key}={mini} is larger than data.train_batch_size={bs} (both count prompts)"
+        if bs % mini:
+            return key, mini, (f"{key}={mini} does not divide data.train_batch_size={bs}: verl would pad every batch "
+                               f"with dummy sequences up to a multiple of {mini} prompts")
+        if (mini * n) % dp:
+            return key, mini, (f"{key}={mini} x actor_rollout_ref.rollout.n={n} = {mini * n} samples cannot be split "
+                               f"evenly over {dp} data-parallel GPU(s)")
+        share = mini * n // dp
+    if _get(cfg, f"{section}.{dyn_key}"):
+        budget = _get(cfg, f"{section}.{max_len_key}")
+        longest = int(_get(cfg, "data.max_prompt_length")) + int(_get(cfg, "data.max_response_length"))
+        if budget is not None and int(budget) < longest:
+            return (f"{section}.{max_len_key}", budget, f"{section}.{max_len_key}={budget} is below one full "
+                    f"sequence (data.max_prompt_length + data.max_response_length = {longest}) with {dyn_key}=true")
+        return None
+    micro, legacy = _get(cfg, f"{section}.{micro_key}"), _get(cfg, f"{section}.{legacy_micro}")
+    key = f"{section}.{micro_key}"
+    if micro is None and (legacy is None or section.startswith("actor_rollout_ref.")):
+        # verl 0.9.1's actor/rollout/ref workers read only the _per_gpu key (engine_workers.py init_model)
+        also = f" (the deprecated {section}.{legacy_micro} is not read by verl's workers)" if legacy is not None else ""
+        return key, None, f"{key}=null: set a micro-batch size per GPU (or {section}.{dyn_key}=true){also}"
+    if micro is not None and share is not None:
+        if int(micro) < 1:
+            return key, micro, f"{key}={micro} must be at least 1"
+        if share % int(micro):
+            return key, micro, f"{key}={micro} does not divide the {share} samples each GPU gets per pass"
+    return None
+
+
+# The top-level reward keys that verl 0.9.1's main_ppo no longer reads (only the fully-async entry point migrates
+# them, verl/experimental/reward_loop/reward_loop.py migrate_legacy_reward_impl): legacy prefix -> the key it became.
+LEGACY_REWARD_KEYS = {
+    "custom_reward_function.path": "reward.custom_reward_function.path",
+    "custom_reward_function.name": "reward.custom_reward_function.name",
+    "reward_model.enable": "reward.reward_model.enable",
+    "reward_model.model.path": "reward.reward_model.model_path",
+    "reward_model.reward_manager": "reward.reward_manager.name",
+    "reward_model.num_workers": "reward.num_workers",
+    "reward_model.": "reward.reward_model.",
+    "sandbox_fusion.": "reward.sandbox_fusion.",
+}
+
+
+def _set_leaves(value: Any, key: str) -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` of every leaf of a plain container that is not null."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _set_leaves(v, f"{key}.{k}")]
+    return [] if value is None else [(key, value)]
+
+
+def _legacy_reward_keys(cfg: Any) -> Problem | None:
+    """A legacy top-level reward key that is set: it composes and passes ``validate_config``, and main_ppo never
+    reads it (the run would silently score with verl's default reward)."""
+    from omegaconf import OmegaConf
+
+    for section in ("custom_reward_function", "reward_model", "sandbox_fusion"):
+        node = _get(cfg, section)
+        if node is None:
+            continue
+        for key, value in _set_leaves(OmegaConf.to_container(node, resolve=False), section):
+            new = next((n if not o.endswith(".") else n + key[len(o):]) for o, n in LEGACY_REWARD_KEYS.items()
+                       if key == o or (o.endswith(".") and key.startswith(o)))
+            return key, value, (f"{key}={value!r} is ignored by verl 0.9.1's main_ppo, which reads {new}: "
+                                f"set {new} instead")
+    return None
+
+
+def _worker_start_checks(cfg: Any, n_gpus: int) -> Problem | None:
+    """What verl 0.9.1's workers assert when they start (``verl/workers/engine_workers.py``
+    ``ActorRolloutRefWorker.init_model``), minutes into a trial, after Ray, the model and vLLM have loaded."""
+    ar = "actor_rollout_ref"
+    actor_dyn = bool(_get(cfg, f"{ar}.actor.use_dynamic_bsz"))
+    rollout_dyn = bool(_get(cfg, f"{ar}.rollout.log_prob_use_dynamic_bsz"))
+    if actor_dyn != rollout_dyn:
+        return (f"{ar}.actor.use_dynamic_bsz", actor_dyn, f"{ar}.actor.use_dynamic_bsz={str(actor_dyn).lower()} but "
+                f"{ar}.rollout.log_prob_use_dynamic_bsz={str(rollout_dyn).lower()}: verl's actor worker asserts "
+                "they are equal at start-up; set both")
+    if actor_dyn:
+        needed = [f"{ar}.actor.ppo_max_token_len_per_gpu", f"{ar}.rollout.log_prob_max_token_len_per_gpu"]
+        why = "with use_dynamic_bsz=true"
+    else:
+        needed = [f"{ar}.actor.ppo_micro_batch_size_per_gpu", f"{ar}.rollout.log_prob_micro_batch_size_per_gpu"]
+        why = "(the deprecated key without _per_gpu passes validate_config but the workers read only this one)"
+    for key in needed:
+        if _get(cfg, key) is None:
+            return key, None, f"{key}=null: verl's actor worker asserts it is set at start-up {why}"
+    rollout = f"{ar}.rollout"
+    sizes = {k: int(_get(cfg, f"{rollout}.{k}") or 1)
+             for k in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")}
+    infer = sizes["tensor_model_parallel_size"] * sizes["data_parallel_size"] * sizes["pipeline_model_parallel_size"]
+    if n_gpus % infer:
+        shown = " x ".join(f"{rollout}.{k}={v}" for k, v in sizes.items())
+        return (f"{rollout}.tensor_model_parallel_size", sizes["tensor_model_parallel_size"],
+                f"{shown} = {infer} GPUs per rollout replica does not divide the trial's {n_gpus} GPU(s)")
+    return None
+
+
+def extra_checks(cfg: Any, use_critic: bool, use_ref: bool) -> Problem | None:
+    """What a verl 0.9.1 run would trip over later (or silently pad) that ``validate_config`` lets through."""
+    from omegaconf import OmegaConf
+
+    ar = "actor_rollout_ref"
+    for key in ("trainer.n_gpus_per_node", "trainer.nnodes", "data.train_batch_size", f"{ar}.rollout.n"):
+        v = _get(cfg, key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            return key, v, f"{key}={v!r} must be a positive integer"
+    skip = ["reward.reward_model."] if not _get(cfg, "reward.reward_model.enable") else []
+    skip += [] if use_critic else ["critic."]
+    skip += [] if _get(cfg, "reward_model.enable") else ["reward_model."]
+    for key in sorted(OmegaConf.missing_keys(cfg)):
+        if not any(key.startswith(s) for s in skip):
+            example = "vllm" if key.endswith("rollout.name") else "<value>"
+            return key, "???", f"{key} has no value (??? in verl's config): set it, e.g. {key}={example}"
+    n_gpus = int(_get(cfg, "trainer.n_gpus_per_node")) * int(_get(cfg, "trainer.nnodes"))
+    bs, n = int(_get(cfg, "data.train_batch_size")), int(_get(cfg, f"{ar}.rollout.n"))
+    if (bs * n) % n_gpus:
+        return ("data.train_batch_size", bs, f"data.train_batch_size={bs} x {ar}.rollout.n={n} = {bs * n} samples "
+                f"is not divisible by the trial's {n_gpus} GPU(s)")
+    legacy = _legacy_reward_keys(cfg)
+    if legacy is not None:
+        return legacy
+    adv = str(_get(cfg, "algorithm.adv_estimator"))
+    if adv in ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized", "opo") and n < 2:
+        return (f"{ar}.rollout.n", n, f"{ar}.rollout.n={n} with algorithm.adv_estimator={adv}: a group of one "
+                "sample per prompt has advantage 0; use n >= 2")
+    tp = int(_get(cfg, f"{ar}.rollout.tensor_model_parallel_size") or 1)
+    if tp > n_gpus or n_gpus % tp:
+        return (f"{ar}.rollout.tensor_model_parallel_size", tp, f"{ar}.rollout.tensor_model_parallel_size={tp} does "
+                f"not divide the trial's {n_gpus} GPU(s) (trial.gpus_per_trial)")
+    problem = _worker_start_checks(cfg, n_gpus)
+    if problem:
+        return problem
+    actor, sp = f"{ar}.actor", f"{ar}.actor.ulysses_sequence_parallel_size"
+    passes = [(actor, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
+               "use_dynamic_bsz", "ppo_max_token_len_per_gpu", sp),
+              (f"{ar}.rollout", None, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size",
+               "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu", sp)]
+    if use_ref:
+        passes.append((f"{ar}.ref", None, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size",
+                       "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
+                       f"{ar}.ref.ulysses_sequence_parallel_size"))
+    if use_critic:
+        passes.append(("critic", "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
+                       "use_dynamic_bsz", "ppo_max_token_len_per_gpu", "critic.ulysses_sequence_parallel_size"))
+    for p in passes:
+        problem = _batch_checks(cfg, p[0], n_gpus, *p[1:])
+        if problem:
+            return problem
+    for key in [f"{ar}.actor.optim.lr", *(["critic.optim.lr"] if use_critic else [])]:
+        v = _get(cfg, key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            return key, v, f"{key}={v!r} must be a finite number >= 0"
+    return None
+
+
+# ----------------------------------------------------------------------------- what the driver needs to know
+def _has_key(cfg: Any, key: str) -> bool:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, key, default="<absent>", throw_on_missing=False) != "<absent>"
+
+
+# Every seed of a verl 0.9.1 run on its default path: the train sampler (verl/trainer/ppo/utils.py, null = unseeded),
+# vLLM's sampling (rollout.seed + replica rank, vllm_async_server.py), the actor's and critic's mini-batch shuffling
+# (trainer_base.py). The engines' own seeds (fsdp_config.seed) act only with full_determinism.
+SEED_KEYS = ("data.seed", "actor_rollout_ref.rollout.seed", "actor_rollout_ref.actor.data_loader_seed",
+             "critic.data_loader_seed")
+
+
+def core_variable(cfg: Any, val_files: list[str]) -> str | None:
+    """The variable verl names its ``val-core`` metrics after: ``acc`` unless the reward function returns a dict
+    without ``acc`` (then ``reward``); None when that cannot be known here.
+
+    verl 0.9.1's reward managers (``experimental/reward_loop/reward_manager/naive.py`` and the others) record a
+    float score as ``acc`` too, and ``_val_metrics_update`` makes ``acc`` the core variable whenever it is there.
+    A custom function (``reward.custom_reward_function``, loaded with verl's own ``get_custom_reward_fn``) is called
+    once on the first validation row to see what it returns; verl's default scorer returns a float or a dict with
+    ``acc``."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    path = _get(cfg, "reward.custom_reward_function.path")
+    if path and not os.path.isfile(os.path.expanduser(str(path))):
+        return None  # not written yet (a prepare step's file), missing, or a FIFO/device: never opened here
+    try:
+        fn = get_custom_reward_fn(cfg)
+    except Exception as err:  # noqa: BLE001 - the user's file: a syntax error, a missing import, a missing name
+        raise ReasonedLoadError(f"reward.custom_reward_function: {path} does not load: {load_error(err)}") from None
+    if fn is None:
+        return "acc"
+    row = _first_val_row(val_files)
+    if row is None:
+        return None
+    truth = (row.get("reward_model") or {}).get("ground_truth")
+    try:
+        result = fn(data_source=row.get("data_source"), solution_str="", ground_truth=truth,
+                    extra_info=row.get("extra_info") or {})
+    except Exception:  # noqa: BLE001 - the function's own failure shows in the trial; here it is just unknown
+        return None
+    return "reward" if isinstance(result, dict) and "acc" not in result else "acc"
+
+
+def describe(cfg: Any, use_critic: bool, use_ref: bool) -> dict[str, Any]:
+    val_files = _files(_get(cfg, "data.val_files"))
+    steps = _get(cfg, "trainer.total_training_steps")
+    override = _get(cfg, "actor_rollout_ref.model.override_config") or {}
+    return {
+        "rollout_name": str(_get(cfg, "actor_rollout_ref.rollout.name")),
+        "strategy": str(_get(cfg, "actor_rollout_ref.actor.strategy")),
+        # workers/config/model.py: HFModelConfig loads the actor and reference with this (default flash_attention_2)
+        "attn_implementation": str(override.get("attn_implementation", "flash_attention_2")),
+        "val_core_var": core_variable(cfg, val_files),
+        "seed_keys": [k for k in SEED_KEYS if _has_key(cfg, k)],
+        "val_n": int(_get(cfg, "actor_rollout_ref.rollout.val_kwargs.n") or 1),
+        "data_sources": _data_sources(val_files),
+        "total_training_steps": None if steps is None else int(steps),
+        "test_freq": int(_get(cfg, "trainer.test_freq")),
+        "save_freq": int(_get(cfg, "trainer.save_freq")),
+        "val_before_train": bool(_get(cfg, "trainer.val_before_train")),
+        "n_gpus": int(_get(cfg, "trainer.n_gpus_per_node")) * int(_get(cfg, "trainer.nnodes")),
+        "use_critic": use_critic,
+        "use_reference_policy": use_ref,
+        "adv_estimator": str(_get(cfg, "algorithm.adv_estimator")),
+        "use_kl_loss": bool(_get(cfg, "actor_rollout_ref.actor.use_kl_loss")),
+        "use_kl_in_reward": bool(_get(cfg, "algorithm.use_kl_in_reward")),
+        "reward_model_enable": bool(_get(cfg, "reward.reward_model.enable") or _get(cfg, "reward_model.enable")),
+        "train_files": _files(_get(cfg, "data.train_files")),
+        "val_files": val_files,
+    }
