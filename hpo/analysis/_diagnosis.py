@@ -34,7 +34,8 @@ label (by priority)   rule: metric, condition [default]                         
 "Stops" is the default of the label's ``stop_on_<label>`` switch.
 
 Speed health (``health``, never a stop, apart from the label above; verl's performance-tuning guide's table), each
-with the knob to look at, judged on the mean over the steps after the first (the first step compiles and warms up):
+with the knob to look at, judged on the mean over the steps after the first (the first step compiles and warms up).
+The two GPU labels need a trial that ran on GPUs (``Diagnoser(..., gpu=False)``: none):
 
 ====================  ==========================================================================================
 health label          rule [default]; the knob
@@ -224,14 +225,17 @@ class Diagnoser:
     """Labels one trial from its metric lines; see the module docstring for the rules.
 
     ``objective_metric`` is the metric the study optimises (read at evaluations), ``maximize`` its direction,
-    ``names`` the trainer's metric vocabulary (its backend's ``metrics``).
+    ``names`` the trainer's metric vocabulary (its backend's ``metrics``). ``gpu``: the trial ran on GPUs; a trial
+    that got none (verl on the CPU platform, which still logs an MFU against the CPU's FLOPS) gets no GPU label.
     """
 
-    def __init__(self, spec: DiagnosisSpec, objective_metric: str, maximize: bool, names: MetricNames) -> None:
+    def __init__(self, spec: DiagnosisSpec, objective_metric: str, maximize: bool, names: MetricNames, *,
+                 gpu: bool = True) -> None:
         problems = spec.validate()
         if problems:
             raise ValueError("bad diagnosis spec: " + "; ".join(f"{k} {m}" for k, m in problems))
         self.spec, self.objective_metric, self.maximize, self.names = spec, objective_metric, maximize, names
+        self.gpu = gpu
         self._evidence: dict[str, dict[str, Any]] = {}
         self._stopped: str | None = None
         self._step: int | None = None
@@ -387,8 +391,8 @@ class Diagnoser:
         if self._first_train_step is None:
             self._first_train_step = step  # the first step compiles and warms up: not judged
             return
-        util = _get(values, names.gpu_util)
-        mfu = _get(values, names.mfu)
+        util = _get(values, names.gpu_util) if self.gpu else None  # no GPU: no GPU label
+        mfu = _get(values, names.mfu) if self.gpu else None
         if util is None and mfu is not None:
             util = 100.0 * mfu
         if util is not None:

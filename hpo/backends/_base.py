@@ -122,6 +122,11 @@ class Backend:
     # a validation metric's prefix -> its name on the held-out split ("": any other metric)
     heldout_prefixes: ClassVar[Mapping[str, str]] = {}
     metrics_env: ClassVar[str | None] = None  # an environment variable that tells the trainer its metrics file
+    # lines in which the trainer says it dropped a row of its data and went on without it (a row whose reward or
+    # generation raised): Python regular expressions searched in each line of its stdout and stderr, before the log
+    # cap cuts any (hpo.execution._logpump: a named group `n` counts n rows, `key` counts each value once). A trial's
+    # count is its `dropped_rows` attr; more than $VERL_HPO_MAX_DROPPED_ROWS (default 10) fails it. None: ()
+    dropped_row_patterns: ClassVar[tuple[str, ...]] = ()
     # study.fidelity.proxy: the keys that name the model (the first: the policy's, actor, rollout and reference), and
     # those that name a tokenizer apart from it; a trainer that names none cannot run a proxy search
     model_keys: ClassVar[tuple[str, ...]] = ()

@@ -33,6 +33,12 @@ writes that can wait a minute on a busy SQLite file) never delay them. ``peak_me
 peak RSS: the largest sum over the tree of ``VmHWM`` seen by the watchdog, and at least the largest single
 process's ``ru_maxrss`` (collected by the wrapper as it reaps them); shared pages count once per process.
 
+Logs. The trainer's stdout and stderr are pipes to a log pump (``_logs``, ``_logpump``: a process beside the wrapper,
+outside the trial's tree), which writes ``stdout.log`` and ``stderr.log`` in the trial's directory, each capped at
+``$VERL_HPO_LOG_CAP_MIB`` (16 MiB by default; head and tail kept, the cut said in the file: ``RunResult.logs_cut``,
+``log_notes``), and counts on the way the lines in which the trainer says it dropped a row of its data
+(``dropped_row_patterns``: ``RunResult.dropped_rows``).
+
 Failure labels (``RunResult.failure``): ``oom`` only when the driver's cap fired (``stop == "memory"``), the
 kernel's OOM killer is confirmed (the trial's cgroup counter; without a cgroup, a kernel log line naming one of
 the trial's pids), or the last traceback's final exception is ``MemoryError`` / ``OutOfMemoryError`` / CUDA out of
@@ -42,6 +48,7 @@ scheduler, another driver; ``crash`` otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -60,6 +67,7 @@ from typing import Any
 
 from hpo.analysis import _files
 from hpo.execution import _cgroup
+from hpo.execution._logs import ENV_MAX_DROPPED, LogPump, LogReport, log_cap
 from hpo.execution._metrics import MetricsFileError, MetricsTail
 from hpo.execution._process import KILL_GRACE_S, global_oom_kills, kernel_oom_killed, kill_tree
 from hpo.execution._trial_wrapper import KILL_NOW_SIGNAL
@@ -160,6 +168,32 @@ class RunResult:
     cgroup_peak_gb: float | None = None  # the cgroup's own peak (includes page cache it was charged)
     leftovers_killed: int = 0  # descendants still alive when the trainer exited (killed by the wrapper)
     node_lost: bool = False  # a Ray job whose node or supervisor died under it (retried, not the trial's fault)
+    # the logs (hpo.execution._logs): a log over its cap -> bytes cut from its middle; lines for the user (a cut log,
+    # a write error); the rows the trainer said it dropped (Backend.dropped_row_patterns) and the first one's error
+    logs_cut: dict[str, int] = field(default_factory=dict)
+    log_notes: tuple[str, ...] = ()
+    dropped_rows: int = 0
+    dropped_rows_error: str | None = None
+
+    def log_lines(self) -> list[str]:
+        """Lines for the user about the trial's logs: each one cut at its cap, a write error, the rows dropped."""
+        lines = list(self.log_notes)
+        if self.dropped_rows:
+            lines.append(f"the trainer dropped {self.dropped_rows} row(s) of its data and went on without them; "
+                         f"the first: {self.dropped_rows_error}")
+        return lines
+
+    def dropped_error(self, limit: int) -> str | None:
+        """Why the trial fails when its trainer dropped more than ``limit`` rows (None: it did not)."""
+        if self.dropped_rows <= limit:
+            return None
+        return (f"the trainer dropped {self.dropped_rows} rows of its data (more than {limit}, "
+                f"${ENV_MAX_DROPPED}): {self.dropped_rows_error}")
+
+    def with_logs(self, report: LogReport) -> RunResult:
+        """This result with what the logs' reader saw."""
+        return dataclasses.replace(self, logs_cut=dict(report.cut), log_notes=tuple(report.notes),
+                                   dropped_rows=report.dropped_rows, dropped_rows_error=report.dropped_rows_error)
 
     @property
     def failure(self) -> str | None:
@@ -207,6 +241,9 @@ class TrialProcess:
     memory_mechanism: str | None = None  # one of MECHANISMS; None: $VERL_HPO_MEMORY_MECHANISM, else auto
     # a /tmp of the trial's own (the wrapper's --private-tmp), for a trainer that binds fixed paths under /tmp
     private_tmp: Path | None = None
+    # the trainer's lines that say it dropped a row of its data (Backend.dropped_row_patterns): counted in RunResult
+    dropped_row_patterns: Sequence[str] = ()
+    log_cap: int | None = -1  # bytes per log (stdout.log, stderr.log); None: no cap; -1: $VERL_HPO_LOG_CAP_MIB
     pid: int | None = field(default=None, init=False)  # the wrapper's pid (the trainer is its child)
     spawned_at: float | None = field(default=None, init=False)  # time.monotonic() just before the spawn
 
@@ -231,20 +268,23 @@ class TrialProcess:
     def run(self) -> RunResult:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         _check_executable(self.argv[0], self.env, self.cwd)
+        cap = log_cap() if self.log_cap == -1 else self.log_cap  # (a bad $VERL_HPO_LOG_CAP_MIB: before anything)
         tail = MetricsTail(self.metrics_path)
-        stdout_path, stderr_path = self.log_dir / "stdout.log", self.log_dir / "stderr.log"
+        stderr_path = self.log_dir / "stderr.log"
         status_path = self.log_dir / ".wrapper-status.json"
         limit = None if self.memory_limit_gb is None else int(self.memory_limit_gb * 2**30)
         cg = self._cgroup(limit)
         wrapper_argv = self._wrapper_argv(status_path, None if cg is None else cg.path)
         oom_kills_before = global_oom_kills()
         try:
-            with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+            pump = LogPump(self.log_dir, cap, self.dropped_row_patterns)  # the trainer's stdout and stderr: pipes
+            try:
                 start = self.spawned_at = time.monotonic()
                 popen = subprocess.Popen(
                     [*wrapper_argv, "--", *self.argv], cwd=self.cwd, env=dict(self.env), stdin=subprocess.DEVNULL,
-                    stdout=out, stderr=err, start_new_session=True, close_fds=True,
+                    stdout=pump.stdout, stderr=pump.stderr, start_new_session=True, close_fds=True,
                 )
+                pump.spawned()
                 self.pid = popen.pid
                 wrapper = WrapperHandle(popen)
                 dog = Watchdog(wrapper, cg, limit if cg is None else None, self.timeout_s, self.stop_event, start)
@@ -258,6 +298,8 @@ class TrialProcess:
                     dog.close()
                     wrapper.close()
                 wall = time.monotonic() - start
+            finally:
+                logs = pump.finish()  # the whole trial is gone: the pump's end of file (its report)
             stop, exit_code = dog.reason, popen.returncode
             kernel_oom = False
             cgroup_peak = None
@@ -283,7 +325,7 @@ class TrialProcess:
             memory_mechanism="poll" if cg is None else cg.backend.name,
             kernel_oom=kernel_oom, final_exception=final_exception(read_tail(stderr_path, 10**6, CLASSIFY_TAIL_BYTES)),
             cgroup_peak_gb=None if cgroup_peak is None else cgroup_peak / 2**30, leftovers_killed=leftovers,
-        )
+        ).with_logs(logs)
 
     def _wrapper_argv(self, status_path: Path, cgroup: Path | None) -> list[str]:
         """The trial wrapper's own arguments (the trainer's argv follows ``--``)."""

@@ -62,9 +62,20 @@ def print_best(space: Space, study: Any, study_name: str, fmt: str, trial_number
     shown = ", ".join(f"{n}={v:.4g}" for n, v in zip(objective_names(study), trial.values, strict=True))
     print(f"# trial {trial.number} of study {study_name} ({space.objective.label}): {shown}{_on_proxy(trial)}",
           file=sys.stderr)
+    _print_dropped(trial)
     _print_fidelity(study)
     print(render_best(space, trial, fmt))
     return 0
+
+
+def _print_dropped(trial: Any) -> None:
+    """The rows of its data the trial's trainer dropped (its value was computed without them), on stderr."""
+    from hpo.reporting._report import dropped_rows
+
+    n = dropped_rows(trial)
+    if n:
+        print(f"# trial {trial.number} lost {n} row(s) of its data: its trainer went on without them and its value "
+              f"was computed without them (first: {trial.user_attrs.get('dropped_rows_error')})", file=sys.stderr)
 
 
 def _on_proxy(trial: Any) -> str:
@@ -124,6 +135,7 @@ def _print_confirmed(space: Space, study: Any, study_name: str, fmt: str) -> boo
           f"{top.mean:.4g} +- {top.std:.3g} over {top.n} fresh seed(s) (min {min(top.values):.4g}, max "
           f"{max(top.values):.4g}; tuning run {top.trial.values[0]:.4g}){test}; ranking by confirmed mean:",
           file=sys.stderr)
+    _print_dropped(top.trial)
     print("\n".join(f"#   {line}" for line in confirmed_table(study, space).splitlines()), file=sys.stderr)
     print("\n".join(f"# {line}" for line in verdict_lines(study, space)), file=sys.stderr)
     _print_fidelity(study, spent=False)  # the verdict said what was spent

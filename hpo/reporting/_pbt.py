@@ -16,7 +16,6 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from hpo.backends import backend_of
 from hpo.experiment._space import Space, format_value
 from hpo.record import ATTR_SPACE
 from hpo.study._checkpoints import CHECKPOINTS, checkpoint_problem
@@ -102,7 +101,9 @@ def render_pbt_best(space: Space, found: dict[str, Any], fmt: str) -> tuple[str,
         fixed = [f"{k}={format_value(v)}" for k, v in space.fixed_overrides().items()]  # secrets: references
         resume = [] if found["checkpoint"] is None else [
             "trainer.resume_mode=resume_path", f"trainer.resume_from_path={found['checkpoint']}"]
-        return header, shlex.join(backend_of(space).command_line(space, [*fixed, *last["overrides"], *resume]))
+        from hpo.reporting._command_line import command_for
+
+        return header, command_for(space, [*fixed, *last["overrides"], *resume])
     return header, shlex.join(last["overrides"])
 
 

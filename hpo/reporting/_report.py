@@ -16,7 +16,6 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.analysis._diagnosis import HEALTH_KNOBS
-from hpo.backends import backend_of
 from hpo.experiment._space import Space, format_value
 from hpo.record import (
     ATTR_FIDELITY_CHECK,
@@ -48,7 +47,7 @@ def fmt_params(params: dict[str, Any]) -> str:
 
 def outcome(t: FrozenTrial) -> str:
     """One word for how a trial ended: ok, converged, collapsed, pruned, budget, oom, predicted_oom, killed, timeout,
-    crash, bad_metrics, interrupted, driver_error, surplus, running, queued."""
+    crash, bad_metrics, dropped_rows, interrupted, driver_error, surplus, running, queued."""
     ua = t.user_attrs
     if t.state == TrialState.RUNNING:
         return "running"
@@ -253,7 +252,9 @@ def top_table(study: optuna.Study, limit: int = 10) -> str:
 
     trials.sort(key=key)
     names = sorted({k for t in trials for k in t.params})
-    head = ["trial", *objective_names(study), "outcome", "diagnosis", *names, "steps", "wall_s", "peak_gb"]
+    lost = any(dropped_rows(t) for t in trials[:limit])  # a column only when a shown trial's trainer dropped rows
+    head = ["trial", *objective_names(study), "outcome", "diagnosis", *(["dropped_rows"] if lost else []), *names,
+            "steps", "wall_s", "peak_gb"]
     rows = [head]
     for t in trials[:limit]:
         ua = t.user_attrs
@@ -263,7 +264,7 @@ def top_table(study: optuna.Study, limit: int = 10) -> str:
             outcome(t) + ("" if feasible(t) else " infeasible")
             + (f" (confirms {ua.get('confirm_of')}, seed {ua.get('confirm_seed')})" if is_confirm(t) else "")
             + fidelity_mark(t),
-            str(ua.get("diagnosis", "-")),
+            str(ua.get("diagnosis", "-")), *([str(dropped_rows(t))] if lost else []),
             *(fmt_value(t.params[n]) if isinstance(t.params.get(n), float) else str(t.params.get(n, "-"))
               for n in names),
             str(ua.get("last_step", "-")), fmt_value(ua.get("wall_time_s")), fmt_value(ua.get("peak_memory_gb")),
@@ -273,6 +274,30 @@ def top_table(study: optuna.Study, limit: int = 10) -> str:
     if len(trials) > limit:
         lines.append(f"... {len(trials) - limit} more")
     return "\n".join(lines)
+
+
+def dropped_rows(t: FrozenTrial) -> int:
+    """The rows of its data the trial's trainer said it dropped (``Backend.dropped_row_patterns``)."""
+    n = t.user_attrs.get("dropped_rows")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+
+def dropped_summary(trials: list[FrozenTrial]) -> str:
+    """The summary's lines on rows the trainers dropped and logs cut at their cap ("" when none)."""
+    lost = [t for t in trials if dropped_rows(t)]
+    out = ""
+    if lost:
+        shown = ", ".join(f"{t.number} ({dropped_rows(t)})" for t in lost[:8]) + (" ..." if len(lost) > 8 else "")
+        failed = sum(1 for t in lost if t.user_attrs.get("fail_reason") == "dropped_rows")
+        out += (f"dropped rows: the trainer went on without rows of its data (their generation or reward raised) in "
+                f"trial(s) {shown}: their values were computed without them; {failed} failed for dropping more than "
+                f"$VERL_HPO_MAX_DROPPED_ROWS; first: {lost[0].user_attrs.get('dropped_rows_error')}\n")
+    cut = [t for t in trials if isinstance(t.user_attrs.get("logs_cut"), dict) and t.user_attrs["logs_cut"]]
+    if cut:
+        out += ("logs cut at their cap ($VERL_HPO_LOG_CAP_MIB; head and tail kept, the cut said in each): trial(s) "
+                + ", ".join(f"{t.number} ({', '.join(map(str, t.user_attrs['logs_cut']))})" for t in cut[:8])
+                + (" ..." if len(cut) > 8 else "") + "\n")
+    return out
 
 
 def fidelity_mark(t: FrozenTrial) -> str:
@@ -374,7 +399,7 @@ def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
             f"trials: {parts}; early stopping and pruning saved ~{saved:.0f}s of trainer time; "
             f"driver peak RSS {driver_mb:.0f} MB; {disk}\n"
             f"spent: {study_cost(study.get_trials(deepcopy=False)).text()}\n"
-            f"{fidelity_summary(study)}{memory}{spread}{speed}{outages}"
+            f"{fidelity_summary(study)}{memory}{dropped_summary(trials)}{spread}{speed}{outages}"
             f"study {study.study_name} in {mask_url(storage)}\n"
             f"trial logs in {trials_dir}/<number>/ (command.json, config.yaml, stdout.log, stderr.log, "
             f"metrics.jsonl)")
@@ -403,7 +428,8 @@ def render_best(space: Space, trial: FrozenTrial, fmt: str) -> str:
         flat = {p.key: trial.params[p.name] for p in space.params if p.name in trial.params}
         return yaml.safe_dump(nest(flat), sort_keys=False).rstrip()
     tuned = best_overrides(space, trial)
-    if fmt == "command":
-        fixed = [f"{k}={format_value(v)}" for k, v in space.fixed_overrides().items()]  # secrets: references
-        return shlex.join(backend_of(space).command_line(space, [*fixed, *tuned]))
+    if fmt == "command":  # what the trial ran, its environment first (hpo.reporting._command_line)
+        from hpo.reporting._command_line import best_command
+
+        return best_command(space, trial)
     return shlex.join(tuned)

@@ -22,6 +22,10 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
   driver's cap, a final MemoryError / CUDA OOM, or a kernel OOM kill confirmed); another signal death is
   ``killed`` (see :func:`hpo.execution._runner.classify_exit`); ``bad_metrics`` when the metrics path is not a regular
   file (a FIFO, a device). A bad metrics line is never a failure: it is skipped and counted (``metrics_bad_lines``)
+* ``fail_reason=dropped_rows`` -> the same: the trainer said it dropped more rows of its data than
+  ``$VERL_HPO_MAX_DROPPED_ROWS`` (default 10; ``Backend.dropped_row_patterns``), ``error`` naming the first one's
+  exception. A trial whose trainer dropped any gets ``dropped_rows`` (the count) and ``dropped_rows_error``; a log over
+  its cap (``$VERL_HPO_LOG_CAP_MIB``) ``logs_cut`` (log -> bytes cut); the driver says both in a line.
 * interrupted (Ctrl-C, SIGTERM, SIGHUP, driver death) -> FAIL without a recorded result; a WAITING copy with
   the same parameters is queued, so ``resume`` (or any worker) runs it first. Trials of a dead driver are
   found by every other driver of the study (:mod:`hpo.study._recovery`: a dead pid where pids are comparable,
@@ -51,10 +55,11 @@ from hpo.analysis._diagnosis import Diagnoser
 from hpo.backends import Attempt, Backend, Launch, backend_of
 from hpo.execution._devices import DevicePool
 from hpo.execution._executor import TrialExecutor
+from hpo.execution._logs import knob_problem, max_dropped_rows
 from hpo.execution._runner import RunResult, TrialProcess, read_tail
 from hpo.experiment import speed_value_problem
 from hpo.experiment._objective import Scored
-from hpo.experiment._space import Space
+from hpo.experiment._space import Space, SpaceError
 from hpo.record import ATTR_PROMOTE_STEPS, ATTR_RETRY_HISTORY, ATTR_RETRY_OF, runs_steps
 from hpo.storages._retrying import STORAGE_ERRORS
 from hpo.study._checkpoints import clean_after
@@ -148,6 +153,10 @@ class TrialRunner:
         self.pool = pool
         self.over_budget = over_budget  # study.budget: a search trial stops when it leaves no room (the driver's)
         self.backend: Backend = backend_of(space)
+        problem = knob_problem()  # the driver's knobs of a trial's logs: a bad value is one line before any trial
+        if problem is not None:
+            raise SpaceError(problem)
+        self.dropped_limit = max_dropped_rows()
 
     def run(self, trial: Trial, lost: threading.Event) -> tuple[TrialState, list[float] | None]:
         """The trial's state and values, its checkpoints cleaned. TrialInterrupted, TrialLost and the database's
@@ -203,7 +212,7 @@ class TrialRunner:
             return fail_trial(trial, self.space, "predicted_oom", f"predicted {pred.problem} ({pred.budget_source})",
                               "")
         try:
-            result, proc, watch = self._launch(trial, plan, launch, lost, job)
+            result, proc, watch = self._launch(trial, plan, launch, lost, job, gpus=len(devices))
         finally:
             self.pool.release(devices)
             self.backend.cleanup(plan.trial_dir, len(plan.history))
@@ -212,6 +221,8 @@ class TrialRunner:
         overhead = None if proc.spawned_at is None else proc.spawned_at - entered
         for k, v in run_attrs(result, watch, overhead, entered - waited).items():
             trial.set_user_attr(k, v)
+        for line in result.log_lines():
+            self.reporter.note(f"trial {trial.number}: {line}")
         if result.stop == "interrupted":
             self._interrupt(trial)
         if result.node_lost:  # the cluster's doing, not the trial's: FAIL, retried
@@ -219,7 +230,7 @@ class TrialRunner:
             fail_trial(trial, dataclasses.replace(self.space, trial=dataclasses.replace(
                 self.space.trial, on_failure="worst")), "killed", "the Ray job lost its node", result.stderr_tail)
             raise TrialRetried(f"trial {trial.number}: its Ray job lost its node; retry queued")
-        return outcome(trial, self.space, result, watch, plan.trial_dir)
+        return outcome(trial, self.space, result, watch, plan.trial_dir, self.dropped_limit)
 
     def _plan(self, trial: Trial) -> _Plan:
         """Sample the parameters, make the trial directory, and record what the attempt will run."""
@@ -249,7 +260,7 @@ class TrialRunner:
         return _Plan(values, retry_of, trial_dir, history, confirm_seed, dict(extra), tail, resume_from, stop_at)
 
     def _launch(self, trial: Trial, plan: _Plan, launch: Launch, lost: threading.Event,
-                job: tuple[str, bool] | None = None) -> tuple[RunResult, TrialExecutor, Watch]:
+                job: tuple[str, bool] | None = None, gpus: int = 0) -> tuple[RunResult, TrialExecutor, Watch]:
         """Write the trial's files and run the backend's planned ``launch``, a :class:`Watch` reading its metrics."""
         spec, total, point = self.space.trial, launch.config.total_steps, launch.resume
         argv, env = launch.argv, launch.env
@@ -266,7 +277,9 @@ class TrialRunner:
         diag = self.space.diagnosis
         diagnoser = Diagnoser(diag, self.space.objective.primary_metric,
                               self.space.objective.direction_literal == "maximize",
-                              self.backend.metrics) if diag.enabled else None
+                              self.backend.metrics,  # GPU labels: a trial handed GPUs (a Ray job: real ones)
+                              gpu=spec.ray.device != "cpu" and spec.ray.num_gpus > 0 if job else gpus > 0,
+                              ) if diag.enabled else None
         confirming = plan.confirm_seed is not None  # full budget unless study.confirm.early_stopping
         speed = self.space.study.kind == "throughput"
         watch = Watch(trial, self.space, total, on_eval, diagnoser, prune=not confirming and plan.stop_at is None,
@@ -286,7 +299,8 @@ class TrialRunner:
         run: dict[str, Any] = {
             "argv": argv, "env": env, "log_dir": plan.trial_dir, "metrics_path": launch.metrics, "cwd": self.cwd,
             "timeout_s": spec.timeout_s, "memory_limit_gb": spec.memory_limit_gb, "on_metrics": watch,
-            "on_tick": on_tick, "stop_event": _TrialStop(self.stop_event, lost)}
+            "on_tick": on_tick, "stop_event": _TrialStop(self.stop_event, lost),
+            "dropped_row_patterns": self.backend.dropped_row_patterns}
         proc: TrialExecutor = (
             ray_job(self.study, trial, spec, job, hold=self.backend.ray_hold, note=self.reporter.note, **run)
             if job is not None else TrialProcess(**run, private_tmp=launch.private_tmp))
@@ -354,6 +368,10 @@ def run_attrs(result: RunResult, watch: Watch, launch_overhead_s: float | None,
         attrs.update(watch.throughput_spread())
         if watch.first_step is not None:
             attrs["first_step"] = watch.first_step
+    if result.dropped_rows:  # rows the trainer went on without (Backend.dropped_row_patterns)
+        attrs.update(dropped_rows=result.dropped_rows, dropped_rows_error=result.dropped_rows_error)
+    if result.logs_cut:  # log -> bytes cut from its middle ($VERL_HPO_LOG_CAP_MIB)
+        attrs["logs_cut"] = dict(result.logs_cut)
     if result.metrics_bad_lines:  # skipped: not JSON, too long, no step in 0..2^31, ...
         attrs["metrics_bad_lines"] = result.metrics_bad_lines
     if watch.diagnoser is not None:
@@ -364,9 +382,11 @@ def run_attrs(result: RunResult, watch: Watch, launch_overhead_s: float | None,
     return attrs
 
 
-def outcome(trial: Trial, space: Space, result: RunResult, watch: Watch, trial_dir: Path) -> float | list[float]:
+def outcome(trial: Trial, space: Space, result: RunResult, watch: Watch, trial_dir: Path,
+            dropped_limit: int | None = None) -> float | list[float]:
     """The values to tell for a process that was not interrupted, or TrialPruned / TrialFailed (see the module
-    docstring)."""
+    docstring). ``dropped_limit``: the rows its trainer may drop (None: $VERL_HPO_MAX_DROPPED_ROWS)."""
+    dropped = result.dropped_error(max_dropped_rows() if dropped_limit is None else dropped_limit)
     if result.stop is None and watch.stopped_at is not None:  # the trainer ended before its promoted run's stop
         result = dataclasses.replace(result, stop="promote_steps")
     if result.stop is not None and (result.stop in STOPS or result.stop.startswith("collapsed:")):
@@ -377,6 +397,8 @@ def outcome(trial: Trial, space: Space, result: RunResult, watch: Watch, trial_d
         if result.stop in ("pruned", "budget"):
             record_scores(trial, space, watch.scored)
             raise optuna.TrialPruned(f"{result.stop} at step {result.last_step}")
+        if dropped is not None:  # its value was computed without the rows
+            return fail_trial(trial, space, "dropped_rows", dropped, read_tail(trial_dir / "stderr.log"))
         if watch.scored is None:  # collapsed before any finite evaluation: nothing to score but the worst
             record_scores(trial, space, None)
             if space.trial.on_failure == "fail":
@@ -389,6 +411,8 @@ def outcome(trial: Trial, space: Space, result: RunResult, watch: Watch, trial_d
         names = ", ".join(space.objective.metrics)
         error = (f"exited {result.exit_code} without finite values of {names}" if watch.value is None
                  else f"an objective metric ({names}) is NaN or infinite")
+    if failure is None and dropped is not None:
+        failure, error = "dropped_rows", dropped
     if failure is None and watch.warmup_steps is not None and watch.scored is not None:  # a throughput: in range
         error = speed_value_problem(space.objective.primary_metric, [h[0] for h in watch.history],
                                     watch.scored.values[0])

@@ -378,7 +378,12 @@ class TrlBackend(Backend):
         return metrics_file(trial_dir, attempt)
 
     def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
-        return [space.trial.python or "python", str(LAUNCHER), "--config", space.config, *overrides]
+        """The launcher as a trial ran it, outside the driver: TRL's interpreter, the config, a metrics file (the
+        launcher trains only with one; checkpoints go beside it, into ``./checkpoints``), the overrides and, as a search
+        trial, no held-out split (unless ``overrides`` name one)."""
+        test = [] if any(o.partition("=")[0].lstrip("+") == TEST_KEY for o in overrides) else [f"{TEST_KEY}=null"]
+        return [trl_python(space), str(LAUNCHER), "--config", space.config, "--metrics-file", "metrics.jsonl",
+                *overrides, *test]
 
     def command(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Command:
         argv = [trl_python(space), str(LAUNCHER), "--config", space.config, "--metrics-file", str(ctx.metrics),

@@ -20,11 +20,12 @@ from hpo.backends.verl._compose_checks import SEED_KEYS
 from hpo.backends.verl._data import resolve_path, split_list
 from hpo.backends.verl._launch import (
     MAIN_MODULE,
-    config_args,
     default_python,
     scratch_dir,
     verl_argv,
     verl_cleanup,
+    verl_command_env,
+    verl_command_line,
     verl_env,
     verl_job_env,
     verl_metrics_path,
@@ -34,6 +35,7 @@ from hpo.backends.verl._launch import (
 from hpo.backends.verl._memory import corner_predictions, predict_verl, validate_verl
 from hpo.backends.verl._ray import job_checkpoints
 from hpo.backends.verl._resume import LAYOUT
+from hpo.experiment._secrets import MASK, is_secret_key
 from hpo.experiment._space import Space, SpaceError, located_error
 
 if TYPE_CHECKING:
@@ -57,6 +59,15 @@ class VerlBackend(Backend):
         sync_time="timing_s/update_weights", gpu_util="perf/gpu_util", mfu="perf/mfu/actor")
     default_command: ClassVar[tuple[str, ...]] = ("python", "-m", MAIN_MODULE)  # in trial.python (_launch)
     metrics_env: ClassVar[str | None] = "VERL_FILE_LOGGER_PATH"
+    # verl 0.9.1 catches these per row and trains (or validates) on without the row: trainer/ppo/v1/agent_loop_tq.py's
+    # _run_prompt logs each failed session of a prompt ("for uid=": the prompt; a reward that raises ends here) or the
+    # prompt itself; the limited reward manager scores a failed call 0. Ray folds repeats from several workers into
+    # one "[repeated Nx across cluster]" line (Ray's log deduplication): counted N times.
+    dropped_row_patterns: ClassVar[tuple[str, ...]] = (
+        r"Error in _run_prompt for uid=(?P<key>[\w-]+)(?:.*\[repeated (?P<n>\d+)x across cluster\])?",
+        r"Error in _run_prompt: (?:.*\[repeated (?P<n>\d+)x across cluster\])?",
+        r"Reward computation failed for data_source=(?:.*\[repeated (?P<n>\d+)x across cluster\])?",
+    )
     # study.fidelity.proxy: verl 0.9.1's policy model (actor, rollout and reference), the critic's, and the policy's
     # tokenizer when it is not the model's (ppo_trainer.yaml)
     model_keys: ClassVar[tuple[str, ...]] = ("actor_rollout_ref.model.path", "critic.model.path")
@@ -214,7 +225,24 @@ class VerlBackend(Backend):
             raise SpaceError(f"{space.source}: trial.ray: {err}") from None
 
     def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
-        return [space.trial.python or "python", "-m", MAIN_MODULE, *config_args(space.config), *overrides]
+        """verl's own command as a trial ran it, outside the driver (:func:`verl_command_line`): verl's interpreter,
+        the platform's overrides (the CPU platform's for a trial of no GPU: ``trial.gpus_per_trial`` 0, or a Ray job
+        on logical GPUs) and, when the trial's environment had more than ``trial.env``, ``env`` first with what it
+        adds (:func:`verl_command_env`; ``trial.env`` and the secrets: :mod:`hpo.reporting._command_line`)."""
+        spec = space.trial
+        python = spec.python or default_python()
+        if spec.executor == "ray":
+            ray, cpu = spec.ray, spec.ray.device == "cpu"
+            argv = verl_command_line(python, space.config, overrides, ray.num_gpus, ray.nodes, cpu=cpu,
+                                     joins_cluster=True, cpus=int(ray.num_cpus * ray.nodes))
+        else:
+            cpu = spec.gpus_per_trial == 0
+            argv = verl_command_line(python, space.config, overrides, spec.gpus_per_trial)
+        plain = {k: v for k, v in spec.env.items() if v != MASK and not is_secret_key(k)}
+        added, unset = verl_command_env(plain, cpu, ray_job=spec.executor == "ray")
+        if not added and not unset:
+            return argv
+        return ["env", *(a for name in unset for a in ("-u", name)), *(f"{k}={v}" for k, v in added.items()), *argv]
 
     def predict(self, space: Space, config: TrialConfig, devices: Sequence[str]) -> PredictionLike | None:
         """A throughput study's trial on GPUs: its own composed config against the GPUs' free memory (a learning

@@ -145,9 +145,10 @@ def config_args(config: str) -> list[str]:
     return [] if config == DEFAULT_CONFIG else ["--config-name", config]
 
 
-def _merged_loggers(overrides: Sequence[str]) -> tuple[list[str], str]:
-    """The overrides without ``trainer.logger``, and ``trainer.logger=[console,file,<the space's others>]``."""
-    loggers = ["console", "file"]
+def _merged_loggers(overrides: Sequence[str], base: Sequence[str] = ("console", "file")) -> tuple[list[str], str]:
+    """The overrides without ``trainer.logger``, and ``trainer.logger=[<base>,<the space's others>]`` (``base``: the
+    console, and the ``file`` logger that feeds the driver)."""
+    loggers = list(base)
     rest = []
     for o in overrides:
         if override_key(o) != "trainer.logger":
@@ -179,8 +180,7 @@ def verl_argv(python: str, config: str, overrides: Sequence[str], study: str, tr
     """
     rest, loggers = _merged_loggers(overrides)
     cpu = n_gpus == 0 if cpu is None else cpu
-    platform = [*(cpu_overrides(rest, joins_cluster) if cpu else []),
-                *transfer_queue_overrides(rest, cpu and not joins_cluster, cpus)]
+    platform = _platform(rest, cpu, joins_cluster, cpus)
     resume = ([format_override("trainer.resume_mode", "auto")] if resume_from is None else
               [format_override("trainer.resume_mode", "resume_path"),
                format_override("trainer.resume_from_path", str(resume_from))])
@@ -192,9 +192,47 @@ def verl_argv(python: str, config: str, overrides: Sequence[str], study: str, tr
             format_override("trainer.nnodes", nnodes),
             *resume,
             format_override("hydra.run.dir", str(trial_dir / "hydra"))]
-    if not any(override_key(o) == RAY_DASHBOARD_KEY for o in rest):
-        argv.append(format_override("++" + RAY_DASHBOARD_KEY, False))
-    return argv
+    return argv + _dashboard(rest)
+
+
+def _platform(rest: Sequence[str], cpu: bool, joins_cluster: bool, cpus: int | None) -> list[str]:
+    """The platform's overrides: the CPU platform's (``cpu``), TransferQueue sized to the host."""
+    return [*(cpu_overrides(rest, joins_cluster) if cpu else []),
+            *transfer_queue_overrides(rest, cpu and not joins_cluster, cpus)]
+
+
+def _dashboard(rest: Sequence[str]) -> list[str]:
+    """Ray's dashboard off unless the experiment says."""
+    return [] if any(override_key(o) == RAY_DASHBOARD_KEY for o in rest) else [
+        format_override("++" + RAY_DASHBOARD_KEY, False)]
+
+
+def verl_command_line(python: str, config: str, overrides: Sequence[str], n_gpus: int, nnodes: int = 1, *,
+                      cpu: bool | None = None, joins_cluster: bool = False, cpus: int | None = None) -> list[str]:
+    """What a user runs to train as a trial with ``overrides`` did, outside the driver (``verl-hpo best --format
+    command``): :func:`verl_argv`'s argv without the driver's own places and names (``trainer.project_name``,
+    ``experiment_name``, the trial's ``default_local_dir``, ``resume_mode``, ``hydra.run.dir``) and without the
+    ``file`` logger that feeds the driver; the platform's overrides, the devices and the dashboard switch as the
+    trial had them. Its environment: :func:`verl_command_env`."""
+    rest, loggers = _merged_loggers(overrides, base=("console",))
+    cpu = n_gpus == 0 if cpu is None else cpu
+    return [python, "-m", MAIN_MODULE, *config_args(config), *rest, *_platform(rest, cpu, joins_cluster, cpus),
+            loggers, format_override("trainer.n_gpus_per_node", max(1, n_gpus)),
+            format_override("trainer.nnodes", nnodes), *_dashboard(rest)]
+
+
+def verl_command_env(env: Mapping[str, str], cpu: bool, ray_job: bool = False) -> tuple[dict[str, str], list[str]]:
+    """What :func:`verl_command_line` needs of its environment beyond ``env`` (the experiment's ``trial.env``, its
+    secrets left out), as a trial got it (:func:`verl_env`, :func:`verl_job_env`): the variables to set (``cpu``: the
+    CPU platform's, :func:`~hpo.backends.verl._cpu.cpu_env`; a Ray job: verl's ``runtime_env`` over the job's) and to
+    unset (``cpu``: ``CUDA_VISIBLE_DEVICES``; a local trial never joins a cluster named by ``RAY_ADDRESS``). The
+    driver's own (metrics file, scratch directories, Ray's auth token) are not: they name the trial's places."""
+    out = cpu_env(env) if cpu else dict(env)
+    if ray_job:
+        out["RAY_OVERRIDE_JOB_RUNTIME_ENV"] = JOB_ENV["RAY_OVERRIDE_JOB_RUNTIME_ENV"]
+    changed = {k: v for k, v in out.items() if env.get(k) != v}
+    unset = [*(["CUDA_VISIBLE_DEVICES"] if cpu else []), *([] if ray_job else ["RAY_ADDRESS"])]
+    return changed, unset
 
 
 # Continuing another run's checkpoint with new hyperparameters (study.strategy pbt). verl 0.9.1's

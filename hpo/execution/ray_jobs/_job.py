@@ -7,7 +7,8 @@ file with a prefix), so no filesystem is shared between the driver and the nodes
 tail's own :func:`~hpo.execution._metrics.parse_line` under the same rules (line cap, bad lines counted, skipped).
 The log is followed over the dashboard's websocket (``tail_job_logs``, from the start: an adopted job's whole
 curve is read again) and, once the job is over, completed with ``get_job_logs``. Lines that are not metrics go to
-``<trial dir>/stderr.log`` (what failure labels and ``stderr_tail`` read).
+``<trial dir>/stderr.log`` (what failure labels and ``stderr_tail`` read), capped and counted as a local trial's logs
+(:class:`~hpo.execution._logs.CappedText`: ``$VERL_HPO_LOG_CAP_MIB``, the trainer's dropped rows).
 
 How a job ended (``RunResult``): the trainer's exit status from the entrypoint's last line (a death by signal N as
 -N, as locally); ``stop`` is the driver's reason when it stopped the job (pruned, converged, timeout,
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpo.execution._logs import CappedText, log_cap
 from hpo.execution._metrics import MAX_LINE_BYTES, parse_line
 from hpo.execution._process import ENV_DRIVER
 from hpo.execution._runner import CLASSIFY_TAIL_BYTES, REPORT_TICK_S, RunResult, final_exception, read_tail
@@ -238,6 +240,8 @@ class RayJob:
     stop_event: threading.Event | None = None
     stop_timeout_s: float = 60.0
     note: Callable[[str], None] | None = None  # a line for the user (default: stderr)
+    dropped_row_patterns: Sequence[str] = ()  # as TrialProcess's: counted in the job's log (RunResult.dropped_rows)
+    log_cap: int | None = -1  # bytes of stderr.log; None: no cap; -1: $VERL_HPO_LOG_CAP_MIB
     pid: int | None = field(default=None, init=False)  # no local process
     spawned_at: float | None = field(default=None, init=False)  # time.monotonic() just before the submission
     final_status: str | None = field(default=None, init=False)  # the job's status when run() returned
@@ -287,6 +291,7 @@ class RayJob:
 
     def run(self) -> RunResult:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        cap = log_cap() if self.log_cap == -1 else self.log_cap  # (a bad $VERL_HPO_LOG_CAP_MIB: before the job)
         client = job_client(self.address)
         start = self.spawned_at = time.monotonic()
         if not self.adopt:
@@ -295,9 +300,9 @@ class RayJob:
         follower.start()
         stderr_path = self.log_dir / "stderr.log"
         w = _Watch(start)
+        err = CappedText(stderr_path, cap, self.dropped_row_patterns)  # appended to, as an adopted job's before
         try:
-            with stderr_path.open("a", encoding="utf-8", errors="replace") as err, \
-                    (self.log_dir / JOB_METRICS).open("a", encoding="utf-8", errors="surrogateescape") as mirror:
+            with (self.log_dir / JOB_METRICS).open("a", encoding="utf-8", errors="surrogateescape") as mirror:
                 log = JobLog(err, mirror)
                 self._follow(client, follower, log, w)
                 log.close()
@@ -310,9 +315,10 @@ class RayJob:
             raise
         finally:
             follower.closing.set()
+            logs = err.close()
         self.final_status = w.status
         return self._result(w.info, w.status, w.reason, log.end, time.monotonic() - start, w.first_metric,
-                            w.last_step, log.bad_lines)
+                            w.last_step, log.bad_lines).with_logs(logs)
 
     def _follow(self, client: Any, follower: _LogFollower, log: JobLog, w: _Watch) -> None:
         """Follow the job until it is over and its log read to the end: its status every :data:`STATUS_TICK_S`, its
