@@ -27,6 +27,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 def run_study(space: Space | None, study_name: str, inv: Invocation, args: argparse.Namespace) -> int:
     """search (``space`` given), or resume / worker / confirm of the stored study; the exit code."""
+    from hpo.execution import knob_problem
     from hpo.reporting._dashboard import DashboardCallback, dashboard_path, write_final_page
     from hpo.reporting._report import Reporter, summary
     from hpo.storages._retrying import StorageUnavailable
@@ -36,6 +37,9 @@ def run_study(space: Space | None, study_name: str, inv: Invocation, args: argpa
     from hpo.study._slots import n_finished
 
     storage_url, studies_dir = inv.storage_url, inv.studies_dir
+    problem = knob_problem()  # a bad $VERL_HPO_LOG_CAP_MIB / $VERL_HPO_MAX_DROPPED_ROWS: before anything is made
+    if problem:
+        return fail(problem)
     quiet_optuna()
     stop, got = threading.Event(), list[int]()
     with _stop_on_signals(stop, got), ExitStack() as closing:  # closing: the trackers' flush (hpo.tracking)
@@ -52,7 +56,8 @@ def run_study(space: Space | None, study_name: str, inv: Invocation, args: argpa
                 return refused
         else:
             _search_notes(study, space, studies_dir, args, reporter)
-            reporter.header(study_name, storage_url, str(driver.trials_dir), n_finished(study), target)
+            finished, on_target = _finished(study, space)
+            reporter.header(study_name, storage_url, str(driver.trials_dir), finished, target, on_target)
         pages = DashboardCallback(dashboard_path(studies_dir, study_name), storage_url, studies_dir, every=5)
         try:
             ran = driver.run_confirm([pages]) if confirming else driver.run(target, [pages])
@@ -77,6 +82,18 @@ def run_study(space: Space | None, study_name: str, inv: Invocation, args: argpa
             reporter.note(f"study {study_name} already has {done} finished trials (target {target})")
         print(summary(study, storage_url, str(driver.trials_dir)))
     return 0
+
+
+def _finished(study: Any, space: Space) -> tuple[int, int | None]:
+    """The header's count of finished trials (confirmation runs never count): a proxy search's proxy trials (its
+    target), and apart its runs on the target model (None without a proxy)."""
+    from hpo.record import is_finished, is_proxy
+
+    done = [t for t in study.get_trials(deepcopy=False) if is_finished(t)]
+    if space.study.fidelity.proxy is None:
+        return len(done), None
+    proxy = sum(1 for t in done if is_proxy(t))
+    return proxy, len(done) - proxy
 
 
 def _open(space: Space | None, study_name: str, storage_url: str, args: argparse.Namespace,

@@ -5,11 +5,14 @@ the metrics file tail, kill and exit labels, GPU locks and the driver's identity
 process tree (find, measure, kill, orphans, the kernel's OOM kills); ``_watchdog``: the thread that samples its
 memory and enforces the cap, the timeout and the stop event; ``_trial_wrapper``: the wrapper process;
 ``_cgroup``: the memory cgroup; ``_metrics``: the metrics file tail; ``_executor``: :class:`TrialExecutor`, the
-interface a local process and a Ray job (``ray_jobs/``, imported only by Ray-executor studies) share.
+interface a local process and a Ray job (``ray_jobs/``, imported only by Ray-executor studies) share; ``_logpump``:
+the process that writes a trial's stdout/stderr capped (head and tail kept) and counts the rows the trainer dropped;
+``_logs``: its driver side and the two settings (``$VERL_HPO_LOG_CAP_MIB``, ``$VERL_HPO_MAX_DROPPED_ROWS``).
 
 May import: nothing of ``hpo`` but itself (a peer of ``hpo.experiment``)."""
 
 from hpo.execution._executor import TrialExecutor
+from hpo.execution._logs import knob_problem
 from hpo.execution._metrics import MetricsFileError, MetricsTail, metric_value, parse_line
 from hpo.execution._process import (
     ENV_DRIVER,
@@ -25,4 +28,4 @@ from hpo.execution._runner import RunResult, TrialProcess, classify_exit, final_
 
 __all__ = ["ENV_DRIVER", "ENV_STUDY", "ENV_TRIAL", "MetricsFileError", "MetricsTail", "RunResult", "TrialExecutor",
            "TrialProcess", "classify_exit", "final_exception", "is_finite", "kernel_oom_killed", "kill_tree",
-           "metric_value", "parse_line", "read_tail", "sweep_orphans", "tree", "tree_rss_bytes"]
+           "knob_problem", "metric_value", "parse_line", "read_tail", "sweep_orphans", "tree", "tree_rss_bytes"]

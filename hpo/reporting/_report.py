@@ -93,10 +93,14 @@ class Reporter:
                 self.stream.write(line + "\n")
             self.stream.flush()
 
-    def header(self, study: str, storage: str, trials_dir: str, finished: int, target: int) -> None:
+    def header(self, study: str, storage: str, trials_dir: str, finished: int, target: int,
+               target_runs: int | None = None) -> None:
+        """``target_runs``: a proxy search's (``study.fidelity.proxy``) finished runs on the target model, apart from
+        its ``finished`` proxy trials (``target`` is the proxy's)."""
         self.target = target
-        self._write(f"study {study}: {finished}/{target} finished trials; storage {mask_url(storage)}; "
-                    f"logs {trials_dir}")
+        what = "finished trials" if target_runs is None else \
+            f"finished proxy trials (and {target_runs} finished on the target model)"
+        self._write(f"study {study}: {finished}/{target} {what}; storage {mask_url(storage)}; logs {trials_dir}")
 
     def note(self, text: str) -> None:
         self._write(text)

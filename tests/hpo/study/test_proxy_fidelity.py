@@ -108,6 +108,9 @@ def test_a_reversed_proxy_is_caught_in_one_line_and_the_search_goes_on_on_the_ta
     assert "proxy: did not hold" in best.stderr and "spent on a proxy that did not hold" in best.stderr
     shown = int(best.stderr.split("# trial ", 1)[1].split()[0])
     assert not is_proxy(next(t for t in trials if t.number == shown))  # best is a target run, never a proxy value
+    again = cli(tmp_path, "resume", "--study", "proxy")  # the header counts each model's runs apart
+    assert again.returncode == 0, again.stderr
+    assert "study proxy: 3/3 finished proxy trials (and 6 finished on the target model)" in again.stdout
 
 
 def test_a_transfer_rule_reaches_the_proxy_runs_and_the_check_reports_it(tmp_path: Path) -> None:
