@@ -49,7 +49,7 @@ MIN_LOG_CAP_MIB = 1
 CHUNK = 1 << 16  # bytes read from a pipe at a time
 ALIGN = 1 << 16  # a cut moves to a line boundary within this many bytes
 MAX_CARRY = 1 << 16  # a line longer than this is matched in pieces
-AFTER_LINES = 40  # the first match's traceback is looked for in this many lines after it
+AFTER_LINES = 400  # the first match's traceback is looked for in this many lines after it (a Ray task's: ~50)
 TRACEBACK_WITHIN = 20  # ... and must start within this many
 MAX_KEYS = 1 << 20  # distinct ``key`` values remembered (beyond: every line counts)
 ORPHAN_DRAIN_S = 10.0  # the driver is gone: read on at most this long (the wrapper is killing the trial)
@@ -236,20 +236,28 @@ class RowCounter:
 
     def exception(self) -> str | None:
         """The exception line of the traceback that follows the first match (within :data:`TRACEBACK_WITHIN` lines;
-        lines of the traceback are those with its own prefix, e.g. Ray's ``(Worker pid=N)``), else None."""
+        lines of the traceback are those with its own prefix, e.g. Ray's ``(Worker pid=N)``), else None: its last
+        unindented line before the next unindented one, so a remote task's error (Ray's ``RayTaskError(ValueError):
+        ...`` followed by the task's own frames) gives the task's exception, ``ValueError: ...``."""
         lines = [_text(line) for line in self._after or []]
         for i, line in enumerate(lines[:TRACEBACK_WITHIN]):
             at = line.find(_TRACEBACK)
             if at < 0:
                 continue
             prefix = line[:at]
+            found: str | None = None
             for later in lines[i + 1:]:
                 if not later.startswith(prefix):
                     continue  # another process's line, interleaved
                 body = later[len(prefix):]
-                if body and not body[0].isspace():
-                    return body.strip()
-            return None
+                if not body or body[0].isspace():  # a frame of the traceback (of a nested one after ``found``)
+                    if found is not None and body.strip():
+                        found = None if body.lstrip().startswith("File ") else found
+                    continue
+                if found is not None:
+                    return found  # an unindented line after an unindented one: the traceback has ended
+                found = body.strip()
+            return found
         return None
 
     def report(self) -> dict[str, object]:

@@ -95,3 +95,17 @@ def test_a_trainer_that_names_no_patterns_counts_nothing(tmp_path: Path) -> None
                           log_dir=tmp_path / "trial", metrics_path=metrics).run()
     assert result.exit_code == 0 and result.dropped_rows == 0 and result.dropped_rows_error is None
     assert "Error in _run_prompt for uid=" in (tmp_path / "trial" / "stderr.log").read_text()  # under the cap: all
+
+
+def test_a_reward_raised_in_ray_s_reward_worker_gives_the_reward_s_own_exception() -> None:
+    """A real verl 0.9.1 log (``data/verl_reward_raised.log``, from a CPU trial whose reward raised on two validation
+    rows): the reward runs in a Ray actor of its own, so the traceback after `Error in _run_prompt` holds Ray's
+    ``RayTaskError(ValueError): ray::RewardLoopWorker.compute_score() ...`` and then the task's frames; the exception
+    kept is the reward's, as the user wrote it."""
+    from hpo.execution._logpump import RowCounter
+
+    counter = RowCounter(VerlBackend.dropped_row_patterns)
+    for line in (Path(__file__).with_name("data") / "verl_reward_raised.log").read_bytes().splitlines(keepends=True):
+        counter.scan(line.rstrip(b"\n"), 2)
+    assert counter.count == 2  # two prompts (two uids)
+    assert counter.exception() == "ValueError: no scorer on this worker for row 0"
