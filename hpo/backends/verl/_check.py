@@ -187,6 +187,7 @@ class ComposedConfig:
     use_kl_loss: bool | None = None  # None: not known (an older reply)
     use_kl_in_reward: bool | None = None
     reward_model_enable: bool | None = None
+    adv_reads: tuple[str, ...] | None = None  # which of algorithm.gamma/lam the estimator reads; None: not known
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,8 @@ def _composed(info: dict[str, Any]) -> ComposedConfig:
     sources = info["data_sources"]
     return ComposedConfig(**{**info, "data_sources": None if sources is None else tuple(sources),
                              "train_files": tuple(info["train_files"]), "val_files": tuple(info["val_files"]),
-                             "seed_keys": tuple(info.get("seed_keys", ()))})
+                             "seed_keys": tuple(info.get("seed_keys", ())),
+                             "adv_reads": None if info.get("adv_reads") is None else tuple(info["adv_reads"])})
 
 
 def compose_corners(python: str, config: str, corners: Sequence[Sequence[str]], n_gpus: int | None = 1,
@@ -312,6 +314,13 @@ def check_verl_space(space: Space, python: str, n_gpus: int | None = None) -> Co
                        *((f"params.{p.name}.key", p.key) for p in space.params)]:
         if override_key(key) in DRIVER_KEYS:
             raise VerlConfigError(f"{override_key(key)} is set by the driver for every verl trial", where)
+    from hpo.backends.verl._data import bad_rows, missing_files, missing_reward
+
+    for key, value in space.overrides.items():  # before verl's interpreter starts: a typo costs nothing
+        if override_key(key) in ("reward.custom_reward_function.path", "custom_reward_function.path"):
+            problem = missing_reward(value)
+            if problem:
+                raise VerlConfigError(problem, f"overrides.{key}", key=override_key(key))
     corners = space_corners(space)
     try:
         report = check_space(python, space.config, [c.overrides for c in corners],
@@ -331,8 +340,6 @@ def check_verl_space(space: Space, python: str, n_gpus: int | None = None) -> Co
             where = f"overrides.{fixed}" if fixed is not None else "params"
             message = f"the combination {shown} is rejected by verl: {err}"
         raise VerlConfigError(message, where, err.corner, err.key, err.value) from None
-    from hpo.backends.verl._data import bad_rows, missing_files
-
     prompt_key = str(next((v for k, v in space.overrides.items() if override_key(k) == "data.prompt_key"), "prompt"))
     for i, info in enumerate(report.corners):
         for key, files in (("data.train_files", info.train_files), ("data.val_files", info.val_files)):
@@ -341,8 +348,10 @@ def check_verl_space(space: Space, python: str, n_gpus: int | None = None) -> Co
                 fixed = next((k for k in space.overrides if override_key(k) == key), None)
                 raise VerlConfigError(problem, f"overrides.{fixed}" if fixed else "params", key=key)
     check_verl_metrics(space, report.corners[0])
-    facts = {k: v for k, v in dataclasses.asdict(report.corners[0]).items() if v is not None}
-    dead = unread_tuned([(f"params.{p.name}", p.key) for p in space.params], facts)
+    tuned = [(f"params.{p.name}", p.key) for p in space.params]
+    every = [unread_tuned(tuned, {k: v for k, v in dataclasses.asdict(c).items() if v is not None})
+             for c in report.corners]
+    dead = [d for d in every[0] if all(any(o[0] == d[0] for o in other) for other in every[1:])]  # in no corner
     if dead:  # every trial would spend a dimension of the search on a value nothing reads
         raise VerlConfigError(dead[0][1], dead[0][0], key=space.param(dead[0][0].split(".", 1)[1]).key)
     return report
@@ -471,7 +480,9 @@ def unread_tuned(keys: Sequence[tuple[str, str]], info: dict[str, Any]) -> list[
     ``info`` (:func:`hpo.backends.verl._compose_checks.describe`): a critic key without a critic, a reference key
     without a reference policy, a reward-model key without a reward model, the KL-loss coefficient without
     ``use_kl_loss``, the in-reward KL controller without ``use_kl_in_reward``, another rollout engine's
-    ``engine_kwargs``. ``(field, why)`` each; keys it cannot decide (``info`` lacks the fact) are left out."""
+    ``engine_kwargs``, ``algorithm.gamma``/``algorithm.lam`` that the advantage estimator does not read (``adv_reads``,
+    from verl's code: GAE reads both, GRPO neither). ``(field, why)`` each; keys it cannot decide (``info`` lacks
+    the fact) are left out."""
     rollout = str(info.get("rollout_name") or "")
     no_rm = "this run has no reward model (reward.reward_model.enable)"
     no_critic = f"this run has no critic (algorithm.adv_estimator={info.get('adv_estimator')})"
@@ -491,6 +502,13 @@ def unread_tuned(keys: Sequence[tuple[str, str]], info: dict[str, Any]) -> list[
                 out.append((where, f"{key}: {why}, so no worker reads it"))
                 break
         else:
+            reads = info.get("adv_reads")
+            name = bare.removeprefix("algorithm.")
+            if not key.startswith("+") and name in ("gamma", "lam") and bare != name and reads is not None \
+                    and name not in reads:
+                out.append((where, f"{key}: algorithm.adv_estimator={info.get('adv_estimator')} does not read it "
+                                   "(verl's gae does), so no worker reads it"))
+                continue
             engine = re.match(r"actor_rollout_ref\.rollout\.engine_kwargs\.([a-z_]+)\.", bare)
             if engine and rollout and engine.group(1) != rollout:
                 out.append((where, f"{key}: the rollout engine is {rollout}, not {engine.group(1)}, so no worker "

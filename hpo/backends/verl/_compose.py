@@ -8,7 +8,10 @@ installed package's ``verl/trainer/config``, as ``python -m verl.trainer.main_pp
 key the config lacks is null), what the memory estimate reads (``verl_core.memory.VERL_MEMORY_KEYS``), and
 ``"measure_prompts": N``: the token counts of the first N training prompts, in the first corner's result as
 ``"prompt_lengths"`` (:func:`measure_prompts`: the model's own tokenizer and chat template, from a local directory or
-the Hugging Face cache, never downloaded). The reply is the one line on stdout (everything verl prints goes to stderr):
+the Hugging Face cache, never downloaded), and ``"check_rows": {"rows_s", "reward_call_s", "reward_s"}``: verl's
+own data path on the rows of every data file and the reward on every distinct ground truth, in the first corner's
+result as ``"rows"`` (``_compose_datapath.check_rows``, within those time limits). The reply is the one line on
+stdout (everything verl prints goes to stderr):
 
 * ``{"status": "ok", "results": [one per corner]}``, each ``{"ok": true, "info": {...}, "seconds": s}`` (with
   ``"selected": {key: value}`` when the request selects keys) or
@@ -40,11 +43,13 @@ from typing import Any
 if __package__:  # imported as hpo.backends.verl._compose
     from ._compose_checks import ReasonedLoadError, describe, extra_checks
     from ._compose_data import _one_line, measure_prompts
+    from ._compose_datapath import check_rows
 else:  # run in verl's interpreter: the neighbours beside it (its directory is on sys.path, unless PYTHONSAFEPATH)
     if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _compose_checks import ReasonedLoadError, describe, extra_checks  # type: ignore[no-redef]
     from _compose_data import _one_line, measure_prompts  # type: ignore[no-redef]
+    from _compose_datapath import check_rows  # type: ignore[no-redef]
 
 
 # ----------------------------------------------------------------------------- compose + validate
@@ -99,7 +104,8 @@ def select(cfg: Any, keys: list[str]) -> dict[str, Any]:
 
 
 def check_corner(compose: Any, validate: Any, name: str, overrides: list[str],
-                 keys: list[str] | None = None, measure_rows: int = 0) -> dict[str, Any]:
+                 keys: list[str] | None = None, measure_rows: int = 0,
+                 rows: dict[str, Any] | None = None) -> dict[str, Any]:
     """One corner: ``{"ok": true, "info": ...[, "selected": ...]}`` or ``{"ok": false, "key", "value", "message"}``."""
     try:
         cfg = compose(config_name=name, overrides=overrides)
@@ -128,6 +134,12 @@ def check_corner(compose: Any, validate: Any, name: str, overrides: list[str],
         result["selected"] = select(cfg, keys)
     if measure_rows:
         result["prompt_lengths"] = measure_prompts(cfg, measure_rows)
+    if rows is not None:
+        try:
+            result["rows"] = check_rows(cfg, rows)
+        except Exception as err:  # noqa: BLE001 - the check's own failure is a note, never the corner's
+            result["rows"] = {"problems": [], "notes": [f"the rows were not checked with verl's own data path: "
+                                                        f"{type(err).__name__}: {_one_line(str(err))[:300]}"]}
     return result
 
 
@@ -192,7 +204,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             started = time.monotonic()
             # the prompts are the same in every corner unless a corner sets the data or the model: measured once
             result = check_corner(compose, validate, name, list(overrides), request.get("select"),
-                                  int(request.get("measure_prompts") or 0) if i == 0 else 0)
+                                  int(request.get("measure_prompts") or 0) if i == 0 else 0,
+                                  request.get("check_rows") if i == 0 else None)
             result["seconds"] = round(time.monotonic() - started, 3)
             results.append(result)
     return {"status": "ok", "results": results, "interpreter": probe_interpreter()}

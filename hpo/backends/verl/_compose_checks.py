@@ -260,12 +260,93 @@ def core_variable(cfg: Any, val_files: list[str]) -> str | None:
     if row is None:
         return None
     truth = (row.get("reward_model") or {}).get("ground_truth")
+    key = (str(path), str(_get(cfg, "reward.custom_reward_function.name")), tuple(val_files))
+    if key not in _CORE_VARS:  # one call for every corner: the function does not change between them
+        limit = call_limit()
+        try:
+            result = _bounded(limit, fn, data_source=row.get("data_source"), solution_str="", ground_truth=truth,
+                              extra_info=row.get("extra_info") or {})
+            _CORE_VARS[key] = "reward" if isinstance(result, dict) and "acc" not in result else "acc"
+        except TimeoutError:
+            _CORE_VARS[key] = ReasonedLoadError(
+                f"reward.custom_reward_function: the reward function {path} did not return within {limit:g} s (the "
+                f"limit of one call, VERL_HPO_REWARD_CALL_TIMEOUT_S) on the first row of {val_files[0]} (ground truth "
+                f"{str(truth)[:60]!r}): does it loop or wait on something?")
+        except Exception:  # noqa: BLE001 - the function's own failure: the row check names it; here it is unknown
+            _CORE_VARS[key] = None
+    found = _CORE_VARS[key]
+    if isinstance(found, ReasonedLoadError):
+        raise found
+    return found
+
+
+_CORE_VARS: dict[Any, Any] = {}  # core_variable's answer (or its error) per reward function and validation files
+CALL_LIMIT_ENV = "VERL_HPO_REWARD_CALL_TIMEOUT_S"  # seconds one call of the user's reward function may take here
+
+
+def call_limit(default: float = 30.0) -> float:
+    """:data:`CALL_LIMIT_ENV` (the driver refuses a bad value before it runs this), else ``default``."""
     try:
-        result = fn(data_source=row.get("data_source"), solution_str="", ground_truth=truth,
-                    extra_info=row.get("extra_info") or {})
-    except Exception:  # noqa: BLE001 - the function's own failure shows in the trial; here it is just unknown
+        value = float(os.environ.get(CALL_LIMIT_ENV) or default)
+    except ValueError:
+        return default
+    return value if 0 < value < math.inf else default
+
+
+class _Expired(BaseException):
+    """SIGALRM in :func:`_bounded`."""
+
+
+def _bounded(seconds: float, fn: Any, **kwargs: Any) -> Any:
+    """``fn(**kwargs)`` (awaited when it is a coroutine), TimeoutError after ``seconds`` (a SIGALRM: the main
+    thread only, as verl's interpreter runs this)."""
+    import asyncio
+    import inspect
+    import signal
+
+    def expired(signum: int, frame: Any) -> None:
+        raise _Expired
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        result = fn(**kwargs)
+        return asyncio.run(result) if inspect.iscoroutine(result) else result
+    except _Expired:
+        raise TimeoutError from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+ESTIMATOR_KEYS = ("gamma", "lam")  # algorithm keys that only the advantage estimator reads
+
+
+def estimator_reads(adv: str) -> list[str] | None:
+    """Which of :data:`ESTIMATOR_KEYS` (``algorithm.gamma``, ``algorithm.lam``) the advantage estimator ``adv``
+    reads, from verl 0.9.1's code: ``compute_advantage`` gives GAE both and GRPO neither; any other registered
+    estimator gets the algorithm config and reads what its function's body names. None when it cannot be told here
+    (an estimator this verl does not register, or one that hands the config on to another function)."""
+    if adv in ("gae", "grpo"):
+        return list(ESTIMATOR_KEYS) if adv == "gae" else []
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+        tree = ast.parse(textwrap.dedent(inspect.getsource(get_adv_estimator_fn(adv))))
+    except Exception:  # noqa: BLE001 - not registered here (a user's own estimator), no source
         return None
-    return "reward" if isinstance(result, dict) and "acc" not in result else "acc"
+    body = [node for stmt in tree.body[0].body for node in ast.walk(stmt)]  # type: ignore[attr-defined]
+    for node in body:
+        if isinstance(node, ast.Call) and any(isinstance(a, ast.Name) and a.id == "config"
+                                              for a in [*node.args, *(k.value for k in node.keywords)]):
+            return None  # the config handed on: what the callee reads is not looked into
+    named = {n.attr for n in body if isinstance(n, ast.Attribute)}
+    named |= {n.value for n in body if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return [k for k in ESTIMATOR_KEYS if k in named]
 
 
 def describe(cfg: Any, use_critic: bool, use_ref: bool) -> dict[str, Any]:
@@ -289,6 +370,7 @@ def describe(cfg: Any, use_critic: bool, use_ref: bool) -> dict[str, Any]:
         "use_critic": use_critic,
         "use_reference_policy": use_ref,
         "adv_estimator": str(_get(cfg, "algorithm.adv_estimator")),
+        "adv_reads": estimator_reads(str(_get(cfg, "algorithm.adv_estimator"))),
         "use_kl_loss": bool(_get(cfg, "actor_rollout_ref.actor.use_kl_loss")),
         "use_kl_in_reward": bool(_get(cfg, "algorithm.use_kl_in_reward")),
         "reward_model_enable": bool(_get(cfg, "reward.reward_model.enable") or _get(cfg, "reward_model.enable")),

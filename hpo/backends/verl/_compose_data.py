@@ -5,7 +5,12 @@ tokenizer and chat template, from a local directory or the Hugging Face cache, n
 ``data.max_prompt_length``, :func:`overlong_prompts`). Also the two helpers every verl-side script shares:
 :func:`_get` (a dotted key of a config) and :func:`_one_line` (an error as one line).
 
-Like ``_compose.py`` this imports nothing of the project (``_shrink.py`` imports it as its neighbour too).
+Every data file is read by :func:`iter_batches` as verl 0.9.1's ``RLHFDataset`` takes it: by its name's ending,
+``.parquet`` as parquet, ``.json`` and ``.jsonl`` as JSON (one object per line, else one JSON list), in batches of
+bounded size, so that a file of millions of rows is never loaded whole.
+
+Like ``_compose.py`` this imports nothing of the project (``_shrink.py`` imports it as its neighbour too; the driver
+imports it for :func:`iter_batches`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,85 @@ def _get(cfg: Any, key: str) -> Any:
 
 
 # ----------------------------------------------------------------------------- the data files
+def data_format(path: str) -> str | None:
+    """``"parquet"`` or ``"json"`` as verl 0.9.1's ``RLHFDataset`` decides by the name's ending; None: it raises
+    ``Unsupported file format``."""
+    if path.endswith(".parquet"):
+        return "parquet"
+    return "json" if path.endswith((".json", ".jsonl")) else None
+
+
+JSON_CHUNK_BYTES = 16 << 20  # JSON read this much at a time (cut at a line's end), as the datasets library does
+BATCH_BYTES = 32 << 20  # parquet read about this many uncompressed bytes at a time
+
+
+def _json_tables(path: str) -> Any:
+    """The tables of a JSON file as the datasets library reads it for verl: chunks of whole lines, each read by
+    pyarrow (its own schema); a file that is one JSON list (not one object per line) is loaded whole."""
+    import io
+    import json
+
+    import pyarrow as pa
+    import pyarrow.json as paj
+
+    with open(path, "rb") as f:
+        first = True
+        while True:
+            chunk = f.read(JSON_CHUNK_BYTES)
+            if not chunk:
+                return
+            chunk += f.readline()  # to the end of the line
+            try:
+                table = paj.read_json(io.BytesIO(chunk))
+            except pa.ArrowInvalid:
+                if not first:
+                    raise
+                f.seek(0)
+                rows = json.load(f)
+                if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+                    raise ValueError(f"{path}: neither JSON lines nor a JSON list of objects") from None
+                yield pa.Table.from_pylist(rows)
+                return
+            first = False
+            yield table
+
+
+def iter_batches(path: str, columns: list[str] | None = None, batch_rows: int = 65_536) -> Any:
+    """The rows of the data file ``path`` (``~`` expanded) as pyarrow record batches, in order, at most ``batch_rows``
+    rows (and about :data:`BATCH_BYTES`) each; ``columns``: only these, those of them the file has (a JSON file's
+    batches can differ: a key only in later lines). ValueError for a name verl does not read, pyarrow's errors for
+    a file that is not what its name says."""
+    local = os.path.expanduser(path)
+    fmt = data_format(path)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(local)
+        meta = pf.metadata
+        size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        if columns is None and meta.num_rows:  # whole rows: as many as fit in BATCH_BYTES
+            batch_rows = max(256, min(batch_rows, BATCH_BYTES * meta.num_rows // max(1, size)))
+        names = pf.schema_arrow.names
+        yield from pf.iter_batches(batch_size=batch_rows, columns=None if columns is None else
+                                   [c for c in columns if c in names])
+        return
+    if fmt is None:
+        raise ValueError(f"{path}: verl 0.9.1 reads .parquet, .json and .jsonl files only (RLHFDataset: "
+                         "'Unsupported file format')")
+    for table in _json_tables(local):
+        if columns is not None:
+            table = table.select([c for c in columns if c in table.column_names])
+        yield from table.to_batches(max_chunksize=batch_rows)
+
+
+def column_or_nulls(batch: Any, name: str) -> Any:
+    """Column ``name`` of a record batch, or nulls when the batch lacks it."""
+    import pyarrow as pa
+
+    i = batch.schema.get_field_index(name)
+    return batch.column(i) if i >= 0 else pa.nulls(batch.num_rows)
+
+
 def _files(value: Any) -> list[str]:
     from omegaconf import OmegaConf
 
@@ -39,27 +123,27 @@ def _files(value: Any) -> list[str]:
 
 
 def _data_sources(paths: list[str]) -> list[str] | None:
-    """The ``data_source`` values of the validation parquet files; None when one is missing or unreadable."""
+    """The ``data_source`` values of every row of the validation files; None when one is missing or unreadable."""
+    import pyarrow.compute as pc
+
     sources: set[str] = set()
     for path in paths:
         try:
-            import pyarrow.parquet as pq
-
-            table = pq.read_table(os.path.expanduser(path), columns=["data_source"])
-        except Exception:  # noqa: BLE001 - not there yet (made by the prepare step) or not a parquet file
+            for batch in iter_batches(path, ["data_source"]):
+                sources.update(str(s) for s in pc.unique(column_or_nulls(batch, "data_source")).to_pylist())
+        except Exception:  # noqa: BLE001 - not there yet (made by the prepare step) or not a data file
             return None
-        sources.update(str(s) for s in table.column("data_source").to_pylist())
     return sorted(sources) if paths else None
 
 
 def _first_val_row(paths: list[str]) -> dict[str, Any] | None:
     try:
-        import pyarrow.parquet as pq
-
-        rows = pq.read_table(os.path.expanduser(paths[0])).slice(0, 1).to_pylist()
-    except Exception:  # noqa: BLE001 - not there yet (made by the prepare step) or not a parquet file
+        for batch in iter_batches(paths[0], batch_rows=1):
+            rows = batch.slice(0, 1).to_pylist()
+            return rows[0] if rows else None
+    except Exception:  # noqa: BLE001 - not there yet (made by the prepare step) or not a data file
         return None
-    return rows[0] if rows else None
+    return None
 
 
 # ----------------------------------------------------------------------------- prompt lengths
@@ -78,34 +162,40 @@ def _tokenizer_source(path: str) -> str | None:
 
 def prompt_lengths(tokenizer: Any, paths: list[str], prompt_key: str, rows: int,
                    chat_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Token counts of the first ``rows`` prompts of the parquet files ``paths`` as verl's ``RLHFDataset`` makes them
+    """Token counts of the first ``rows`` prompts of the data files ``paths`` as verl's ``RLHFDataset`` makes them
     (``apply_chat_template(messages, add_generation_prompt=True)``; a plain string prompt is tokenized as it is):
     ``{"mean", "max", "rows", "file"}``; ``{"error": ONE LINE}`` naming the file and row that fails."""
-    import pyarrow.parquet as pq
-
     counts: list[int] = []
     for path in paths:
-        table = pq.read_table(os.path.expanduser(path))
-        if prompt_key not in table.column_names:
-            return {"error": f"{path}: no column {prompt_key!r} (data.prompt_key); its columns: "
-                             f"{', '.join(table.column_names)}"}
-        for i, prompt in enumerate(table.column(prompt_key).slice(0, rows - len(counts)).to_pylist()):
-            try:
-                if isinstance(prompt, str):
-                    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-                else:
-                    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                                        **(chat_kwargs or {}))
-                    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-            except Exception as err:  # noqa: BLE001 - a row verl's dataset would fail on too
-                return {"error": f"{path} row {i}: {prompt_key!r} cannot be tokenized with the model's chat template "
-                                 f"({type(err).__name__}: {_one_line(str(err))[:300]})"}
-            counts.append(len(ids))
+        i = -1
+        for batch in iter_batches(path, batch_rows=min(rows, 65_536)):
+            if prompt_key not in batch.schema.names:
+                return {"error": f"{path}: no column {prompt_key!r} (data.prompt_key); its columns: "
+                                 f"{', '.join(batch.schema.names)}"}
+            error = _count_tokens(tokenizer, batch.column(prompt_key).slice(0, rows - len(counts)).to_pylist(),
+                                  chat_kwargs or {}, counts, path, i + 1, prompt_key)
+            if error:
+                return {"error": error}
+            i += batch.num_rows
+            if len(counts) >= rows:
+                break
         if len(counts) >= rows:
             break
     if not counts:
         return {"error": f"{', '.join(paths)}: no rows"}
     return {"mean": sum(counts) / len(counts), "max": max(counts), "rows": len(counts), "file": paths[0]}
+
+
+def _count_tokens(tokenizer: Any, prompts: list[Any], chat_kwargs: dict[str, Any], counts: list[int], path: str,
+                  first_row: int, prompt_key: str) -> str | None:
+    """Append the token count of each prompt to ``counts``; the line naming the row that fails, else None."""
+    for i, prompt in enumerate(prompts, first_row):
+        try:
+            counts.append(len(_token_ids(tokenizer, prompt, chat_kwargs)))
+        except Exception as err:  # noqa: BLE001 - a row verl's dataset would fail on too
+            return (f"{path} row {i}: {prompt_key!r} cannot be tokenized with the model's chat template "
+                    f"({type(err).__name__}: {_one_line(str(err))[:300]})")
+    return None
 
 
 def _token_ids(tokenizer: Any, prompt: Any, chat: dict[str, Any]) -> list[int]:
@@ -123,62 +213,146 @@ def _byte_bound(tokenizer: Any, prompt: Any, chat: dict[str, Any], overheads: di
     if isinstance(prompt, str):
         return len(prompt.encode("utf-8", "replace")) + 1
     if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
-        return 1 << 30  # not a chat verl can read: tokenized, and its error named
+        return HUGE  # not a chat verl can read: tokenized, and its error named
     roles = tuple(str(m.get("role")) for m in prompt)
+    text = sum(len(str(m.get("content") or "").encode("utf-8", "replace")) + 2 for m in prompt)
+    return _overhead(tokenizer, roles, chat, overheads) + text
+
+
+OVERLONG_TOKENIZED_CAP = 20_000  # rows tokenized at most by the length check (the byte bound clears the rest)
+HUGE = 1 << 30  # the byte bound of a prompt that is not a chat verl can read: it is tokenized, and its error named
+
+
+def chat_rows(column: Any) -> dict[str, Any] | None:
+    """A prompt column of chat messages (a list of structs with ``role`` and text ``content``) taken apart, for
+    columnar checks of every row: ``offsets`` (numpy, row i's messages are ``offsets[i]:offsets[i+1]`` of the
+    flattened ones), ``null_rows`` (numpy bool), ``messages`` (the flattened structs), ``roles`` (strings, a null role
+    as ``"None"``), ``content_bytes`` (numpy, UTF-8 bytes of each message's content, 0 when null),
+    ``bad_message`` (numpy bool: a null message). None when the column is something else (plain text, multimodal
+    content lists): the caller reads it row by row."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_struct(kind.value_type):
+        return None
+    fields = {kind.value_type.field(i).name: kind.value_type.field(i).type
+              for i in range(kind.value_type.num_fields)}
+    content = fields.get("content")
+    if "role" not in fields or content is None or not (pa.types.is_string(content) or
+                                                        pa.types.is_large_string(content) or pa.types.is_null(content)):
+        return None
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0), dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    messages = pc.list_flatten(column)
+    text = pc.struct_field(messages, "content")
+    size = pc.binary_length(text) if not pa.types.is_null(content) else pa.array([0] * len(messages))
+    roles = pc.fill_null(pc.cast(pc.struct_field(messages, "role"), pa.string()), "None")
+    return {"offsets": offsets, "null_rows": np.asarray(pc.is_null(column)), "messages": messages, "roles": roles,
+            "content_bytes": np.asarray(pc.fill_null(size, 0), dtype=np.int64),
+            "bad_message": np.asarray(pc.is_null(messages)) if messages.null_count else np.zeros(len(messages), bool)}
+
+
+def per_row(values: Any, offsets: Any) -> Any:
+    """The sum over each row's messages of a per-message numpy array."""
+    import numpy as np
+
+    total = np.concatenate([[0], np.cumsum(values)])
+    return total[offsets[1:]] - total[offsets[:-1]]
+
+
+def row_keys(strings: Any, offsets: Any, sep: str = "\x1f") -> Any:
+    """Each row's per-message strings joined by ``sep`` (a row without messages: ``""``), as a pyarrow array."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), strings)
+    return pc.binary_join(lists, sep)
+
+
+def byte_bounds(column: Any, tokenizer: Any, chat: dict[str, Any], overheads: dict[Any, int]) -> Any:
+    """:func:`_byte_bound` of every row of a prompt column as a numpy array, computed by columns for chats and
+    text (a row that is no chat verl can read: :data:`HUGE`); None for another kind of column."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return np.where(np.asarray(pc.is_null(column)), HUGE,
+                        np.asarray(pc.fill_null(pc.binary_length(column), 0), dtype=np.int64) + 1)
+    chats = chat_rows(column)
+    if chats is None:
+        return None
+    offsets = chats["offsets"]
+    text = per_row(chats["content_bytes"] + 2, offsets)
+    keys = row_keys(chats["roles"], offsets).dictionary_encode()
+    over = np.array([_overhead(tokenizer, tuple(k.split("\x1f")) if k else (), chat, overheads)
+                     for k in keys.dictionary.to_pylist()] or [0], dtype=np.int64)
+    bounds = over[np.asarray(keys.indices, dtype=np.int64)] + text
+    broken = chats["null_rows"] | (per_row(chats["bad_message"].astype(np.int64), offsets) > 0)
+    return np.where(broken, HUGE, bounds)
+
+
+def _overhead(tokenizer: Any, roles: tuple[str, ...], chat: dict[str, Any], overheads: dict[Any, int]) -> int:
+    """The chat template's own tokens for a sequence of roles (measured once, with empty contents)."""
     if roles not in overheads:
         try:
             overheads[roles] = len(_token_ids(tokenizer, [{"role": r, "content": ""} for r in roles], chat))
         except Exception:  # noqa: BLE001 - a template that refuses empty turns: tokenize these rows
-            overheads[roles] = 1 << 30
-    text = sum(len(str(m.get("content") or "").encode("utf-8", "replace")) + 2 for m in prompt)
-    return overheads[roles] + text
-
-
-OVERLONG_TOKENIZED_CAP = 20_000  # rows tokenized at most by the length check (the byte bound clears the rest)
+            overheads[roles] = HUGE
+    return overheads[roles]
 
 
 def overlong_prompts(tokenizer: Any, paths: list[str], prompt_key: str, limit: int,
                      chat: dict[str, Any] | None = None, batch_rows: int = 65_536,
                      cap: int = OVERLONG_TOKENIZED_CAP) -> dict[str, Any]:
     """Every prompt of ``paths`` longer than ``limit`` tokens (``data.max_prompt_length``), read one column in
-    batches (bounded memory); only rows whose byte bound (:func:`_byte_bound`) exceeds ``limit`` are tokenized, at
-    most ``cap`` of them. ``{"rows": N read, "tokenized": K, "count": over, "first": [[file, row, tokens], ...3],
-    "longest": [file, row, tokens] or None, "capped": bool}``."""
-    import pyarrow.parquet as pq
+    batches (bounded memory); only rows whose byte bound (:func:`byte_bounds`, by columns; :func:`_byte_bound` row
+    by row for other columns) exceeds ``limit`` are tokenized, at most ``cap`` of them. ``{"rows": N read,
+    "tokenized": K, "count": over, "first": [[file, row, tokens], ...3], "longest": [file, row, tokens] or None,
+    "capped": bool}``."""
+    import numpy as np
 
     chat = chat or {}
     overheads: dict[Any, int] = {}
     out: dict[str, Any] = {"rows": 0, "tokenized": 0, "count": 0, "first": [], "longest": None, "capped": False}
     for path in paths:
-        local = os.path.expanduser(path)
-        try:
-            pf = pq.ParquetFile(local)
-            if prompt_key not in pf.schema_arrow.names:
-                continue  # the column check names it
-            batches = pf.iter_batches(batch_size=batch_rows, columns=[prompt_key])
-        except Exception:  # noqa: BLE001 - not parquet: the data check names it
-            continue
         row = 0
-        for batch in batches:
-            for prompt in batch.column(0).to_pylist():
-                if _byte_bound(tokenizer, prompt, chat, overheads) > limit:
-                    if out["tokenized"] >= cap:
-                        out["capped"] = True
-                    else:
-                        out["tokenized"] += 1
-                        try:
-                            n = len(_token_ids(tokenizer, prompt, chat))
-                        except Exception:  # noqa: BLE001 - the first rows' measurement names such a row
-                            n = 0
-                        if n > limit:
-                            out["count"] += 1
-                            if len(out["first"]) < 3:
-                                out["first"].append([path, row, n])
-                            if out["longest"] is None or n > out["longest"][2]:
-                                out["longest"] = [path, row, n]
-                row += 1
+        try:
+            for batch in iter_batches(path, [prompt_key], batch_rows):
+                if prompt_key not in batch.schema.names:
+                    row += batch.num_rows
+                    continue  # the column check names it
+                column = batch.column(0)
+                bounds = byte_bounds(column, tokenizer, chat, overheads)
+                if bounds is None:
+                    bounds = np.array([_byte_bound(tokenizer, p, chat, overheads) for p in column.to_pylist()])
+                for i in np.flatnonzero(bounds > limit).tolist():
+                    _tokenize_long(tokenizer, column[i].as_py(), chat, limit, cap, out, path, row + i)
+                row += batch.num_rows
+        except Exception:  # noqa: BLE001 - not a data file verl reads: the data check names it
+            pass
         out["rows"] += row
     return out
+
+
+def _tokenize_long(tokenizer: Any, prompt: Any, chat: dict[str, Any], limit: int, cap: int, out: dict[str, Any],
+                   path: str, row: int) -> None:
+    if out["tokenized"] >= cap:
+        out["capped"] = True
+        return
+    out["tokenized"] += 1
+    try:
+        n = len(_token_ids(tokenizer, prompt, chat))
+    except Exception:  # noqa: BLE001 - verl's own data path names such a row
+        n = 0
+    if n > limit:
+        out["count"] += 1
+        if len(out["first"]) < 3:
+            out["first"].append([path, row, n])
+        if out["longest"] is None or n > out["longest"][2]:
+            out["longest"] = [path, row, n]
 
 
 def chat_kwargs(cfg: Any) -> dict[str, Any]:

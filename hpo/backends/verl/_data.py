@@ -186,6 +186,26 @@ def missing_files(key: str, value: str | Sequence[str] | None) -> str | None:
     return None
 
 
+def missing_reward(value: str | None) -> str | None:
+    """One line naming the reward function's file (``reward.custom_reward_function.path``) when it is not a regular
+    file and no prepare step of this project writes it (the arith task's ``reward.py``), with the ``.py`` files beside
+    where it was looked for when there are any (a typo); else None. Remote paths are left to verl."""
+    text = str(value or "").strip().strip("'\"")
+    if not text or "://" in text:
+        return None
+    try:
+        path = resolve_path(text)
+    except ValueError as err:
+        return str(err)
+    if path.is_file() or path == Path(os.path.expanduser(ARITH_DIR)) / "reward.py":
+        return None
+    why = "is not a regular file" if path.exists() else "does not exist"
+    near = sorted(p.name for p in path.parent.glob("*.py"))[:5] if path.parent.is_dir() else []
+    beside = f"; {path.parent} holds {', '.join(near)}" if near else ""
+    return (f"{path} {why} (the reward function's file; a relative path is read from the experiment file's "
+            f"directory, or from the current one when typed with --override){beside}")
+
+
 def ensure(train: str | None, val: str | None) -> list[Path]:
     """Write the files of the shipped set that the config names and that do not exist yet; returns the paths
     written. ValueError (one line) for any other missing file."""
@@ -246,38 +266,55 @@ def bad_rows(key: str, value: str | Sequence[str] | None, prompt_key: str = "pro
     """One line naming the first data file of ``key`` with rows verl cannot use, else None: a missing column
     (``prompt_key``, ``data_source``, ``reward_model``), or rows whose prompt is null or empty, whose ``data_source``
     is null, or whose ``reward_model.ground_truth`` is null (the first rows and how many). Every row of every local
-    parquet file is read, three columns at a time in batches of :data:`ROW_BATCH` (a file of millions of rows is never
-    loaded whole); a path that is not a regular file, or not parquet, is left to verl."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
+    data file (parquet, json, jsonl: as verl reads them, ``_compose_data.iter_batches``) is read, three columns at a
+    time in batches of :data:`ROW_BATCH` (a file of millions of rows is never loaded whole); a path that is not a
+    regular file, or not readable as its name says, is left to verl's own data path (``validate``)."""
     from hpo.analysis._files import FileRefused, check_regular
+    from hpo.backends.verl._compose_data import data_format
 
     for text in split_list(value):
         if "://" in text:
             continue
         path = resolve_path(text)
+        if data_format(str(path)) is None:
+            return (f"{key}: {path}: verl 0.9.1 reads .parquet, .json and .jsonl files only (its RLHFDataset raises "
+                    "'Unsupported file format' on any other name)")
         try:
             check_regular(path, str(path))
-            file = pq.ParquetFile(path)
-        except (OSError, FileRefused, pa.ArrowException):
+        except (OSError, FileRefused):
             continue
-        names = set(file.schema_arrow.names)
-        missing = [c for c in (prompt_key, "data_source", "reward_model") if c not in names]
-        if missing:
-            return (f"{key}: {path} has no column {missing[0]!r} (verl reads {prompt_key!r}, 'data_source', "
-                    "'reward_model')")
-        found: dict[str, list[int]] = {}
-        counts: dict[str, int] = {}
-        offset = 0
-        for batch in file.iter_batches(batch_size=ROW_BATCH, columns=[prompt_key, "data_source", "reward_model"]):
-            prompt, source, reward = (batch.column(i) for i in range(3))
+        problem = _bad_rows_of(key, path, prompt_key)
+        if problem:
+            return problem
+    return None
+
+
+def _bad_rows_of(key: str, path: Path, prompt_key: str) -> str | None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from hpo.backends.verl._compose_data import column_or_nulls, iter_batches
+
+    columns = [prompt_key, "data_source", "reward_model"]
+    found: dict[str, list[int]] = {}
+    counts: dict[str, int] = {}
+    seen: set[str] = set()
+    offset = 0
+    try:
+        if path.name.endswith(".parquet"):  # its columns are known before any row is read
+            import pyarrow.parquet as pq
+
+            seen = set(pq.ParquetFile(path).schema_arrow.names)
+            if any(c not in seen for c in columns):
+                return _no_column(key, path, columns, seen, prompt_key)
+        for batch in iter_batches(str(path), columns, ROW_BATCH):
+            seen.update(batch.schema.names)
+            prompt, source, reward = (column_or_nulls(batch, c) for c in columns)
             checks = {f"{prompt_key} is null or empty": _empty(prompt, pc), "data_source is null": pc.is_null(source)}
             if pa.types.is_struct(reward.type) and reward.type.get_field_index("ground_truth") >= 0:
                 truth = pc.struct_field(reward, "ground_truth")
                 checks["reward_model.ground_truth is null"] = pc.or_(pc.is_null(reward), pc.is_null(truth))
-            else:
+            elif "reward_model" in batch.schema.names and not pa.types.is_null(reward.type):
                 return (f"{key}: {path}: reward_model is {reward.type}, not a struct with a ground_truth field "
                         "(verl's reward manager reads reward_model['ground_truth'])")
             for what, mask in checks.items():
@@ -286,10 +323,19 @@ def bad_rows(key: str, value: str | Sequence[str] | None, prompt_key: str = "pro
                     found.setdefault(what, []).extend(offset + r for r in rows[:3])
                     counts[what] = counts.get(what, 0) + len(rows)
             offset += batch.num_rows
-        for what, rows in found.items():
-            return (f"{key}: {path} row {rows[0]}: {what} ({counts[what]} of {offset} rows, the first "
-                    f"{', '.join(map(str, rows[:3]))})")
+    except (OSError, ValueError, pa.ArrowException):
+        return None  # not what its name says: verl's own data path names it (validate)
+    if offset and any(c not in seen for c in columns):
+        return _no_column(key, path, columns, seen, prompt_key)
+    for what, rows in found.items():
+        return (f"{key}: {path} row {rows[0]}: {what} ({counts[what]} of {offset} rows, the first "
+                f"{', '.join(map(str, rows[:3]))})")
     return None
+
+
+def _no_column(key: str, path: Path, columns: list[str], seen: set[str], prompt_key: str) -> str:
+    missing = next(c for c in columns if c not in seen)
+    return f"{key}: {path} has no column {missing!r} (verl reads {prompt_key!r}, 'data_source', 'reward_model')"
 
 
 def _empty(column: Any, pc: Any) -> Any:
@@ -306,10 +352,12 @@ def _empty(column: Any, pc: Any) -> Any:
 
 def overlong_verdict(overlong: dict[str, Any] | None) -> tuple[str, str] | None:
     """``(level, one line)`` for the prompts longer than ``data.max_prompt_length`` that the compose script found
-    (``_compose_data.overlong_prompts`` plus the config's ``limit``, ``truncation`` and ``filter``), as verl's
-    ``RLHFDataset`` treats them: dropped at load with ``data.filter_overlong_prompts`` (a note), cut with
-    ``data.truncation`` left/right/middle (a warning), else (``error``, verl's default) a crash when a batch reaches
-    one: ``problem``. None when there are none (or nothing was measured)."""
+    (``_compose_data.overlong_prompts`` plus the config's ``limit``, ``truncation`` and ``filter``), as verl 0.9.1
+    treats them: dropped at load with ``data.filter_overlong_prompts`` (a note), else cut by the agent loop to their
+    last ``rollout.prompt_length`` (= ``data.max_prompt_length``) tokens with a warning in the trial's log
+    (``AgentLoopBase._cap_text_prompt_length``), whatever ``data.truncation`` says: verl's RL path stores that key and
+    never reads it (a warning: the study runs, on prompts whose beginning the model never sees). None when there are
+    none (or nothing was measured)."""
     if not isinstance(overlong, dict) or not overlong.get("count"):
         return None
     limit, count, rows = overlong.get("limit"), int(overlong["count"]), int(overlong.get("rows") or 0)
@@ -322,9 +370,7 @@ def overlong_verdict(overlong: dict[str, Any] | None) -> tuple[str, str] | None:
     if overlong.get("filter"):
         return "note", f"{some}: data.filter_overlong_prompts drops them when the data loads"
     truncation = str(overlong.get("truncation") or "error")
-    if truncation != "error":
-        return "warning", f"{some}: data.truncation={truncation} cuts them to {limit} tokens"
-    return "problem", (f"{some}, and data.truncation=error: verl raises when a batch reaches one; raise "
-                       f"data.max_prompt_length to {longest[2]}, or set data.truncation=left (or right), or "
-                       "data.filter_overlong_prompts=true")
-
+    return "warning", (f"{some}: verl 0.9.1's agent loop keeps only their last {limit} tokens (it cuts every text "
+                       f"prompt over data.max_prompt_length from the left; data.truncation={truncation} is not read "
+                       f"by its RL trainer); raise data.max_prompt_length to {longest[2]}, or set "
+                       "data.filter_overlong_prompts=true to drop them")

@@ -71,13 +71,16 @@ def _verl_budget(space: Space, devices: Sequence[str], gpu_total_bytes: int | No
 
 def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], n_gpus: int,
                        python: str | None = None, measure_prompts: int = 0,
-                       extra_select: Sequence[str] = ()) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+                       extra_select: Sequence[str] = (),
+                       check_rows: dict[str, Any] | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Compose each corner in verl's interpreter (as :func:`hpo.backends.verl._check.compose_corners` does, with
     ``trainer.n_gpus_per_node=<n_gpus> trainer.nnodes=1`` last) and return per corner verl's ``info`` (use of a
     critic / reference) and the values of ``VERL_MEMORY_KEYS``. SpaceError for a corner verl rejects.
     ``measure_prompts``: the first corner's ``info["prompt_lengths"]`` holds the token counts of that many training
     prompts (``{"mean", "max", "rows", "tokenizer"}``, or ``{"error": ...}`` when they cannot be measured here).
-    ``extra_select``: more keys whose values are returned beside ``VERL_MEMORY_KEYS``'."""
+    ``extra_select``: more keys whose values are returned beside ``VERL_MEMORY_KEYS``'. ``check_rows``
+    (:func:`hpo.backends.verl._rows.row_check_request`): the first corner's ``info["rows"]`` holds what verl's own
+    data path and the reward found on every row (:func:`hpo.backends.verl._rows.row_lines` reads it)."""
     from verl_core.memory_verl import VERL_MEMORY_KEYS
 
     python = python or space.trial.python or default_python()
@@ -87,13 +90,20 @@ def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], 
         config_dir, name = str(path.parent), path.stem
     gpus = [format_override("trainer.n_gpus_per_node", max(1, n_gpus)), format_override("trainer.nnodes", 1)]
     request = {"config_dir": config_dir, "config_name": name, "corners": [[*c, *gpus] for c in corner_overrides],
-               "select": list(dict.fromkeys([*VERL_MEMORY_KEYS, *extra_select])), "measure_prompts": measure_prompts}
+               "select": list(dict.fromkeys([*VERL_MEMORY_KEYS, *extra_select])), "measure_prompts": measure_prompts,
+               "check_rows": check_rows}
     limit = compose_timeout()
     try:
         res = subprocess.run([python, str(COMPOSE_SCRIPT)], input=json.dumps(request), capture_output=True,
                              text=True, timeout=limit, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
         reply = json.loads(res.stdout.strip().splitlines()[-1])
-    except subprocess.TimeoutExpired:  # a busy host, not a missing verl
+    except subprocess.TimeoutExpired as slow:  # a busy host, not a missing verl, unless the reward hung
+        from hpo.backends.verl._rows import hung_reward
+
+        if hung_reward(slow.stderr):
+            raise SpaceError(f"{space.source}: reward.custom_reward_function: the reward function did not return: "
+                             f"calling it before launch took the rest of the {limit:g} s the check may take (does it "
+                             "loop, or wait on something, beyond the reach of a signal?)") from None
         raise ComposeTimeout(f"{space.source}: memory estimate: " + compose_timed_out(
             f"composing {len(corner_overrides)} verl configs", python, limit), "config") from None
     except (OSError, subprocess.SubprocessError, IndexError, ValueError) as err:
@@ -105,7 +115,7 @@ def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], 
     for r in reply["results"]:
         if not r["ok"]:  # the message names the override (never every override of the corner: kilobytes)
             raise SpaceError(f"{space.source}: memory estimate: {str(r['message'])[:MAX_REASON]}")
-        info = r["info"] if "prompt_lengths" not in r else {**r["info"], "prompt_lengths": r["prompt_lengths"]}
+        info = {**r["info"], **{k: r[k] for k in ("prompt_lengths", "rows") if k in r}}
         out.append((info, r["selected"]))
     return out
 
@@ -220,17 +230,27 @@ def validate_verl(space: Space, devices: Sequence[str], out: TextIO, lengths: Se
     note = retry_note(space)
     if note:
         print(f"note: {note}", file=out)
+    from hpo.backends.verl._rows import field_of, row_check_request, row_lines
+
     per_trial = list(devices)
     values = corners(space)
-    # every prompt of the data against data.max_prompt_length, in the same verl subprocess as the estimate
+    # every row of the data through verl's own data path, the reward on every distinct ground truth, every prompt
+    # against data.max_prompt_length: in the same verl subprocess as the estimate
     inputs = verl_memory_inputs(space, [corner_overrides_of(space, c) for c in values],
-                                len(per_trial) or space.trial.gpus_per_trial, None, MEASURED_PROMPTS)
-    verdict = overlong_verdict(((inputs[0][0].get("prompt_lengths") or {}) if inputs else {}).get("overlong"))
-    if verdict is not None and verdict[0] == "problem":
-        print(f"error: {space.source}: overrides.data.max_prompt_length: {verdict[1]}", file=sys.stderr)
-        return 2
+                                len(per_trial) or space.trial.gpus_per_trial, None, MEASURED_PROMPTS,
+                                check_rows=row_check_request())
+    first = inputs[0][0] if inputs else {}
+    lines = row_lines(space, first.get("rows"))
+    verdict = overlong_verdict((first.get("prompt_lengths") or {}).get("overlong"))
     if verdict is not None:
-        print(f"{verdict[0]}: {verdict[1]}", file=out)
+        lines.append((verdict[0], field_of(space, "data.max_prompt_length"), verdict[1]))
+    for level, where, line in lines:
+        if level == "problem":
+            print(f"error: {space.source}: {where}: {line}", file=sys.stderr)
+        else:
+            print(f"{level}: {line}" if level != "ok" else line, file=out)
+    if any(level == "problem" for level, _, _ in lines):
+        return 2
     try:
         preds = predictions_from_inputs(space, inputs, per_trial, lengths)
     except ModelConfigUnavailable as err:

@@ -250,6 +250,7 @@ def _steps(r: _Rehearsal, *, tokenizer: Path | None, response_tokens: int, timeo
         r.findings.append(Finding("prepare", "problem", problem))
         return r.finish()
     corners = rehearsal_corners(space)[:1] if quick else rehearsal_corners(space)
+    r.reward_timeout_s = reward_timeout_s
     inputs = r.compose(corners, gpus)
     if inputs is None:
         return r.finish()

@@ -132,6 +132,8 @@ class _Rehearsal:
     started: float
     findings: list[Finding] = field(default_factory=list)
     swaps: list[str] = field(default_factory=list)
+    reward_timeout_s: float | None = None  # what the reward's calls may take in all (rehearse --reward-timeout)
+    reward_called: bool = False  # the compose step called the reward on every distinct ground truth (or its budget)
 
     def failed(self) -> bool:
         return any(f.level == "problem" for f in self.findings)
@@ -145,29 +147,39 @@ class _Rehearsal:
         self.out.flush()
         return exit_code(self.findings)
 
-    def compose(self, corners: Sequence[RehearsalCorner], gpus: int | None) -> list[tuple[dict[str, Any],
-                                                                                          dict[str, Any]]] | None:
+    def compose(self, corners: Sequence[RehearsalCorner],
+                gpus: int | None) -> list[tuple[dict[str, Any], dict[str, Any]]] | None:
         """The corners composed by verl for the real study's GPUs (the memory estimate's inputs, the keys the
-        rehearsal swaps) and every training prompt against ``data.max_prompt_length``; None when verl rejects one."""
+        rehearsal swaps), every row of the user's data through verl's own data path and the reward on every distinct
+        ground truth (as ``validate`` does, the reward's calls within :attr:`reward_timeout_s` in all), and every prompt
+        against ``data.max_prompt_length``; None when verl rejects a corner or a row or the reward fails (named in
+        the user's own files, before anything is shrunk)."""
         from hpo.backends.verl._data import overlong_verdict
         from hpo.backends.verl._memory import MEASURED_PROMPTS, verl_memory_inputs
+        from hpo.backends.verl._rows import row_check_request, row_lines
 
         space = self.space
-        self.say(f"composing {len(corners)} corners and measuring the prompts in {self.python}")
+        self.say(f"composing {len(corners)} corners, reading every row of the data with verl's own data path and "
+                 f"calling the reward function in {self.python}")
         try:
             inputs = verl_memory_inputs(space, [c.overrides for c in corners],
                                         gpus or max(1, space.trial.gpus_per_trial), self.python,
-                                        MEASURED_PROMPTS, extra_select=REHEARSAL_SELECT)
+                                        MEASURED_PROMPTS, extra_select=REHEARSAL_SELECT,
+                                        check_rows=row_check_request(self.reward_timeout_s))
         except ComposeTimeout as slow:  # this host was too slow: not rehearsed, not failed
             self.findings.append(Finding("config", "unfinished", f"not rehearsed: {slow}"))
             return None
         except SpaceError as bad:
             self.findings.append(Finding("config", "problem", str(bad)))
             return None
+        self.reward_called = bool((inputs[0][0].get("rows") or {}).get("reward"))
+        for level, where, line in row_lines(space, inputs[0][0].get("rows")):
+            check = "reward" if line.startswith(("reward", "called on")) or "reward_function" in where else "data"
+            self.findings.append(Finding(check, level, f"{where}: {line}" if level == "problem" else line))
         long = overlong_verdict((inputs[0][0].get("prompt_lengths") or {}).get("overlong"))
         if long is not None:
             self.findings.append(Finding("data", "problem" if long[0] == "problem" else "note", long[1]))
-        return inputs
+        return None if self.failed() else inputs
 
     def shrink(self, corner: RehearsalCorner, info: Mapping[str, Any], selected: Mapping[str, Any],
                tokenizer: Path | None, reward_timeout_s: float) -> dict[str, Any] | None:
@@ -186,7 +198,8 @@ class _Rehearsal:
         request = {**_config_request(space.config), "overrides": corner.overrides, "out": str(self.home / "shrunk"),
                    "train_rows": max(1, int(selected.get("data.train_batch_size") or 8)) * (STEPS + 1),
                    "val_rows": VAL_ROWS, "tokenizer": str(tokenizer) if tokenizer else None, "models": models,
-                   "set_keys": set_keys, "reward_timeout_s": reward_timeout_s}
+                   "set_keys": set_keys, "reward_timeout_s": reward_timeout_s,
+                   "call_reward": not self.reward_called}  # the rows it keeps were scored already
         self.say("building the small model, taking the data's first rows, calling the reward function")
         limit = SHRINK_FACTOR * compose_timeout() + reward_timeout_s
         reply = _script(self.python, SHRINK_SCRIPT, request, limit, {**os.environ, **trial_base_env(space)})
@@ -258,12 +271,15 @@ def _shrink_findings(space: Space, reply: Mapping[str, Any]) -> list[Finding]:
 
 def _prepared_findings(reply: Mapping[str, Any]) -> list[Finding]:
     """The data and the reward function passed the shrink script's checks."""
-    reward = reply["reward"]
-    return [Finding("data", "ok", f"data files have the columns verl reads; {reply['data']['train']['rows']} "
-                    "training prompts tokenized with the model's chat template"),
-            Finding("reward", "ok", f"{reward['where']} returned finite numbers in {reward['calls']} calls on "
-                    f"{reply['data']['val']['rows']} validation rows and the "
-                    f"{reply['data']['train'].get('unusual', 0)} training rows with the most unusual ground "
-                    f"truths (from {reward['min']:g} to "
-                    f"{reward['max']:g})")]
+    reward = reply.get("reward") or {}
+    found = [Finding("data", "ok", f"data files have the columns verl reads; {reply['data']['train']['rows']} "
+                     "training prompts tokenized with the model's chat template")]
+    if reward.get("calls"):
+        found.append(Finding("reward", "ok", f"{reward['where']} returned finite numbers in {reward['calls']} calls "
+                             f"on {reply['data']['val']['rows']} validation rows and the "
+                             f"{reply['data']['train'].get('unusual', 0)} training rows with the most unusual ground "
+                             f"truths (from {reward.get('min', 0):g} to {reward.get('max', 0):g})"))
+    if reward.get("note"):
+        found.append(Finding("reward", "note", f"the kept rows: {reward['note']}"))
+    return found
 

@@ -5,7 +5,8 @@
 
 Request: ``{"config_dir": DIR or null, "config_name": NAME, "overrides": [the default corner's overrides],
 "out": DIR, "train_rows": N, "val_rows": M, "tokenizer": DIR or null, "models": {KEY: config.json as a dict},
-"set_keys": [override keys as the space writes them], "reward_timeout_s": S}``. With the config composed as
+"set_keys": [override keys as the space writes them], "reward_timeout_s": S, "call_reward": bool}``. With the config
+composed as
 ``main_ppo`` would compose it:
 
 1. **Models**: for each model path ``KEY`` (the actor's, a critic's), a model of the same architecture built from
@@ -14,37 +15,43 @@ Request: ``{"config_dir": DIR or null, "config_name": NAME, "overrides": [the de
    snapshot; nothing is downloaded) under ``out/models/<i>``.
 2. **Data**: the training rows with the longest prompts (every row read once, a column at a time; the first rows
    when ``data.filter_overlong_prompts`` may drop the longest) and the first validation rows (prompts as they are)
-   written to ``out/data/{train,val}.parquet``, after checking the columns verl 0.9.1 reads (``data.prompt_key``,
-   ``data_source``, ``reward_model.ground_truth``) and tokenizing every kept prompt with the chat template.
-3. **Reward**: the reward function (``reward.custom_reward_function``, loaded with verl's own
-   ``get_custom_reward_fn``; else verl's ``default_compute_score``) called on every kept validation row and on the
-   training rows with the most unusual ground truths (:func:`scan_rows`) with a few
-   responses (empty, the ground truth, GSM8K's and a boxed answer format); each call must return a finite number or
-   a dict with a finite ``"score"``, as verl's reward managers use it. The calls together get ``reward_timeout_s``
-   (default 120; a SIGALRM stops a function that loops) and what they print is kept up to 64 KiB, the rest counted.
+   with a row of each ``data_source`` they lack (so verl logs the metric of every source the objective may name),
+   read as verl reads parquet, json and jsonl, written to ``out/data/{train,val}.parquet``, after checking the
+   columns verl 0.9.1 reads (``data.prompt_key``, ``data_source``, ``reward_model.ground_truth``) and tokenizing every
+   kept prompt with the chat template.
+3. **Reward** (unless ``call_reward`` is false: the rehearsal's first step scored every distinct ground truth of the
+   user's files already): ``_compose_reward.call_reward`` on every kept validation row and on the training rows with
+   the most unusual ground truths (:func:`scan_rows`): each call within ``_compose_reward.CALL_S`` (at most
+   ``reward_timeout_s``; over it the function is named as hung), all of them within ``reward_timeout_s`` (default
+   120; when spent, the rest are not called: a note), what they print kept up to 64 KiB, the rest counted.
 4. **Keys no code reads**: each ``set_keys`` entry that verl's config does not have (added with ``+``), is not under a
    free-form mapping (``override_config``, ``*_kwargs``), and whose name no file of the verl package mentions.
 
 Reply (the one line on stdout): ``{"status": "ok", "models": {KEY: {...}}, "data": {...}, "reward": {...},
 "unread": [KEY, ...], "problems": [{"check": ..., "message": ONE LINE}]}``, or ``{"status": "error", "message"}``.
-Like ``_compose.py`` this imports nothing of the project but its neighbours ``_compose``, ``_compose_checks`` and
-``_compose_data`` (on ``sys.path`` when run as a script).
+Like ``_compose.py`` this imports nothing of the project but its neighbours ``_compose``, ``_compose_data`` and
+``_compose_reward`` (on ``sys.path`` when run as a script).
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import math
-import numbers
 import os
 import re
 import sys
 from typing import Any
 
 from _compose import serve
-from _compose_checks import load_error
-from _compose_data import _files, _get, _one_line, _tokenizer_source, chat_kwargs, prompt_lengths
+from _compose_data import (
+    _files,
+    _get,
+    _one_line,
+    _tokenizer_source,
+    chat_kwargs,
+    column_or_nulls,
+    iter_batches,
+    prompt_lengths,
+)
+from _compose_reward import CALL_S, call_reward
 
 LAYERS = 2
 HIDDEN = 128
@@ -142,33 +149,50 @@ def _check_columns(path: str, names: list[str], prompt_key: str, first: dict[str
 
 
 def take_rows(split: str, paths: list[str], rows: int, prompt_key: str, out: str) -> dict[str, Any]:
-    """The first ``rows`` rows of ``paths`` written to ``out``, after the column checks."""
+    """The first ``rows`` rows of ``paths`` written to ``out``, after the column checks; for the validation split also
+    the first row of each ``data_source`` the first rows lack (at most :data:`MORE_SOURCES`), so that verl logs the
+    metric of every source the objective may name."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tables: list[Any] = []
+    kept: list[dict[str, Any]] = []
+    sources: set[Any] = set()
     for path in paths:
         local = os.path.expanduser(path)
         if not os.path.isfile(local):
             return {"problem": problem("data", f"data.{split}_files: {path}: no such file")}
         try:
-            table = pq.read_table(local)
-        except Exception as err:  # noqa: BLE001 - not a parquet file
-            return {"problem": problem("data", f"data.{split}_files: {path}: not readable as parquet "
+            for batch in iter_batches(path, batch_rows=4096):
+                if not kept and batch.num_rows:
+                    bad = _check_columns(path, batch.schema.names, prompt_key, batch.slice(0, 1).to_pylist()[0])
+                    if bad:
+                        return {"problem": problem("data", f"data.{split}_files: {bad}")}
+                if len(kept) >= rows:  # past the first rows: only a data_source not seen yet is kept
+                    if split != "val" or len(kept) >= rows + MORE_SOURCES:
+                        break
+                    new = set(column_or_nulls(batch, "data_source").unique().to_pylist()) - sources
+                    if not new:
+                        continue
+                    batch = batch.filter(column_or_nulls(batch, "data_source").is_in(pa.array(list(new))))
+                for row in batch.to_pylist():
+                    first_of_source = split == "val" and row.get("data_source") not in sources
+                    if len(kept) < rows or (first_of_source and len(kept) < rows + MORE_SOURCES):
+                        kept.append(row)
+                    sources.add(row.get("data_source"))
+        except Exception as err:  # noqa: BLE001 - not what its name says
+            return {"problem": problem("data", f"data.{split}_files: {path}: not readable as verl reads it "
                                                f"({type(err).__name__}: {_one_line(str(err))[:200]})")}
-        head = table.slice(0, 1).to_pylist()
-        bad = _check_columns(path, table.column_names, prompt_key, head[0] if head else None)
-        if bad:
-            return {"problem": problem("data", f"data.{split}_files: {bad}")}
-        tables.append(table.slice(0, rows - sum(t.num_rows for t in tables)))
-        if sum(t.num_rows for t in tables) >= rows:
+        if len(kept) >= (rows if split != "val" else rows + MORE_SOURCES):
             break
-    if not tables or sum(t.num_rows for t in tables) == 0:
+    if not kept:
         return {"problem": problem("data", f"data.{split}_files: no rows")}
-    table = pa.concat_tables(tables, promote_options="default")
+    table = pa.Table.from_pylist(kept)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     pq.write_table(table, out)
     return {"file": out, "rows": table.num_rows, "from": paths}
+
+
+MORE_SOURCES = 16  # validation rows kept beyond the first ones: one of each data_source they lack
 
 
 def _prompt_size(prompt: Any) -> int:
@@ -192,8 +216,6 @@ def scan_rows(paths: list[str], rows: int, prompt_key: str, batch_rows: int = 65
     import heapq
     from collections import Counter
 
-    import pyarrow.parquet as pq
-
     heap: list[tuple[int, int, int]] = []  # (size, -file, -row): the smallest size leaves first; ties keep the first
     types: Counter[str] = Counter()
     first_of: dict[str, tuple[int, int]] = {}
@@ -201,11 +223,10 @@ def scan_rows(paths: list[str], rows: int, prompt_key: str, batch_rows: int = 65
     short_truth: list[tuple[int, int, int]] = []
     total = 0
     for f, path in enumerate(paths):
-        pf = pq.ParquetFile(os.path.expanduser(path))
         row = 0
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=[prompt_key, "reward_model"]):
-            prompts = batch.column(0).to_pylist()
-            truths = batch.column(1).to_pylist()
+        for batch in iter_batches(path, [prompt_key, "reward_model"], batch_rows):
+            prompts = column_or_nulls(batch, prompt_key).to_pylist()
+            truths = column_or_nulls(batch, "reward_model").to_pylist()
             for prompt, rm in zip(prompts, truths, strict=True):
                 item = (_prompt_size(prompt), -f, -row)
                 if len(heap) < rows:
@@ -245,9 +266,8 @@ def write_rows(paths: list[str], picks: list[tuple[int, int]], out: str, label: 
         wanted.setdefault(f, {})[r] = i
     found: dict[int, dict[str, Any]] = {}
     for f, rows in wanted.items():
-        pf = pq.ParquetFile(os.path.expanduser(paths[f]))
         start = 0
-        for batch in pf.iter_batches(batch_size=batch_rows):
+        for batch in iter_batches(paths[f], batch_rows=batch_rows):
             inside = [r for r in rows if start <= r < start + batch.num_rows]
             if inside:
                 for r in inside:
@@ -263,144 +283,30 @@ def write_rows(paths: list[str], picks: list[tuple[int, int]], out: str, label: 
 
 
 # ----------------------------------------------------------------------------- reward
-def _responses(truth: Any) -> list[str]:
-    text = str(truth)
-    return ["", text, f"The answer is {text}.\n#### {text}", f"\\boxed{{{text}}}"]
-
-
-def _score(result: Any) -> tuple[float | None, str | None]:
-    """(the score verl would use, None) or (None, what is wrong with ``result``)."""
-    value = result
-    if isinstance(result, dict):
-        if "score" not in result:
-            return None, f"a dict without 'score' (keys {', '.join(map(str, result))[:80]})"
-        value = result["score"]
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None, f"{type(value).__name__} {str(value)[:60]!r}"
-    if not math.isfinite(float(value)):
-        return None, f"{float(value)}"
-    return float(value), None
-
-
 REWARD_TIMEOUT_S = 120.0  # the whole reward check (``reward_timeout_s`` of the request: rehearse --reward-timeout)
-OUTPUT_CAP = 64 * 1024  # bytes of what the user's function prints that are kept (the rest is counted, dropped)
-
-
-class _RewardTimeout(BaseException):
-    """Raised in the reward check by SIGALRM: the user's function did not return in time (a loop?)."""
-
-
-class _CappedSink:
-    """A text stream that keeps the first :data:`OUTPUT_CAP` bytes written to it and counts the rest."""
-
-    def __init__(self) -> None:
-        self.kept: list[str] = []
-        self.size = 0
-        self.dropped = 0
-
-    def write(self, text: str) -> int:
-        n = len(text.encode("utf-8", "replace"))
-        if self.size < OUTPUT_CAP:
-            self.kept.append(text[:OUTPUT_CAP - self.size])
-        else:
-            self.dropped += n
-        self.size += n
-        return len(text)
-
-    def flush(self) -> None:
-        pass
 
 
 def check_reward(cfg: Any, val_file: str, timeout_s: float = REWARD_TIMEOUT_S,
                  train_file: str | None = None) -> dict[str, Any]:
-    """Call the reward function on every row of ``val_file`` (see the module docstring), within ``timeout_s`` in all
-    (a SIGALRM ends a call that loops) and with what it prints kept up to :data:`OUTPUT_CAP` bytes (the rest counted
-    and dropped), so a looping or chatty function costs the rehearsal ``timeout_s`` and 64 KiB at most."""
-    import contextlib
-    import signal
-
-    sink = _CappedSink()
-    try:  # verl's own modules load before the clock starts: only the user's code is timed
-        import pyarrow.parquet  # noqa: F401
-        import verl.trainer.ppo.reward  # noqa: F401
-        import verl.utils.reward_score  # noqa: F401
-    except Exception:  # noqa: BLE001, S110 - _check_reward says what does not load
-        pass
-
-    def expired(signum: int, frame: Any) -> None:
-        raise _RewardTimeout
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    try:
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            out = _check_reward(cfg, val_file, train_file)
-    except _RewardTimeout:
-        where = out_where(cfg)
-        out = {"where": where, "calls": sink_calls[0], "problem": problem("reward", (
-            f"reward function {where} did not return within {timeout_s:g} s (the rehearsal's limit, --reward-timeout) "
-            f"on {sink_calls[1]}: does it loop or wait on something?"))}
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-    if sink.size:
-        out["printed_bytes"] = sink.size
-        out["printed_dropped_bytes"] = sink.dropped
-    return out
-
-
-sink_calls: list[Any] = [0, "its first call"]  # calls made so far, the row being scored (for the timeout's line)
-
-
-def out_where(cfg: Any) -> str:
-    path = _get(cfg, "reward.custom_reward_function.path")
-    name = _get(cfg, "reward.custom_reward_function.name")
-    return f"{path}:{name}" if path else "verl's default_compute_score"
-
-
-def _check_reward(cfg: Any, val_file: str, train_file: str | None = None) -> dict[str, Any]:
+    """Call the reward function on every row of ``val_file`` and of ``train_file`` (the training rows with the most
+    unusual ground truths, each labelled by its ``__row``) with ``_compose_reward.call_reward``: each call within
+    ``_compose_reward.CALL_S`` (at most ``timeout_s``; over it the function is named as hung, a problem), all of them
+    within ``timeout_s`` (when spent the rest are not called: a note, never a problem), what it prints kept up to
+    64 KiB. The reply's ``problem`` is a ``{"check": "reward", "message"}``."""
     import pyarrow.parquet as pq
 
-    path = _get(cfg, "reward.custom_reward_function.path")
-    name = _get(cfg, "reward.custom_reward_function.name")
-    where = f"{path}:{name}" if path else "verl's default_compute_score"
-    try:
-        from verl.trainer.ppo.reward import get_custom_reward_fn
-        from verl.utils.reward_score import default_compute_score
-
-        fn = get_custom_reward_fn(cfg) or default_compute_score
-    except Exception as err:  # noqa: BLE001 - a file that does not load, a missing function
-        return {"where": where, "problem": problem("reward", f"reward.custom_reward_function: {where} does not load: "
-                                                             f"{load_error(err)}")}
-    calls, scores = 0, list[float]()
-    rows = [(f"validation row {i}", row) for i, row in enumerate(pq.read_table(val_file).to_pylist())]
-    if train_file:  # the training rows with the most unusual ground truths
-        rows += [(f"training row {row.pop('__row', '?')}", row) for row in pq.read_table(train_file).to_pylist()]
-    for label, row in rows:
-        row.pop("__row", None)
-        truth = (row.get("reward_model") or {}).get("ground_truth")
-        for response in _responses(truth):
-            extra = {**(row.get("extra_info") or {}), "num_turns": 2, "rollout_reward_scores": {}}
-            shown = f"{label} (data_source={row.get('data_source')!r}, response {response[:40]!r})"
-            sink_calls[:] = [calls, shown]
-            try:
-                result = fn(data_source=row.get("data_source"), solution_str=response, ground_truth=truth,
-                            extra_info=extra)
-                if inspect.iscoroutine(result):
-                    result = asyncio.run(result)
-            except Exception as err:  # noqa: BLE001 - the user's function failing is what this looks for
-                return {"where": where, "calls": calls, "problem": problem("reward", (
-                    f"reward function {where} raised on {shown}: {type(err).__name__}: "
-                    f"{_one_line(str(err))[:300]}"))}
-            calls += 1
-            score, wrong = _score(result)
-            if score is None or wrong is not None:
-                return {"where": where, "calls": calls, "problem": problem("reward", (
-                    f"reward function {where} returned {wrong} on {shown}: verl needs a finite number (or a dict "
-                    "with a finite 'score')"))}
-            scores.append(score)
-    return {"where": where, "calls": calls, "min": min(scores) if scores else None,
-            "max": max(scores) if scores else None}
+    targets = []
+    for label, path in (("validation", val_file), ("training", train_file)):
+        for i, row in enumerate(pq.read_table(path).to_pylist() if path else []):
+            where = row.pop("__row", None)
+            truth = (row.get("reward_model") or {}).get("ground_truth") \
+                if isinstance(row.get("reward_model"), dict) else None
+            targets.append({"label": f"{label} row {where if where is not None else i}", "truth": truth,
+                            "data_source": row.get("data_source"), "extra_info": row.get("extra_info")})
+    out = call_reward(cfg, targets, min(CALL_S, timeout_s), timeout_s)
+    if "problem" in out:
+        out["problem"] = problem("reward", out["problem"])
+    return out
 
 
 # ----------------------------------------------------------------------------- keys nothing reads
@@ -499,10 +405,11 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             return reply
         data[split]["prompt_tokens"] = {"mean": lengths["mean"], "max": lengths["max"]}
     reply["data"] = data
-    reply["reward"] = check_reward(cfg, data["val"]["file"], float(request.get("reward_timeout_s") or
-                                                                   REWARD_TIMEOUT_S), unusual)
-    if "problem" in reply["reward"]:
-        reply["problems"].append(reply["reward"].pop("problem"))
+    if request.get("call_reward", True):  # else the rehearsal's first step scored every distinct ground truth
+        reply["reward"] = check_reward(cfg, data["val"]["file"], float(request.get("reward_timeout_s") or
+                                                                       REWARD_TIMEOUT_S), unusual)
+        if "problem" in reply["reward"]:
+            reply["problems"].append(reply["reward"].pop("problem"))
     return reply
 
 

@@ -274,7 +274,8 @@ MEASURED = {"mean": 100.0, "max": 160, "rows": 64}  # what verl's interpreter me
 
 
 def _fake_inputs(values: dict[str, Any], measured: dict[str, Any] | None = MEASURED) -> Any:
-    def fake(space: Space, corners: Any, n_gpus: int, python: str | None = None, measure_prompts: int = 0) -> Any:
+    def fake(space: Space, corners: Any, n_gpus: int, python: str | None = None, measure_prompts: int = 0,
+             **checks: Any) -> Any:  # check_rows: the rows' check is not faked (no rows reply: nothing to say)
         info = {"use_critic": False, "use_reference_policy": True}
         return [({**info, **({"prompt_lengths": measured} if measure_prompts and i == 0 and measured else {})},
                  {**values, "trainer.n_gpus_per_node": n_gpus}) for i, _ in enumerate(corners)]

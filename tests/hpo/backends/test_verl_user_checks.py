@@ -1,7 +1,8 @@
 """A verl user's own experiment, in a directory of its own, checked before launch (issue 43 items 4 and 7, and the
-reward on training rows): every prompt against ``data.max_prompt_length`` as verl's ``data.truncation`` treats it,
-the rehearsal keeping the longest prompts and scoring the training rows with the most unusual ground truths, and a
-GPU study's interpreter refused at ``validate`` when its torch has no CUDA. Real verl 0.9.1's interpreter."""
+reward on training rows): every prompt against ``data.max_prompt_length`` as verl 0.9.1 treats it (cut, whatever
+``data.truncation`` says), the rehearsal keeping the longest prompts and scoring the training rows with the most
+unusual ground truths, and a GPU study's interpreter refused at ``validate`` when its torch has no CUDA. Real verl
+0.9.1's interpreter."""
 
 from __future__ import annotations
 
@@ -57,22 +58,17 @@ def _validate(space: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 @needs_verl
 def test_a_prompt_13x_longer_than_max_prompt_length_at_row_150_is_named(tmp_path: Path) -> None:
-    """verl's default data.truncation=error raises when a batch reaches the prompt: validate refuses (exit 2) naming
-    row 150 and its length; with data.truncation=left it is a warning with the count and the longest."""
+    """verl 0.9.1's agent loop cuts a text prompt over data.max_prompt_length to its last tokens, whatever
+    data.truncation says (its RL path never reads that key): validate passes with a warning naming row 150, its
+    length, the count and the longest (issue 52: a check of ours is never stricter than verl)."""
     space = _experiment(tmp_path, _rows(400))
     res = _validate(space)
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "data.max_prompt_length" in lines[0] and "1 of 416 prompts are longer than " \
-        "data.max_prompt_length=16 tokens (first: train.parquet row 150: " in lines[0] and \
-        "data.truncation=error" in lines[0] and "Traceback" not in res.stderr, res.stderr
-    tokens = int(lines[0].split("row 150: ")[1].split()[0])
-    assert tokens >= 13 * 16, tokens  # 13x the limit, as the issue's user had it
-    res = _validate(space, "--override", "data.truncation=left")
     assert res.returncode == 0, (res.stdout, res.stderr)
-    assert f"warning: 1 of 416 prompts are longer than data.max_prompt_length=16 tokens (first: train.parquet row " \
-           f"150: {tokens} tokens; longest: train.parquet row 150, {tokens} tokens): data.truncation=left cuts them " \
-           "to 16 tokens" in res.stdout, res.stdout
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("warning: 1 of 416 prompts"))
+    assert "are longer than data.max_prompt_length=16 tokens (first: train.parquet row 150: " in line and \
+        "keeps only their last 16 tokens" in line and "data.truncation=error is not read" in line, line
+    tokens = int(line.split("row 150: ")[1].split()[0])
+    assert tokens >= 13 * 16 and f"longest: train.parquet row 150, {tokens} tokens" in line, line  # 13x the limit
 
 
 @needs_verl
