@@ -18,7 +18,9 @@ trial overrides with it.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -380,6 +382,7 @@ def derive_sizes(cfg: Config) -> DerivedSizes:
 
 
 # ----------------------------------------------------------------------------- schema walking
+@functools.cache  # the schema's classes never change: resolved once (every load sets each key through them)
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -401,11 +404,13 @@ def known_keys() -> list[str]:
     return [k for k, _, _ in iter_fields()]
 
 
+@functools.cache
+def _fields_by_key() -> dict[str, tuple[Any, dataclasses.Field]]:
+    return {k: (tp, f) for k, tp, f in iter_fields()}
+
+
 def _resolve_field(key: str) -> tuple[Any, dataclasses.Field] | None:
-    for k, tp, f in iter_fields():
-        if k == key:
-            return tp, f
-    return None
+    return _fields_by_key().get(key)
 
 
 def _type_name(tp: Any) -> str:
@@ -550,23 +555,31 @@ def split_override(text: str) -> tuple[str, Any]:
     return key, parse_override_value(raw)
 
 
+@functools.lru_cache(maxsize=16)  # a check loads one file once per combination of values it tries
+def _config_file_items(path: str, text: str) -> tuple[tuple[str, Any], ...]:
+    """The file's keys and values, flattened (ConfigError for YAML that is not a mapping of sections)."""
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} invalid YAML ({getattr(err, 'problem', err)})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of config sections")
+    return tuple(flatten(raw).items())
+
+
 def load_config(name_or_path: str | None = None, overrides: typing.Sequence[str] = ()) -> Config:
     """Defaults <- YAML file (shipped name or path) <- ``key=value`` overrides, then validated."""
     cfg = Config()
     if name_or_path is not None:
         path = resolve_config_path(name_or_path)
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}:{where} invalid YAML ({getattr(err, 'problem', err)})") from None
+            text = path.read_text()
         except OSError as err:
             raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: top level must be a mapping of config sections")
-        for key, value in flatten(raw).items():
-            _set(cfg, key, value, str(path))
+        for key, value in _config_file_items(str(path), text):
+            _set(cfg, key, copy.deepcopy(value), str(path))
     for text in overrides:
         key, value = split_override(text)
         _set(cfg, key, value, f"override '{text}'")

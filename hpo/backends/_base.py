@@ -32,6 +32,10 @@ A backend answers, for one experiment (:class:`~hpo.experiment.Space`):
     trainer that sets it gets ``resume_point(trials_dir, history)``, the checkpoint a retry continues from and the
     curve logged up to it, from the walk every resumable backend shares (:func:`hpo.backends._replay.resume_point`);
   - ``command(space, config, ctx)``: argv, environment and private ``/tmp`` of the process.
+* ``infeasible(space, values)``: why the trainer would refuse a combination of tuned values (a micro-batch larger
+  than the mini-batch it divides), asked before a trial launches (None: valid, or not known: the default); a backend
+  that answers also gets the space checked at load for a value no combination makes valid
+  (:mod:`hpo.experiment._combos`).
 * ``predict(space, config, devices)``: a memory estimate to skip a trial that cannot fit (None: none);
   ``corner_predictions(space, devices, lengths)``: the estimate of each corner of the space, for ``search``'s refusal
   of a space where none fits (None: none); ``validate(space, devices, out, lengths)``: ``verl-hpo validate``'s
@@ -264,6 +268,18 @@ class Backend:
         """The command a user runs to train with ``overrides`` outside the driver (``verl-hpo best --format
         command``): no driver keys, no metrics file."""
         return [*(space.trial.command or self.default_command), "--config", space.config, *overrides]
+
+    def infeasible(self, space: Space, values: Mapping[str, Any]) -> str | None:
+        """Why the trainer would refuse the tuned ``values`` (by parameter name) together, in one line; None when it
+        accepts them or when this trainer cannot tell without launching (the default: not known). Asked before a
+        trial is launched: a trial it refuses is recorded ``fail_reason=infeasible`` with the reason, never launched
+        (:mod:`hpo.study._trial`); and at load, a value no combination makes valid refuses the space
+        (:func:`hpo.experiment._combos.check_combinations`)."""
+        return None
+
+    def answers_infeasible(self) -> bool:
+        """This trainer's :meth:`infeasible` says something (it overrides the default)."""
+        return type(self).infeasible is not Backend.infeasible
 
     def predict(self, space: Space, config: TrialConfig, devices: Sequence[str]) -> PredictionLike | None:
         return None

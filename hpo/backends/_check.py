@@ -2,12 +2,14 @@
 registry (``trial.backend``: one of :func:`~hpo.backends.known_backends`), fills in what the experiment leaves to the
 trainer (``Backend.with_defaults``: its command, default objective and spread metric) and keeps a search off its
 held-out split (``Backend.heldout_keys``, ``heldout_prefixes``), then its defaults (``Backend.normalize``) and checks
-(``Backend.check``: quick, on every load; ``Backend.verify``: thorough, before a study is made, e.g. a verl space's
-corners composed by verl itself)."""
+(``Backend.check``: quick, on every load; a trainer that tells which tuned values it refuses together,
+``Backend.infeasible``, has each value checked against the other parameters' values: :mod:`hpo.experiment._combos`;
+``Backend.verify``: thorough, before a study is made, e.g. a verl space's corners composed by verl itself)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import typing
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from hpo.backends._registry import (
     backends_that,
     known_backends,
 )
+from hpo.experiment._combos import check_combinations
 from hpo.experiment._heldout import check_no_test_split
 from hpo.experiment._limits import check_code_files
 from hpo.experiment._space import SPACES_DIR, Space, SpaceError, load_space_origin, located_error, space_from_stored
@@ -73,6 +76,9 @@ def _checked(space: Space, origin: dict[str, str]) -> Space:
         _check_speed_keys(space, origin, backend)
     space = backend.resolve_paths(space, origin)
     backend.check(space, origin)
+    if backend.answers_infeasible():  # interacting keys: a value no combination of the others makes valid
+        check_combinations(space.params, lambda values: backend.infeasible(space, values),
+                           lambda where, msg: located_error(space, origin, where, msg))
     space = backend.normalize(space)
     check_proxy(space, origin, backend)  # study.fidelity.proxy: model keys, the model, its tokenizer
     if speed:
@@ -103,7 +109,7 @@ def _check_trial_length(space: Space, origin: dict[str, str], backend: Backend) 
         return located_error(space, origin, where, msg)
 
     spec = space.study.throughput
-    config = backend.configure(space, {p.name: p.corner_values()[0] for p in space.params}, Path("trial"))
+    config = backend.configure(space, _accepted_corner(space, backend), Path("trial"))
     steps = config.total_steps
     if steps is None:
         raise error("overrides", "a throughput study needs a fixed trial length: set trainer.total_training_steps "
@@ -111,6 +117,16 @@ def _check_trial_length(space: Space, origin: dict[str, str], backend: Backend) 
     if spec.warmup_steps >= steps:
         raise error("study.throughput.warmup_steps", f"{spec.warmup_steps}: a trial runs {steps} step(s) "
                     "(trainer.total_training_steps), so no step would be measured; the warm-up must be shorter")
+
+
+def _accepted_corner(space: Space, backend: Backend) -> dict[str, Any]:
+    """The first corner of the space whose values the trainer accepts together (``Backend.infeasible``); the first
+    corner when it accepts none or cannot tell."""
+    for combo in itertools.product(*(p.corner_values() for p in space.params)):
+        values = {p.name: v for p, v in zip(space.params, combo, strict=True)}
+        if backend.infeasible(space, values) is None:
+            return values
+    return {p.name: p.corner_values()[0] for p in space.params}
 
 
 def load_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR,

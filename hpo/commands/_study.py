@@ -14,13 +14,14 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from hpo.commands._base import EXIT_SIGNAL, Invocation, fail, follow_up
 from hpo.experiment._space import Space, SpaceError, StudySpec
+from hpo.experiment._throughput import repeat_cap
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -60,7 +61,8 @@ def run_study(space: Space | None, study_name: str, inv: Invocation, args: argpa
             reporter.header(study_name, storage_url, str(driver.trials_dir), finished, target, on_target)
         pages = DashboardCallback(dashboard_path(studies_dir, study_name), storage_url, studies_dir, every=5)
         try:
-            ran = driver.run_confirm([pages]) if confirming else driver.run(target, [pages])
+            ran = driver.run_confirm([pages], _speed_more(study, space, args, reporter)) if confirming \
+                else driver.run(target, [pages])
         except TrialInterrupted:
             ran = -1
         except DriverError as err:
@@ -208,12 +210,41 @@ def _queue_confirm(study: Any, space: Space, study_name: str, studies_dir: Path,
     except NoHealthyMember as err:  # every member collapsed: nothing to confirm (exit 1, not a bad file)
         return fail(str(err), 1)
     how = (f"re-measuring the {top_k} fastest configuration(s) against your config, interleaved, {n_seeds} "
-           "time(s) each, one run at a time" if speed else
+           f"time(s) each (up to {repeat_cap(space.study.throughput, n_seeds)} while the fastest is not separated "
+           "from yours), one run at a time" if speed else
            f"racing the top {top_k} configuration(s) seed by seed (at most {n_seeds} fresh seeds each)"
            if space.study.confirm.race else
            f"confirming the top {top_k} configuration(s) with {n_seeds} fresh seed(s) each")
     reporter.note(f"study {study_name}: {how}: {len(queued)} run(s) queued, {pending(study)} pending")
     return None
+
+
+def _speed_more(study: Any, space: Space, args: argparse.Namespace, reporter: Any) -> Callable[[], bool] | None:
+    """A throughput study's ``confirm``: once its queued runs are done, one more seed's interleaved runs while the
+    fastest pick of the same math is not separated from the user's config (:func:`hpo.reporting._speed.unresolved`),
+    up to ``study.throughput.max_repeats`` seeds (at least ``--seeds``); None for any other study."""
+    if space.study.kind != "throughput":
+        return None
+    from hpo.record import ATTR_CONFIRM_SEED, ATTR_SPEED_BLOCK, is_confirm
+    from hpo.reporting._speed import speed_report, unresolved
+    from hpo.study._confirm import queue_speed_check
+
+    top_k = args.top or space.study.throughput.top_k
+    cap = repeat_cap(space.study.throughput, args.seeds or 0)
+
+    def more() -> bool:
+        report = speed_report(study, space)
+        why = None if report is None else unresolved(report)
+        seeds = len({t.system_attrs.get(ATTR_CONFIRM_SEED) for t in study.get_trials(deepcopy=False)
+                     if is_confirm(t) and ATTR_SPEED_BLOCK in t.system_attrs})
+        if why is None or seeds >= cap:
+            return False
+        queued = queue_speed_check(study, space, top_k, seeds + 1)
+        reporter.note(f"{why}: re-measuring on one more seed ({seeds + 1} of at most {cap}: "
+                      "study.throughput.max_repeats)")
+        return bool(queued)
+
+    return more
 
 
 def _search_notes(study: Any, space: Space, studies_dir: Path, args: argparse.Namespace, reporter: Any) -> None:

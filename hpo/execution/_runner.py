@@ -67,6 +67,7 @@ from typing import Any
 
 from hpo.analysis import _files
 from hpo.execution import _cgroup
+from hpo.execution._hostload import cpu_times, others_share
 from hpo.execution._logs import ENV_MAX_DROPPED, LogPump, LogReport, log_cap
 from hpo.execution._metrics import MetricsFileError, MetricsTail
 from hpo.execution._process import KILL_GRACE_S, global_oom_kills, kernel_oom_killed, kill_tree
@@ -171,6 +172,10 @@ class RunResult:
     # the logs (hpo.execution._logs): a log over its cap -> bytes cut from its middle; lines for the user (a cut log,
     # a write error); the rows the trainer said it dropped (Backend.dropped_row_patterns) and the first one's error
     logs_cut: dict[str, int] = field(default_factory=dict)
+    # the trial's processes' CPU seconds, and the share of the host's CPU time other processes used meanwhile
+    # (hpo.execution._hostload; None where not measured: a Ray job, a wrapper killed before its last words)
+    trial_cpu_s: float | None = None
+    host_busy: float | None = None
     log_notes: tuple[str, ...] = ()
     dropped_rows: int = 0
     dropped_rows_error: str | None = None
@@ -279,6 +284,7 @@ class TrialProcess:
         try:
             pump = LogPump(self.log_dir, cap, self.dropped_row_patterns)  # the trainer's stdout and stderr: pipes
             try:
+                load_before = cpu_times()  # the host's CPU time: other processes' share while the trial runs
                 start = self.spawned_at = time.monotonic()
                 popen = subprocess.Popen(
                     [*wrapper_argv, "--", *self.argv], cwd=self.cwd, env=dict(self.env), stdin=subprocess.DEVNULL,
@@ -314,7 +320,8 @@ class TrialProcess:
                 cg.remove()
         if kernel_oom and stop is None and cg is not None and cg.limit_bytes is not None:
             stop = "memory"  # the kernel enforced the driver's cap (even if the trainer survived a child's kill)
-        maxrss, leftovers = _wrapper_status(status_path)
+        maxrss, leftovers, cpu_s = _wrapper_status(status_path)
+        busy = None if cpu_s is None else others_share(load_before, cpu_times(), cpu_s)
         peak = max(dog.peak_bytes, maxrss)
         if stop is None and cg is None and limit is not None and maxrss > limit:
             stop = "memory"  # one process went over the cap and exited between two samples: still over the cap
@@ -325,6 +332,7 @@ class TrialProcess:
             memory_mechanism="poll" if cg is None else cg.backend.name,
             kernel_oom=kernel_oom, final_exception=final_exception(read_tail(stderr_path, 10**6, CLASSIFY_TAIL_BYTES)),
             cgroup_peak_gb=None if cgroup_peak is None else cgroup_peak / 2**30, leftovers_killed=leftovers,
+            trial_cpu_s=cpu_s, host_busy=busy,
         ).with_logs(logs)
 
     def _wrapper_argv(self, status_path: Path, cgroup: Path | None) -> list[str]:
@@ -370,18 +378,20 @@ class TrialProcess:
             wrapper.wait(TICK_S)
 
 
-def _wrapper_status(status_path: Path) -> tuple[int, int]:
-    """The wrapper's last words (``maxrss`` in bytes, descendants it killed), read and removed; zeros when it left
-    none (killed) or they do not parse."""
+def _wrapper_status(status_path: Path) -> tuple[int, int, float | None]:
+    """The wrapper's last words (``maxrss`` in bytes, descendants it killed, the trial's CPU seconds), read and
+    removed; zeros (and no CPU time) when it left none (killed) or they do not parse."""
     try:
         status = json.loads(_files.read_trial_file(status_path, 4096))  # the trial's dir
         maxrss, leftovers = int(status["maxrss_kb"]) * 1024, int(status["leftovers"])
+        cpu = status.get("cpu_s")
         status_path.unlink()
-    except (OSError, ValueError, KeyError, TypeError, RecursionError, OverflowError):
-        return 0, 0
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError):
+        return 0, 0, None
     if not (0 <= maxrss < 2**60 and 0 <= leftovers < 2**31):  # numbers a trial may have written there
-        return 0, 0
-    return maxrss, leftovers
+        return 0, 0, None
+    ok = isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and 0 <= cpu < 1e9
+    return maxrss, leftovers, float(cpu) if ok else None
 
 
 def _reap(popen: subprocess.Popen[bytes], wrapper: WrapperHandle) -> None:

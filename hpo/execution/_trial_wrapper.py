@@ -20,9 +20,9 @@ It is started in its own session (``start_new_session``) and then
   ``--grace`` seconds for the trainer, then SIGKILLs; on SIGUSR1 (driver death) or SIGUSR2 (the driver's
   memory-cap kill): SIGKILLs at once;
 * when the trainer exits (on its own or not), SIGKILLs every remaining descendant and every process left in the
-  cgroup, reaps them, writes ``{"maxrss_kb": ..., "leftovers": ...}`` to ``--status`` and exits with the
-  trainer's status: the same exit code, or death by the same signal (a trainer killed by SIGKILL reads as -9
-  to the driver, as without the wrapper).
+  cgroup, reaps them, writes ``{"maxrss_kb": ..., "leftovers": ..., "cpu_s": ...}`` (the trial's CPU time) to
+  ``--status`` and exits with the trainer's status: the same exit code, or death by the same signal (a trainer
+  killed by SIGKILL reads as -9 to the driver, as without the wrapper).
 
 Signals are handled synchronously (blocked, then ``sigtimedwait``), so there are no handlers racing the main
 loop. Start-up is kept to a bare interpreter (``-I -S``, no ``hpo``, ``json``, ``re`` or ``enum`` import) plus
@@ -337,6 +337,7 @@ class _Reaper:
         self.child = child
         self.status: int | None = None
         self.maxrss_kb = 0
+        self.cpu_s = 0.0  # user + system time of every child reaped (each with its own reaped descendants)
 
     def reap(self) -> bool:
         """Reap what can be reaped now; True while we still have children."""
@@ -348,6 +349,7 @@ class _Reaper:
             if pid == 0:
                 return True
             self.maxrss_kb = max(self.maxrss_kb, usage.ru_maxrss)
+            self.cpu_s += usage.ru_utime + usage.ru_stime
             if pid == self.child:
                 self.status = status
 
@@ -476,7 +478,8 @@ def main(argv: list[str]) -> None:
             fd = os.open(opts["status"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
                          | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "w") as fh:
-                fh.write(f'{{"maxrss_kb": {reaper.maxrss_kb}, "leftovers": {leftovers or 0}}}')  # (no json: start-up)
+                fh.write(f'{{"maxrss_kb": {reaper.maxrss_kb}, "leftovers": {leftovers or 0}, '  # (no json: start-up)
+                         f'"cpu_s": {reaper.cpu_s:.3f}}}')
         except OSError:
             pass
     _exit_like(reaper.status if reaper.status is not None else int(signal.SIGKILL))  # (a raw wait status)

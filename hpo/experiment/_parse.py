@@ -117,7 +117,9 @@ def _params(raw: dict[str, Any], fixed: dict[str, Any], ctx: ErrorContext) -> tu
         if p.key in seen:
             raise ctx.error(f"params.{p.name}.key", f"{p.key!r} is already tuned by parameter {seen[p.key]!r}")
         if p.key in fixed:
-            raise ctx.error(f"params.{p.name}.key", f"{p.key!r} is also a fixed override ({fixed[p.key]!r})")
+            raise ctx.error(f"params.{p.name}.key", f"{p.key!r} is also a fixed override ({fixed[p.key]!r}): a key "
+                            "is fixed or tuned, not both (tuned keys are checked together, each value against the "
+                            "others' where the trainer says which it refuses)")
         seen[p.key] = p.name
     return params
 

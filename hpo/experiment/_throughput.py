@@ -7,9 +7,10 @@ the steps after them (``objective.aggregate: mean``), the spread recorded beside
 (``Backend.speed_keys``: micro-batch sizes, token budgets, padding removal, offload, gradient checkpointing, the
 rollout engine's memory and batching), ``study.throughput.neutral_keys`` adds keys of a trainer the driver does not
 know, and ``verl-hpo confirm`` checks every pick: the pick and the user's config (``study.baseline``) run
-interleaved on the same seeds, the speed-up is their paired throughput ratio with its interval, and the first
-step's losses and gradient norm must agree within ``tolerance``, else the pick is reported and not recommended
-(:mod:`hpo.reporting._speed`).
+interleaved on the same seeds, the speed-up is their paired throughput ratio with its interval (more seeds, up to
+``max_repeats``, while the fastest pick is not separated from the user's config), and the first step's losses and
+gradient norm must agree within ``tolerance``, else the pick is reported and not recommended
+(:mod:`hpo.reporting._speed`). A pick never separated is not recommended either: the user keeps their own settings.
 
 Objectives: one of the trainer's speed metrics (``Backend.speed_metrics``: tokens per second, maximized, or a step
 time, minimized); with ``mode: pareto``, that first and one of its peak-memory metrics second (minimized).
@@ -38,7 +39,13 @@ class ThroughputSpec:
         "sync); the trial is scored on the mean over the steps after them, so it must run more steps than this."))
     repeats: int = field(default=3, metadata=_meta(
         "verl-hpo confirm: runs of each pick and of the user's config (study.baseline), interleaved (the user's "
-        "config, then each pick, on one seed; then the next seed); the speed-up is their paired ratio."))
+        "config, then each pick, on one seed; then the next seed); the speed-up is their paired ratio. The least: "
+        "more seeds follow, up to max_repeats, while the fastest pick is not separated from the user's config."))
+    max_repeats: int | None = field(default=None, metadata={**_meta(
+        "verl-hpo confirm: while the fastest pick that computes the same update is not separated from the user's "
+        "config (its 95% interval of the speed-up includes 1), one more seed of interleaved runs is queued, up to "
+        "this many seeds in all; a pick still not separated then is reported as no setting faster than yours found "
+        "on this host. null = max(repeats, 8)."), "max": 100})
     top_k: int = field(default=2, metadata=_meta("verl-hpo confirm: picks re-measured (fastest first)."))
     tolerance: float = field(default=0.02, metadata=_meta(
         "Same-math check: every metric of math_metrics at the first step of a pick's run and of the user's "
@@ -50,6 +57,16 @@ class ThroughputSpec:
     neutral_keys: tuple[str, ...] | None = field(default=None, metadata=_meta(
         "Keys (fnmatch patterns) this study may tune beside the trainer's known speed keys: keys of a trainer the "
         "driver does not know that do not change the update; the same-math check still checks every pick."))
+
+
+DEFAULT_MAX_REPEATS = 8  # study.throughput.max_repeats when null (at least repeats)
+
+
+def repeat_cap(spec: ThroughputSpec, asked: int = 0) -> int:
+    """The most seeds ``confirm`` re-measures a throughput study's picks on: ``max_repeats`` (null: the larger of
+    ``repeats`` and :data:`DEFAULT_MAX_REPEATS`), never fewer than ``asked`` (``confirm --seeds``)."""
+    cap = spec.max_repeats if spec.max_repeats is not None else max(spec.repeats, DEFAULT_MAX_REPEATS)
+    return max(cap, asked)
 
 
 # A measured speed (tokens per second, seconds per step) outside these bounds is not a measurement (a trainer's bug, a
@@ -140,6 +157,9 @@ def check_throughput(objective: Any, pruner_type: str, early_stopping: bool, str
                     "throughput study")
     if spec.tolerance <= 0:
         raise error("study.throughput.tolerance", f"must be positive, got {spec.tolerance}")
+    if spec.max_repeats is not None and spec.max_repeats < spec.repeats:
+        raise error("study.throughput.max_repeats", f"{spec.max_repeats} is fewer than study.throughput.repeats "
+                    f"({spec.repeats}): confirm re-measures on repeats seeds first, then up to max_repeats")
 
 
 def check_speed_keys(keys: Iterable[tuple[str, str]], patterns: tuple[str, ...], trainer: str,

@@ -80,7 +80,14 @@ USER_ATTRS: dict[str, str] = {
     "worker": "the driver that ran it (host, pid)",
     "retry_of": "the trial this attempt retries",
     "stop_reason": "pruned | converged | collapsed[:label] | plateau | interrupted | surplus | driver_error",
-    "fail_reason": "oom | timeout | bad_metrics | killed | crash | predicted_oom | checkpoint | dropped_rows",
+    "fail_reason": "oom | timeout | bad_metrics | killed | crash | predicted_oom | infeasible | checkpoint | "
+                   "dropped_rows (a failed trial: its value, the worst or a timed-out throughput trial's, never ranks "
+                   "it among the finished ones: is_failed)",
+    "timeout_rate": "a throughput trial stopped at its time limit: its mean rate over the steps it measured (None: "
+                    "none); its value is below every finished trial's",
+    "host_busy": "the share of the host's CPU time other processes used while the trial ran (/proc/stat less the "
+                 "trial's own processes' CPU time)",
+    "trial_cpu_s": "CPU seconds of the trial's processes (user + system, reaped by its wrapper)",
     "error": "why it failed, one line",
     "stderr_tail": "the end of its stderr",
     "exit_code": "the trainer's exit status",
@@ -115,6 +122,12 @@ USER_ATTRS: dict[str, str] = {
 def is_confirm(t: FrozenTrial) -> bool:
     """A confirmation run (queued by ``verl-hpo confirm``)."""
     return ATTR_CONFIRM_OF in t.system_attrs
+
+
+def is_failed(t: FrozenTrial) -> bool:
+    """The trial failed (``fail_reason``): whatever value it completed with (the worst, or a timed-out throughput
+    trial's finite one), it is never the best, never confirmed, and ranks after every finished trial."""
+    return "fail_reason" in t.user_attrs
 
 
 def fidelity_of(t: FrozenTrial) -> str:

@@ -1,6 +1,7 @@
 """What ``verl-hpo best`` prints: the best trial as trainer overrides (its header line on stderr), a pareto study's
-front, a pbt study's winning lineage, a throughput study's re-measured pick, and after ``confirm`` the best confirmed
-mean with its table and verdict. A study with nothing to show raises :class:`NoBest` (its line and exit code)."""
+front, a pbt study's winning lineage, a throughput study's re-measured pick (or, when no setting faster than the
+user's was found, the user's own settings), and after ``confirm`` the best confirmed mean with its table and
+verdict. A study with nothing to show raises :class:`NoBest` (its line and exit code)."""
 
 from __future__ import annotations
 
@@ -30,11 +31,14 @@ def print_best(space: Space, study: Any, study_name: str, fmt: str, trial_number
     if fmt == "schedule":
         raise NoBest(f"--format schedule: study {study_name!r} is not a pbt study (study.strategy: pbt)", 2)
     if space.study.kind == "throughput" and trial_number is None:
-        from hpo.reporting._speed import speed_lines, speed_report
+        from hpo.reporting._speed import render_yours, speed_lines, speed_report
 
         report = speed_report(study, space)
         if report is not None:  # re-measured: the recommended pick, never one whose math differs
             print("\n".join(f"# {line}" for line in speed_lines(report, space)), file=sys.stderr)
+            if report.recommended is None and report.none_faster:  # the user's own settings: nothing to change
+                print(render_yours(space, fmt))
+                return 0
             if report.recommended is None:
                 return 1
             print(render_best(space, report.recommended.trial, fmt))

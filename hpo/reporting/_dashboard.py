@@ -43,7 +43,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
 from hpo.analysis import check_output_path, make_output_dir
-from hpo.record import ATTR_SOURCE, is_confirm, is_proxy, rungs, steps_run, study_cost
+from hpo.record import ATTR_SOURCE, is_confirm, is_failed, is_proxy, rungs, steps_run, study_cost
 from hpo.reporting._figures import (
     PLOT_CONFIG,
     SCORE_PREFIX,
@@ -144,7 +144,7 @@ def header_html(study: optuna.Study, storage_url: str, names: list[str], params:
     total = sum(d for d in (duration_s(t) for t in trials) if d is not None)
     saved = sum(float(v) for t in trials if isinstance(v := t.user_attrs.get("compute_saved_s"), (int, float))
                 and math.isfinite(v))
-    done = [t for t in trials if is_finite_complete(t) and not is_confirm(t)]
+    done = [t for t in trials if is_finite_complete(t) and not is_confirm(t) and not is_failed(t)]
     done = [t for t in done if not is_proxy(t)] or done  # a proxy search: its best target run once there is one
     if not done:
         best = "none yet (no completed trial with a finite value)"

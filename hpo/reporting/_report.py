@@ -21,11 +21,13 @@ from hpo.record import (
     ATTR_FIDELITY_CHECK,
     ATTR_PROMOTED_FROM,
     is_confirm,
+    is_failed,
     is_promoted,
     is_proxy,
     steps_run,
     study_cost,
 )
+from hpo.reporting._speed_search import speed_search_summary
 from hpo.storages._retrying import storage_downtime, storage_outages
 from hpo.storages._storage import mask_url
 from hpo.study._confirm import Confirmed, baseline_confirmed, confirmed
@@ -158,9 +160,11 @@ def feasible(t: FrozenTrial) -> bool:
 
 
 def _finite_complete(study: optuna.Study) -> list[FrozenTrial]:
-    """Search trials (not confirmation runs) that can be best."""
+    """Search trials (not confirmation runs) that can be best: finished, feasible, finite, not failed (a timed-out
+    throughput trial's finite value ranks it below every finished trial, never among them)."""
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if not is_confirm(t) and t.values is not None and all(math.isfinite(v) for v in t.values) and feasible(t)]
+            if not is_confirm(t) and not is_failed(t) and t.values is not None
+            and all(math.isfinite(v) for v in t.values) and feasible(t)]
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
@@ -251,8 +255,8 @@ def top_table(study: optuna.Study, limit: int = 10) -> str:
     def key(t: FrozenTrial) -> tuple[int, float]:
         v = t.values[0] if t.values else None
         if t.state != TrialState.COMPLETE or v is None or not math.isfinite(v):
-            return (1, 0.0)
-        return (0 if feasible(t) else 1, -v if maximize else v)
+            return (2, 0.0)
+        return (0 if feasible(t) and not is_failed(t) else 1, -v if maximize else v)  # a timed-out one: after
 
     trials.sort(key=key)
     names = sorted({k for t in trials for k in t.params})
@@ -384,11 +388,13 @@ def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
     ooms = sum(1 for t in trials if t.user_attrs.get("fail_reason") == "oom")
     memory = (f"memory: {skipped} trial(s) not launched (predicted OOM: their estimate did not fit), {ooms} ran out "
               "of memory; both recorded with the worst value\n") if skipped or ooms else ""
-    cvs = sorted(float(t.user_attrs["throughput_cv"]) for t in trials
-                 if isinstance(t.user_attrs.get("throughput_cv"), (int, float)) and not is_confirm(t))
-    spread = (f"throughput spread over each trial's measured steps (after its warm-up): coefficient of variation "
-              f"median {100 * cvs[len(cvs) // 2]:.1f}%, max {100 * cvs[-1]:.1f}% over {len(cvs)} trial(s)\n"
-              if cvs else "")
+    spread = speed_search_summary(study, trials)  # a throughput search: spread, host load, noise, timeouts
+    infeasible = [t for t in trials if t.user_attrs.get("fail_reason") == "infeasible"]
+    if infeasible:
+        memory += (f"infeasible: {len(infeasible)} trial(s) not launched, their tuned values refused together by the "
+                   f"trainer (each value is valid with others: the sampler learns to avoid them; recorded with the "
+                   f"worst value); first: trial {infeasible[0].number} {fmt_params(infeasible[0].params)}: "
+                   f"{infeasible[0].user_attrs.get('error')}\n")
     health: dict[str, list[int]] = {}
     for t in trials:
         labels = t.user_attrs.get("health")

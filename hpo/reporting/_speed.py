@@ -18,10 +18,17 @@ minute of a shared machine falls on both. Runs are ordinary confirmation runs of
   one run only disagrees. A pick that disagrees anywhere is reported with the metric and both values, and is not
   recommended.
 
-The recommendation is the fastest pick that passes the same-math check and is faster than the user's config (ratio >
-1); ``best --format overrides`` prints its speed settings and a learning study takes them with ``study.speed_from``,
-only from a complete confirmation (:func:`confirmation_gaps`: every paired run there, an interval that excludes 1),
-checked again by each ``resume`` / ``worker`` / ``confirm`` of the learning study (:mod:`hpo.reporting._speed_from`).
+``confirm`` re-measures until the decision is made (:func:`unresolved`): while the fastest pick that computes the
+same update is not separated from the user's config (its interval includes 1), it queues one more seed's block, up
+to ``study.throughput.max_repeats`` seeds (:func:`~hpo.experiment._throughput.repeat_cap`).
+
+The recommendation is the fastest pick that passes the same-math check and is separated faster than the user's
+config (its interval above 1). A pick faster by a ratio its interval does not support is not one: the verdict is "no
+setting faster than yours was found on this host" (:data:`NONE_FASTER`), and ``best`` prints the user's own settings
+(``study.baseline``) with that line. Otherwise ``best --format overrides`` prints the pick's speed settings and a
+learning study takes them with ``study.speed_from``, only from a complete confirmation (:func:`confirmation_gaps`:
+every paired run there, an interval that excludes 1), checked again by each ``resume`` / ``worker`` / ``confirm`` of the
+learning study (:mod:`hpo.reporting._speed_from`).
 
 Every value is read as untrusted (a trainer's bug or a planted storage): a run whose throughput is not in
 (:data:`~hpo.experiment._throughput.SPEED_MIN`, ``SPEED_MAX``) is not a measurement and is skipped with a note, so a
@@ -40,6 +47,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo.experiment import speed_value_ok
 from hpo.experiment._space import Space
+from hpo.experiment._throughput import repeat_cap
 from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
 from hpo.study._compare import LEVEL, t_quantile
 from hpo.study._confirm import BASELINE_OF, CONTROL_OF
@@ -67,6 +75,16 @@ class SpeedPick:
             return False
         return True if self.compared else None
 
+    @property
+    def separated(self) -> bool:
+        """Its 95% interval of the speed-up excludes 1 (faster or slower than the user's config: told apart)."""
+        return self.low is not None and self.high is not None and (self.low > 1.0 or self.high < 1.0)
+
+    def interval(self) -> str:
+        """``1.148x [0.447, 2.948] over 3 paired runs`` (no interval: ``over 1 paired run``)."""
+        shown = "" if self.low is None or self.high is None else f" [{self.low:.3f}, {self.high:.3f}]"
+        return f"{self.ratio or 0.0:.3f}x{shown} over {len(self.pairs)} paired run(s)"
+
 
 @dataclass
 class SpeedReport:
@@ -80,8 +98,33 @@ class SpeedReport:
 
     @property
     def recommended(self) -> SpeedPick | None:
-        ok = [p for p in self.picks if p.same_math and p.ratio is not None and p.ratio > 1.0]
+        """The fastest pick that computes the same update and is separated faster than the user's config (its
+        interval above 1); None: keep the user's config."""
+        ok = [p for p in self.picks if p.same_math and p.separated and (p.low or 0.0) > 1.0]
         return max(ok, key=lambda p: p.ratio or 0.0) if ok else None
+
+    @property
+    def leader(self) -> SpeedPick | None:
+        """The fastest pick with a paired run that is not known to change the math (the one re-measuring decides on);
+        None when there is none."""
+        ok = [p for p in self.picks if p.same_math is not False and p.ratio is not None]
+        return max(ok, key=lambda p: p.ratio or 0.0) if ok else None
+
+    @property
+    def none_faster(self) -> bool:
+        """Measured, nothing pending, and no pick of the same math is separated faster (the leader is not separated,
+        or slower): no setting faster than the user's was found on this host."""
+        lead = self.leader
+        return self.recommended is None and not self.pending and lead is not None and bool(lead.same_math)
+
+
+def unresolved(report: SpeedReport) -> str | None:
+    """Why ``confirm`` re-measures on one more seed: the leader (:attr:`SpeedReport.leader`) is not separated from the
+    user's config yet (its interval includes 1, or it has none); None when it is, or there is no leader."""
+    lead = report.leader
+    if lead is None or lead.separated:
+        return None
+    return f"trial {lead.trial.number} {lead.interval()} is not separated from your config"
 
 
 def _latest_runs(study: optuna.Study) -> tuple[dict[tuple[int, int], FrozenTrial], int]:
@@ -125,6 +168,7 @@ def _first_step(t: FrozenTrial) -> dict[str, Any] | None:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+NONE_FASTER = "no setting faster than yours was found on this host"
 NOISE_FACTOR = 3.0  # a metric may differ by this many times what two runs of the user's config on one seed differ by
 LOOSE_FLOOR = 0.5  # ... and at least by this share of its value when the trainer's first step does not reproduce
 UNCOMPARABLE = 0.5  # a metric that moved more than this share between the user's two runs is not compared
@@ -272,18 +316,23 @@ def speed_lines(report: SpeedReport, space: Space) -> list[str]:
                                                                 else "") + " (it catches a change of scale)")
     out += [_pick_line(p, names) for p in report.picks]
     left = f"; {report.pending} run(s) still to run" if report.pending else ""
-    rec = report.recommended
-    if rec is None:
+    rec, lead = report.recommended, report.leader
+    if rec is None and lead is not None and lead.same_math is not False and not lead.separated and report.pending:
+        out.append(f"recommended: none yet (the fastest, trial {lead.trial.number} {lead.interval()}, is not "
+                   f"separated from your config yet){left}")
+    elif rec is None:
         why = ("no pick computes the same update as your config" if report.picks and not any(
-            p.same_math for p in report.picks) else "no pick is faster than your config" if any(
-            p.ratio is not None for p in report.picks) else "no pick has a valid paired run yet")
-        out.append(f"recommended: keep your config ({why}){left}")
+            p.same_math for p in report.picks) else "no pick has a valid paired run yet" if lead is None else
+            f"{NONE_FASTER}: the fastest, trial {lead.trial.number}, is slower ({lead.interval()})"
+            if lead.separated else
+            f"{NONE_FASTER}: the fastest, trial {lead.trial.number} {lead.interval()}, is not separated from your "
+            f"config (re-measured on up to study.throughput.max_repeats = "
+            f"{repeat_cap(space.study.throughput, len(lead.pairs))} seeds)")
+        mine = "; verl-hpo best --format overrides prints your own settings" if report.none_faster else ""
+        out.append(f"recommended: keep your config ({why}){mine}{left}")
     else:
-        sure = (f" (no interval: {len(rec.pairs)} paired run)" if rec.low is None else
-                " (its interval excludes 1)" if rec.low > 1.0 else
-                " (its interval includes 1: not separated from your config)")
-        out.append(f"recommended: trial {rec.trial.number}, {rec.ratio:.3f}x{sure}; verl-hpo best --format overrides "
-                   f"prints its settings{left}")
+        out.append(f"recommended: trial {rec.trial.number}, {rec.interval()} (its interval excludes 1); verl-hpo "
+                   f"best --format overrides prints its settings{left}")
     return out
 
 
@@ -317,17 +366,45 @@ def speed_settings(study: optuna.Study, space: Space, pending_ok: bool = False
     if report is None:
         raise ValueError(f"throughput study {name!r} is not re-measured yet: run verl-hpo confirm --study {name} "
                          "first")
-    rec = report.recommended
+    rec, lead, required = report.recommended, report.leader, max(2, space.study.throughput.repeats)
+    if rec is None and lead is not None and lead.same_math is not False and not lead.separated and (
+            report.pending and not pending_ok or len(lead.pairs) < required):
+        rec = lead  # not decided yet: what its confirmation lacks (below)
     if rec is None:
         lines = speed_lines(report, space)
         top = next((line for line in lines if line.startswith(f"trial {report.picks[0].trial.number} (")), None) \
             if report.picks else None
         raise ValueError(f"throughput study {name!r} recommends keeping the user's config "
                          + lines[-1].removeprefix("recommended: keep your config ") + (f"; {top}" if top else ""))
-    required = max(2, space.study.throughput.repeats)
     gaps = confirmation_gaps(report, rec, required, pending_ok)
     if gaps:
         more = "" if report.pending else f" --seeds {max(required, len(rec.pairs)) + 1}"
         raise ValueError(f"throughput study {name!r}: its confirmation is not complete ({', '.join(gaps)}): "
                          f"verl-hpo confirm --study {name}{more} goes on with it")
     return {p.key: rec.trial.params[p.name] for p in space.params if p.name in rec.trial.params}, rec
+
+
+def render_yours(space: Space, fmt: str) -> str:
+    """The user's own settings (``study.baseline``), as ``best`` prints a pick's when no setting faster than them was
+    found: ``overrides``, one shell-ready line of their ``key=value`` (empty when the baseline sets none: the fixed
+    overrides as they are); ``yaml``, a nested fragment; ``command``, the trainer command with them."""
+    import shlex
+    from pathlib import Path
+
+    import yaml
+
+    from hpo.backends import backend_of
+    from hpo.experiment._space import format_value
+    from hpo.reporting._command_line import command_for
+    from hpo.reporting._report import nest
+
+    yours = dict(space.study.baseline)
+    if fmt == "yaml":
+        return yaml.safe_dump(nest({k.lstrip("+"): v for k, v in yours.items()}), sort_keys=False).rstrip()
+    if fmt == "command":
+        try:
+            overrides = backend_of(space).configure(space, {}, Path("."), extra=yours).overrides
+        except (OSError, ValueError):  # the trainer's config is gone from here: the experiment's own overrides
+            overrides = [f"{k}={format_value(v)}" for k, v in {**space.fixed_overrides(), **yours}.items()]
+        return command_for(space, overrides)
+    return shlex.join(f"{k}={format_value(v)}" for k, v in yours.items())

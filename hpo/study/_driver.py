@@ -233,6 +233,7 @@ class Driver:
         self.heartbeat: Heartbeat | None = None
         self.ran = 0
         self.confirming = False  # run_confirm: only the queued confirmation trials
+        self.more: Callable[[], bool] | None = None  # run_confirm: queues further confirmation runs when asked
         # study.strategy pbt: the population queues every trial itself (hpo.study._population)
         self.population = Population(space, study, self.study_dir, pbt_total(space), reporter.note) \
             if space.study.strategy == "pbt" else None
@@ -288,14 +289,16 @@ class Driver:
             raise (gone or interrupted or self._errors)[0]
         return self.ran
 
-    def run_confirm(self, callbacks: Sequence[Callback] = ()) -> int:
+    def run_confirm(self, callbacks: Sequence[Callback] = (), more: Callable[[], bool] | None = None) -> int:
         """Run the study's queued confirmation trials (``verl-hpo confirm``) until none is waiting; other
-        drivers of the study may take some of them. Returns the number this driver ran."""
-        self.confirming = True
+        drivers of the study may take some of them. ``more``: asked once nothing is waiting or running; it queues
+        further runs (a throughput study's next seed while its pick is not separated) and says whether it did.
+        Returns the number this driver ran."""
+        self.confirming, self.more = True, more
         try:
             return self.run(0, callbacks)
         finally:
-            self.confirming = False
+            self.confirming, self.more = False, None
 
     def _sweep_jobs(self, final: bool) -> None:
         """Ray-job studies: stop the study's jobs no trial follows (:func:`hpo.study._ray_trials.sweep_jobs`)."""
@@ -330,6 +333,9 @@ class Driver:
                                                                              trials):
                             trials = self.study.get_trials(deepcopy=False)  # a schedule's next step range
                         if not any(is_confirm(t) and t.state == TrialState.WAITING for t in trials):
+                            if self.more is not None and not any(is_confirm(t) and t.state == TrialState.RUNNING
+                                                                 for t in trials) and self.more():
+                                continue  # one more seed queued: its runs decide
                             if not self.space.study.confirm.race:
                                 return
                             if advance_race(self.study, self.space, self.cache, self.reporter.note):  # next round

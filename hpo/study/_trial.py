@@ -17,6 +17,10 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
 * ``stop_reason=pruned``    -> PRUNED (Optuna stores the last reported value), ``compute_saved_s``
 * ``stop_reason=budget``    -> the same: ``study.budget`` left the search no room for the trial's next evaluation
   interval (:func:`hpo.study._confirm.search_over_budget`)
+* ``fail_reason=timeout`` of a throughput search trial -> COMPLETE, slower than the slowest finished trial (or at its
+  partial rate, ``timeout_rate``, where slower still; before any trial finished, the slowest valid measurement): a
+  slow setting, not a broken one; ranked below every finished trial by the reports (with ``on_failure: fail``, FAIL
+  as below)
 * ``fail_reason=oom|timeout|bad_metrics|killed|crash`` -> COMPLETE with the worst value (``-inf``/``+inf``), or FAIL
   with ``on_failure: fail``; ``stderr_tail`` (and ``error``) say why. ``oom`` only when it is one (the
   driver's cap, a final MemoryError / CUDA OOM, or a kernel OOM kill confirmed); another signal death is
@@ -30,6 +34,10 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
   the same parameters is queued, so ``resume`` (or any worker) runs it first. Trials of a dead driver are
   found by every other driver of the study (:mod:`hpo.study._recovery`: a dead pid where pids are comparable,
   else a stale heartbeat).
+* ``fail_reason=infeasible`` -> not launched: the trainer refuses the sampled values together
+  (:meth:`~hpo.backends.Backend.infeasible`: a micro-batch larger than the mini-batch it divides; each value is valid
+  with other values of the space, or the space was refused at load); recorded like a failure (the worst value, so
+  the sampler learns to avoid the region), ``error`` the trainer's reason; never counted as a crash
 * ``fail_reason=predicted_oom`` -> not launched: the memory estimate does not fit the trial's budget
   (:mod:`hpo.backends._preflight`); recorded like a failure, with ``predicted_memory_gb`` and ``memory_budget_gb``
 * ``stop_reason=surplus`` -> FAIL, never run: several drivers asked at once and the target was taken
@@ -57,10 +65,10 @@ from hpo.execution._devices import DevicePool
 from hpo.execution._executor import TrialExecutor
 from hpo.execution._logs import knob_problem, max_dropped_rows
 from hpo.execution._runner import RunResult, TrialProcess, read_tail
-from hpo.experiment import speed_value_problem
+from hpo.experiment import speed_value_ok, speed_value_problem
 from hpo.experiment._objective import Scored
 from hpo.experiment._space import Space, SpaceError
-from hpo.record import ATTR_PROMOTE_STEPS, ATTR_RETRY_HISTORY, ATTR_RETRY_OF, runs_steps
+from hpo.record import ATTR_PROMOTE_STEPS, ATTR_RETRY_HISTORY, ATTR_RETRY_OF, is_failed, runs_steps
 from hpo.storages._retrying import STORAGE_ERRORS
 from hpo.study._checkpoints import clean_after
 from hpo.study._command import fresh_trial_dir, launch_extra, trial_env, write_trial_files
@@ -181,6 +189,9 @@ class TrialRunner:
         TrialInterrupted / TrialLost (``lost``: another driver finished this trial, taking us for dead)."""
         plan = self._plan(trial)
         self.reporter.trial_started(trial.number, plan.values, plan.retry_of)
+        why = self.backend.infeasible(self.space, plan.values) if plan.values else None
+        if why is not None:  # values the trainer refuses together (each is valid with others): never launched
+            return fail_trial(trial, self.space, "infeasible", f"the trainer refuses these values together: {why}", "")
         waited = time.monotonic()
         ray = self.space.trial.executor == "ray"  # devices: the cluster's (admission), not this host's pool
         devices = [] if ray else self.pool.acquire(_TrialStop(self.stop_event, lost))
@@ -333,8 +344,9 @@ class TrialRunner:
         if self.space.study.strategy == "pbt":  # reachable checkpoints are kept: hpo.study._population
             return
         keep = self.space.trial.keep_checkpoints
-        value = values[0] if state == TrialState.COMPLETE and values and not is_confirm(
-            frozen_trial(self.study, trial.number)) else None
+        me = frozen_trial(self.study, trial.number)
+        value = values[0] if state == TrialState.COMPLETE and values and not is_confirm(me) and not is_failed(me) \
+            else None  # a failed trial's value (a timed-out throughput trial's is finite) keeps nothing
         finished = [t for t in self.study.get_trials(deepcopy=False) if is_finished(t)]
         ray = self.space.trial.ray  # a Ray-job trial's checkpoints in trial.ray.shared_dir (docs/ray.md)
         shared = Path(ray.shared_dir).expanduser() / self.study.study_name \
@@ -362,6 +374,8 @@ def run_attrs(result: RunResult, watch: Watch, launch_overhead_s: float | None,
         "cgroup_peak_gb": None if result.cgroup_peak_gb is None else round(result.cgroup_peak_gb, 4),
         "leftovers_killed": result.leftovers_killed,
     }
+    if result.host_busy is not None:  # other processes' share of the host's CPU while it ran (hpo.execution)
+        attrs.update(host_busy=round(result.host_busy, 4), trial_cpu_s=round(result.trial_cpu_s or 0.0, 3))
     if watch.test_value is not None:  # a confirmation run's held-out value (hpo.study._confirm)
         attrs.update(test_value=watch.test_value, test_metric=watch.test_metric)
     if watch.warmup_steps is not None:  # a throughput trial: its measured steps' spread, its first step's math
@@ -419,7 +433,31 @@ def outcome(trial: Trial, space: Space, result: RunResult, watch: Watch, trial_d
         failure = None if error is None else "bad_metrics"
     if failure is None:
         return _scored_values(trial, space, watch)
+    if failure == "timeout" and watch.warmup_steps is not None and space.trial.on_failure == "worst" \
+            and not is_confirm(frozen_trial(trial.study, trial.number)):  # a slow setting, not a crash
+        return _timed_out_speed(trial, space, watch, read_tail(trial_dir / "stderr.log"))
     return fail_trial(trial, space, failure, error, read_tail(trial_dir / "stderr.log"))
+
+
+def _timed_out_speed(trial: Trial, space: Space, watch: Watch, stderr_tail: str) -> float | list[float]:
+    """A throughput search trial stopped at ``trial.timeout_s``: recorded ``fail_reason=timeout`` with a value slower
+    than the slowest finished search trial, or its partial rate (user attr ``timeout_rate``) when slower still
+    (:meth:`Watch.timed_out_values`), so the sampler learns it is slow, not broken; reports rank it below every
+    finished trial."""
+    done = [t.values[0] for t in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if not is_confirm(t) and not is_failed(t) and t.values and speed_value_ok(t.values[0])]
+    slowest = None if not done else (min if space.objective.direction_literal == "maximize" else max)(done)
+    values, partial = watch.timed_out_values(slowest)
+    trial.set_user_attr("fail_reason", "timeout")
+    trial.set_user_attr("timeout_rate", partial)
+    rate = "no measured step" if partial is None else f"{partial:.6g} over its measured step(s)"
+    trial.set_user_attr("error", f"stopped at trial.timeout_s={space.trial.timeout_s:g}: told {values[0]:.6g} "
+                        f"({rate}; the slowest finished trial: {'none yet' if slowest is None else f'{slowest:.6g}'})"
+                        ", ranked below every finished trial")
+    if stderr_tail:
+        trial.set_user_attr("stderr_tail", stderr_tail[-4000:])
+    record_scores(trial, space, None)
+    return values if space.objective.multi else values[0]
 
 
 def record_scores(trial: Trial, space: Space, scored: Scored | None) -> None:

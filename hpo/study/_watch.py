@@ -16,6 +16,9 @@ from hpo.analysis._diagnosis import Diagnoser
 from hpo.execution._runner import is_finite
 from hpo.experiment._objective import Scored
 from hpo.experiment._space import EarlyStopping, Space
+from hpo.experiment._throughput import SPEED_MAX, SPEED_MIN, speed_value_ok
+
+TIMEOUT_MARGIN = 1e-3  # a timed-out throughput trial is told this much slower than the slowest finished one
 
 
 @dataclasses.dataclass
@@ -124,6 +127,28 @@ class Watch:
         mean = sum(xs) / len(xs)
         return {"throughput_std": round(std, 6), "throughput_cv": round(std / mean, 6) if mean else None,
                 "throughput_steps": len(xs)}
+
+    def timed_out_values(self, slowest: float | None) -> tuple[list[float], float | None]:
+        """A throughput trial stopped at its time limit: its values to tell, slower than ``slowest`` (the slowest
+        finished trial's first objective) by :data:`TIMEOUT_MARGIN`, or at its partial rate (the mean over the steps
+        it measured) where that is slower still; before any trial finished (``slowest`` None), the slowest a
+        measurement can be (:data:`~hpo.experiment._throughput.SPEED_MIN`, ``SPEED_MAX`` for a step time), so no
+        later trial is ranked below it by the sampler. Also the partial rate (None: no measured step). Reports rank
+        it below every finished trial whatever it got (:func:`hpo.record.is_failed`)."""
+        partial = self.scored.values[0] if self.scored is not None and speed_value_ok(self.scored.values[0]) \
+            else None
+        faster_higher = self.space.objective.direction_literal == "maximize"
+        floor = 2 * SPEED_MIN if faster_higher else SPEED_MAX / 2
+        if slowest is None:
+            value = floor
+        else:
+            cap = slowest * (1 - TIMEOUT_MARGIN if faster_higher else 1 + TIMEOUT_MARGIN)
+            value = cap if partial is None else (min if faster_higher else max)(partial, cap)
+        value = min(max(value, 2 * SPEED_MIN), SPEED_MAX / 2)
+        worst = self.space.objective.worst
+        rest = (list(self.scored.values[1:]) if self.scored is not None else
+                list(worst[1:]) if isinstance(worst, list) else [])
+        return [value, *rest], partial
 
     def _plateaued(self, es: EarlyStopping) -> bool:
         """The last ``plateau_evals`` evaluations (first objective) did not beat the best before them by more

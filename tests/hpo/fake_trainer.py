@@ -21,6 +21,8 @@ Behaviour keys (all optional):
     fake.tox            eval/toxicity_mean at every evaluation (default 0.1)
     fake.lat            eval/latency_p95 at every evaluation (default 0.5)
     fake.throughput     perf/throughput (a throughput study's metric) at every training step (default: not logged)
+    fake.throughput_jitter  the run's throughput times 1 + jitter * u, u in [-1, 1] drawn from trainer.seed and the
+                        throughput (a noisy host: two settings' runs on one seed differ by more than their settings)
     fake.env_file       write {"argv": [its overrides], "env": {VERL_HPO_SECRET_* and *_KEY / *_TOKEN variables}} (JSON)
     fake.log_file       append {"trial", "cuda", "x", "seed", "start", "end"} (JSON line) to this file when the run ends
     fake.seed_noise     add seed_noise * u to the final value, u in [-1, 1] drawn from trainer.seed (default 0)
@@ -125,7 +127,9 @@ def main(argv: list[str]) -> int:
             data: dict[str, float] = {"critic/score/mean": final * step / total, "timing_s/step": step_s,
                                       "actor/pg_loss": float("nan") if nan_at is not None and step >= nan_at else 0.1}
             if step and "fake.throughput" in opts:
-                data["perf/throughput"] = float(opts["fake.throughput"])
+                jitter = float(opts.get("fake.throughput_jitter", 0.0))
+                data["perf/throughput"] = float(opts["fake.throughput"]) * (
+                    1.0 + jitter * random.Random(f"{seed}:{opts['fake.throughput']}").uniform(-1, 1))
             if (step == 0 and val0) or (step and freq > 0 and step % freq == 0) or step == total:
                 data["eval/reward_mean"] = final * (min(step, int(opts.get("fake.peak_at", total))) + 1) / (total + 1)
                 data["eval/reward_std"] = std

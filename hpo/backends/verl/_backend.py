@@ -19,6 +19,7 @@ from hpo.backends.verl._arith import arith_dir
 from hpo.backends.verl._compose_checks import SEED_KEYS
 from hpo.backends.verl._data import resolve_path, split_list
 from hpo.backends.verl._launch import (
+    DROPPED_ROW_PATTERNS,
     MAIN_MODULE,
     default_python,
     scratch_dir,
@@ -59,15 +60,7 @@ class VerlBackend(Backend):
         sync_time="timing_s/update_weights", gpu_util="perf/gpu_util", mfu="perf/mfu/actor")
     default_command: ClassVar[tuple[str, ...]] = ("python", "-m", MAIN_MODULE)  # in trial.python (_launch)
     metrics_env: ClassVar[str | None] = "VERL_FILE_LOGGER_PATH"
-    # verl 0.9.1 catches these per row and trains (or validates) on without the row: trainer/ppo/v1/agent_loop_tq.py's
-    # _run_prompt logs each failed session of a prompt ("for uid=": the prompt; a reward that raises ends here) or the
-    # prompt itself; the limited reward manager scores a failed call 0. Ray folds repeats from several workers into
-    # one "[repeated Nx across cluster]" line (Ray's log deduplication): counted N times.
-    dropped_row_patterns: ClassVar[tuple[str, ...]] = (
-        r"Error in _run_prompt for uid=(?P<key>[\w-]+)(?:.*\[repeated (?P<n>\d+)x across cluster\])?",
-        r"Error in _run_prompt: (?:.*\[repeated (?P<n>\d+)x across cluster\])?",
-        r"Reward computation failed for data_source=(?:.*\[repeated (?P<n>\d+)x across cluster\])?",
-    )
+    dropped_row_patterns: ClassVar[tuple[str, ...]] = DROPPED_ROW_PATTERNS  # _launch: the rehearsal's corners too
     # study.fidelity.proxy: verl 0.9.1's policy model (actor, rollout and reference), the critic's, and the policy's
     # tokenizer when it is not the model's (ppo_trainer.yaml)
     model_keys: ClassVar[tuple[str, ...]] = ("actor_rollout_ref.model.path", "critic.model.path")

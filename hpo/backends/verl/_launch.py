@@ -85,6 +85,16 @@ _UNQUOTED = re.compile(r"^[A-Za-z0-9_/\-+.$%*@?|:]+$")  # hydra's unquoted-value
 _NUMBER = re.compile(r"^[+-]?(\d[\d_]*)?(\.[\d_]*)?([eE][+-]?\d+)?$")
 _KEYWORDS = {"true", "false", "null", "inf", "+inf", "-inf", "nan", "+nan", "-nan"}
 
+# verl 0.9.1 catches these per row and trains (or validates) on without the row: trainer/ppo/v1/agent_loop_tq.py's
+# _run_prompt logs each failed session of a prompt ("for uid=": the prompt; a reward that raises ends here) or the
+# prompt itself; the limited reward manager scores a failed call 0. Ray folds repeats from several workers into
+# one "[repeated Nx across cluster]" line (Ray's log deduplication): counted N times (Backend.dropped_row_patterns).
+DROPPED_ROW_PATTERNS = (
+    r"Error in _run_prompt for uid=(?P<key>[\w-]+)(?:.*\[repeated (?P<n>\d+)x across cluster\])?",
+    r"Error in _run_prompt: (?:.*\[repeated (?P<n>\d+)x across cluster\])?",
+    r"Reward computation failed for data_source=(?:.*\[repeated (?P<n>\d+)x across cluster\])?",
+)
+
 
 def _quote(text: str) -> str:
     """``'text'`` with hydra's escapes: a quote becomes ``\\'`` and backslashes right before a quote or the end

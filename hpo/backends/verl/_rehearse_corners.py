@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpo.backends.verl._check import trial_base_env
 from hpo.backends.verl._launch import (
+    DROPPED_ROW_PATTERNS,
     format_override,
     override_key,
     verl_argv,
@@ -147,9 +148,12 @@ class _Runner:
             metrics = verl_metrics_path(trial_dir, attempt)
             result = TrialProcess(argv=argv, env=env, log_dir=log_dir, metrics_path=metrics,
                                   timeout_s=self.timeout_s, on_tick=tick, stop_event=stop,
-                                  private_tmp=trial_dir / f"slash-tmp{attempt}").run()
+                                  private_tmp=trial_dir / f"slash-tmp{attempt}",
+                                  dropped_row_patterns=DROPPED_ROW_PATTERNS).run()
         finally:
             verl_cleanup(trial_dir, attempt, keep_logs=False)
+        for line in result.log_lines():  # a log cut at its cap, the rows verl dropped: as a study's trial says them
+            self.say(f"  corner {outcome.corner.name}: {line}")
         outcome.results.append(result)
         outcome.records.append(read_records(verl_metrics_path(trial_dir, attempt)))
         return result

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 from hpo.backends._base import Backend, PredictionLike, TrialConfig
 from hpo.backends._models import ModelFacts
 from hpo.backends.verl_core import _names
-from hpo.backends.verl_core._check import check_driver_keys, check_trainer
+from hpo.backends.verl_core._check import accepted_values, check_driver_keys, check_trainer, fixed_config, rejected
 from hpo.backends.verl_core._memory import corner_predictions, predict, validate_corners
 from hpo.backends.verl_core._names import TEST_KEY
 from hpo.experiment._space import Space, format_value
@@ -80,11 +80,22 @@ class VerlCoreBackend(VerlCoreCommand):
                                                                      prepare_command=self.default_prepare_command))
 
     def prepare_argv(self, space: Space) -> list[str] | None:
-        return super().prepare_argv(self.normalize(space))
+        """``python -m verl_core prepare`` with the fixed overrides, and tuned values it accepts where the fixed ones
+        are refused alone (a batch smaller than the config's mini-batch, which every trial's tuned one replaces)."""
+        argv = super().prepare_argv(self.normalize(space))
+        if argv is None:
+            return None
+        values = accepted_values(space)
+        return argv if not values else [*argv, *space.trainer_overrides(values)[len(space.trainer_overrides({})):]]
 
     def check(self, space: Space, origin: Mapping[str, str]) -> None:
         check_driver_keys(space, origin)
         check_trainer(space, origin)
+
+    def infeasible(self, space: Space, values: Mapping[str, Any]) -> str | None:
+        """What verl_core's config says of these tuned values together (its batch-size rules: a micro-batch at most
+        the mini-batch x rollout.n and dividing it, a mini-batch dividing the batch)."""
+        return rejected(space, values)
 
     def configure(self, space: Space, values: Mapping[str, Any], trial_dir: Path,
                   extra: Mapping[str, Any] | None = None, tail: Sequence[str] = ()) -> TrialConfig:
@@ -158,9 +169,7 @@ class VerlCoreBackend(VerlCoreCommand):
     def default_seed(self, space: Space, key: str) -> int | None:
         if key != "trainer.seed":
             return None
-        from verl_core.config import load_config
-
-        return int(load_config(space.config, space.trainer_overrides({})).trainer.seed)
+        return int(fixed_config(space).trainer.seed)
 
     def heldout_overrides(self, space: Space) -> dict[str, Any]:
         """``study.confirm.test_files``, else the built-in task's test split when ``data.val_files`` is
@@ -168,9 +177,7 @@ class VerlCoreBackend(VerlCoreCommand):
         extra = super().heldout_overrides(space)
         if extra:
             return extra
-        from verl_core.config import load_config
-
-        val = load_config(space.config, space.trainer_overrides({})).data.val_files
+        val = fixed_config(space).data.val_files
         return {TEST_KEY: val} if val.startswith("builtin:") else {}
 
     def segment_overrides(self, space: Space, end: int, checkpoint: str | None) -> tuple[list[str], Path | None]:

@@ -43,13 +43,18 @@ def predict(space: Space, overrides: Sequence[str], devices: Sequence[str] = (),
 
 
 def corner_predictions(space: Space, devices: Sequence[str]) -> list[tuple[dict[str, Any], Prediction]]:
-    """Each corner of the space with its estimate on one trial's ``devices``."""
-    return [(c, predict(space, space.trainer_overrides(c), devices)) for c in corners(space)]
+    """Each corner of the space that verl_core's config accepts (one it refuses is never launched: a trial drawing
+    it is skipped as infeasible) with its estimate on one trial's ``devices``."""
+    from hpo.backends.verl_core._check import rejected
+
+    return [(c, predict(space, space.trainer_overrides(c), devices)) for c in corners(space)
+            if rejected(space, c) is None]
 
 
 def validate_corners(space: Space, devices: Sequence[str], out: TextIO) -> int:
     """``verl-hpo validate`` of a verl_core space on one trial's ``devices``: each corner's config loaded (a corner
-    verl_core rejects: SpaceError), its best-practice warnings and its estimate; 0 when all fit, else 2."""
+    verl_core rejects is said and skipped: a trial drawing it is not launched), its best-practice warnings and its
+    estimate; 0 when all fit, else 2."""
     from verl_core.config import ConfigError, load_config
     from verl_core.validate import best_practice_warnings
 
@@ -59,7 +64,8 @@ def validate_corners(space: Space, devices: Sequence[str], out: TextIO) -> int:
         overrides = space.trainer_overrides(values)
         try:
             warnings.update(best_practice_warnings(load_config(space.config, overrides)))
-        except ConfigError as err:
-            raise SpaceError(f"{space.source}: {shown(values)}: {err}") from None
+        except ConfigError as err:  # the tuned values together (each is valid with others: hpo.experiment._combos)
+            print(f"corner {shown(values)}: infeasible, skipped (a trial drawing it is not launched): {err}", file=out)
+            continue
         results.append((values, predict(space, overrides, devices)))
     return report_corners(space, results, sorted(warnings), out)

@@ -15,6 +15,7 @@ from hpo.record import (
     ATTR_CONFIRM_OF,
     ATTR_CONFIRM_SEED,
     is_confirm,
+    is_failed,
     is_proxy,
 )
 
@@ -114,10 +115,11 @@ def _sign(study: optuna.Study) -> float:
 
 
 def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
-    """The ``k`` best search trials with distinct parameters (COMPLETE, finite, feasible), best first; a proxy
+    """The ``k`` best search trials with distinct parameters (COMPLETE, finite, feasible, not failed: a timed-out
+    throughput trial's finite value is no measurement), best first; a proxy
     search's are its target runs (``study.fidelity.proxy``: a proxy value is not a target value)."""
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if not is_confirm(t) and not is_proxy(t) and t.values is not None
+            if not is_confirm(t) and not is_proxy(t) and not is_failed(t) and t.values is not None
             and all(math.isfinite(v) for v in t.values) and all(v <= 0 for v in t.constraints.values())]
     done.sort(key=lambda t: (-_sign(study) * float(t.values[0]), t.number))
     out: list[FrozenTrial] = []

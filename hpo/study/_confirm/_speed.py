@@ -28,7 +28,9 @@ def queue_speed_check(study: optuna.Study, space: Space, top_k: int, repeats: in
     host and a linear drift of its speed cancels out), and right after the first seed's run of the user's config a
     control: the same config on the same seed again, which tells the same-math check how far two runs of one config
     and seed differ on this trainer (0 where its rollout is reproducible). Never from the kept baselines (a timing
-    is its run's own). ValueError when the search has no finite trial.
+    is its run's own). ValueError when the search has no finite trial. ``confirm`` calls it again with one seed more
+    while the fastest pick is not separated from the user's config (up to ``study.throughput.max_repeats``: the
+    command's ``more`` hook, :meth:`hpo.study._driver.Driver.run_confirm`); the blocks already there stay.
 
     The runs of one seed are a block (:data:`~hpo.record.ATTR_SPEED_BLOCK`: their order and the block's generation):
     what is not queued yet is queued, and a block that lost a run for good (it failed and was not retried) while

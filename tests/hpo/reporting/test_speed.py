@@ -116,7 +116,8 @@ def test_a_throughput_study_measures_after_warmup_confirms_and_recommends(tmp_pa
     runs = [t for t in load(tmp_path / "studies", "fast").trials if is_confirm(t)]
     order = [t.user_attrs["confirm_of"] if t.system_attrs.get("hpo:baseline") else "pick"
              for t in sorted(runs, key=lambda t: t.number)]
-    assert order == ["baseline", "control", "pick", "pick", "baseline"]  # ABBA, the control after the first
+    assert order[:5] == ["baseline", "control", "pick", "pick", "baseline"]  # ABBA, the control after the first
+    assert len(order) % 2 == 1  # and a seed more (its 2 runs) while not separated on a busy host (max_repeats)
     assert all(t.state == TrialState.COMPLETE for t in runs)
     assert "same math: agrees" in confirm.stdout and "recommended: trial 0" in confirm.stdout, confirm.stdout
     assert "the first step reproduces exactly; the same-math check is strict" in confirm.stdout  # verl_core
