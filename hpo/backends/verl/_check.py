@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 import subprocess
@@ -63,7 +62,6 @@ class VerlConfigError(ValueError):
 # the default, which says nothing against the experiment.
 COMPOSE_TIMEOUT_ENV = "VERL_HPO_COMPOSE_TIMEOUT_S"
 COMPOSE_TIMEOUT_S = 600.0
-MAX_COMPOSE_TIMEOUT_S = 86400.0
 
 
 class ComposeTimeout(VerlConfigError, SpaceError):
@@ -77,17 +75,9 @@ class ComposeTimeout(VerlConfigError, SpaceError):
 def compose_timeout() -> float:
     """Seconds a verl compose subprocess may take: ``$VERL_HPO_COMPOSE_TIMEOUT_S``, else :data:`COMPOSE_TIMEOUT_S`;
     SpaceError (one line) for a value that is not a number of seconds from 0 to a day."""
-    raw = os.environ.get(COMPOSE_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return COMPOSE_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= MAX_COMPOSE_TIMEOUT_S:
-        raise SpaceError(f"{COMPOSE_TIMEOUT_ENV}={raw[:40]!r}: must be a number of seconds above 0 and at most "
-                         f"{MAX_COMPOSE_TIMEOUT_S:.0f} (how long composing verl's configs may take)")
-    return value
+    from hpo.backends.verl._rows import env_seconds
+
+    return env_seconds(COMPOSE_TIMEOUT_ENV, COMPOSE_TIMEOUT_S, "how long composing verl's configs may take")
 
 
 def compose_timed_out(what: str, python: str, limit: float) -> str:

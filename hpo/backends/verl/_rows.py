@@ -31,7 +31,9 @@ REWARD_ENV = "VERL_HPO_REWARD_TIMEOUT_S"
 MAX_SECONDS = 86400.0
 
 
-def _seconds(name: str, default: float, what: str) -> float:
+def env_seconds(name: str, default: float, what: str) -> float:
+    """Seconds from ``$name`` (``default`` when unset); SpaceError (one line naming it and ``what`` it bounds) for a
+    value that is not a number of seconds above 0 and at most a day."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -48,10 +50,10 @@ def _seconds(name: str, default: float, what: str) -> float:
 def row_check_request(reward_s: float | None = None) -> dict[str, Any]:
     """The ``check_rows`` request of ``_compose.py``: the time limits (``reward_s``: all the reward's calls, e.g.
     ``rehearse --reward-timeout``; else :data:`REWARD_ENV` or its default). SpaceError for a bad variable."""
-    budget = reward_s if reward_s is not None else _seconds(REWARD_ENV, BUDGET_S, "what the reward's calls may take "
+    budget = reward_s if reward_s is not None else env_seconds(REWARD_ENV, BUDGET_S, "what the reward's calls may take "
                                                                                   "in all before launch")
-    return {"rows_s": _seconds(ROWS_ENV, ROWS_BUDGET_S, "how long verl's data path may take on the rows"),
-            "reward_call_s": min(budget, _seconds(REWARD_CALL_ENV, CALL_S, "how long one call of the reward "
+    return {"rows_s": env_seconds(ROWS_ENV, ROWS_BUDGET_S, "how long verl's data path may take on the rows"),
+            "reward_call_s": min(budget, env_seconds(REWARD_CALL_ENV, CALL_S, "how long one call of the reward "
                                                                             "function may take before launch")),
             "reward_s": budget}
 
