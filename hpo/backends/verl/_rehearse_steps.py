@@ -179,7 +179,10 @@ class _Rehearsal:
         long = overlong_verdict((inputs[0][0].get("prompt_lengths") or {}).get("overlong"))
         if long is not None:
             self.findings.append(Finding("data", "problem" if long[0] == "problem" else "note", long[1]))
-        return None if self.failed() else inputs
+        # A reward that fails is not the end: the next step (the shrink) still finds the faults it alone can (a tuned
+        # key that reaches no trainer), and stops there, nothing launched, so one rehearsal names every such fault.
+        only_reward = all(f.check == "reward" for f in self.findings if f.level == "problem")
+        return None if self.failed() and not only_reward else inputs
 
     def shrink(self, corner: RehearsalCorner, info: Mapping[str, Any], selected: Mapping[str, Any],
                tokenizer: Path | None, reward_timeout_s: float) -> dict[str, Any] | None:
