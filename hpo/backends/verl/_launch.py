@@ -61,7 +61,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpo.backends.verl._cpu import JOB_ENV, cpu_env, cpu_overrides, transfer_queue_overrides
+from hpo.backends._first_rollout import first_rollout_asked
+from hpo.backends.verl._cpu import EXTERNAL_MODULES_ENV, JOB_ENV, cpu_env, cpu_overrides, transfer_queue_overrides
 
 DEFAULT_CONFIG = "ppo_trainer"
 MAIN_MODULE = "verl.trainer.main_ppo"
@@ -325,6 +326,20 @@ def verl_env(base_env: Mapping[str, str], trial_dir: Path, attempt: int = 0, cpu
     env.setdefault("TENSORBOARD_DIR", str(trial_dir / "tensorboard"))
     env["HYDRA_FULL_ERROR"] = "1"  # the real final exception on stderr, for the driver's failure labels
     env["PYTHONUNBUFFERED"] = "1"
+    return first_rollout_env(env)
+
+
+IN_VERL = Path(__file__).resolve().parent / "in_verl"  # modules verl's processes load by its external-module hook
+FIRST_ROLLOUT_MODULE = "verl_hpo_first_rollout"
+
+
+def first_rollout_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the first-rollout record/replay module (:data:`FIRST_ROLLOUT_MODULE`) loaded in every verl process
+    by verl's external-module hook, when the driver asked for it (``hpo.backends._first_rollout``)."""
+    if first_rollout_asked(env):
+        modules = [m for m in env.get(EXTERNAL_MODULES_ENV, "").split(",") if m.strip()]
+        env[EXTERNAL_MODULES_ENV] = ",".join([*modules, FIRST_ROLLOUT_MODULE])
+        env["PYTHONPATH"] = os.pathsep.join([str(IN_VERL), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 
