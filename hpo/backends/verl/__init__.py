@@ -1,6 +1,7 @@
 """Real verl as a trial backend (``python -m verl.trainer.main_ppo`` in verl's interpreter): ``_launch`` builds a
 trial's argv, environment and scratch directory; ``_resume`` finds the checkpoint a retry continues from and the curve
-its attempts logged; ``_check`` composes and checks a space's configs and the interpreter with verl's own code;
+its attempts logged; ``_check`` checks a space's configs with verl's own code, on ``_composer`` (which runs ``_compose``
+in verl's interpreter), ``_metric_names`` (what verl logs) and ``_interpreter`` (can it run the trials where they run);
 ``_compose`` is the script that runs inside verl's interpreter for it (with its neighbours ``_compose_checks``, the
 checks verl lacks and what the driver needs to know, and ``_compose_data``, the data files and prompt lengths); ``_cpu``
 is what a trial that gets no GPU adds to run verl on the CPU (the plugin ``plugins/verl-cpu``, its overrides and

@@ -1,4 +1,4 @@
-"""Compose and validate verl configs in verl's own interpreter: what ``hpo.backends.verl._check.check_space`` runs.
+"""Compose and validate verl configs in verl's own interpreter: what ``_composer.compose_corners`` runs.
 
     <verl's python> hpo/backends/verl/_compose.py < request.json
 

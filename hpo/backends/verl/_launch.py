@@ -2,9 +2,9 @@
 
 The driver talks to a verl trial exactly as to ``verl_core``: argv (hydra overrides), environment and the JSONL
 file of verl's ``file`` logger. Nothing here imports torch, hydra or verl; the only code that does is
-``hpo/backends/verl/_compose.py``, which ``_check.check_space`` runs in verl's interpreter before a study is created.
+``hpo/backends/verl/_compose.py``, which ``_composer.check_space`` runs in verl's interpreter before a study is created.
 Here: the argv, the environment and the scratch directory of one attempt; ``_resume`` finds the checkpoint a retry
-continues from, ``_check`` checks a space and an interpreter with verl's own code.
+continues from, ``_check`` and ``_interpreter`` check a space and an interpreter with verl's own code.
 
 What a verl trial is (:func:`verl_argv`, :func:`verl_env`):
 
