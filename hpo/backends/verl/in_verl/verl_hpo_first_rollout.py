@@ -7,7 +7,7 @@ driver puts this directory on ``PYTHONPATH``, ``hpo.backends.verl._launch``) whe
 record or a replay directory. Nothing here runs otherwise. It imports nothing of verl when loaded (verl imports it
 from ``verl/__init__``); each patch is applied when verl's own module is first imported:
 
-* ``LLMServerClient.generate`` (and its subclasses' own ``generate``): a request of the first training step
+* ``LLMServerClient.generate``: a request of the first training step
   (``global_steps == 1``, not validation) is keyed by its prompt's token ids and its session (``rollout.n`` index).
   Record (``$VERL_HPO_FIRST_ROLLOUT_RECORD``): the engine's answer is appended to ``<dir>/<pid>.jsonl``. Replay
   (``$VERL_HPO_FIRST_ROLLOUT_REPLAY``): the recorded answer is returned without asking the engine; a request with
@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 import uuid as _uuid
+from typing import Any
 
 RECORD_ENV = "VERL_HPO_FIRST_ROLLOUT_RECORD"
 REPLAY_ENV = "VERL_HPO_FIRST_ROLLOUT_REPLAY"
@@ -92,69 +93,70 @@ def _load() -> dict[tuple[str, int], list[dict]]:
     return _RECORDS
 
 
-def _patch_generate(cls: type) -> None:
-    """Wrap ``cls.generate`` (its own, not an inherited one) with the record or the replay."""
-    original = cls.__dict__.get("generate")
-    if original is None or getattr(original, "_verl_hpo", False):
-        return
+# verl's originals of what is patched. Every replacement below is a module-level function (Ray pickles verl's actor
+# classes; a function it can import by name is pickled by reference, a closure would be pickled by value)
+_ORIGINAL: dict[str, Any] = {}
 
-    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):  # type: ignore[no-untyped-def]
-        where = _WHERE.get()
-        if where is None or where[0] != STEP or where[1]:
-            return await original(self, request_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
-                                  **kwargs)
-        key = _key(prompt_ids, where[2])
-        if _REPLAY:
-            with _LOCK:
-                found = _load().get(key)
-                rec = found.pop(0) if found else None
-            if rec is not None:
-                from verl.workers.rollout.replica import TokenOutput
 
-                with _LOCK:
-                    _COUNTS["replayed"] += 1
-                    _report()
-                return TokenOutput(token_ids=[int(t) for t in rec["token_ids"]], log_probs=rec.get("log_probs"),
-                                   stop_reason=rec.get("stop_reason"))
+async def _generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):  # type: ignore[no-untyped-def]
+    """``LLMServerClient.generate`` with the record or the replay of the first training step's requests."""
+    original = _ORIGINAL["generate"]
+    where = _WHERE.get()
+    if where is None or where[0] != STEP or where[1]:
+        return await original(self, request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
+    key = _key(prompt_ids, where[2])
+    if _REPLAY:
+        with _LOCK:
+            found = _load().get(key)
+            rec = found.pop(0) if found else None
+        if rec is not None:
+            from verl.workers.rollout.replica import TokenOutput
+
             with _LOCK:
-                _COUNTS["missed"] += 1
+                _COUNTS["replayed"] += 1
                 _report()
-        out = await original(self, request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
-        if _RECORD and not _REPLAY:
-            line = json.dumps({"prompt": key[0], "session": key[1], "token_ids": list(out.token_ids),
-                               "log_probs": None if out.log_probs is None else list(out.log_probs),
-                               "stop_reason": out.stop_reason})
-            with _LOCK:
-                os.makedirs(_RECORD, exist_ok=True)
-                with open(os.path.join(_RECORD, f"{os.getpid()}.jsonl"), "a") as f:
-                    f.write(line + "\n")
-                _COUNTS["recorded"] += 1
-                _report()
-        return out
-
-    generate._verl_hpo = True  # type: ignore[attr-defined]
-    setattr(cls, "generate", generate)
+            return TokenOutput(token_ids=[int(t) for t in rec["token_ids"]], log_probs=rec.get("log_probs"),
+                               stop_reason=rec.get("stop_reason"))
+        with _LOCK:
+            _COUNTS["missed"] += 1
+            _report()
+    out = await original(self, request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
+    if _RECORD and not _REPLAY:
+        line = json.dumps({"prompt": key[0], "session": key[1], "token_ids": list(out.token_ids),
+                           "log_probs": None if out.log_probs is None else list(out.log_probs),
+                           "stop_reason": out.stop_reason})
+        with _LOCK:
+            os.makedirs(_RECORD, exist_ok=True)
+            with open(os.path.join(_RECORD, f"{os.getpid()}.jsonl"), "a") as f:
+                f.write(line + "\n")
+            _COUNTS["recorded"] += 1
+            _report()
+    return out
 
 
 def _patch_llm_server(module) -> None:  # type: ignore[no-untyped-def]
-    for value in list(vars(module).values()):
-        if isinstance(value, type) and "generate" in value.__dict__ and value.__module__ == module.__name__:
-            _patch_generate(value)
+    """verl 0.9.1's ``LLMServerClient`` (the agent loop's client of the rollout servers). Its subclass for the fully
+    asynchronous trainer keeps its own ``generate``: there nothing is recorded or replayed, the report stays empty
+    and the driver checks that run the loose way."""
+    if "generate" not in _ORIGINAL:
+        _ORIGINAL["generate"] = module.LLMServerClient.generate
+        module.LLMServerClient.generate = _generate
+
+
+async def _run_agent_loop(self, sampling_params, trajectory, *args, **kwargs):  # type: ignore[no-untyped-def]
+    """``AgentLoopWorker._run_agent_loop`` that first says which step and session its requests belong to."""
+    session = kwargs.get("session_id", trajectory.get("rollout_n", 0))
+    token = _WHERE.set((_int(trajectory.get("step")), bool(trajectory.get("validate")), _int(session) or 0))
+    try:
+        return await _ORIGINAL["run_agent_loop"](self, sampling_params, trajectory, *args, **kwargs)
+    finally:
+        _WHERE.reset(token)
 
 
 def _patch_agent_loop(module) -> None:  # type: ignore[no-untyped-def]
-    cls = module.AgentLoopWorker
-    original = cls._run_agent_loop
-
-    async def _run_agent_loop(self, sampling_params, trajectory, *args, **kwargs):  # type: ignore[no-untyped-def]
-        session = kwargs.get("session_id", trajectory.get("rollout_n", 0))
-        token = _WHERE.set((_int(trajectory.get("step")), bool(trajectory.get("validate")), _int(session) or 0))
-        try:
-            return await original(self, sampling_params, trajectory, *args, **kwargs)
-        finally:
-            _WHERE.reset(token)
-
-    cls._run_agent_loop = _run_agent_loop
+    if "run_agent_loop" not in _ORIGINAL:
+        _ORIGINAL["run_agent_loop"] = module.AgentLoopWorker._run_agent_loop
+        module.AgentLoopWorker._run_agent_loop = _run_agent_loop
 
 
 class _Uids:
@@ -186,18 +188,19 @@ def _order(key: str) -> tuple:
         return (key,)
 
 
+def _materialize_batch(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    """``ReplayBuffer._materialize_batch`` with the batch's samples in uid, session and output order."""
+    meta = _ORIGINAL["materialize_batch"](self, *args, **kwargs)
+    order = sorted(range(len(meta.keys)), key=lambda i: _order(meta.keys[i]))
+    meta.keys[:] = [meta.keys[i] for i in order]
+    meta.tags[:] = [meta.tags[i] for i in order]
+    return meta
+
+
 def _patch_replay_buffer(module) -> None:  # type: ignore[no-untyped-def]
-    cls = module.ReplayBuffer
-    original = cls._materialize_batch
-
-    def _materialize_batch(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        meta = original(self, *args, **kwargs)
-        order = sorted(range(len(meta.keys)), key=lambda i: _order(meta.keys[i]))
-        meta.keys[:] = [meta.keys[i] for i in order]
-        meta.tags[:] = [meta.tags[i] for i in order]
-        return meta
-
-    cls._materialize_batch = _materialize_batch
+    if "materialize_batch" not in _ORIGINAL:
+        _ORIGINAL["materialize_batch"] = module.ReplayBuffer._materialize_batch
+        module.ReplayBuffer._materialize_batch = _materialize_batch
 
 
 _PATCHES = {
