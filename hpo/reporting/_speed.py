@@ -13,10 +13,11 @@ minute of a shared machine falls on both. Runs are ordinary confirmation runs of
 
 * the speed-up: the geometric mean of the paired ratios pick / user's config of the runs on one seed (in the faster
   direction: time-per-step objectives are inverted), with its 95% t interval over the log ratios;
-* the same-math check: at each seed, the first training step's ``math_metrics`` (losses, gradient norm, score) of the
-  pick's run and of the user's config's run must agree within ``tolerance x max(1, |value|)``, and a metric logged by
-  one run only disagrees. A pick that disagrees anywhere is reported with the metric and both values, and is not
-  recommended.
+* the same-math check (:mod:`hpo.reporting._same_math`): at each seed, the first training step's ``math_metrics``
+  (losses, gradient norm, score) of the pick's run and of the user's config's run must agree within ``tolerance``
+  of their values where both updates saw the same samples (the trainer reproduces its first step, or both runs
+  replayed one recorded first rollout), else within the control's spread; a metric logged by one run only
+  disagrees. A pick that disagrees anywhere is reported with the metric and both values, and is not recommended.
 
 ``confirm`` re-measures until the decision is made (:func:`unresolved`): while the fastest pick that computes the
 same update is not separated from the user's config (its interval includes 1), it queues one more seed's block, up
@@ -49,6 +50,7 @@ from hpo.experiment import speed_value_ok
 from hpo.experiment._space import Space
 from hpo.experiment._throughput import repeat_cap
 from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
+from hpo.reporting._same_math import LOOSE_FLOOR, NOISE_FACTOR, UNCOMPARABLE, first_step, math_disagreements, run_noise
 from hpo.study._compare import LEVEL, t_quantile
 from hpo.study._confirm import BASELINE_OF, CONTROL_OF, strict_pair
 
@@ -161,62 +163,7 @@ def _value(t: FrozenTrial) -> float | None:
     return _measured(t)[0]
 
 
-def _first_step(t: FrozenTrial) -> dict[str, Any] | None:
-    """A run's ``first_step`` user attr with only its finite numbers (a stored text or a list is not compared)."""
-    first = t.user_attrs.get("first_step")
-    if not isinstance(first, dict):
-        return None
-    return {str(k): v for k, v in first.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
-
-
 NONE_FASTER = "no setting faster than yours was found on this host"
-NOISE_FACTOR = 3.0  # a metric may differ by this many times what two runs of the user's config on one seed differ by
-LOOSE_FLOOR = 0.5  # ... and at least by this share of its value when the trainer's first step does not reproduce
-UNCOMPARABLE = 0.5  # a metric that moved more than this share between the user's two runs is not compared
-ATOL = 1e-6  # the strict check's absolute slack: float noise of a metric that is ~0 (a GRPO policy loss on-policy)
-
-
-def math_disagreements(pick: dict[str, Any], base: dict[str, Any], tolerance: float,
-                       noise: dict[str, float] | None = None, replayed: bool = False) -> list[str]:
-    """The first-step metrics (``first_step`` user attrs) that differ beyond what is allowed, or that only one run
-    logged (``step``: where each was taken).
-
-    Strict (``replayed``: both runs updated on one recorded first rollout, :mod:`hpo.study._confirm._first_rollout`;
-    or ``noise`` None or all 0: the trainer reproduces its first step): each metric within ``tolerance x max(|a|,
-    |b|) + ATOL`` (relative; :data:`ATOL` only for float noise around 0). Loose (two runs of the user's config on one
-    seed differ, and the runs were not replayed: an asynchronous rollout samples differently run to run): a metric
-    may also differ by ``max(NOISE_FACTOR x noise, LOOSE_FLOOR)`` of its value, and one that moved by more than
-    :data:`UNCOMPARABLE` between the user's own two runs (a loss near 0) is not compared: the check then catches a
-    change of the update's scale or form (a loss aggregation switch moves the gradient norm several-fold), not a
-    small one."""
-    noise = noise or {}
-    loose = not replayed and any(r > 1e-9 for r in noise.values())
-    out = []
-    for m in sorted((set(pick) | set(base)) - {"step"}):
-        a, b = pick.get(m), base.get(m)
-        if a is None or b is None:
-            out.append(f"{m} logged by {'the pick' if b is None else 'your config'} only")
-            continue
-        a, b = float(a), float(b)
-        if loose:
-            if noise.get(m, 0.0) > UNCOMPARABLE:
-                continue
-            allowed = tolerance * max(1.0, abs(b)) + max(NOISE_FACTOR * noise.get(m, 0.0), LOOSE_FLOOR) * abs(b)
-        else:
-            allowed = tolerance * max(abs(a), abs(b)) + ATOL
-        if not abs(a - b) <= allowed:
-            out.append(f"{m} {a:.6g} vs {b:.6g}")
-    if pick.get("step") != base.get("step") and "step" in pick and "step" in base:
-        out.append(f"first step {pick['step']} vs {base['step']}")
-    return out
-
-
-def run_noise(base: dict[str, Any], control: dict[str, Any]) -> dict[str, float]:
-    """Per metric, how far the user's config's two runs on one seed differ at the first step, relative to the first
-    run's value (``|a - b| / max(1e-12, |a|)``): 0 everywhere where the trainer reproduces its first step."""
-    return {m: abs(float(control[m]) - float(base[m])) / max(1e-12, abs(float(base[m])))
-            for m in set(base) & set(control) - {"step"}}
 
 
 def _log_ratio(a: float, b: float, faster_is_higher: bool) -> float | None:
@@ -258,7 +205,7 @@ def speed_report(study: optuna.Study, space: Space) -> SpeedReport | None:
     rel_noise: dict[str, float] = {}
     replayed = control is not None and strict_pair(control[1], base[control[0]])
     if control is not None:
-        first_b, first_c = _first_step(base[control[0]]), _first_step(control[1])
+        first_b, first_c = first_step(base[control[0]]), first_step(control[1])
         if first_b is not None and first_c is not None:
             rel_noise = run_noise(first_b, first_c)
     numbers = sorted({of for of, _ in runs if of not in (BASELINE_OF, CONTROL_OF)})
@@ -282,7 +229,7 @@ def _pick(trial: FrozenTrial, runs: dict[tuple[int, int], FrozenTrial], base: di
         pick.failed += a is None and not a_bad
         if a is not None and b is not None:
             pick.pairs.append((seed, a, b))
-        first_a, first_b = _first_step(run), _first_step(base[seed])
+        first_a, first_b = first_step(run), first_step(base[seed])
         if first_a is not None and first_b is not None:
             pick.compared += 1
             replayed = strict_pair(run, base[seed])
