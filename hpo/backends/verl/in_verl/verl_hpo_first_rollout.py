@@ -115,8 +115,10 @@ async def _generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
             with _LOCK:
                 _COUNTS["replayed"] += 1
                 _report()
+            extra = rec.get("extra_fields")
             return TokenOutput(token_ids=[int(t) for t in rec["token_ids"]], log_probs=rec.get("log_probs"),
-                               stop_reason=rec.get("stop_reason"))
+                               stop_reason=rec.get("stop_reason"), num_preempted=rec.get("num_preempted"),
+                               extra_fields=extra if isinstance(extra, dict) else {})
         with _LOCK:
             _COUNTS["missed"] += 1
             _report()
@@ -124,13 +126,27 @@ async def _generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
     if _RECORD and not _REPLAY:
         line = json.dumps({"prompt": key[0], "session": key[1], "token_ids": list(out.token_ids),
                            "log_probs": None if out.log_probs is None else list(out.log_probs),
-                           "stop_reason": out.stop_reason})
+                           "stop_reason": out.stop_reason, "num_preempted": out.num_preempted,
+                           "extra_fields": _plain(out.extra_fields)})
         with _LOCK:
             os.makedirs(_RECORD, exist_ok=True)
             with open(os.path.join(_RECORD, f"{os.getpid()}.jsonl"), "a") as f:
                 f.write(line + "\n")
             _COUNTS["recorded"] += 1
             _report()
+    return out
+
+
+def _plain(fields: dict) -> dict:
+    """The JSON-able entries of a ``TokenOutput.extra_fields`` (the engine's weight versions ``min_global_steps`` /
+    ``max_global_steps`` the trainer's metrics read); anything else is left out."""
+    out = {}
+    for k, v in (fields or {}).items():
+        try:
+            json.dumps(v)
+        except (TypeError, ValueError):
+            continue
+        out[str(k)] = v
     return out
 
 
