@@ -23,7 +23,6 @@ def first_step(t: FrozenTrial) -> dict[str, Any] | None:
 NOISE_FACTOR = 3.0  # a metric may differ by this many times what two runs of the user's config on one seed differ by
 LOOSE_FLOOR = 0.5  # ... and at least by this share of its value when the trainer's first step does not reproduce
 UNCOMPARABLE = 0.5  # a metric that moved more than this share between the user's two runs is not compared
-ATOL = 1e-6  # the strict check's absolute slack: float noise of a metric that is ~0 (a GRPO policy loss on-policy)
 
 
 def math_disagreements(pick: dict[str, Any], base: dict[str, Any], tolerance: float,
@@ -33,12 +32,13 @@ def math_disagreements(pick: dict[str, Any], base: dict[str, Any], tolerance: fl
 
     Strict (``replayed``: both runs updated on one recorded first rollout, :mod:`hpo.study._confirm._first_rollout`;
     or ``noise`` None or all 0: the trainer reproduces its first step): each metric within ``tolerance x max(|a|,
-    |b|) + ATOL`` (relative; :data:`ATOL` only for float noise around 0). Loose (two runs of the user's config on one
-    seed differ, and the runs were not replayed: an asynchronous rollout samples differently run to run): a metric
-    may also differ by ``max(NOISE_FACTOR x noise, LOOSE_FLOOR)`` of its value, and one that moved by more than
-    :data:`UNCOMPARABLE` between the user's own two runs (a loss near 0) is not compared: the check then catches a
-    change of the update's scale or form (a loss aggregation switch moves the gradient norm several-fold), not a
-    small one."""
+    |b|, 1)``, relative above 1 and absolute below: a policy loss near 0 is a cancellation of per-token terms of
+    size ~1 (GRPO's normalized advantages), which verl's bf16 log-probs in another micro-batch order move by ~1e-4.
+    Loose (two runs of the user's config on one seed differ, and the runs were not replayed: an asynchronous rollout
+    samples differently run to run): a metric may also differ by ``max(NOISE_FACTOR x noise, LOOSE_FLOOR)`` of its
+    value, and one that moved by more than :data:`UNCOMPARABLE` between the user's own two runs (a loss near 0) is
+    not compared: the check then catches a change of the update's scale or form (a loss aggregation switch moves the
+    gradient norm several-fold), not a small one."""
     noise = noise or {}
     loose = not replayed and any(r > 1e-9 for r in noise.values())
     out = []
@@ -53,7 +53,7 @@ def math_disagreements(pick: dict[str, Any], base: dict[str, Any], tolerance: fl
                 continue
             allowed = tolerance * max(1.0, abs(b)) + max(NOISE_FACTOR * noise.get(m, 0.0), LOOSE_FLOOR) * abs(b)
         else:
-            allowed = tolerance * max(abs(a), abs(b)) + ATOL
+            allowed = tolerance * max(1.0, abs(a), abs(b))
         if not abs(a - b) <= allowed:
             out.append(f"{m} {a:.6g} vs {b:.6g}")
     if pick.get("step") != base.get("step") and "step" in pick and "step" in base:
