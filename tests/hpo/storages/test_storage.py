@@ -1,6 +1,6 @@
 """Storages other than the default SQLite file: PostgreSQL (RDB with heartbeats) and Redis (JournalStorage),
 skipped when the server or its Python driver is not there; storage names and URLs; riding out an SQLite
-database that cannot be written for a while (PostgreSQL restarts: test_storage_outage.py)."""
+database that cannot be written for a while (PostgreSQL restarts: test_retrying.py)."""
 
 from __future__ import annotations
 
