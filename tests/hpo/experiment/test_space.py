@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 import textwrap
 from pathlib import Path
@@ -13,7 +12,6 @@ import yaml
 from hpo import SpaceError, load_space
 from hpo._cli import main
 from hpo.backends import backend_of
-from hpo.experiment._space import format_value
 from tests.hpo.conftest import ROOT
 
 BASE = {
@@ -177,12 +175,6 @@ def test_distributions_follow_optuna_rules(tmp_path: Path) -> None:
     assert lr.log and lr.low == 1e-6
     assert (bs.low, bs.high, bs.step) == (32, 128, 32)
     assert pen.choices == ("kl", "low_var_kl")
-
-
-def test_format_value_round_trips_through_yaml() -> None:
-    for v in (1e-06, 0.05, 3, True, False, None, "kl", [1, 2]):
-        assert yaml.safe_load(format_value(v)) == v or (isinstance(v, float) and math.isclose(
-            float(format_value(v)), v))
 
 
 def test_a_space_of_more_than_max_params_parameters_is_refused_in_one_line(tmp_path: Path) -> None:
