@@ -105,21 +105,6 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert not studies.exists() or not any(studies.rglob("*")), list(studies.rglob("*"))
 
 
-def test_resume_of_missing_study_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    studies = tmp_path / "studies"
-    assert main(["resume", "--study", "nope", "--studies-dir", str(studies)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "nope" in err[0]
-    assert not any(studies.rglob("*.db")) if studies.exists() else True
-
-
-def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["search"])
-    assert exc.value.code == 2
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
-
-
 def test_yaml_object_is_not_constructed(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     path = tmp_path / "exp.yaml"
