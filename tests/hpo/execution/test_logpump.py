@@ -34,6 +34,8 @@ def test_a_log_over_its_cap_keeps_its_head_the_cut_and_its_tail(tmp_path: Path) 
     for i in range(0, len(data), 700):
         log.write(data[i:i + 700])
         assert os.fstat(fd).st_size <= cap  # at every moment
+        if log.head_end is not None:  # cut at least once: the tail after the cut line is half the cap at least
+            assert os.fstat(fd).st_size - os.pread(fd, cap, 0).index(b"cut here") >= cap // 2
     os.close(fd)
     text = (tmp_path / "stderr.log").read_bytes()
     cuts = CUT.findall(text)
@@ -41,7 +43,8 @@ def test_a_log_over_its_cap_keeps_its_head_the_cut_and_its_tail(tmp_path: Path) 
     numbers = [int(x) for x in re.findall(rb"^line (\d{8}) ", text, re.M)]
     split = next(i for i in range(1, len(numbers)) if numbers[i] != numbers[i - 1] + 1)
     assert numbers[:split] == list(range(split)) and numbers[split:] == list(range(numbers[split], n))
-    assert split * 100 >= cap // 4 - 100 and (n - numbers[split]) * 100 >= cap // 2 - 100  # a quarter; at least half
+    assert cap // 4 - cap // 16 < split * 100 <= cap // 4  # the head: a quarter, cut at a line's end before it
+    assert (n - numbers[split]) * 100 >= cap // 2 - 100  # the tail: at least half
     cut_bytes, cut_lines = int(cuts[0][0]), int(cuts[0][1])
     assert cut_lines == numbers[split] - split and cut_bytes == cut_lines * 100  # cut on line boundaries
     assert log.report() == {"bytes": n * 100, "cut_bytes": cut_bytes, "cut_lines": cut_lines, "error": None}

@@ -34,6 +34,7 @@ from hpo.execution._process import (
 
 PY = sys.executable
 WAIT_S = 60.0
+pytestmark = pytest.mark.timeout(180)  # a kill that never returns fails, not hangs
 
 # a parent that starts a child in its process group and one in a session of its own (which leaves the group), writes
 # their pids, then waits (a child that dies is reaped at once, as the trial wrapper reaps); ``ignore`` makes every one
