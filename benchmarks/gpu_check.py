@@ -43,10 +43,10 @@ one H100/H200-class GPU:
      intervals (``command.json`` written at spawn, plus the driver's ``wall_time_s``) overlap. This is what
      catches trials colliding on one host (verl's ZMQ sockets under ``/tmp``, Ray clusters, device locks).
      With one GPU: ``skipped``, "one GPU" (trials sharing one GPU are not attempted).
-   * ``verl memory estimate`` (~15 s): ``verl_core.memory_verl.judge_verl`` of a completed trial's composed config,
-     at the expected lengths (the largest ``prompt_length/mean`` / ``response_length/mean`` the study logged) and
-     in the worst case (every sequence at its maximum), vs the GPU's peak used memory during the study (NVML
-     every 0.2 s, all processes, above what was used before); ok when expected / measured is within
+   * ``verl memory estimate`` (~15 s): ``hpo.backends.verl._memory_model.judge_verl`` of a completed trial's composed
+     config, at the expected lengths (the largest ``prompt_length/mean`` / ``response_length/mean`` the study
+     logged) and in the worst case (every sequence at its maximum), vs the GPU's peak used memory during the study
+     (NVML every 0.2 s, all processes, above what was used before); ok when expected / measured is within
      :data:`EXPECTED_RATIO` (the pre-flight refuses by the expected estimate) and worst / measured is at least
      :data:`WORST_MIN_RATIO`; also verl's ``perf/max_memory_allocated_gb`` vs the estimate's actor allocator peak.
 

@@ -154,7 +154,7 @@ def test_a_cpu_rehearsal_gives_the_gpu_estimate_of_the_real_study(monkeypatch) -
     from hpo.backends.verl._rehearse import memory_lines
     from tests.hpo.backends.test_verl_memory import BASE, _fake_inputs
 
-    monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
+    monkeypatch.setattr("hpo.backends._shapes.gpu_memory", lambda: [])
     cpu = dataclasses.replace(SPACE, trial=dataclasses.replace(SPACE.trial, memory_limit_gb=None))
     corners = [RehearsalCorner("default", {}, []), RehearsalCorner("high", {}, [])]
     (note,) = memory_lines(cpu, corners, _fake_inputs(BASE)(cpu, [[], []], 1, None, 0))
