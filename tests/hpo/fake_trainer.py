@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     if "fake.bad" in opts:
         print(f"error: fake.bad={opts['fake.bad']!r} is not a valid option", file=sys.stderr)
         return 2
-    if "fake.env_file" in opts:  # what a secret reaches the trainer as (tests/hpo/test_secrets.py)
+    if "fake.env_file" in opts:  # what a secret reaches the trainer as (tests/hpo/experiment/test_secrets.py)
         with open(opts["fake.env_file"], "w") as fh:
             env = {k: v for k, v in os.environ.items() if k.startswith("VERL_HPO_SECRET_")
                    or k.endswith(("_KEY", "_TOKEN"))}
