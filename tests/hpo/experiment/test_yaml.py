@@ -82,3 +82,15 @@ def test_what_is_not_a_small_regular_utf8_file_is_one_line(tmp_path: Path, kind:
     with pytest.raises(SpaceError) as err:
         read_yaml(path)  # never blocks on the FIFO, never reads /dev/zero without end
     assert str(err.value).startswith(str(path)) and said in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_float_without_a_dot_is_a_number() -> None:
+    """``low: 1e-6`` is how a learning rate is written: a float (YAML 1.2), not the string YAML 1.1 makes of it;
+    PyYAML's own SafeLoader is left as it is."""
+    import yaml as pyyaml
+
+    from hpo.experiment._yaml import load_yaml_text
+
+    assert load_yaml_text("low: 1e-6\nhigh: -2E+3\nn: 10\nv: 1.5e-4\nname: e5") == {
+        "low": 1e-6, "high": -2000.0, "n": 10, "v": 1.5e-4, "name": "e5"}
+    assert pyyaml.safe_load("low: 1e-6") == {"low": "1e-6"}
