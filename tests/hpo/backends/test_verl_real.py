@@ -24,7 +24,7 @@ import optuna
 import pytest
 import yaml
 
-from hpo.backends import backend_of, load_space
+from hpo.backends import load_space
 from hpo.backends.verl import _arith
 from hpo.backends.verl._launch import (
     scratch_dir,
@@ -278,7 +278,9 @@ def run_segment(tmp_path: Path, number: int, end: int, lr: float, resume: Path |
                   "trainer.val_before_train": False})
     if heldout:
         space = load_space(str(SPACE), check=False)
-        fixed.update(backend_of(space).heldout_overrides(space))
+        from hpo.study._confirm import heldout_overrides
+
+        fixed.update(heldout_overrides(space))
     assert _arith.main([f"{k}={v}" for k, v in fixed.items()]) == 0  # the prepare step (model, data, reward)
     trial_dir = tmp_path / "trials" / str(number)
     trial_dir.mkdir(parents=True)
