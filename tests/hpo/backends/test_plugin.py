@@ -222,7 +222,8 @@ def test_an_installed_plugin_that_misses_a_required_member_is_one_line(tmp_path:
     _module(site, "half_hpo", HALF)
     path = fake_space(tmp_path, trial={"backend": "half"})
     studies = tmp_path / "studies"
-    for command in (["validate", "--space", str(path)], ["search", "--space", str(path), "--studies-dir", str(studies)]):
+    search = ["search", "--space", str(path), "--studies-dir", str(studies)]
+    for command in (["validate", "--space", str(path)], search):
         line = _one_line(_cli(tmp_path, site, *command))
         assert line == (f"error: {path}: trial.backend half: the backend from entry point half = half_hpo:Half "
                         "(verl_hpo.backends, distribution half-hpo) does not write command (every trainer writes "

@@ -1,6 +1,6 @@
 """``verl-hpo rehearse``'s limits (issue 53 items 8 and 11): its numeric flags (verl's rehearsal's own) are checked
-after the quick load and before any corner is composed (minutes on a busy host), one line, exit 2; composing verl's configs that runs
-out of its time on a slow host is "not finished here" (exit 3) with the limit and how to raise it
+after the quick load and before any corner is composed (minutes on a busy host), one line, exit 2; composing verl's
+configs that runs out of its time on a slow host is "not finished here" (exit 3) with the limit and how to raise it
 (``VERL_HPO_COMPOSE_TIMEOUT_S``), never a failure that blames the experiment or the install.
 
 The slow host is an interpreter that never answers (``trial.python`` a script that sleeps) under a limit of one
