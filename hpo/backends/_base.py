@@ -69,7 +69,7 @@ from hpo.experiment._space import Space, format_value
 from hpo.experiment._trust import CodeRules
 
 __all__ = ["REQUIRED", "Attempt", "Backend", "Command", "CommandBackend", "Launch", "PredictionLike",
-           "ResumePointLike", "TrialConfig", "int_override", "missing_members"]
+           "ResumePointLike", "TrialConfig", "config_text", "int_override", "missing_members"]
 
 REQUIRED = ("name", "metrics", "configure", "command")  # what every trainer writes (Backend's required core)
 
