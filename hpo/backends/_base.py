@@ -1,130 +1,113 @@
 """The contract between the study driver and a trainer: :class:`Backend`, one subclass per ``trial.backend``.
 
 The study loop, confirmation, PBT, tracking and reporting never test a backend's name; they ask the trial's backend
-(:func:`hpo.backends.backend_of`). What the trainer knows lives here and nowhere else in ``hpo/``:
+(:func:`hpo.backends.backend_of`). A backend is a required core, optional features, and defaults that belong to no
+trainer.
 
+**The required core** (abstract: the registry refuses a backend class that misses one, with one line naming it):
+
+* ``name``: the ``trial.backend`` value;
 * ``metrics``: its metric vocabulary (:class:`~hpo.analysis.MetricNames`: the default objective, the spread, the
-  score, entropy, KL, clip ratio, step time, response length ... under the names the trainer itself logs);
+  score, entropy, KL, clip ratio, step time, response length ... under the names the trainer itself logs; ``None``
+  where it logs none);
+* ``configure(attempt)``: the attempt's :class:`TrialConfig`: the trainer overrides (fixed, tuned, the attempt's
+  ``extra``, then its ``tail``), the total steps (None: not known), the ``config.yaml`` text. A trial's config is
+  loaded once, here;
+* ``command(attempt, config)``: the attempt's process (:class:`Command`: argv, environment, a private ``/tmp``).
+  ``attempt.metrics`` is where the JSONL metrics file goes (``{"step": N, "data": {...}}``) and
+  ``attempt.resume_from`` the checkpoint to continue from (a retry's, a PBT segment's start).
+
+**The features** (:mod:`hpo.backends._features`), each an attribute that is ``None`` when the trainer has none,
+asked for by the part of the driver that needs it: ``memory`` (:class:`~hpo.backends._features.MemoryModel`),
+``resumable`` (:class:`~hpo.backends._features.Resumable`: retries; with ``segments`` PBT), ``confirmation``
+(:class:`~hpo.backends._features.Confirmation`: seed keys, the held-out split, the trainer's version), ``speed``
+(:class:`~hpo.backends._features.Speed`: throughput studies), ``rehearsal``
+(:class:`~hpo.backends._features.Rehearsal`: ``verl-hpo rehearse``).
+
+**What a trainer may override** (each default belongs to no trainer):
+
 * ``default_command``, ``default_prepare_command``: what ``trial.command`` and ``trial.prepare_command`` mean when
   an experiment leaves them unset (:meth:`with_defaults` fills them in on every load);
-* ``code_keys``, ``every_key_is_code``, ``default_runs_unasked``: which of its config keys name code, and whether
-  its own commands on a shipped config run unasked from a stored experiment (the trust check,
+* ``code_keys``, ``every_key_is_code``, ``default_runs_unasked``, :meth:`code_files`: which of its config keys name
+  code, and whether its own commands on a shipped config run unasked from a stored experiment (the trust check,
   :mod:`hpo.experiment._trust`);
-* ``heldout_keys``, ``heldout_prefixes``: the keys that select its held-out split and the names its metrics take
-  there (the guard that keeps a search off it, :mod:`hpo.experiment._heldout`);
-* ``metrics_env``: the environment variable through which the trainer is told where its metrics file goes;
+* ``metrics_env``: the environment variable through which the trainer is told where its metrics file goes
+  (:meth:`plan` sets it); :meth:`metrics_path`: where an attempt's metrics file lives;
 * ``model_keys``, ``tokenizer_keys``: the keys that name its model and tokenizer (``study.fidelity.proxy``; none:
-  no proxy search), with ``model_path``, ``tokenizer_path`` and ``model_facts`` (:mod:`hpo.backends._models`).
+  no proxy search), with :meth:`model_path`, :meth:`tokenizer_path` and :meth:`model_facts`
+  (:mod:`hpo.backends._models`);
+* ``dropped_row_patterns``, ``ray_hold``, ``leaves_scratch``: how its log says it dropped a row, whether a Ray job
+  may hold its GPUs, whether a killed attempt leaves scratch that :meth:`cleanup` removes;
+* the experiment's checks: :meth:`check` (quick, on every load), :meth:`verify` (thorough, before a study),
+  :meth:`check_launch`, :meth:`check_cluster`, :meth:`infeasible`; its defaults: :meth:`normalize`,
+  :meth:`resolve_paths`, :meth:`for_command`; :meth:`prepare_argv` (the one-off step before any trial);
+  :meth:`command_line` (``verl-hpo best --format command``); :meth:`cleanup`.
 
-A backend answers, for one experiment (:class:`~hpo.experiment.Space`):
-
-* ``check(space, origin)``: refuse the experiment before a study is made (SpaceError, one line); ``normalize``:
-  the defaults it gives a parsed experiment (e.g. verl_core's prepare step).
-* ``plan(attempt)``: the one call that launches a trial: an :class:`Attempt` (the driver's: values, trial
-  directory, retry chain, devices, environment) in, its :class:`Launch` out: argv, environment, metrics file,
-  :class:`TrialConfig` (overrides, total steps, the ``config.yaml`` text, the loaded config), the retry's resume
-  point, a private ``/tmp``. It is made of the hooks a trainer overrides:
-
-  - ``configure(space, values, trial_dir, extra, tail)``: the attempt's :class:`TrialConfig`. A trial's config is
-    loaded once, here;
-  - ``metrics_path(trial_dir, attempt)``: where the attempt's JSONL metrics file lives (``{"step": N, "data": {}}``);
-  - ``checkpoint_layout``: how the trainer's checkpoints look (:class:`~hpo.backends._replay.CheckpointLayout`); a
-    trainer that sets it gets ``resume_point(trials_dir, history)``, the checkpoint a retry continues from and the
-    curve logged up to it, from the walk every resumable backend shares (:func:`hpo.backends._replay.resume_point`);
-  - ``command(space, config, ctx)``: argv, environment and private ``/tmp`` of the process.
-* ``infeasible(space, values)``: why the trainer would refuse a combination of tuned values (a micro-batch larger
-  than the mini-batch it divides), asked before a trial launches (None: valid, or not known: the default); a backend
-  that answers also gets the space checked at load for a value no combination makes valid
-  (:mod:`hpo.experiment._combos`).
-* ``predict(space, config, devices)``: a memory estimate to skip a trial that cannot fit (None: none);
-  ``corner_predictions(space, devices, lengths)``: the estimate of each corner of the space, for ``search``'s refusal
-  of a space where none fits (None: none); ``validate(space, devices, out, lengths)``: ``verl-hpo validate``'s
-  verdict on each corner (:mod:`hpo.backends._preflight`).
-* ``seed_keys(space)``, ``default_seed(space, key)``: what a confirmation run sets to change its seed.
-* ``heldout_overrides(space)``, ``heldout_metric(space)``: how a confirmation run measures the held-out split.
-* ``segment_overrides(space, start, end, checkpoint)``: a PBT segment's overrides (``supports_pbt``).
-* ``cleanup(trial_dir, attempt)``: what goes once an attempt's process is gone (scratch directories).
-* ``speed_keys``, ``math_metrics``: the keys a throughput study may tune (they change speed and memory, not the
-  update) and the first-step metrics its same-math check compares (:mod:`hpo.experiment._throughput`).
-
-The base class is a custom command (``trial.command``, any program that takes ``--config``, ``--metrics-file`` and
-``key=value`` overrides and writes the JSONL file): no config is loaded, nothing is estimated or resumed, and it knows
-no metric names, no default command and no held-out split (a trainer's backend that runs other commands says what
-they share with it: :meth:`for_command`).
+:meth:`plan` is the one call that launches a trial: an :class:`Attempt` in, its :class:`Launch` out (configure, the
+metrics file, the retry's resume point, the command). :class:`CommandBackend` is a custom command (``trial.command``:
+any program that takes ``--config``, ``--metrics-file`` and ``key=value`` overrides and writes the JSONL file); a
+trainer's backend that runs other commands says what they share with it (:meth:`for_command`).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TextIO
+from typing import Any, ClassVar
 
 import yaml
 
 from hpo.analysis._vocabulary import MetricNames
-from hpo.backends._attempt import Attempt, Command, Launch, LaunchContext, ResumePointLike, TrialConfig
+from hpo.backends._attempt import Attempt, Command, Launch, ResumePointLike, TrialConfig
+from hpo.backends._features import Confirmation, MemoryModel, PredictionLike, Rehearsal, Resumable, Speed
 from hpo.backends._models import ModelFacts, local_facts
-from hpo.backends._replay import CheckpointLayout, lost_checkpoints, resume_point
-from hpo.experiment._heldout import heldout_metric
-from hpo.experiment._space import Space, SpaceError, format_value
+from hpo.backends._replay import lost_checkpoints
+from hpo.experiment._space import Space, format_value
 from hpo.experiment._trust import CodeRules
 
-__all__ = ["Attempt", "Backend", "Command", "Launch", "LaunchContext", "PredictionLike", "ResumePointLike",
-           "TrialConfig", "steps_in"]
+__all__ = ["REQUIRED", "Attempt", "Backend", "Command", "CommandBackend", "Launch", "PredictionLike",
+           "ResumePointLike", "TrialConfig", "config_text", "int_override", "missing_members"]
 
-if TYPE_CHECKING:
-    from hpo.backends._shapes import SequenceLengths
-
-
-class PredictionLike(Protocol):
-    """A memory estimate of one trial (:class:`hpo.backends._preflight.Prediction`)."""
-
-    @property
-    def fits(self) -> bool: ...
-
-    @property
-    def total(self) -> int: ...
-
-    @property
-    def budget(self) -> int: ...
-
-    @property
-    def budget_source(self) -> str: ...
-
-    @property
-    def problem(self) -> str | None: ...
-
-    @property
-    def table(self) -> str: ...
+REQUIRED = ("name", "metrics", "configure", "command")  # what every trainer writes (Backend's required core)
 
 
-class Backend:
-    """A custom trainer command (``trial.command``); subclasses are the trainers the driver knows more about."""
+class Backend(abc.ABC):
+    """A trainer the driver runs: the required core (``name``, ``metrics``, :meth:`configure`, :meth:`command`), the
+    features it has (``memory``, ``resumable``, ``confirmation``, ``speed``, ``rehearsal``; None: none) and
+    overridable defaults that belong to no trainer (see the module docstring)."""
 
-    name: ClassVar[str] = "command"
-    supports_pbt: ClassVar[bool] = False  # it resumes a checkpoint at a given step with new values
-    ray_hold: ClassVar[bool] = True  # a one-node Ray job may hold its GPUs itself (verl starts its own Ray)
-    leaves_scratch: ClassVar[bool] = False  # cleanup removes scratch a killed attempt leaves (swept at driver start)
-    checkpoint_layout: ClassVar[CheckpointLayout | None] = None  # set: a retry resumes its chain's newest checkpoint
-    # study.kind throughput: keys (fnmatch patterns) that change speed and memory but not the update; a custom
-    # command knows none (study.throughput.neutral_keys names them), and the first-step metrics that must agree
-    speed_keys: ClassVar[tuple[str, ...]] = ()
-    # the metrics a throughput study is scored on (-> the direction a faster run moves them) and the peak-memory
-    # metrics it may minimize beside them, in the trainer's names (none: it cannot run a throughput study)
-    speed_metrics: ClassVar[dict[str, str]] = {}
-    memory_metrics: ClassVar[tuple[str, ...]] = ()
-    math_metrics: ClassVar[tuple[str, ...]] = ()
+    # ------------------------------------------------------------------ the required core
+    name: ClassVar[str]  # the trial.backend value
+    metrics: ClassVar[MetricNames]  # its metric vocabulary (None: a metric it does not log)
+
+    @abc.abstractmethod
+    def configure(self, attempt: Attempt) -> TrialConfig:
+        """The overrides (fixed, tuned ``attempt.values`` by name, then ``attempt.extra``, which replaces a fixed
+        override of the same key, e.g. a confirmation run's seed; ``attempt.tail`` last, a PBT segment's), the total
+        steps and the ``config.yaml`` text of one attempt."""
+
+    @abc.abstractmethod
+    def command(self, attempt: Attempt, config: TrialConfig) -> Command:
+        """The attempt's process: argv, environment (``attempt.env`` and what the trainer adds) and a private
+        ``/tmp`` if it needs one; its metrics file is ``attempt.metrics``, the checkpoint it continues from
+        ``attempt.resume_from`` (None: a fresh start)."""
+
+    # ------------------------------------------------------------------ the features (None: the trainer has none)
+    memory: ClassVar[MemoryModel | None] = None
+    resumable: ClassVar[Resumable | None] = None
+    confirmation: ClassVar[Confirmation | None] = None
+    speed: ClassVar[Speed | None] = None
+    rehearsal: ClassVar[Rehearsal | None] = None
 
     # ------------------------------------------------------------------ what the trainer knows
-    metrics: ClassVar[MetricNames] = MetricNames()  # its metric vocabulary (None: a metric it does not log)
     default_command: ClassVar[tuple[str, ...]] = ()  # trial.command when unset (a leading "python": the driver's)
     default_prepare_command: ClassVar[tuple[str, ...] | None] = None  # trial.prepare_command when unset
     code_keys: ClassVar[tuple[str, ...]] = ()  # key prefixes whose values name code to load (the trust check)
-    heldout_keys: ClassVar[tuple[str, ...]] = ()  # the keys of its held-out split (the first: what confirm sets)
-    # a validation metric's prefix -> its name on the held-out split ("": any other metric)
-    heldout_prefixes: ClassVar[Mapping[str, str]] = {}
+    every_key_is_code: ClassVar[bool] = False  # any override may name code to load (verl's hydra ``_target_``)
+    default_runs_unasked: ClassVar[bool] = False  # a stored experiment of its own commands, no code: runs untrusted
     metrics_env: ClassVar[str | None] = None  # an environment variable that tells the trainer its metrics file
     # lines in which the trainer says it dropped a row of its data and went on without it (a row whose reward or
     # generation raised): Python regular expressions searched in each line of its stdout and stderr, before the log
@@ -135,6 +118,8 @@ class Backend:
     # those that name a tokenizer apart from it; a trainer that names none cannot run a proxy search
     model_keys: ClassVar[tuple[str, ...]] = ()
     tokenizer_keys: ClassVar[tuple[str, ...]] = ()
+    ray_hold: ClassVar[bool] = True  # a one-node Ray job may hold its GPUs itself (verl starts its own Ray)
+    leaves_scratch: ClassVar[bool] = False  # cleanup removes scratch a killed attempt leaves (swept at driver start)
 
     def for_command(self, command: Sequence[str] | None) -> Backend:
         """The backend of a trial of this trainer whose ``trial.command`` is ``command`` (None: unset, the default):
@@ -154,15 +139,16 @@ class Backend:
 
     def with_defaults(self, space: Space) -> Space:
         """The experiment with what it leaves to the trainer filled in: ``trial.command`` (:attr:`default_command`),
-        ``objective.metric`` (:attr:`metrics`; a throughput study's: the first of :attr:`speed_metrics`) and
-        ``early_stopping.metric`` (:attr:`metrics`). Run first on every load, stored
-        experiments included, so a study made before a default moved still runs the same."""
+        ``objective.metric`` (:attr:`metrics`; a throughput study's: the first of the ``speed`` feature's metrics)
+        and ``early_stopping.metric`` (:attr:`metrics`). Run first on every load, stored experiments included, so a
+        study made before a default moved still runs the same."""
         trial, objective, early = space.trial, space.objective, space.early_stopping
         if trial.command is None:
             trial = dataclasses.replace(trial, command=self.default_command)
         if objective.mode == "single" and not objective.metric:
-            if space.study.kind == "throughput" and self.speed_metrics:  # its first speed metric, faster's way
-                metric, direction = next(iter(self.speed_metrics.items()))
+            speed = self.speed.metrics if self.speed is not None else {}
+            if space.study.kind == "throughput" and speed:  # its first speed metric, faster's way
+                metric, direction = next(iter(speed.items()))
                 objective = dataclasses.replace(objective, metric=metric, direction=direction)
             elif space.study.kind != "throughput" and self.metrics.objective:
                 objective = dataclasses.replace(objective, metric=self.metrics.objective)
@@ -182,24 +168,22 @@ class Backend:
         typed with ``--override`` against the current one), so every command reads the same files from anywhere."""
         return space
 
-    def rehearsal(self) -> Any:
-        """The module that rehearses this trainer's experiments on the CPU (``rehearse``, ``recheck``,
-        ``parse_size``: :mod:`hpo.backends.verl._rehearse`), None when it has none."""
-        return None
-
     def check(self, space: Space, origin: Mapping[str, str]) -> None:
         """SpaceError (one line, naming the file and key) when this trainer would refuse the experiment: the
         quick checks, made whenever an experiment file is loaded."""
+        return None  # nothing to check by default
 
     def verify(self, space: Space, origin: Mapping[str, str]) -> None:
         """The thorough checks ``search`` and ``validate`` make before a study exists (they may run the trainer's
         own code in its interpreter)."""
+        return None  # nothing to check by default
 
     def check_launch(self, space: Space, *, as_planned: bool = False) -> None:
         """SpaceError (one line naming the fix) when this host cannot launch the trials (e.g. no interpreter with
         the trainer); made by every driver before its first trial. ``as_planned`` (``validate``): check for where the
         experiment says its trials run (e.g. on ``trial.gpus_per_trial`` GPUs), not only where they would land
         on this host."""
+        return None  # nothing to check by default
 
     def check_cluster(self, space: Space, address: str, study: str, trials_dir: Path | None) -> list[str]:
         """A Ray-job study (``trial.executor: ray``): what the trials need of the cluster's nodes, checked there
@@ -208,66 +192,13 @@ class Backend:
         return []
 
     def prepare_argv(self, space: Space) -> list[str] | None:
-        """The one-off step that builds the model and data before any trial (None: none)."""
+        """The one-off step that builds the model and data before any trial (None: none): ``trial.prepare_command``
+        with ``--config`` and the fixed overrides, as the schema documents it."""
         cmd = space.trial.prepare_command
         if not cmd:
             return None
         argv = [sys.executable if c == "python" and i == 0 else c for i, c in enumerate(cmd)]
         return argv + ["--config", space.config, *space.trainer_overrides({})]
-
-    every_key_is_code: ClassVar[bool] = False  # any override may name code to load (verl's hydra ``_target_``)
-    default_runs_unasked: ClassVar[bool] = False  # a stored experiment of its own commands, no code: runs untrusted
-
-    # ------------------------------------------------------------------ one attempt
-    def configure(self, space: Space, values: Mapping[str, Any], trial_dir: Path,
-                  extra: Mapping[str, Any] | None = None, tail: Sequence[str] = ()) -> TrialConfig:
-        """The overrides (fixed, tuned ``values`` by name, then ``extra``, which replaces a fixed override of the same
-        key, e.g. a confirmation run's seed; ``tail``: overrides that come last, a PBT segment's), total steps and
-        ``config.yaml`` text of one attempt."""
-        extra = dict(extra or {})
-        overrides = [*space.trainer_overrides(dict(values)), *(f"{k}={format_value(v)}" for k, v in extra.items()),
-                     *tail]
-        return TrialConfig(overrides, steps_in(overrides), self.config_text(space, overrides))
-
-    @staticmethod
-    def config_text(space: Space, overrides: Sequence[str]) -> str:
-        return yaml.safe_dump({"config": space.config, "overrides": list(overrides)}, sort_keys=False)
-
-    def metrics_path(self, trial_dir: Path, attempt: int) -> Path:
-        return trial_dir / "metrics.jsonl"
-
-    def plan(self, attempt: Attempt) -> Launch:
-        """One attempt, whole: its config (:meth:`configure`), metrics file (:meth:`metrics_path`, also told through
-        ``metrics_env``), the checkpoint a retry continues from (:meth:`resume_point`; else a PBT segment's start)
-        and its process (:meth:`command`)."""
-        space, trial_dir = attempt.space, attempt.trial_dir
-        config = self.configure(space, attempt.values, trial_dir, attempt.extra or None, attempt.tail)
-        config.resume_from = attempt.start
-        metrics = self.metrics_path(trial_dir, attempt.attempt)
-        with lost_checkpoints() as notes:  # a checkpoint passed over: its files refused (hpo.backends._replay)
-            point = self.resume_point(attempt.trials_dir, attempt.history) if attempt.history else None
-        env = dict(attempt.env)
-        if self.metrics_env:
-            env[self.metrics_env] = str(metrics)  # the trainer's own metrics-file variable, beside its argv
-        ctx = LaunchContext(study=attempt.study, number=attempt.number, trial_dir=trial_dir, attempt=attempt.attempt,
-                            metrics=metrics, cwd=attempt.cwd, env=env, devices=attempt.devices,
-                            ray_job=attempt.ray_job, resume_from=attempt.start if point is None else point.checkpoint)
-        process = self.command(space, config, ctx)
-        return Launch(process.argv, process.env, metrics, config, point, process.private_tmp, tuple(notes))
-
-    def command(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Command:
-        """The attempt's process: ``trial.command`` (the driver's interpreter for ``python``) with ``--config``,
-        ``--metrics-file`` and the overrides."""
-        cmd = list(space.trial.command or self.default_command)
-        if cmd and cmd[0] == "python":  # the driver's interpreter (the venv), not whatever is on PATH
-            cmd[0] = sys.executable
-        return Command([*cmd, "--config", space.config, "--metrics-file", str(ctx.metrics), *config.overrides],
-                       dict(ctx.env))
-
-    def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
-        """The command a user runs to train with ``overrides`` outside the driver (``verl-hpo best --format
-        command``): no driver keys, no metrics file."""
-        return [*(space.trial.command or self.default_command), "--config", space.config, *overrides]
 
     def infeasible(self, space: Space, values: Mapping[str, Any]) -> str | None:
         """Why the trainer would refuse the tuned ``values`` (by parameter name) together, in one line; None when it
@@ -281,93 +212,41 @@ class Backend:
         """This trainer's :meth:`infeasible` says something (it overrides the default)."""
         return type(self).infeasible is not Backend.infeasible
 
-    def predict(self, space: Space, config: TrialConfig, devices: Sequence[str]) -> PredictionLike | None:
-        return None
+    # ------------------------------------------------------------------ one attempt
+    def metrics_path(self, trial_dir: Path, attempt: int) -> Path:
+        """Where attempt ``attempt`` (0: the first of its retry chain) in ``trial_dir`` writes its metrics file."""
+        return trial_dir / "metrics.jsonl"
 
-    def corner_predictions(self, space: Space, devices: Sequence[str], lengths: SequenceLengths | None = None
-                           ) -> Sequence[tuple[dict[str, Any], PredictionLike]] | None:
-        """Each corner of the space (:func:`hpo.backends._preflight.corners`) with its memory estimate on one
-        trial's ``devices`` (none: the CPU), at the expected sequence ``lengths`` when given (a previous run's), for
-        :func:`hpo.backends._preflight.check_space_fits`. None: this trainer has no estimate (or none can be made
-        here), and nothing is refused."""
-        return None
+    def plan(self, attempt: Attempt) -> Launch:
+        """One attempt, whole: its config (:meth:`configure`), metrics file (:meth:`metrics_path`, also told through
+        ``metrics_env``), the checkpoint a retry continues from (``resumable``'s resume point; else a PBT segment's
+        start) and its process (:meth:`command`)."""
+        config = self.configure(attempt)
+        metrics = self.metrics_path(attempt.trial_dir, attempt.index)
+        point = None
+        if attempt.history and self.resumable is not None:
+            with lost_checkpoints() as notes:  # a checkpoint passed over: its files refused (hpo.backends._replay)
+                point = self.resumable.resume_point(attempt.trials_dir or attempt.trial_dir.parent, attempt.history,
+                                                    self.metrics_path)
+        else:
+            notes = []
+        env = dict(attempt.env)
+        if self.metrics_env:
+            env[self.metrics_env] = str(metrics)  # the trainer's own metrics-file variable, beside its argv
+        ready = dataclasses.replace(attempt, metrics=metrics, env=env,
+                                    resume_from=attempt.start if point is None else point.checkpoint)
+        process = self.command(ready, config)
+        return Launch(process.argv, process.env, metrics, config, point, process.private_tmp, tuple(notes))
 
-    def sequence_lengths(self, path: Path) -> SequenceLengths:
-        """``validate --metrics``: the expected sequence lengths read from a previous run's metrics file (SpaceError
-        with one line; the base class: this trainer has none to read)."""
-        raise SpaceError(f"--metrics {path}: trial.backend {self.name} has no memory estimate to read lengths for")
-
-    def validate(self, space: Space, devices: Sequence[str], out: TextIO,
-                 lengths: SequenceLengths | None = None) -> int:
-        """``verl-hpo validate``'s memory pre-flight on one trial's ``devices``: each corner's verdict printed to
-        ``out`` (:func:`hpo.backends._preflight.report_corners`); 0 when all fit, else 2 with one line on stderr.
-        Without an estimate (the base class): what was checked, and 0."""
-        what = ("trial.command is not the default trainer: only the space itself was checked"
-                if self.name == Backend.name else
-                f"trial.backend {self.name}: keys and corners checked by the trainer; no memory estimate")
-        print(f"{space.source}: {what}", file=out)
-        print("All checks passed", file=out)
-        return 0
-
-    def resume_point(self, trials_dir: Path, history: Sequence[int]) -> ResumePointLike | None:
-        """The newest complete checkpoint of the retry chain ``history`` (:func:`hpo.backends._replay.resume_point`
-        with :attr:`checkpoint_layout`); None: nothing to resume (no layout, no checkpoint)."""
-        layout = self.checkpoint_layout
-        return None if layout is None else resume_point(trials_dir, history, layout, self.metrics_path)
+    def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
+        """The command a user runs to train with ``overrides`` outside the driver (``verl-hpo best --format
+        command``): the trainer's own :meth:`command` of a first attempt in the current directory, its metrics file
+        ``metrics.jsonl`` (a trainer whose command names driver keys overrides this)."""
+        return self.command(Attempt(space=space, trial_dir=Path(".")), TrialConfig(list(overrides), None, "")).argv
 
     def cleanup(self, trial_dir: Path, attempt: int) -> None:
         """After the attempt's process tree is gone (the trial's logs stay)."""
-
-    # ------------------------------------------------------------------ confirmation
-    def trainer_version(self, space: Space) -> str | None:
-        """What, beside the experiment's own keys, decides a run's result on this host (the trainer's code and the
-        libraries it runs on), as a digest; None when unknown: a confirmation's baseline runs are then never reused
-        from another study (:func:`hpo.study._confirm.baseline_key`). A custom command: the contents of the files
-        its argv names (its script) and the interpreter's version; a trainer whose result depends on other code
-        that changes sets ``study.confirm.reuse_baseline: false``."""
-        import hashlib
-
-        digest = hashlib.sha256(sys.version.encode())
-        for arg in space.trial.command or self.default_command:
-            path = Path(arg)
-            try:
-                if path.is_file() and path.stat().st_size < 50_000_000:
-                    digest.update(arg.encode() + b"\0" + path.read_bytes())
-            except OSError:
-                return None
-        return digest.hexdigest()[:16]
-
-    def seed_keys(self, space: Space) -> tuple[str, ...]:
-        """The trainer keys of a run's seeds (``study.confirm.seed_key`` wins)."""
-        return (space.study.confirm.seed_key,) if space.study.confirm.seed_key else ("trainer.seed",)
-
-    def default_seed(self, space: Space, key: str) -> int | None:
-        """The seed a run gets under ``key`` when the experiment does not set it (None: unknown)."""
-        return None
-
-    def heldout_overrides(self, space: Space) -> dict[str, Any]:
-        """What a confirmation run adds to be measured on the held-out test split ({}: none; see
-        :mod:`hpo.experiment._heldout`)."""
-        files = space.study.confirm.test_files
-        return {self.heldout_keys[0]: files} if files and self.heldout_keys else {}
-
-    def heldout_metric(self, space: Space) -> str | None:
-        """The metric a confirmation run's held-out value is read from (None without a held-out split):
-        ``study.confirm.test_metric``, else the objective's metric under the trainer's test prefix."""
-        if not self.heldout_overrides(space):
-            return None
-        return space.study.confirm.test_metric or heldout_metric(space.objective.primary_metric, self.heldout_prefixes)
-
-    def heldout_note(self, space: Space) -> str:
-        extra = self.heldout_overrides(space)
-        if not extra:
-            return ""
-        split = next(iter(extra.values()))
-        return f"confirmation runs also evaluate the held-out test split {split} at their last step"
-
-    def check_heldout(self, space: Space) -> None:
-        """Before confirmation runs launch (after the prepare step): SpaceError, one line, when the held-out data
-        they would read is missing (None: nothing to check here, the trainer reports it)."""
+        return None  # nothing to clean by default
 
     # ------------------------------------------------------------------ model-size fidelity
     def model_path(self, space: Space, overrides: Mapping[str, Any]) -> str | None:
@@ -384,11 +263,54 @@ class Backend:
         Face directory's tokenizer digest and hidden size; a trainer with built-in models answers for those."""
         return local_facts(path)
 
-    # ------------------------------------------------------------------ population-based training
-    def segment_overrides(self, space: Space, end: int, checkpoint: str | None) -> tuple[list[str], Path | None]:
-        """A PBT segment that trains to step ``end`` and saves there, continuing ``checkpoint`` when given: its
-        overrides and the checkpoint :meth:`launch` resumes itself (None when the overrides do it)."""
-        raise NotImplementedError(f"trial.backend {self.name} does not resume checkpoints for pbt")
+
+class CommandBackend(Backend):
+    """A custom trainer command (``trial.command``): no config is loaded, nothing is estimated or resumed, no metric
+    names, no default command, no held-out split. Its argv is the command with ``--config``, ``--metrics-file`` and
+    the overrides; ``steps_key``: the override that gives its total steps (None: not known)."""
+
+    name: ClassVar[str] = "command"
+    metrics: ClassVar[MetricNames] = MetricNames()
+    steps_key: ClassVar[str | None] = None
+
+    def configure(self, attempt: Attempt) -> TrialConfig:
+        space = attempt.space
+        overrides = [*space.trainer_overrides(dict(attempt.values)),
+                     *(f"{k}={format_value(v)}" for k, v in attempt.extra.items()), *attempt.tail]
+        steps = None if self.steps_key is None else int_override(overrides, self.steps_key)
+        return TrialConfig(overrides, steps, config_text(space, overrides))
+
+    def command(self, attempt: Attempt, config: TrialConfig) -> Command:
+        """``trial.command`` (the driver's interpreter for ``python``) with ``--config``, ``--metrics-file`` and the
+        overrides."""
+        space = attempt.space
+        cmd = list(space.trial.command or self.default_command)
+        if cmd and cmd[0] == "python":  # the driver's interpreter (the venv), not whatever is on PATH
+            cmd[0] = sys.executable
+        return Command([*cmd, "--config", space.config, "--metrics-file", str(attempt.metrics), *config.overrides],
+                       dict(attempt.env))
+
+    def command_line(self, space: Space, overrides: Sequence[str]) -> list[str]:
+        """The command with ``--config`` and the overrides (no metrics file: the trainer's default)."""
+        return [*(space.trial.command or self.default_command), "--config", space.config, *overrides]
+
+
+def config_text(space: Space, overrides: Sequence[str]) -> str:
+    """A ``config.yaml`` for a trainer whose config the driver does not load: the config and the overrides."""
+    return yaml.safe_dump({"config": space.config, "overrides": list(overrides)}, sort_keys=False)
+
+
+def missing_members(cls: type) -> list[str]:
+    """The members of the required core (:data:`REQUIRED`) that backend class ``cls`` does not write: ``name`` not a
+    non-empty string, ``metrics`` not a :class:`~hpo.analysis.MetricNames`, an abstract method not defined."""
+    missing = []
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        missing.append("name")
+    if not isinstance(getattr(cls, "metrics", None), MetricNames):
+        missing.append("metrics")
+    abstract = set(getattr(cls, "__abstractmethods__", ()))
+    return missing + [m for m in REQUIRED if m in abstract]
 
 
 def _set_value(overrides: Mapping[str, Any], keys: Sequence[str]) -> str | None:
@@ -400,11 +322,13 @@ def _set_value(overrides: Mapping[str, Any], keys: Sequence[str]) -> str | None:
     return None
 
 
-def steps_in(overrides: Sequence[str]) -> int | None:
-    for o in overrides:
-        if o.startswith("trainer.total_training_steps="):
+def int_override(overrides: Sequence[str], key: str) -> int | None:
+    """The integer value of the last ``key=value`` of ``overrides`` (None: not set, or not an integer)."""
+    for o in reversed(overrides):
+        k, _, value = o.partition("=")
+        if k.lstrip("+") == key:
             try:
-                return int(o.partition("=")[2])
+                return int(value)
             except ValueError:
                 return None
     return None

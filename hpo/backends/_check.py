@@ -1,7 +1,8 @@
 """An experiment as the driver runs it: the schema (:mod:`hpo.experiment`), then its backend, looked up in the
 registry (``trial.backend``: one of :func:`~hpo.backends.known_backends`), fills in what the experiment leaves to the
 trainer (``Backend.with_defaults``: its command, default objective and spread metric) and keeps a search off its
-held-out split (``Backend.heldout_keys``, ``heldout_prefixes``), then its defaults (``Backend.normalize``) and checks
+held-out split (the ``confirmation`` feature's ``heldout_keys``, ``heldout_prefixes``), then its defaults
+(``Backend.normalize``) and checks
 (``Backend.check``: quick, on every load; a trainer that tells which tuned values it refuses together,
 ``Backend.infeasible``, has each value checked against the other parameters' values: :mod:`hpo.experiment._combos`;
 ``Backend.verify``: thorough, before a study is made, e.g. a verl space's corners composed by verl itself)."""
@@ -14,7 +15,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from hpo.backends._attempt import Attempt
 from hpo.backends._base import Backend
+from hpo.backends._features import Rehearsal
 from hpo.backends._fidelity import check_proxy
 from hpo.backends._registry import (
     DEFAULT_BACKEND,
@@ -59,16 +62,19 @@ def _check_defaults(space: Space, origin: dict[str, str], backend: Backend) -> N
     def error(where: str, msg: str) -> Exception:
         return located_error(space, origin, where, msg)
 
+    confirmation = backend.confirmation
+    keys, prefixes = ((confirmation.heldout_keys, confirmation.heldout_prefixes) if confirmation is not None
+                      else ((), {}))
     check_no_test_split(space.overrides, {p.key: p.name for p in space.params}, space.objective.metrics, error,
-                        backend.heldout_keys, backend.heldout_prefixes, space.study.baseline)
+                        keys, prefixes, space.study.baseline)
     check_code_files(space.overrides, error, backend.code_files)
 
 
 def _checked(space: Space, origin: dict[str, str]) -> Space:
     space, backend = _trainer(space, origin)
     _check_defaults(space, origin, backend)
-    if space.study.strategy == "pbt" and not backend.supports_pbt:
-        have, unasked = _backends_that(lambda b: b.supports_pbt)
+    if space.study.strategy == "pbt" and not runs_pbt(backend):
+        have, unasked = _backends_that(runs_pbt)
         raise located_error(space, origin, "study.strategy", f"pbt needs a trainer that resumes its checkpoints "
                             f"({have}{unasked}); trial.backend is {_trainer_words(space, backend)}")
     speed = space.study.kind == "throughput"
@@ -83,7 +89,8 @@ def _checked(space: Space, origin: dict[str, str]) -> Space:
     check_proxy(space, origin, backend)  # study.fidelity.proxy: model keys, the model, its tokenizer
     if speed:
         _check_trial_length(space, origin, backend)
-    if space.study.confirm.test_metric and not backend.heldout_overrides(space):
+    if space.study.confirm.test_metric and (backend.confirmation is None
+                                            or not backend.confirmation.heldout_overrides(space)):
         raise located_error(space, origin, "study.confirm.test_metric", f"{space.study.confirm.test_metric!r} needs "
                             "held-out data for confirmation runs (study.confirm.test_files)")
     return space
@@ -92,14 +99,16 @@ def _checked(space: Space, origin: dict[str, str]) -> Space:
 def _check_speed_keys(space: Space, origin: dict[str, str], backend: Backend) -> None:
     """A throughput study is scored on the trainer's speed metrics and tunes (and its baseline sets) only its
     math-neutral keys."""
-    patterns = (*backend.speed_keys, *(space.study.throughput.neutral_keys or ()))
+    speed = backend.speed
+    patterns = (*(speed.keys if speed else ()), *(space.study.throughput.neutral_keys or ()))
     keys = [(f"params.{p.name}.key", p.key) for p in space.params]
     keys += [(f"study.baseline.{k}", k) for k in space.study.baseline]
     def error(where: str, msg: str) -> Exception:
         return located_error(space, origin, where, msg)
 
-    check_speed_objective(space.objective, backend.speed_metrics, backend.memory_metrics, error)
-    check_speed_keys(keys, patterns, space.trial.backend if backend.speed_keys else f"trial.backend {backend.name}",
+    check_speed_objective(space.objective, dict(speed.metrics) if speed else {}, speed.memory_metrics if speed else (),
+                          error)
+    check_speed_keys(keys, patterns, space.trial.backend if speed and speed.keys else f"trial.backend {backend.name}",
                      error)
 
 
@@ -109,7 +118,7 @@ def _check_trial_length(space: Space, origin: dict[str, str], backend: Backend) 
         return located_error(space, origin, where, msg)
 
     spec = space.study.throughput
-    config = backend.configure(space, _accepted_corner(space, backend), Path("trial"))
+    config = backend.configure(Attempt(space=space, values=_accepted_corner(space, backend)))
     steps = config.total_steps
     if steps is None:
         raise error("overrides", "a throughput study needs a fixed trial length: set trainer.total_training_steps "
@@ -148,11 +157,17 @@ def stored_space(raw: dict[str, Any], source: str, name: str) -> Space:
     return backend.normalize(space)
 
 
-def rehearsal_of(space: Space) -> Any:
-    """The rehearsal of ``space``'s trainer (``Backend.rehearsal``); SpaceError naming the trainers that have one."""
-    tool = backend_of(space).rehearsal()
+def runs_pbt(backend: Backend) -> bool:
+    """``study.strategy: pbt`` runs on ``backend``: it is ``resumable`` with PBT ``segments``."""
+    return backend.resumable is not None and backend.resumable.segments is not None
+
+
+def rehearsal_of(space: Space) -> Rehearsal:
+    """The rehearsal of ``space``'s trainer (the ``rehearsal`` feature); SpaceError naming the trainers that have
+    one."""
+    tool = backend_of(space).rehearsal
     if tool is None:
-        have, unasked = _backends_that(lambda b: b.rehearsal() is not None)
+        have, unasked = _backends_that(lambda b: b.rehearsal is not None)
         raise SpaceError(f"{space.source}: trial.backend is {space.trial.backend!r}: rehearse runs {have} experiments "
                          f"(trial.backend: {have}{unasked})")
     return tool

@@ -56,8 +56,10 @@ def check_proxy(space: Space, origin: Mapping[str, str], backend: Backend) -> No
     if not any(k.lstrip("+") in keys for k in proxy.overrides):
         raise error(f"{WHERE}.overrides", f"sets none of the keys that name the model ({', '.join(backend.model_keys)})"
                     ": a proxy runs a smaller model of the target's family")
+    confirmation = backend.confirmation
     check_no_test_split(proxy.overrides, {}, [], lambda where, msg: error(f"{WHERE}.{where}", msg),
-                        backend.heldout_keys, backend.heldout_prefixes)
+                        confirmation.heldout_keys if confirmation else (),
+                        confirmation.heldout_prefixes if confirmation else {})
     for key in backend.model_keys[1:]:  # a critic with a model of its own: the proxy's must be named too
         target = _set_value(space.overrides, (key,))
         if target is not None and _set_value(proxy.overrides, (key,)) is None:

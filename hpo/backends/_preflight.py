@@ -2,14 +2,15 @@
 launched (``verl_core``: :mod:`hpo.backends.verl_core._memory`; real verl: :mod:`hpo.backends.verl._memory`; a
 custom command or TRL: no estimate, their keys and corners are checked by the trainer).
 
-* Per trial (``trial.preflight: true``; :meth:`~hpo.backends._base.Backend.predict`): a trial whose estimate times
-  ``1 + trial.preflight_margin`` exceeds its budget is not launched; it is recorded with the worst value
-  and ``fail_reason=predicted_oom`` (``predicted_memory_gb``, ``memory_budget_gb``, ``memory_problem``).
-* Per space (:func:`check_space_fits`, :meth:`~hpo.backends._base.Backend.corner_predictions`): when every corner
+* Per trial (``trial.preflight: true``; the backend's ``memory``, :meth:`~hpo.backends.MemoryModel.predict`): a
+  trial whose estimate times ``1 + trial.preflight_margin`` exceeds its budget is not launched; it is recorded
+  with the worst value and ``fail_reason=predicted_oom`` (``predicted_memory_gb``, ``memory_budget_gb``,
+  ``memory_problem``).
+* Per space (:func:`check_space_fits`, :meth:`~hpo.backends.MemoryModel.corner_predictions`): when every corner
   of the space is predicted not to fit, the search is refused before the study is created (one line naming the
   smallest corner's culprit).
-* ``verl-hpo validate --space`` (:func:`validate_space`, :meth:`~hpo.backends._base.Backend.validate`): every
-  corner's checks, warnings and estimate, exit 0 / 2.
+* ``verl-hpo validate --space`` (:func:`validate_space`, :meth:`~hpo.backends.MemoryModel.validate`): every
+  corner's checks, warnings and estimate, exit 0 / 2; a backend without a memory model: what was checked, exit 0.
 
 Here: what every estimate shares: :class:`Prediction`, the space's :func:`corners`, the free memory of a trial's GPUs
 (:func:`gpu_budget`) and the report of every corner's verdict (:func:`report_corners`).
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from hpo.backends._base import CommandBackend
 from hpo.backends._registry import backend_of
 from hpo.experiment._space import Space, SpaceError
 
@@ -97,7 +99,8 @@ def check_space_fits(space: Space, devices: Sequence[str], *, lengths: SequenceL
     if not space.trial.preflight:
         return
     per_trial = list(devices[: space.trial.gpus_per_trial])
-    predictions = backend_of(space).corner_predictions(space, per_trial, lengths)
+    memory = backend_of(space).memory
+    predictions = None if memory is None else memory.corner_predictions(space, per_trial, lengths)
     if predictions and not any(p.fits for _, p in predictions):
         values, smallest = min(predictions, key=lambda cp: cp[1].total)
         raise SpaceError(f"{space.source}: every corner of the space is predicted not to fit in memory (smallest: "
@@ -109,8 +112,16 @@ def validate_space(space: Space, devices: Sequence[str], out: TextIO, *,
                    lengths: SequenceLengths | None = None) -> int:
     """Print every corner's verdict (and the largest corner's table), by the space's backend on one trial's share of
     ``devices``; 0 when all fit, else 2 with one line. ``lengths``: expected sequence lengths (``verl-hpo validate
-    --metrics``; verl spaces)."""
-    return backend_of(space).validate(space, list(devices[: space.trial.gpus_per_trial]), out, lengths)
+    --metrics``; verl spaces). Without a memory model: what was checked, and 0."""
+    backend = backend_of(space)
+    if backend.memory is not None:
+        return backend.memory.validate(space, list(devices[: space.trial.gpus_per_trial]), out, lengths)
+    what = ("trial.command is not the default trainer: only the space itself was checked"
+            if backend.name == CommandBackend.name else
+            f"trial.backend {backend.name}: keys and corners checked by the trainer; no memory estimate")
+    print(f"{space.source}: {what}", file=out)
+    print("All checks passed", file=out)
+    return 0
 
 
 def report_corners(space: Space, results: Sequence[tuple[dict[str, Any], Prediction]], warnings: list[str],

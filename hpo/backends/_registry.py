@@ -17,7 +17,10 @@ driver knows, imported on first use (so the driver loads only the backend it run
   their own included, is one line (:class:`BackendError`), never a traceback or a silent exit; a Ctrl-C the user
   presses while it loads still stops the command;
 * a name two installed entry points give is refused where it is used (both named), and marked where names are listed
-  (:func:`backend_label`)."""
+  (:func:`backend_label`);
+* a backend class, shipped or plugin, is checked as it loads (:func:`_check_contract`): one that misses a member of the
+  required core (``name``, ``metrics``, ``configure``, ``command``) or holds a feature of the wrong type is one line
+  naming the backend and what is wrong."""
 
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from hpo.backends._base import Backend
+from hpo.backends._base import REQUIRED, Backend, CommandBackend, missing_members
+from hpo.backends._features import Confirmation, MemoryModel, Rehearsal, Resumable, Speed
 from hpo.experiment._space import Space, SpaceError, TrialSpec
 
 ENTRY_POINT_GROUP = "verl_hpo.backends"
@@ -171,21 +175,47 @@ def _real_interrupts() -> Iterator[list[int]]:
         signal.signal(signal.SIGINT, before)
 
 
-def _built(factory: Factory) -> object:
+def _resolved(factory: Factory) -> object:
+    """What ``factory`` names: "module:attribute" imported, else the factory itself."""
     if isinstance(factory, str):
         module, _, attr = factory.partition(":")
         obj: object = importlib.import_module(module)
         for part in attr.split("."):
             obj = getattr(obj, part)
-        factory = obj  # type: ignore[assignment]
-    return factory()  # type: ignore[operator]
+        return obj
+    return factory
+
+
+FEATURES = {"memory": MemoryModel, "resumable": Resumable, "confirmation": Confirmation, "speed": Speed,
+            "rehearsal": Rehearsal}  # each feature attribute of a Backend and the type it holds (None: none)
+
+
+def _check_contract(name: str, backend: object, where: str) -> None:
+    """BackendError (one line naming the backend) when ``backend`` (a Backend class or one built) misses a member of
+    the required core or holds a feature that is not of the feature's type (:mod:`hpo.backends._features`)."""
+    missing = missing_members(backend if isinstance(backend, type) else type(backend))
+    if missing:
+        raise BackendError(f"trial.backend {name}: the backend from {where} does not write "
+                           f"{', '.join(missing)} (every trainer writes {', '.join(REQUIRED)}: "
+                           "hpo.backends.Backend)"[:500])
+    for attr, kind in FEATURES.items():
+        value = getattr(backend, attr, None)
+        if value is not None and not isinstance(value, kind):
+            raise BackendError(f"trial.backend {name}: the backend from {where} has {attr} = "
+                               f"{type(value).__name__}, not a hpo.backends.{kind.__name__} (None: no {attr})"[:500])
 
 
 def _load(name: str, factory: Factory, where: str) -> Backend:
-    """The backend ``factory`` builds (a plugin's module imported first), isolated: anything it raises is one line."""
+    """The backend ``factory`` builds (a plugin's module imported first), isolated: anything it raises is one line;
+    a Backend class is checked against the contract before it is built."""
     with _real_interrupts() as ctrl_c:
         try:
-            backend = _built(factory)
+            made = _resolved(factory)
+            if isinstance(made, type) and issubclass(made, Backend):
+                _check_contract(name, made, where)
+            backend = made()  # type: ignore[operator]
+        except BackendError:
+            raise
         except BaseException as err:  # noqa: BLE001 - SystemExit, its own KeyboardInterrupt: the plugin's error
             if ctrl_c and isinstance(err, KeyboardInterrupt):
                 raise  # the user's Ctrl-C while it loaded: the command stops (exit 130)
@@ -199,17 +229,18 @@ def _load(name: str, factory: Factory, where: str) -> Backend:
     if not isinstance(backend, Backend):
         raise BackendError(f"trial.backend {name}: {where} gives {type(backend).__name__}, not a "
                            "hpo.backends.Backend")
+    _check_contract(name, backend, where)  # as built (a factory's; features set by __init__)
     return backend
 
 
 def backend_named(name: str) -> Backend:
-    """The backend registered as ``name`` ("command": the base class, a plain command; "": the default trainer,
-    :data:`DEFAULT_BACKEND`); KeyError when none is, :class:`BackendError` when it does not load or two installed
-    plugins give the name."""
+    """The backend registered as ``name`` ("command": :class:`~hpo.backends._base.CommandBackend`, a plain command;
+    "": the default trainer, :data:`DEFAULT_BACKEND`); KeyError when none is, :class:`BackendError` when it does not
+    load, misses a member of the required core, or two installed plugins give the name."""
     name = name or DEFAULT_BACKEND
     if name not in _CACHE:
-        if name == Backend.name:
-            _CACHE[name] = Backend()
+        if name == CommandBackend.name:
+            _CACHE[name] = CommandBackend()
         else:
             _CACHE[name] = _load(name, *_factory(name))
     return _CACHE[name]

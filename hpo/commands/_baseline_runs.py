@@ -39,7 +39,7 @@ import yaml
 from optuna.trial import TrialState
 
 from hpo.analysis import FileRefused, read_bounded
-from hpo.backends import backend_of
+from hpo.backends import Attempt, backend_of
 from hpo.execution import parse_line
 from hpo.experiment import Space, SpaceError, format_value
 from hpo.experiment._secrets import is_secret_key
@@ -174,7 +174,7 @@ def checked_run(study: optuna.Study, space: Space, spec: str, seeds: list[int]) 
         _refuse(shown, 'no metrics line ({"step": N, "data": {...}}, verl\'s file logger)')
     record = _record(folder, shown)
     seed = _seed(space, shown, stated, record, seeds)
-    config = backend_of(space).configure(space, {}, Path("trial"), confirm_overrides(space, seed, baseline=True))
+    config = backend_of(space).configure(Attempt(space=space, extra=confirm_overrides(space, seed, baseline=True)))
     heldout_keys = set(heldout_overrides(space))
     on_heldout = heldout_metric_of(space) in space.objective.metrics  # the objective itself is read on it
     if record is not None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from hpo.analysis import FileRefused, check_regular
 from hpo.backends import load_checked_space, load_space
 from hpo.commands._args import storage_args
 from hpo.commands._base import Command, Invocation, fail, spaces_dir
+from hpo.experiment import Space, SpaceError
 
 MAX_METRICS_BYTES = 256 << 20  # validate --metrics: a long run's metrics file is tens of MB
 
@@ -46,12 +48,23 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
     if args.metrics is not None:
         try:  # a regular file (not a FIFO, not /dev/zero) of bounded size, then the trainer's backend reads it
             check_regular(args.metrics.expanduser(), f"--metrics {args.metrics}", MAX_METRICS_BYTES)
-            lengths = backend_of(space).sequence_lengths(args.metrics)
+            lengths = _sequence_lengths(space, args.metrics)
         except FileRefused as err:
             return fail(str(err))
         except OSError as err:
             return fail(f"--metrics {args.metrics}: unreadable ({err.strerror or err})")
     return validate_space(space, resolve_devices(space.trial), sys.stdout, lengths=lengths)
+
+
+def _sequence_lengths(space: Space, path: Path) -> Any:
+    """The expected sequence lengths in a previous run's metrics file, read by the trainer's memory model; SpaceError
+    (one line) for a trainer without one."""
+    from hpo.backends import backend_of
+
+    backend = backend_of(space)
+    if backend.memory is None:
+        raise SpaceError(f"--metrics {path}: trial.backend {backend.name} has no memory estimate to read lengths for")
+    return backend.memory.sequence_lengths(path)
 
 
 VALIDATE = Command("validate", "check an experiment file without running it: the space, every corner against the "

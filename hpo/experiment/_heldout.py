@@ -1,11 +1,11 @@
 """What a search must never see and what confirmation compares against: the held-out test split's metric names, the
 checks that keep it out of a search, and ``study.baseline`` (the setting a user would have run anyway).
 
-The held-out split is a trainer's: its backend names the keys that select it (``Backend.heldout_keys``; verl_core:
-``data.test_files``, whose built-in tasks ship one, ``builtin:arith`` -> 225 problems disjoint from the 225
-validation and the 450 training ones) and how its metric names change on it (``Backend.heldout_prefixes``, a
-validation prefix -> its test prefix, the empty prefix for any other metric; verl_core: ``eval/reward_mean`` ->
-``test/reward_mean``). It is evaluated only by ``verl-hpo confirm``'s runs, once at their last step. A search trial
+The held-out split is a trainer's: its backend's ``confirmation`` names the keys that select it (``heldout_keys``;
+verl_core: ``data.test_files``, whose built-in tasks ship one, ``builtin:arith`` -> 225 problems disjoint from the 225
+validation and the 450 training ones) and how its metric names change on it (``heldout_prefixes``, a validation prefix
+-> its test prefix, the empty prefix for any other metric; verl_core: ``eval/reward_mean`` -> ``test/reward_mean``).
+It is evaluated only by ``verl-hpo confirm``'s runs, once at their last step. A search trial
 never gets it, and an experiment may neither set a held-out key as a fixed override, a parameter or a baseline key
 nor score trials by a held-out metric: :func:`check_no_test_split`, which the backends' check calls with their own
 keys (this layer knows no trainer).

@@ -132,17 +132,18 @@ class ConfirmSpec:
         "only within it (else the better mean wins); a race ends tied when all are within it. null = "
         "early_stopping.plateau_min_delta, else 1% of the best confirmed mean."))
     seed_key: str | None = field(default=None, metadata=_meta(
-        "Trainer key of the run's seed; null = the trainer's seed keys (its backend's seed_keys)."))
+        "Trainer key of the run's seed; null = the trainer's seed keys (its backend's confirmation.seed_keys; a "
+        "trainer without them needs this set)."))
     seed_base: int = field(default=1000, metadata=_meta("First confirmation seed."))
     test_files: str | None = field(default=None, metadata=_meta(
         "Held-out test data of confirmation runs (never seen by the search), set through the trainer's held-out key "
-        "(its backend's heldout_keys; how the trainer evaluates it: its page under docs/); "
+        "(its backend's confirmation.heldout_keys; how the trainer evaluates it: its page under docs/); "
         "null = the trainer's built-in test split where it has one, else none."))
     test_metric: str | None = field(default=None, metadata=_meta(
         "The metric a confirmation run's held-out value is read from; null = the trainer's name for the objective's "
-        "metric on the test split (its backend's heldout_prefixes). A trainer that names metrics by data source "
-        "needs it set to the test file's (its page under docs/); the race and the ranking then use the validation "
-        "metric and only the report reads the test one."))
+        "metric on the test split (its backend's confirmation.heldout_prefixes). A trainer that names metrics by data "
+        "source needs it set to the test file's (its page under docs/); the race and the ranking then use the "
+        "validation metric and only the report reads the test one."))
     early_stopping: bool = field(default=False, metadata=_meta(
         "Confirmation runs stop early by the early_stopping rules (plateau, spread) as search trials do; false = "
         "they run the full budget, so the confirmed value measures the setting, not the stopping rule (never "

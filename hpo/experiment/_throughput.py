@@ -4,7 +4,7 @@ A throughput trial runs a few trainer steps; the first ``study.throughput.warmup
 cache warm-up, the first weight sync) are dropped and the trial is scored on the mean of the throughput metric over
 the steps after them (``objective.aggregate: mean``), the spread recorded beside it (user attrs ``throughput_std``,
 ``throughput_cv``, ``throughput_steps``). Only math-neutral keys may be tuned: each backend lists its own
-(``Backend.speed_keys``: micro-batch sizes, token budgets, padding removal, offload, gradient checkpointing, the
+(``Backend.speed.keys``: micro-batch sizes, token budgets, padding removal, offload, gradient checkpointing, the
 rollout engine's memory and batching), ``study.throughput.neutral_keys`` adds keys of a trainer the driver does not
 know, and ``verl-hpo confirm`` checks every pick: the pick and the user's config (``study.baseline``) run
 interleaved on the same seeds, the speed-up is their paired throughput ratio with its interval (more seeds, up to
@@ -12,7 +12,7 @@ interleaved on the same seeds, the speed-up is their paired throughput ratio wit
 gradient norm must agree within ``tolerance``, else the pick is reported and not recommended
 (:mod:`hpo.reporting._speed`). A pick never separated is not recommended either: the user keeps their own settings.
 
-Objectives: one of the trainer's speed metrics (``Backend.speed_metrics``: tokens per second, maximized, or a step
+Objectives: one of the trainer's speed metrics (``Backend.speed.metrics``: tokens per second, maximized, or a step
 time, minimized); with ``mode: pareto``, that first and one of its peak-memory metrics second (minimized).
 """
 
@@ -55,7 +55,7 @@ class ThroughputSpec:
         "loose (the control's spread decides; it catches a change of scale)."))
     math_metrics: tuple[str, ...] | None = field(default=None, metadata=_meta(
         "Metrics of the first step compared by the same-math check; null = the trainer's (losses, gradient norm, "
-        "score: Backend.math_metrics)."))
+        "score: Backend.speed.math_metrics)."))
     neutral_keys: tuple[str, ...] | None = field(default=None, metadata=_meta(
         "Keys (fnmatch patterns) this study may tune beside the trainer's known speed keys: keys of a trainer the "
         "driver does not know that do not change the update; the same-math check still checks every pick."))
@@ -117,7 +117,7 @@ def throughput_defaults(raw: dict[str, Any]) -> None:
 
 def check_speed_objective(objective: Any, speed: Mapping[str, str], memory: Sequence[str], error: ErrorFn) -> None:
     """The objective of a throughput study: one of the trainer's ``speed`` metrics (metric -> the direction a faster
-    run moves it: ``Backend.speed_metrics``) in that direction, optionally with one of its ``memory`` metrics
+    run moves it: ``Backend.speed.metrics``) in that direction, optionally with one of its ``memory`` metrics
     minimized as a second pareto objective."""
     speed_names = ", ".join(f"{m} ({d})" for m, d in speed.items())
     targets = [(f"objective.objectives[{i}]", t.metric, t.direction) for i, t in enumerate(objective.objectives)] \
@@ -167,7 +167,7 @@ def check_throughput(objective: Any, pruner_type: str, early_stopping: bool, str
 def check_speed_keys(keys: Iterable[tuple[str, str]], patterns: tuple[str, ...], trainer: str,
                      error: ErrorFn) -> None:
     """Every tuned (or baseline) key must be math-neutral: one of the trainer's ``patterns`` (its
-    ``Backend.speed_keys`` and ``study.throughput.neutral_keys``). ``keys``: (field, key)."""
+    ``Backend.speed.keys`` and ``study.throughput.neutral_keys``). ``keys``: (field, key)."""
     for where, key in keys:
         if not is_speed_key(key, patterns):
             known = ", ".join(patterns[:6]) + (", ..." if len(patterns) > 6 else "")

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpo.backends import backend_of
+from hpo.backends import Attempt, backend_of
 from hpo.experiment._secrets import MASK, is_secret_key
 from hpo.experiment._space import Space, format_value
 
@@ -42,7 +42,8 @@ def best_command(space: Space, trial: Any) -> str:
     references, and its tuned values, in the trainer's syntax; a place in the trial's directory, such as a
     checkpoint directory, is one in the current directory instead)."""
     try:
-        overrides = backend_of(space).configure(space, dict(trial.params), Path(".")).overrides
+        overrides = backend_of(space).configure(Attempt(space=space, values=dict(trial.params),
+                                                        trial_dir=Path("."))).overrides
     except (OSError, ValueError):  # the trainer's config is gone from here: the experiment's own overrides
         overrides = [*(f"{k}={format_value(v)}" for k, v in space.fixed_overrides().items()),
                      *(f"{p.key}={format_value(trial.params[p.name])}" for p in space.params if p.name in trial.params)]

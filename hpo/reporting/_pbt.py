@@ -16,10 +16,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from hpo.backends import backend_of
 from hpo.experiment._space import Space, format_value
 from hpo.record import ATTR_SPACE
 from hpo.study._checkpoints import CHECKPOINTS, checkpoint_problem
-from hpo.study._population import best_final, lineage_of, no_healthy_line, pbt_total
+from hpo.study._population import best_final, lineage_of, no_healthy_line, pbt_total, step_name
 
 
 def why_no_best(space: Space, study: optuna.Study) -> str:
@@ -59,9 +60,9 @@ def best_lineage(space: Space, study: optuna.Study, number: int | None = None) -
     ckpt: str | None = None
     problem: str | None = "the trial has no directory"
     if trial_dir:
-        parts = [Path(trial_dir).name, CHECKPOINTS, f"global_step_{end}"]
+        parts = [Path(trial_dir).name, CHECKPOINTS, step_name(space, end)]
         problem = checkpoint_problem(Path(trial_dir).parent, parts)
-        ckpt = None if problem else str(Path(trial_dir) / CHECKPOINTS / f"global_step_{end}")
+        ckpt = None if problem else str(Path(trial_dir).joinpath(*parts[1:]))
     return {"study": study.study_name, "trial": final.number, "member": final.system_attrs.get("pbt:member"),
             "value": final.values[0], "end": end, "checkpoint": ckpt, "checkpoint_problem": problem,
             "lineage": [{"trial": s.number, "member": s.member, "action": s.action, "start": s.start, "end": s.end,
@@ -99,8 +100,9 @@ def render_pbt_best(space: Space, found: dict[str, Any], fmt: str) -> tuple[str,
             last["overrides"], last["params"].values(), strict=False)}), sort_keys=False).rstrip()
     if fmt == "command":
         fixed = [f"{k}={format_value(v)}" for k, v in space.fixed_overrides().items()]  # secrets: references
-        resume = [] if found["checkpoint"] is None else [
-            "trainer.resume_mode=resume_path", f"trainer.resume_from_path={found['checkpoint']}"]
+        resumable = backend_of(space).resumable  # the trainer's own keys that continue its checkpoint
+        resume = [] if found["checkpoint"] is None or resumable is None else \
+            resumable.resume_overrides(Path(found["checkpoint"]))
         from hpo.reporting._command_line import command_for
 
         return header, command_for(space, [*fixed, *last["overrides"], *resume])

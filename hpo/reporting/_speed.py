@@ -369,7 +369,7 @@ def render_yours(space: Space, fmt: str) -> str:
 
     import yaml
 
-    from hpo.backends import backend_of
+    from hpo.backends import Attempt, backend_of
     from hpo.experiment._space import format_value
     from hpo.reporting._command_line import command_for
     from hpo.reporting._report import nest
@@ -379,7 +379,7 @@ def render_yours(space: Space, fmt: str) -> str:
         return yaml.safe_dump(nest({k.lstrip("+"): v for k, v in yours.items()}), sort_keys=False).rstrip()
     if fmt == "command":
         try:
-            overrides = backend_of(space).configure(space, {}, Path("."), extra=yours).overrides
+            overrides = backend_of(space).configure(Attempt(space=space, trial_dir=Path("."), extra=yours)).overrides
         except (OSError, ValueError):  # the trainer's config is gone from here: the experiment's own overrides
             overrides = [f"{k}={format_value(v)}" for k, v in {**space.fixed_overrides(), **yours}.items()]
         return command_for(space, overrides)

@@ -261,13 +261,14 @@ class Driver:
         ready = self.space
         heldout = self.confirming and self.space.study.kind != "throughput"  # speed re-measurements read no test data
         if heldout:  # the held-out data the confirmation runs read, which the search never named
-            held = self.runner.backend.heldout_overrides(self.space)
+            confirmation = self.runner.backend.confirmation
+            held = confirmation.heldout_overrides(self.space) if confirmation is not None else {}
             ready = dataclasses.replace(self.space, overrides={**self.space.overrides, **held})
         prepare(ready, self.study_dir, self.cwd, self.reporter, self.stop_event)
         if self.proxy_runner is not None and not self.confirming:  # the proxy's model too (its log: proxy/prepare)
             prepare(self.proxy_runner.space, self.study_dir / "proxy", self.cwd, self.reporter, self.stop_event)
-        if heldout:
-            self.runner.backend.check_heldout(self.space)  # one line now, not a crash in every run
+        if heldout and self.runner.backend.confirmation is not None:  # one line now, not a crash in every run
+            self.runner.backend.confirmation.check_heldout(self.space)
         # a throughput study's re-measurements run one at a time, in their interleaved order (hpo.reporting._speed)
         n_jobs = 1 if self.confirming and self.space.study.kind == "throughput" else self.space.trial.n_jobs
         with Heartbeat(self.study, self.space.study.heartbeat_interval) as self.heartbeat:

@@ -18,12 +18,13 @@ retries (:mod:`hpo.study._recovery`), dashboards and ``best`` work as for any tr
   queues the next segment. Whichever driver is alive does it, so a dead worker never stalls the population: its
   running segment is recovered and retried like any trial, and its queued decisions are anyone's to run. Two
   drivers deciding at once queue the same ``(member, seq)`` twice; the later trial is ``surplus`` when picked up.
-* **Checkpoints.** A segment saves at its last step (``trainer.save_freq`` = its end) into its trial directory. The
-  next segment's start checkpoint is hard-linked (else copied) at decision time into
+* **Checkpoints.** A segment saves at its last step (the trainer's ``resumable.segments`` overrides: verl_core's
+  ``trainer.save_freq`` = its end) into its trial directory, under the name its layout gives (:func:`step_name`:
+  ``global_step_<N>``). The next segment's start checkpoint is hard-linked (else copied) at decision time into
   ``<study>/pbt/m<member>-s<seq>-<id>/global_step_<N>`` (``pbt:checkpoint``), which no trainer is ever given: when
   the segment launches, :func:`segment_overrides` copies it (a reflink where the filesystem makes one) into
-  ``.../trial-<number>/global_step_<N>``, the segment's own, and the trainer resumes from that
-  (``trainer.resume_mode=resume_path``, the new hyperparameters winning: verl_core
+  ``.../trial-<number>/global_step_<N>``, the segment's own, and the trainer resumes from that (the attempt's
+  ``resume_from``: verl_core ``trainer.resume_mode=resume_path``, the new hyperparameters winning:
   ``checkpoint.apply_config_hyperparameters``). A trainer that rewrites files in its resume directory changes no
   other segment's checkpoint, and a rollback or retry restarts from the start checkpoint as it was. A trial's
   checkpoint is read without following any symbolic link below ``trials/`` (:func:`~hpo.study._checkpoints.
@@ -56,7 +57,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from hpo.backends import backend_of
+from hpo.backends import Attempt, backend_of
 from hpo.experiment._space import ROLLBACK_LABELS, Space, SpaceError
 from hpo.record import ATTR_RETRY_HISTORY, ATTR_RETRY_OF, is_confirm, is_finished
 from hpo.record._attrs import (
@@ -108,10 +109,20 @@ class NoHealthyMember(ValueError):
 
 
 
-def end_checkpoint(trials_dir: Path, number: int, step: int) -> tuple[Path, list[str]]:
+def step_name(space: Space, step: int) -> str:
+    """The name of the trainer's checkpoint at ``step`` in a checkpoints directory (its ``resumable`` layout:
+    ``global_step_<N>`` for verl_core and verl); a PBT study's trainer is resumable (:mod:`hpo.backends._check`)."""
+    resumable = backend_of(space).resumable
+    if resumable is None:
+        raise SpaceError(f"{space.source}: study.strategy: pbt needs a trainer that resumes its checkpoints; "
+                         f"trial.backend {space.trial.backend} does not")
+    return resumable.step_name(step)
+
+
+def end_checkpoint(space: Space, trials_dir: Path, number: int, step: int) -> tuple[Path, list[str]]:
     """Where trial ``number`` saved its step-``step`` checkpoint, as a root the driver made and the components
     below it that the trial could have replaced (none may be a symbolic link)."""
-    return trials_dir, [str(number), CHECKPOINTS, f"global_step_{step}"]
+    return trials_dir, [str(number), CHECKPOINTS, step_name(space, step)]
 
 
 def copy_problem(checkpoint: str) -> str | None:
@@ -226,7 +237,7 @@ class Population:
         for s in latest([s for s in segs if s.finished]).values():
             if not s.reached_end:
                 continue
-            why = checkpoint_problem(*end_checkpoint(self.trials_dir, s.number, s.end))
+            why = checkpoint_problem(*end_checkpoint(self.space, self.trials_dir, s.number, s.end))
             if why is None:
                 continue
             self.say(("end", s.number), f"pbt: member {s.member}: the checkpoint of trial {s.number} (step {s.end}) "
@@ -283,9 +294,9 @@ class Population:
             if why is not None:
                 return why
         elif d.source is not None:
-            dst = self.study_dir / COPIES / f"m{member}-s{seq}-{uuid.uuid4().hex[:8]}" / f"global_step_{d.start}"
+            dst = self.study_dir / COPIES / f"m{member}-s{seq}-{uuid.uuid4().hex[:8]}" / step_name(self.space, d.start)
             try:
-                link_checkpoint(*end_checkpoint(self.trials_dir, d.source, d.start), dst)
+                link_checkpoint(*end_checkpoint(self.space, self.trials_dir, d.source, d.start), dst)
             except CheckpointUnusable as err:
                 return str(err)
             ckpt = str(dst)
@@ -368,9 +379,10 @@ def private_copy(start: Path, number: int) -> Path:
 
 
 def segment_overrides(space: Space, system: dict[str, Any], trial: Trial) -> tuple[list[str], Path | None]:
-    """A segment's trainer overrides (its last step, a checkpoint there, verl_core's resume from its own copy of
-    its start checkpoint: :func:`private_copy`) and that copy (verl: for ``verl_argv``'s resume_path); its lineage
-    becomes user attrs. TrialFailed, recorded in ``fail_reason`` / ``error``, when the start checkpoint is gone."""
+    """A segment's trainer overrides (its last step and a checkpoint there: the backend's ``resumable.segments``)
+    and its own copy of its start checkpoint (:func:`private_copy`), which the attempt resumes (``start``); its
+    lineage becomes user attrs. TrialFailed, recorded in ``fail_reason`` / ``error``, when the start checkpoint is
+    gone."""
     start, end, ckpt = int(system[A_START]), int(system[A_END]), system.get(A_CHECKPOINT)
     for k in (A_MEMBER, A_GEN, A_ACTION, A_PARENT, A_DONOR, A_CHECKPOINT, A_ROLLBACKS):
         trial.set_user_attr("pbt_" + k[len(P):], system.get(k))
@@ -382,7 +394,11 @@ def segment_overrides(space: Space, system: dict[str, Any], trial: Trial) -> tup
             trial.set_user_attr("fail_reason", "checkpoint")
             trial.set_user_attr("error", str(err))
             raise
-    return backend_of(space).segment_overrides(space, end, ckpt or None)
+    resumable = backend_of(space).resumable
+    if resumable is None or resumable.segments is None:
+        raise SpaceError(f"{space.source}: study.strategy: pbt needs a trainer that resumes its checkpoints at a new "
+                         f"setting; trial.backend {space.trial.backend} does not")
+    return resumable.segments(space, end, ckpt or None)
 
 
 # ----------------------------------------------------------------------------- confirming a schedule
@@ -456,9 +472,9 @@ def schedule_confirms(study: optuna.Study, space: Space, study_dir: Path, trials
         own = trial_dir / CHECKPOINTS
         seg = to_segment_like(t)
         if seg and s[A_INDEX] < len(sched) - 1:
-            dst = study_dir / COPIES / f"c{t.number}-{uuid.uuid4().hex[:8]}" / f"global_step_{s[A_END]}"
+            dst = study_dir / COPIES / f"c{t.number}-{uuid.uuid4().hex[:8]}" / step_name(space, s[A_END])
             try:
-                link_checkpoint(trial_dir.parent, [trial_dir.name, CHECKPOINTS, f"global_step_{s[A_END]}"], dst)
+                link_checkpoint(trial_dir.parent, [trial_dir.name, CHECKPOINTS, step_name(space, s[A_END])], dst)
             except CheckpointUnusable:
                 continue
             _queue_chain(study, space, {ATTR_CONFIRM_OF: s[ATTR_CONFIRM_OF], ATTR_CONFIRM_SEED: s[ATTR_CONFIRM_SEED]},
@@ -532,7 +548,7 @@ def pbt_total(space: Space) -> int:
     """The members' total trainer steps: ``study.pbt.total_steps``, else the config's."""
     if space.study.pbt.total_steps is not None:
         return int(space.study.pbt.total_steps)
-    n = backend_of(space).configure(space, {}, Path(".")).total_steps
+    n = backend_of(space).configure(Attempt(space=space, trial_dir=Path("."))).total_steps
     if n is None:
         raise SpaceError(f"{space.source}: study.pbt.total_steps: needed (null), since the trainer's "
                          "trainer.total_training_steps is not among the overrides")

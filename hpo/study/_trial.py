@@ -207,19 +207,19 @@ class TrialRunner:
                                                         self.space.study.kind, self.trials_dir, plan.trial_dir)
         try:
             launch = self.backend.plan(Attempt(
-                self.space, self.study.study_name, trial.number, plan.trial_dir, self.trials_dir,
-                tuple(plan.history), plan.values, self.cwd,
-                {**trial_env(self.space, self.study.study_name, trial.number, self.identity, devices, plan.extra),
-                 **rollout_env},
-                len(devices), ray_job=job is not None, extra=launch_extra(plan.extra), tail=tuple(plan.tail),
+                space=self.space, study=self.study.study_name, number=trial.number, trial_dir=plan.trial_dir,
+                trials_dir=self.trials_dir, history=tuple(plan.history), values=plan.values, cwd=self.cwd,
+                env={**trial_env(self.space, self.study.study_name, trial.number, self.identity, devices, plan.extra),
+                     **rollout_env},
+                devices=len(devices), ray_job=job is not None, extra=launch_extra(plan.extra), tail=tuple(plan.tail),
                 start=plan.start))  # secrets of plan.extra: in the environment, references on argv
         except BaseException:
             self.pool.release(devices)
             raise
         for line in launch.notes:  # checkpoints of the retry chain passed over: a file of theirs was refused
             self.reporter.note(f"trial {trial.number}: {line}")
-        pred = self.backend.predict(self.space, launch.config, devices) if self.space.trial.preflight and not ray \
-            else None
+        memory = self.backend.memory if self.space.trial.preflight and not ray else None
+        pred = None if memory is None else memory.predict(self.space, launch.config, devices)
         if pred is not None and not pred.fits:
             self.pool.release(devices)
             (plan.trial_dir / "memory_estimate.txt").write_text(pred.table + "\n")
@@ -305,7 +305,8 @@ class TrialRunner:
                       early_stop=not confirming or self.space.study.confirm.early_stopping,
                       test_metric=heldout_metric_of(self.space) if confirming and not speed else None,
                       warmup_steps=self.space.study.throughput.warmup_steps if speed else None,
-                      math_metrics=(self.space.study.throughput.math_metrics or self.backend.math_metrics)
+                      math_metrics=(self.space.study.throughput.math_metrics
+                                    or (self.backend.speed.math_metrics if self.backend.speed else ()))
                       if speed else (), step_time=self.backend.metrics.step_time)
         if point is not None:  # the earlier attempts' curve up to the checkpoint: aggregate, pruner, diagnosis
             replayed = point.records()

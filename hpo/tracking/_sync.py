@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.backends import DEFAULT_BACKEND, Backend, BackendError, backend_named, known_backends
+from hpo.backends import DEFAULT_BACKEND, BackendError, CommandBackend, backend_named, known_backends
 from hpo.execution._metrics import MetricsFileError, MetricsTail
 from hpo.execution.ray_jobs._job import JOB_METRICS
 from hpo.experiment import uri_secrets
@@ -128,9 +128,9 @@ class Tracker:
         trial = space.get("trial") if isinstance(space, dict) else None
         name = (trial.get("backend") or DEFAULT_BACKEND) if isinstance(trial, dict) else None
         try:  # where metrics files live; a trainer not installed here: the base class's place
-            self.backend = backend_named(name) if name in known_backends() else Backend()
+            self.backend = backend_named(name) if name in known_backends() else CommandBackend()
         except BackendError:
-            self.backend = Backend()
+            self.backend = CommandBackend()
         # a Ray job's metrics lines reach this host through its log: the driver keeps them in JOB_METRICS
         self.is_ray_job = isinstance(space, dict) and isinstance(space.get("trial"), dict) and \
             space["trial"].get("executor") == "ray"

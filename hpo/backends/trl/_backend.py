@@ -34,7 +34,9 @@ from typing import Any, ClassVar
 import yaml
 
 from hpo.analysis import FileRefused, MetricNames, read_bounded
-from hpo.backends._base import Backend, Command, LaunchContext, TrialConfig
+from hpo.backends._attempt import Attempt, Command, TrialConfig
+from hpo.backends._base import Backend
+from hpo.backends._features import Confirmation, Resumable
 from hpo.backends._models import ModelFacts, builtin_facts_from
 from hpo.backends._replay import (
     CheckpointLayout,
@@ -71,7 +73,7 @@ _CHECKPOINT = "checkpoint-"  # checkpoint-<step> (hpo.backends._replay.step_numb
 MAX_STATE_BYTES = 64 << 20  # trainer_state.json: the log history, a few hundred bytes a logged step
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
            "adapter_model.safetensors")
-TEST_KEY = TEST_FILES  # the launcher's held-out key, which the driver keeps out of a search (Backend.heldout_keys)
+TEST_KEY = TEST_FILES  # the launcher's held-out key, which the driver keeps out of a search (heldout_keys)
 # the names the launcher logs: TRL's own train metrics as Hugging Face's trackers name them (train/<TRL key>), its
 # greedy evaluation (EVAL_METRICS) and the step time it measures; TRL logs no gen/sync timings or GPU utilisation
 METRICS = MetricNames(objective="eval/reward_mean", spread="eval/reward_std", score="train/reward",
@@ -234,15 +236,47 @@ LAYOUT = CheckpointLayout(newest=checkpoint_step, step_dir=lambda d, step: d / f
                           step_of=_step_of, resumed_from=resumed_from)
 
 
+def resume_overrides(checkpoint: Path) -> list[str]:
+    """A launcher run that continues from ``checkpoint`` (the Trainer's ``resume_from_checkpoint``: the weights, the
+    optimizer, the scheduler and the step; the scheduler's base learning rate is the checkpoint's, which is why a
+    TRL trial resumes retries but runs no PBT segment)."""
+    return [f"resume_from_checkpoint={checkpoint.absolute()}"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrlConfirmation(Confirmation):
+    """``seed`` (the config's, else TrainingArguments' default 42), ``data.test_files`` (else the built-in task's
+    test split); no version known from the driver."""
+
+    def default_seed(self, space: Space, key: str) -> int | None:
+        """The config's value (the fixed overrides applied), else TrainingArguments' default for ``seed``."""
+        value = merged_config(space, space.trainer_overrides({})).get(key, DEFAULT_SEED if key == "seed" else None)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def heldout_overrides(self, space: Space) -> dict[str, Any]:
+        """``study.confirm.test_files``, else the built-in task's test split when ``data.val_files`` is
+        ``builtin:<task>`` (the launcher's default)."""
+        extra = super().heldout_overrides(space)
+        if extra:
+            return extra
+        val = merged_config(space, space.trainer_overrides({})).get("data.val_files",
+                                                                   LAUNCHER_KEYS["data.val_files"])
+        return {TEST_KEY: val} if isinstance(val, str) and val.startswith("builtin:") else {}
+
+    def trainer_version(self, space: Space) -> str | None:
+        """Unknown from the driver (TRL runs in its own interpreter): baseline runs are never reused across studies."""
+        return None
+
+
 # ----------------------------------------------------------------------------- the backend
 class TrlBackend(Backend):
     name: ClassVar[str] = "trl"
     every_key_is_code: ClassVar[bool] = True  # reward.path, model.path, model_init_kwargs (trust_remote_code)
     metrics: ClassVar[MetricNames] = METRICS
     default_command: ClassVar[tuple[str, ...]] = ("python", str(LAUNCHER))  # in trial.python (trl_python)
-    heldout_keys: ClassVar[tuple[str, ...]] = (TEST_KEY,)
-    heldout_prefixes: ClassVar[Mapping[str, str]] = {"eval/": "test/", "": "test/"}  # the launcher's test pass
-    checkpoint_layout: ClassVar[CheckpointLayout | None] = LAYOUT  # checkpoint-<step> under output_dir
+    resumable = Resumable(LAYOUT, resume_overrides)  # checkpoint-<step> under output_dir; retries only, no PBT
+    # the launcher's test pass: data.test_files, scored as test/*
+    confirmation = TrlConfirmation(("seed",), (TEST_KEY,), {"eval/": "test/", "": "test/"})
     model_keys: ClassVar[tuple[str, ...]] = ("model.path",)  # the launcher's model (policy and reference)
 
     def model_path(self, space: Space, overrides: Mapping[str, Any]) -> str | None:
@@ -358,18 +392,17 @@ class TrlBackend(Backend):
             return super().prepare_argv(space)
         return [trl_python(space), str(LAUNCHER), "--prepare", "--config", space.config, *space.trainer_overrides({})]
 
-    def configure(self, space: Space, values: Mapping[str, Any], trial_dir: Path,
-                  extra: Mapping[str, Any] | None = None, tail: Sequence[str] = ()) -> TrialConfig:
+    def configure(self, attempt: Attempt) -> TrialConfig:
         """Fixed, tuned, ``extra`` (a confirmation run's seed and held-out split) and ``tail``; a search trial never
         scores the held-out split (``data.test_files=null``)."""
-        extra = dict(extra or {})
-        tuned = [o for o in space.trainer_overrides(dict(values)) if o.partition("=")[0] not in extra]
+        space, extra = attempt.space, dict(attempt.extra)
+        tuned = [o for o in space.trainer_overrides(dict(attempt.values)) if o.partition("=")[0] not in extra]
         overrides = [*tuned, *(f"{k}={format_value(v)}" for k, v in extra.items())]
         if TEST_KEY not in extra:
             overrides.append(f"{TEST_KEY}=null")
-        overrides += tail
+        overrides += attempt.tail
         merged = merged_config(space, overrides)
-        merged["output_dir"] = str(trial_dir.absolute() / "checkpoints")
+        merged["output_dir"] = str(attempt.trial_dir.absolute() / "checkpoints")
         steps = merged.get("max_steps")
         total = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
         text = f"# {space.config} with the trial's overrides (hpo/backends/trl/_train.py reads it so)\n" + \
@@ -387,34 +420,13 @@ class TrlBackend(Backend):
         return [trl_python(space), str(LAUNCHER), "--config", space.config, "--metrics-file", "metrics.jsonl",
                 *overrides, *test]
 
-    def command(self, space: Space, config: TrialConfig, ctx: LaunchContext) -> Command:
-        argv = [trl_python(space), str(LAUNCHER), "--config", space.config, "--metrics-file", str(ctx.metrics),
-                *config.overrides, f"output_dir={ctx.trial_dir.absolute() / 'checkpoints'}"]
-        if ctx.resume_from is not None:
-            argv.append(f"resume_from_checkpoint={ctx.resume_from.absolute()}")
-        env = dict(ctx.env)
+    def command(self, attempt: Attempt, config: TrialConfig) -> Command:
+        space = attempt.space
+        argv = [trl_python(space), str(LAUNCHER), "--config", space.config, "--metrics-file", str(attempt.metrics),
+                *config.overrides, f"output_dir={attempt.trial_dir.absolute() / 'checkpoints'}"]
+        if attempt.resume_from is not None:
+            argv += resume_overrides(attempt.resume_from)
+        env = dict(attempt.env)
         env.update(PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    HF_DATASETS_OFFLINE="1")
         return Command(argv, env)
-
-    def trainer_version(self, space: Space) -> str | None:
-        """Unknown from the driver (TRL runs in its own interpreter): baseline runs are never reused across studies."""
-        return None
-
-    def seed_keys(self, space: Space) -> tuple[str, ...]:
-        return (space.study.confirm.seed_key,) if space.study.confirm.seed_key else ("seed",)
-
-    def default_seed(self, space: Space, key: str) -> int | None:
-        """The config's value (the fixed overrides applied), else TrainingArguments' default for ``seed``."""
-        value = merged_config(space, space.trainer_overrides({})).get(key, DEFAULT_SEED if key == "seed" else None)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    def heldout_overrides(self, space: Space) -> dict[str, Any]:
-        """``study.confirm.test_files``, else the built-in task's test split when ``data.val_files`` is
-        ``builtin:<task>`` (the launcher's default)."""
-        extra = super().heldout_overrides(space)
-        if extra:
-            return extra
-        val = merged_config(space, space.trainer_overrides({})).get("data.val_files",
-                                                                   LAUNCHER_KEYS["data.val_files"])
-        return {TEST_KEY: val} if isinstance(val, str) and val.startswith("builtin:") else {}

@@ -9,7 +9,8 @@ environment) and TransferQueue's size on every host; ``_data`` and ``_arith`` ar
 (GSM8K-format data; the arith task with its model and reward for ``search_spaces/verl_grpo_cpu.yaml``); ``_memory`` is
 the memory pre-flight of a verl trial (each corner composed in verl's interpreter, judged by verl's memory model:
 ``_memory_model``, its stages ``_memory_stages``, a model's ``config.json`` from ``_model_config``);
-``_rehearse`` is ``verl-hpo rehearse`` (the experiment shrunk by ``_shrink`` in verl's interpreter and run on the CPU):
+``_rehearsal`` is the backend's ``rehearsal`` feature (``rehearse``'s verl flags and its run) and ``_rehearse``
+``verl-hpo rehearse`` itself (the experiment shrunk by ``_shrink`` in verl's interpreter and run on the CPU):
 ``_rehearse_corners`` its corners and their runs, ``_rehearse_steps`` its steps in verl's interpreter,
 ``_rehearse_checks`` its checks on what the corners logged and its report, ``_rehearse_state`` what ``--recheck`` reads
 back, ``_rehearse_stop`` the stop on a signal.

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpo.backends._base import LaunchContext
+from hpo.backends._attempt import Attempt
 from hpo.backends.verl._cpu import PLUGIN_MODULE
 from hpo.execution.ray_jobs import TERMINAL, RayClusterError, job_client, stop_and_wait
 from hpo.experiment._ray_spec import RaySpec
@@ -76,7 +76,7 @@ def checkpoint_root(ray: RaySpec, study: str, trials_dir: Path | None) -> Path |
     return Path(ray.shared_dir).expanduser() / study if ray.shared_dir else trials_dir
 
 
-def job_checkpoints(ray: RaySpec, ctx: LaunchContext) -> Path | None:
+def job_checkpoints(ray: RaySpec, ctx: Attempt) -> Path | None:
     """The checkpoint directory of one Ray-job attempt with ``trial.ray.shared_dir`` set:
     ``<shared_dir>/<study>/<trial number>/checkpoints``, and ``<trial dir>/checkpoints`` made a link to it (what a
     retry's resume point reads on the driver's host, which sees the shared directory too); None without it (the

@@ -1,5 +1,6 @@
 """The ``verl_core`` trainer as a backend (``_backend``), its check of an experiment with ``verl_core.config``
-(``_check``) and its memory pre-flight with ``verl_core.memory`` (``_memory``).
+(``_check``), its memory pre-flight with ``verl_core.memory`` (``_memory``) and its checkpoints, which retries and PBT
+segments continue (``_resume``).
 
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``, ``hpo.backends`` (its base and pre-flight)."""
 

@@ -110,12 +110,13 @@ def baseline_cache(studies_dir: Path) -> Path:
 
 def baseline_key(space: Space) -> str | None:
     """What decides a baseline run's result besides its seed, as a digest: the backend and its trainer version
-    (:meth:`~hpo.backends._base.Backend.trainer_version`), the trainer command and config, the fixed and baseline
+    (:meth:`~hpo.backends.Confirmation.trainer_version`), the trainer command and config, the fixed and baseline
     overrides, the held-out split, the seed keys, the objective, the diagnosis and (when confirmation runs use
     them) the early-stopping rules. None when the backend cannot say its version: never reused."""
     if not space.study.baseline or not space.study.confirm.reuse_baseline:
         return None
-    version = backend_of(space).trainer_version(space)
+    confirmation = backend_of(space).confirmation
+    version = None if confirmation is None else confirmation.trainer_version(space)
     if version is None:
         return None
     raw = space.raw if isinstance(space.raw, dict) else {}

@@ -30,6 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo.backends._first_rollout import RECORD_ENV, REPLAY_ENV, REPORT_ENV
 from hpo.record import ATTR_CONFIRM_SEED, is_confirm
+
 ATTR = "first_rollout"  # user attr: {"mode", "source", "recorded", "replayed", "missed"}
 SOURCE_ATTR = "first_rollout_source"  # user attr set at launch: the run whose record this one replays
 DIR = "first-rollout"  # under a run's trial directory: record/ and report/

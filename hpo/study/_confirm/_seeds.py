@@ -10,7 +10,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.backends import backend_of
-from hpo.experiment._space import Space
+from hpo.experiment._space import Space, SpaceError
 from hpo.record import (
     ATTR_CONFIRM_OF,
     ATTR_CONFIRM_SEED,
@@ -27,22 +27,25 @@ MAX_TUNED_SEEDS = 100_000  # a tuned integer seed range larger than this is trea
 
 def heldout_overrides(space: Space) -> dict[str, Any]:
     """What a confirmation run adds to be measured on the held-out test split (:mod:`hpo.experiment._heldout`):
-    verl_core ``data.test_files`` (``study.confirm.test_files``, else the built-in task's test split when
-    ``data.val_files`` is ``builtin:<task>``); verl: ``data.val_files`` replaced by ``study.confirm.test_files``
-    (``Backend.heldout_overrides``)."""
-    return backend_of(space).heldout_overrides(space)
+    the trainer's ``confirmation`` says (verl_core ``data.test_files``: ``study.confirm.test_files``, else the
+    built-in task's test split when ``data.val_files`` is ``builtin:<task>``; verl: ``data.val_files`` replaced by
+    ``study.confirm.test_files``); {} for a trainer without the feature."""
+    confirmation = backend_of(space).confirmation
+    return {} if confirmation is None else confirmation.heldout_overrides(space)
 
 
 def heldout_note(space: Space) -> str:
     """One line on where confirmation runs measure the held-out value ("" when they do not)."""
-    return backend_of(space).heldout_note(space)
+    confirmation = backend_of(space).confirmation
+    return "" if confirmation is None else confirmation.heldout_note(space)
 
 
 def heldout_metric_of(space: Space) -> str | None:
     """The metric a confirmation run's held-out value is read from: ``study.confirm.test_metric``, else verl_core's
     ``test/...`` twin of the objective's metric, or verl's objective metric itself when ``data.val_files`` is swapped
     for the test file; None without a held-out split."""
-    return backend_of(space).heldout_metric(space)
+    confirmation = backend_of(space).confirmation
+    return None if confirmation is None else confirmation.heldout_metric(space)
 
 
 def confirm_overrides(space: Space, seed: int, baseline: bool = False) -> dict[str, Any]:
@@ -53,9 +56,17 @@ def confirm_overrides(space: Space, seed: int, baseline: bool = False) -> dict[s
 
 
 def seed_keys(space: Space) -> tuple[str, ...]:
-    """The trainer keys of a run's seeds: ``study.confirm.seed_key``, else ``trainer.seed`` (verl_core) or every
-    seed of a verl run (each checked to exist in verl 0.9.1's composed config): ``Backend.seed_keys``."""
-    return backend_of(space).seed_keys(space)
+    """The trainer keys of a run's seeds: ``study.confirm.seed_key``, else the trainer's (its ``confirmation``
+    feature's ``seed_keys``: ``trainer.seed`` for verl_core, every seed of a verl run, each checked to exist in verl
+    0.9.1's composed config). SpaceError (one line) for a trainer without seed keys and no ``seed_key``."""
+    if space.study.confirm.seed_key:
+        return (space.study.confirm.seed_key,)
+    backend = backend_of(space)
+    if backend.confirmation is None or not backend.confirmation.seed_keys:
+        raise SpaceError(f"{space.source}: study.confirm.seed_key: needed: trial.backend {space.trial.backend} names "
+                         "no seed keys, so a confirmation run cannot be given a fresh seed; set the trainer key of "
+                         "its seed")
+    return tuple(backend.confirmation.seed_keys)
 
 
 def seed_key(space: Space) -> str:
@@ -83,7 +94,8 @@ def _tuning_seeds(space: Space, key: str) -> set[int]:
         if space.overrides[fixed] is not None:
             seeds.add(int(space.overrides[fixed]))
     else:
-        default = backend_of(space).default_seed(space, key)
+        confirmation = backend_of(space).confirmation
+        default = None if confirmation is None else confirmation.default_seed(space, key)
         if default is not None:
             seeds.add(default)
     for p in space.params:

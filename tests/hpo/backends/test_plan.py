@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
-from hpo.backends import Attempt, Backend, load_space
-from hpo.backends._replay import CheckpointLayout
+from hpo.backends import Attempt, CheckpointLayout, CommandBackend, Resumable, load_space
 
 
 def _newest(checkpoints: Path) -> int | None:
@@ -33,10 +32,11 @@ LAYOUT = CheckpointLayout(newest=_newest, step_dir=lambda d, step: d / f"ckpt-{s
                           resumed_from=_resumed_from)
 
 
-class Resumable(Backend):
+class Resuming(CommandBackend):
     name: ClassVar[str] = "resumable"
     metrics_env: ClassVar[str | None] = "MY_METRICS"
-    checkpoint_layout: ClassVar[CheckpointLayout | None] = LAYOUT
+    steps_key = "trainer.total_training_steps"
+    resumable = Resumable(LAYOUT, lambda checkpoint: [f"resume={checkpoint}"])
 
     def metrics_path(self, trial_dir: Path, attempt: int) -> Path:
         return trial_dir / f"m{attempt}.jsonl"
@@ -62,9 +62,9 @@ def test_a_retry_plans_from_the_newest_complete_checkpoint_of_its_chain(tmp_path
     _attempt(trials, 9, 1, {3: True}, resume=trials / "4" / "checkpoints" / "ckpt-2", logged=range(2, 4))
     space = load_space("search_spaces/kl_lr.yaml", ["trial.command=[python, train.py]",
                                                     "overrides.trainer.total_training_steps=40"])
-    backend = Resumable()
-    attempt = Attempt(space, "s", 12, trials / "12", trials, (4, 9), {"kl_coef": 0.5}, str(tmp_path),
-                      {"CUDA_VISIBLE_DEVICES": "1"}, 1)
+    backend = Resuming()
+    attempt = Attempt(space=space, study="s", number=12, trial_dir=trials / "12", trials_dir=trials, history=(4, 9),
+                      values={"kl_coef": 0.5}, cwd=str(tmp_path), env={"CUDA_VISIBLE_DEVICES": "1"}, devices=1)
     launch = backend.plan(attempt)
     assert launch.resume is not None and launch.resume.checkpoint == trials / "9" / "checkpoints" / "ckpt-3"
     assert launch.resume.step == 3
@@ -91,11 +91,22 @@ def test_no_checkpoint_or_no_layout_starts_afresh(tmp_path: Path, history: tuple
     _attempt(trials, 4, 0, {2: False})  # nothing complete
     space = load_space("search_spaces/kl_lr.yaml", ["trial.command=[python, train.py]"])
     start = tmp_path / "parent" / "ckpt-6"
-    for backend in (Resumable(), Backend()):
-        launch = backend.plan(Attempt(space, "s", 5, trials / "5", trials, history, {}, str(tmp_path), {}, 0,
-                                      start=start))
-        assert launch.resume is None and launch.config.resume_from == start  # a PBT segment's start, kept
-        assert ("MY_METRICS" in launch.env) == isinstance(backend, Resumable)
+    seen: list[Path | None] = []
+
+    class Recording(Resuming):
+        def command(self, attempt: Attempt, config: Any) -> Any:
+            seen.append(attempt.resume_from)
+            return super().command(attempt, config)
+
+    for backend in (Recording(), CommandBackend()):
+        launch = backend.plan(Attempt(space=space, study="s", number=5, trial_dir=trials / "5", trials_dir=trials,
+                                      history=history, cwd=str(tmp_path), start=start))
+        assert launch.resume is None  # a PBT segment's start: what the command continues from
+        assert ("MY_METRICS" in launch.env) == isinstance(backend, Resuming)
+    assert seen == [start]
     _attempt(trials, 7, 0, {6: True})
-    assert Backend().resume_point(trials, (7,)) is None  # no layout: nothing is resumed
-    assert Resumable().resume_point(trials, (7,)) is not None
+    plan = Recording().plan(Attempt(space=space, number=8, trial_dir=trials / "8", trials_dir=trials, history=(7,),
+                                    start=start))
+    assert plan.resume is not None and seen[-1] == trials / "7" / "checkpoints" / "ckpt-6"  # a retry's point first
+    assert CommandBackend().plan(Attempt(space=space, number=8, trial_dir=trials / "8", trials_dir=trials,
+                                         history=(7,))).resume is None  # no resumable feature: nothing is resumed

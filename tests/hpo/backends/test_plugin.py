@@ -1,14 +1,16 @@
 """An out-of-tree trainer: a package installed with pip (entry point group ``verl_hpo.backends``) runs a study through
 the ``verl-hpo`` command line, in a process of its own, with no file of ``hpo/`` changed and no ``register`` call. Its
-trainer logs its own metric names (not verl's) and the experiment names neither a command nor an objective: both are
-the plugin's. A plugin that does not load is one line."""
+backend writes the required core only (``toy_plugin/toy_hpo``: ``ToyBackend``), its trainer logs its own metric names
+(not verl's) and the experiment names neither a command nor an objective: both are the plugin's. A plugin that does
+not load, or misses a member of the required core, is one line. (What the plugin's features do, confirm, a retry,
+PBT and ``best``: the contract suite, ``test_testing.py``.)"""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,61 +19,14 @@ from optuna.trial import TrialState
 
 from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, load, run_cli
 
-# the plugin's trainer: --config FILE --metrics-file PATH key=value ...; quality peaks at x = 0.3
-TRAINER = '''
-import json, sys
-args = sys.argv[1:]
-metrics = args[args.index("--metrics-file") + 1]
-values = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
-x, steps = float(values["toy.x"]), int(values.get("toy.steps", 4))
-with open(metrics, "w") as f:
-    for step in range(1, steps + 1):
-        data = {"toy/loss": 1.0 / step, "toy/seconds": 0.01}
-        if step % 2 == 0:
-            data["toy/quality"] = round(1.0 - (x - 0.3) ** 2, 6) * step / steps
-        f.write(json.dumps({"step": step, "data": data}) + "\\n")
-'''
-
-BACKEND = '''
-import sys
-from pathlib import Path
-
-from hpo.analysis import MetricNames
-from hpo.backends import Backend
-
-
-class ToyBackend(Backend):
-    """A trainer the driver has never heard of: its own command and its own metric names."""
-
-    name = "toy"
-    default_command = ("python", str(Path(__file__).with_name("trainer.py")))
-    metrics = MetricNames(objective="toy/quality", step_time="toy/seconds")
-'''
+TOY = Path(__file__).with_name("toy_plugin")  # toy_hpo (ToyBackend: the required core only), its trainer, pyproject
 
 
 def _install_plugin(tmp_path: Path) -> Path:
-    """``toy_hpo`` (a backend and its trainer) and a broken plugin, pip-installed into a directory of their own."""
+    """``toy_hpo`` (its backends and trainer; entry points toy, toy_full and a broken one), pip-installed into a
+    directory of its own."""
     src = tmp_path / "src"
-    pkg = src / "toy_hpo"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(textwrap.dedent(BACKEND))
-    (pkg / "trainer.py").write_text(textwrap.dedent(TRAINER))
-    (src / "pyproject.toml").write_text(textwrap.dedent('''
-        [build-system]
-        requires = ["setuptools"]
-        build-backend = "setuptools.build_meta"
-
-        [project]
-        name = "toy-hpo"
-        version = "0.1"
-
-        [project.entry-points."verl_hpo.backends"]
-        toy = "toy_hpo:ToyBackend"
-        broken = "toy_hpo_missing:Backend"
-
-        [tool.setuptools]
-        packages = ["toy_hpo"]
-        '''))
+    shutil.copytree(TOY, src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
     target = tmp_path / "site"
     subprocess.run([PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(src)], check=True, capture_output=True, timeout=120)
@@ -117,7 +72,7 @@ def test_a_plugin_name_is_listed_and_a_broken_plugin_is_one_line(tmp_path: Path,
     unknown = run_cli(["search", "--space", str(_experiment(tmp_path, backend="openrlhf"))], studies, timeout=60,
                       **_env(plugin_site))
     assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
-    assert "'openrlhf' is not one of verl_core, trl, verl, broken, toy" in unknown.stderr
+    assert "'openrlhf' is not one of verl_core, trl, verl, broken, toy, toy_full" in unknown.stderr
     broken = run_cli(["search", "--space", str(_experiment(tmp_path, backend="broken"))], studies, timeout=60,
                      **_env(plugin_site))
     assert broken.returncode == 2, broken.stderr
@@ -243,3 +198,34 @@ def test_two_plugins_of_one_name_are_refused_when_that_name_is_used(tmp_path: Pa
         "backend": "openrlhf"}))))
     assert "'openrlhf' is not one of verl_core, trl, verl, dup (2 plugins: dup-one, dup-two)" in unknown
     assert [m for m in markers if m.exists()] == []
+
+
+HALF = '''
+from hpo.analysis import MetricNames
+from hpo.backends import Backend, TrialConfig
+
+
+class Half(Backend):
+    name = "half"
+    metrics = MetricNames(objective="score")
+
+    def configure(self, attempt):
+        return TrialConfig([], None, "")
+'''
+
+
+def test_an_installed_plugin_that_misses_a_required_member_is_one_line(tmp_path: Path) -> None:
+    """A plugin class that writes ``name``, ``metrics`` and ``configure`` but no ``command``: an experiment naming it
+    is refused as the registry loads it, one line naming the entry point and what is missing, exit 2, no study."""
+    site = tmp_path / "site"
+    _distribution(site, "half-hpo", {"half": "half_hpo:Half"})
+    _module(site, "half_hpo", HALF)
+    path = fake_space(tmp_path, trial={"backend": "half"})
+    studies = tmp_path / "studies"
+    search = ["search", "--space", str(path), "--studies-dir", str(studies)]
+    for command in (["validate", "--space", str(path)], search):
+        line = _one_line(_cli(tmp_path, site, *command))
+        assert line == (f"error: {path}: trial.backend half: the backend from entry point half = half_hpo:Half "
+                        "(verl_hpo.backends, distribution half-hpo) does not write command (every trainer writes "
+                        "name, metrics, configure, command: hpo.backends.Backend)"), line
+    assert not studies.exists()

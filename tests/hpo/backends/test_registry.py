@@ -10,7 +10,20 @@ from typing import Any
 import pytest
 import yaml
 
-from hpo.backends import Backend, TrialConfig, backend_of, known_backends, load_space, register
+from hpo.analysis import MetricNames
+from hpo.backends import (
+    Attempt,
+    Backend,
+    BackendError,
+    Command,
+    CommandBackend,
+    TrialConfig,
+    backend_named,
+    backend_of,
+    known_backends,
+    load_space,
+    register,
+)
 from hpo.backends._registry import unregister
 from hpo.experiment import SpaceError
 from tests.hpo.conftest import ROOT, fake_space, load, run_cli
@@ -50,21 +63,21 @@ def test_verl_core_with_a_command_of_its_own_is_a_plain_command(tmp_path: Path) 
     space = load_space(str(path))
     backend = backend_of(space)
     assert backend.name == "command" and backend.prepare_argv(space) is None  # no verl_core prepare step
-    cfg = backend.configure(space, {"kl_coef": 0.05, "actor_lr": 1e-5}, tmp_path)
+    cfg = backend.configure(Attempt(space=space, values={"kl_coef": 0.05, "actor_lr": 1e-5}, trial_dir=tmp_path))
     assert cfg.loaded is None and sorted(cfg.overrides[-2:]) == ["actor_rollout_ref.actor.optim.lr=1e-05",
                                                                  "algorithm.kl_ctrl.kl_coef=0.05"]
     assert not any(o.startswith(("trainer.default_local_dir=", "data.test_files=")) for o in cfg.overrides)
 
 
-class _Recording(Backend):
-    """A trainer the driver does not know: the default command contract, with its own metrics file name."""
+class _Recording(CommandBackend):
+    """A trainer the driver does not know: the custom command contract, with its own metrics file name."""
 
     name = "recording"
     configured: list[dict[str, Any]] = []
 
-    def configure(self, space: Any, values: Any, trial_dir: Path, extra: Any = None, tail: Any = ()) -> TrialConfig:
-        type(self).configured.append(dict(values))
-        return super().configure(space, values, trial_dir, extra, tail)
+    def configure(self, attempt: Attempt) -> TrialConfig:
+        type(self).configured.append(dict(attempt.values))
+        return super().configure(attempt)
 
     def metrics_path(self, trial_dir: Path, attempt: int) -> Path:
         return trial_dir / f"recording.{attempt}.jsonl"
@@ -137,3 +150,60 @@ def test_a_plugins_own_exit_is_its_error_but_a_real_ctrl_c_still_stops() -> None
     finally:
         for name in ("exits", "interrupts", "slow"):
             unregister(name)
+
+
+class _NoCommand(Backend):
+    """A trainer that names itself and its metrics and says how to configure a run, but not what to run."""
+
+    name = "half"
+    metrics = MetricNames(objective="score")
+
+    def configure(self, attempt: Attempt) -> TrialConfig:
+        return TrialConfig([], None, "")
+
+
+class _NoName(Backend):
+    metrics = MetricNames()
+
+    def configure(self, attempt: Attempt) -> TrialConfig:
+        return TrialConfig([], None, "")
+
+    def command(self, attempt: Attempt, config: TrialConfig) -> Command:
+        return Command(["true"], {})
+
+
+class _WrongFeature(_NoName):
+    name = "wrong"
+    resumable = "checkpoint-<step>"  # type: ignore[assignment]
+
+
+def test_a_backend_missing_a_required_member_is_refused_with_one_line() -> None:
+    """The registry checks a backend class as it loads it (before building it): one line naming the backend, what it
+    does not write and the whole required core; a feature of the wrong type is one line too."""
+    refused = {"half": (_NoCommand, "does not write command (every trainer writes name, metrics, configure, command"),
+               "noname": (_NoName, "does not write name (every trainer writes"),
+               "wrong": (_WrongFeature, "has resumable = str, not a hpo.backends.Resumable (None: no resumable)")}
+    try:
+        for name, (cls, said) in refused.items():
+            register(name, cls)
+            with pytest.raises(BackendError) as err:
+                backend_named(name)
+            line = str(err.value)
+            assert line.startswith(f"trial.backend {name}: the backend from registered {name} ") and said in line
+            assert "\n" not in line
+        register("factory", lambda: _NoName())  # a factory's backend is checked as built
+        with pytest.raises(BackendError, match="^trial.backend factory: .* does not write name "):
+            backend_named("factory")
+    finally:
+        for name in (*refused, "factory"):
+            unregister(name)
+
+
+def test_the_required_core_is_four_members_and_the_shipped_backends_write_them() -> None:
+    from hpo.backends._base import REQUIRED, missing_members
+
+    assert REQUIRED == ("name", "metrics", "configure", "command")
+    assert set(Backend.__abstractmethods__) == {"configure", "command"}
+    assert missing_members(Backend) == list(REQUIRED)
+    for name in ("verl_core", "verl", "trl"):
+        assert missing_members(type(backend_named(name))) == [], name

@@ -1,6 +1,6 @@
-"""``verl-hpo rehearse``'s limits (issue 53 items 8 and 11): its numeric flags are checked before the experiment is
-loaded (loading composes every corner, minutes on a busy host), one line, exit 2; composing verl's configs that runs
-out of its time on a slow host is "not finished here" (exit 3) with the limit and how to raise it
+"""``verl-hpo rehearse``'s limits (issue 53 items 8 and 11): its numeric flags (verl's rehearsal's own) are checked
+after the quick load and before any corner is composed (minutes on a busy host), one line, exit 2; composing verl's
+configs that runs out of its time on a slow host is "not finished here" (exit 3) with the limit and how to raise it
 (``VERL_HPO_COMPOSE_TIMEOUT_S``), never a failure that blames the experiment or the install.
 
 The slow host is an interpreter that never answers (``trial.python`` a script that sleeps) under a limit of one
@@ -49,9 +49,10 @@ def _slow_interpreter(tmp_path: Path) -> Path:
     (["--reward-timeout", "nan"], "error: --reward-timeout nan: must be a positive number of seconds, at most "
                                   "604800 (a week)"),
 ])
-def test_numeric_flags_are_checked_before_the_experiment_is_read(tmp_path: Path, flags: list[str], line: str) -> None:
-    """An experiment file that does not exist: the flag is what is refused, so nothing was read (let alone composed)."""
-    proc = _rehearse(tmp_path, tmp_path / "not-there.yaml", *flags)
+def test_numeric_flags_are_checked_before_any_corner_is_composed(tmp_path: Path, flags: list[str], line: str) -> None:
+    """The flags are the trainer's (verl's rehearsal), so the quick load (a second) comes first; the slow interpreter
+    shows that no corner was composed (that would take its whole limit of 60 s)."""
+    proc = _rehearse(tmp_path, _slow_interpreter(tmp_path), *flags, timeout=50)
     assert (proc.returncode, proc.stdout, proc.stderr.strip().splitlines()) == (2, "", [line])
     assert not (tmp_path / "studies").exists()
 

@@ -872,10 +872,10 @@ def test_a_missing_held_out_file_is_one_line_before_any_confirmation_run(tmp_pat
     space = load_space(str(shipped), overrides=["study.confirm.test_files=${oc.env:HELDOUT_DIR}/test.parquet"],
                        check=False)
     with pytest.raises(SpaceError) as err:
-        backend_of(space).check_heldout(space)
+        backend_of(space).confirmation.check_heldout(space)
     assert str(err.value).endswith(f"study.confirm.test_files: {tmp_path / 'test.parquet'} does not exist (the "
                                    "held-out data confirmation runs validate on)")
     (tmp_path / "test.parquet").write_bytes(b"PAR1")
-    backend_of(space).check_heldout(space)  # present: nothing to say
+    backend_of(space).confirmation.check_heldout(space)  # present: nothing to say
     remote = load_space(str(shipped), overrides=["study.confirm.test_files=hdfs://data/test.parquet"], check=False)
-    backend_of(remote).check_heldout(remote)  # verl copies remote files itself
+    backend_of(remote).confirmation.check_heldout(remote)  # verl copies remote files itself

@@ -3,8 +3,9 @@ the CPU platform plugin and vLLM's CPU build (``make install-verl``), on the shi
 ``search_spaces/verl_grpo_cpu.yaml`` shrunk to a few steps. No stand-in: what verl writes is verl's.
 
 Each test starts real verl trials (~90 s of start-up each on 2 cores, then a few seconds per step): ``make
-test-slow`` / CI. The four-trial study runs once per module (:func:`study`): its own test asserts on it, and the PBT
-segment continues one of its trials' checkpoints instead of training a first segment of its own."""
+test-slow`` / CI. The four-trial study runs once per session (:func:`shared_study`, the fixture ``verl_study`` of
+``conftest.py``): its own test asserts on it, the PBT segment continues one of its trials' checkpoints instead of
+training a first segment of its own, and the contract suite's ``best`` reads it."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import optuna
 import pytest
 import yaml
 
-from hpo.backends import backend_of, load_space
+from hpo.backends import load_space
 from hpo.backends.verl import _arith
 from hpo.backends.verl._launch import (
     scratch_dir,
@@ -159,11 +160,11 @@ def run_study(root: Path) -> Study:
     return Study(root, studies, mlflow_db, res)
 
 
-@pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory) -> Study:
-    """Four real verl trials, two at a time on one host, run once for the tests that read them: the study's own test
-    and the PBT segment that continues a trial's checkpoint. Run once more (in a fresh directory, with a warning) when
-    it failed and a verl worker died of a segfault, as :func:`once_more_after_a_segfault` does."""
+def shared_study(tmp_path_factory: pytest.TempPathFactory) -> Study:
+    """Four real verl trials, two at a time on one host, run once per session for the tests that read them
+    (``tests/hpo/backends/conftest.py``'s ``verl_study``): the study's own test, the PBT segment that continues a
+    trial's checkpoint, and ``best`` in the contract suite (``test_testing.py``). Run once more (in a fresh directory,
+    with a warning) when it failed and a verl worker died of a segfault, as :func:`once_more_after_a_segfault` does."""
     first = run_study(tmp_path_factory.mktemp("study"))
     done = first.res.returncode == 0 and all(t.state == optuna.trial.TrialState.COMPLETE
                                              for t in load(first.studies).get_trials(deepcopy=False))
@@ -171,6 +172,11 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Study:
         return first
     warnings.warn("a verl worker died of a segfault: the study runs once more", stacklevel=1)
     return run_study(tmp_path_factory.mktemp("study-again"))
+
+
+@pytest.fixture
+def study(verl_study: Study) -> Study:
+    return verl_study
 
 
 def test_a_real_verl_study_of_four_trials_two_at_once_with_collapses_and_mlflow_curves(study: Study) -> None:
@@ -278,7 +284,9 @@ def run_segment(tmp_path: Path, number: int, end: int, lr: float, resume: Path |
                   "trainer.val_before_train": False})
     if heldout:
         space = load_space(str(SPACE), check=False)
-        fixed.update(backend_of(space).heldout_overrides(space))
+        from hpo.study._confirm import heldout_overrides
+
+        fixed.update(heldout_overrides(space))
     assert _arith.main([f"{k}={v}" for k, v in fixed.items()]) == 0  # the prepare step (model, data, reward)
     trial_dir = tmp_path / "trials" / str(number)
     trial_dir.mkdir(parents=True)

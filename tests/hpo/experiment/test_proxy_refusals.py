@@ -16,10 +16,10 @@ import yaml
 from tests.hpo.conftest import FAKE_TRAINER, PY, ROOT, cli_env
 
 PLUGIN = '''
-from hpo.backends import Backend
+from hpo.backends import CommandBackend
 
 
-class NoModelBackend(Backend):
+class NoModelBackend(CommandBackend):
     """A trainer plugin that does not say which of its keys name the model."""
 
     name = "nomodel"

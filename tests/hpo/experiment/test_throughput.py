@@ -82,7 +82,8 @@ def test_neutral_keys_let_a_user_declare_a_key_of_their_own(tmp_path: Path) -> N
 def test_the_verl_backend_knows_its_own_speed_keys(tmp_path: Path) -> None:
     from hpo.backends.verl._backend import VerlBackend
 
-    keys = VerlBackend.speed_keys
+    assert VerlBackend.speed is not None
+    keys = VerlBackend.speed.keys
     for ok in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "+actor_rollout_ref.rollout.max_num_seqs",
                "actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref.rollout.gpu_memory_utilization",
                "critic.fsdp.optimizer_offload", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"):

@@ -108,8 +108,8 @@ def cpu_verl_study(tmp_path: Path) -> tuple[Path, Path, dict[str, Any]]:
     trial_dir = trials_dir / "0"
     trial_dir.mkdir(parents=True)
     values = {"actor_lr": 3.0e-4}
-    launch = backend_of(space).plan(Attempt(space, "mine", 0, trial_dir, trials_dir, (), values, str(home),
-                                            trial_env(space, "mine", 0, {}, []), 0))
+    launch = backend_of(space).plan(Attempt(space=space, study="mine", trial_dir=trial_dir, trials_dir=trials_dir,
+                                            values=values, cwd=str(home), env=trial_env(space, "mine", 0, {}, [])))
     write_trial_files(space, str(home), trial_dir, launch.argv, launch.env, launch.config, values)
     study = open_study(space, "mine", f"sqlite:///{studies / 'mine.db'}")
     study.add_trial(create_trial(params=values, distributions={"actor_lr": space.params[0].distribution()},

@@ -86,14 +86,15 @@ def test_confirm_runs_the_full_budget_on_the_test_split_and_against_the_baseline
 def test_a_search_trial_of_the_default_trainer_never_evaluates_the_test_split(tmp_path: Path) -> None:
     """Whatever the trainer config says, a search trial runs with data.test_files=null; a confirmation run gets the
     built-in task's test split."""
-    from hpo.backends import backend_of, load_space
+    from hpo.backends import Attempt, backend_of, load_space
     from hpo.study._confirm import confirm_overrides, heldout_metric_of
 
     space = load_space("kl_lr")
-    search = backend_of(space).configure(space, {"kl_coef": 0.05, "actor_lr": 1e-5}, tmp_path).overrides
+    values = {"kl_coef": 0.05, "actor_lr": 1e-5}
+    search = backend_of(space).configure(Attempt(space=space, values=values, trial_dir=tmp_path)).overrides
     assert search[-1] == "data.test_files=null"
-    confirm = backend_of(space).configure(space, {"kl_coef": 0.05, "actor_lr": 1e-5}, tmp_path,
-                                         confirm_overrides(space, 1000)).overrides
+    confirm = backend_of(space).configure(Attempt(space=space, values=values, trial_dir=tmp_path,
+                                                  extra=confirm_overrides(space, 1000))).overrides
     assert "data.test_files=builtin:arith" in confirm and "data.test_files=null" not in confirm
     assert heldout_metric_of(space) == "test/reward_mean"
     base = confirm_overrides(space, 1000, baseline=True)
@@ -141,7 +142,7 @@ def test_a_baseline_key_the_trainer_does_not_know_is_one_line(tmp_path: Path) ->
 def test_a_verl_confirmation_run_validates_on_its_own_test_file(tmp_path: Path) -> None:
     """verl: study.confirm.test_files replaces data.val_files in confirmation runs (never in search trials); their
     objective metric is then the held-out value, and confirm says so."""
-    from hpo.backends import backend_of
+    from hpo.backends import Attempt, backend_of
     from hpo.study._confirm import confirm_overrides, heldout_metric_of, heldout_note
     from tests.hpo.backends.test_verl import SPACE_FILE, load_verl_space
 
@@ -150,8 +151,9 @@ def test_a_verl_confirmation_run_validates_on_its_own_test_file(tmp_path: Path) 
     assert "data.val_files" not in confirm_overrides(plain, 1000)
     space = load_verl_space(SPACE_FILE, study={**plain.raw["study"], "confirm": {"test_files": "/data/test.parquet"}})
     values = {p.name: p.low if p.low is not None else (p.choices or [None])[0] for p in space.params}
-    search = backend_of(space).configure(space, values, tmp_path).overrides
-    confirm = backend_of(space).configure(space, values, tmp_path, confirm_overrides(space, 1000)).overrides
+    search = backend_of(space).configure(Attempt(space=space, values=values, trial_dir=tmp_path)).overrides
+    confirm = backend_of(space).configure(Attempt(space=space, values=values, trial_dir=tmp_path,
+                                                  extra=confirm_overrides(space, 1000))).overrides
     assert not any("/data/test.parquet" in o for o in search)
     assert [o for o in confirm if o.startswith("data.val_files=")] == ["data.val_files=/data/test.parquet"]
     assert heldout_metric_of(space) == space.objective.primary_metric
@@ -163,7 +165,7 @@ def test_a_verl_test_metric_keeps_the_comparison_on_validation_data(tmp_path: Pa
     """verl with study.confirm.test_metric: confirmation runs validate on data.val_files and the test files together
     (verl logs each data source apart); the objective stays the validation metric, the held-out value is read from
     test_metric, and confirm says so."""
-    from hpo.backends import backend_of
+    from hpo.backends import Attempt, backend_of
     from hpo.study._confirm import confirm_overrides, heldout_metric_of, heldout_note
     from tests.hpo.backends.test_verl import SPACE_FILE, load_verl_space
 
@@ -173,8 +175,9 @@ def test_a_verl_test_metric_keeps_the_comparison_on_validation_data(tmp_path: Pa
         "test_files": "/data/test.parquet", "test_metric": test_metric}})
     val = space.overrides["data.val_files"]
     values = {p.name: p.low if p.low is not None else (p.choices or [None])[0] for p in space.params}
-    search = backend_of(space).configure(space, values, tmp_path).overrides
-    confirm = backend_of(space).configure(space, values, tmp_path, confirm_overrides(space, 1000)).overrides
+    search = backend_of(space).configure(Attempt(space=space, values=values, trial_dir=tmp_path)).overrides
+    confirm = backend_of(space).configure(Attempt(space=space, values=values, trial_dir=tmp_path,
+                                                  extra=confirm_overrides(space, 1000))).overrides
     quoted = f"'{val}'"  # hydra would read ${...} bare as an interpolation of the whole value: quoted, as verl gets it
     assert [o for o in search if o.startswith("data.val_files=")] == [f"data.val_files={quoted}"]
     assert [o for o in confirm if o.startswith("data.val_files=")] == [

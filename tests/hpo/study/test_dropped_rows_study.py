@@ -35,11 +35,11 @@ BACKEND = '''
 from pathlib import Path
 
 from hpo.analysis import MetricNames
-from hpo.backends import Backend
+from hpo.backends import CommandBackend
 from hpo.backends.verl._backend import VerlBackend
 
 
-class RowLoss(Backend):
+class RowLoss(CommandBackend):
     """A trainer built on verl's agent loop, with an entry point and metric names of its own."""
 
     name = "rowloss"

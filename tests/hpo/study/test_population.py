@@ -21,6 +21,7 @@ from hpo.study._population import (
     A_ACTION,
     A_CHECKPOINT,
     A_DONOR,
+    A_END,
     A_MEMBER,
     A_PARENT,
     A_SEQ,
@@ -339,8 +340,8 @@ def test_each_segment_resumes_from_a_copy_of_its_own(setup: tuple[Space, optuna.
     while study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         trial = study.ask()
         system = study._storage.get_trial(trial._trial_id).system_attrs
-        overrides, path = segment_overrides(space, system, trial)
-        assert path is not None and f"trainer.resume_from_path={path}" in overrides
+        overrides, path = segment_overrides(space, system, trial)  # its step range; the copy it resumes from
+        assert path is not None and f"trainer.total_training_steps={system[A_END]}" in overrides
         for f in path.rglob("*"):
             if f.is_file():
                 with open(f, "r+b") as fh:

@@ -41,7 +41,7 @@ def test_the_registry_gives_the_trl_backend() -> None:
 
 
 def test_configure_merges_config_fixed_and_tuned_keys(tmp_path: Path) -> None:
-    cfg = TrlBackend().configure(_space(), VALUES, tmp_path / "3")
+    cfg = TrlBackend().configure(Attempt(space=_space(), values=VALUES, trial_dir=tmp_path / "3"))
     assert cfg.overrides[:3] == ["max_steps=12", "eval_steps=3", "seed=1"]
     assert "learning_rate=1e-05" in cfg.overrides and cfg.overrides[-1] == "data.test_files=null"  # never the test
     assert cfg.total_steps == 12
@@ -49,29 +49,35 @@ def test_configure_merges_config_fixed_and_tuned_keys(tmp_path: Path) -> None:
     assert text["learning_rate"] == pytest.approx(1e-05) and text["num_generations"] == 8
     assert text["model.path"] == "builtin:tiny_arith" and text["data.test_files"] is None
     assert text["output_dir"] == str((tmp_path / "3").absolute() / "checkpoints")
-    low = TrlBackend().configure(_space(), {**VALUES, "learning_rate": 1e-06}, tmp_path / "4")
+    low = TrlBackend().configure(Attempt(space=_space(), values={**VALUES, "learning_rate": 1e-06},
+                                         trial_dir=tmp_path / "4"))
     assert "learning_rate=1e-06" in low.overrides and low.loaded["learning_rate"] == 1e-06  # a float, not a str
 
 
 def test_a_confirmation_run_replaces_the_seed_and_scores_the_test_split(tmp_path: Path) -> None:
+    from hpo.study._confirm import seed_keys
+
     backend, space = TrlBackend(), _space()
-    extra = {"seed": 1000, **backend.heldout_overrides(space)}
-    cfg = backend.configure(space, VALUES, tmp_path, extra)
+    confirmation = backend.confirmation
+    assert confirmation is not None
+    extra = {"seed": 1000, **confirmation.heldout_overrides(space)}
+    cfg = backend.configure(Attempt(space=space, values=VALUES, trial_dir=tmp_path, extra=extra))
     assert "seed=1" not in cfg.overrides and "seed=1000" in cfg.overrides
     assert "data.test_files=builtin:arith" in cfg.overrides and "data.test_files=null" not in cfg.overrides
-    assert backend.seed_keys(space) == ("seed",)
-    assert backend.default_seed(space, "seed") == 1  # the experiment's fixed seed
-    assert backend.default_seed(_space("overrides.seed=null"), "seed") is None
-    assert backend.heldout_metric(space) == "test/reward_mean"
-    assert backend.seed_keys(_space("study.confirm.seed_key=data_seed")) == ("data_seed",)
+    assert confirmation.seed_keys == ("seed",) and seed_keys(space) == ("seed",)
+    assert confirmation.default_seed(space, "seed") == 1  # the experiment's fixed seed
+    assert confirmation.default_seed(_space("overrides.seed=null"), "seed") is None
+    assert confirmation.heldout_metric(space) == "test/reward_mean"
+    assert seed_keys(_space("study.confirm.seed_key=data_seed")) == ("data_seed",)
 
 
 def test_launch_runs_the_launcher_in_trls_interpreter(tmp_path: Path) -> None:
     backend, space = TrlBackend(), _space()
-    cfg = backend.configure(space, VALUES, tmp_path)
-    # a retry (attempt 1) whose chain left no checkpoint, started from a PBT segment's checkpoint: plan's one call
-    launch = backend.plan(Attempt(space, "s", 0, tmp_path, tmp_path / "trials", (3,), VALUES, str(ROOT),
-                                  {"CUDA_VISIBLE_DEVICES": ""}, 0, start=tmp_path / "checkpoints" / "checkpoint-6"))
+    cfg = backend.configure(Attempt(space=space, values=VALUES, trial_dir=tmp_path))
+    # a retry (attempt 1) whose chain left no checkpoint, started from a given checkpoint: plan's one call
+    launch = backend.plan(Attempt(space=space, study="s", trial_dir=tmp_path, trials_dir=tmp_path / "trials",
+                                  history=(3,), values=VALUES, cwd=str(ROOT), env={"CUDA_VISIBLE_DEVICES": ""},
+                                  start=tmp_path / "checkpoints" / "checkpoint-6"))
     assert launch.resume is None and launch.metrics == tmp_path / "metrics.attempt1.jsonl"
     assert launch.config.overrides == cfg.overrides and launch.config.config_text == cfg.config_text
     assert launch.argv[:6] == [sys.executable, str(LAUNCHER), "--config", space.config, "--metrics-file",
