@@ -4,14 +4,15 @@ point group ``verl_hpo.backends``). ``verl_core/``: the default trainer (with it
 ``verl/``: real verl (argv, environment, composed-config checks in verl's own interpreter, data, resume points,
 its memory estimate in ``_memory``, ``verl-hpo rehearse`` in ``_rehearse``); ``trl/``: TRL's GRPOTrainer; the base
 class: any command.
-Also: an experiment as the driver runs it (``_check``: the schema, the backend's defaults and checks), the memory
+Also: an experiment as the driver runs it (``_check``: :func:`load_space`, the one loader of an experiment file,
+and :func:`stored_space`, a study's stored copy: the schema, the backend's defaults and checks), the memory
 pre-flight (``_preflight``: what every estimate shares; each backend answers for its own trainer), and a proxy model
 against the target's (``_fidelity``, ``_models``: ``study.fidelity.proxy``).
 
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
 
 from hpo.backends._base import Attempt, Backend, Command, Launch, LaunchContext, TrialConfig
-from hpo.backends._check import check_space, load_checked_space, load_space, rehearsal_of, stored_space
+from hpo.backends._check import load_space, rehearsal_of, stored_space
 from hpo.backends._fidelity import proxy_space, transfer_factors
 from hpo.backends._registry import (
     DEFAULT_BACKEND,
@@ -30,7 +31,7 @@ from hpo.experiment._trust import CodeRules
 
 __all__ = ["DEFAULT_BACKEND", "ENTRY_POINT_GROUP", "Attempt", "Backend", "BackendError", "CodeRules", "Command",
            "Launch", "LaunchContext", "TrialConfig",
-           "backend_label", "backend_named", "backend_of", "backends_that", "check_space", "known_backends",
-           "load_checked_space", "load_space",
+           "backend_label", "backend_named", "backend_of", "backends_that", "known_backends",
+           "load_space",
            "register", "rehearsal_of", "stored_space", "trial_backend", "unregister",
            "proxy_space", "transfer_factors"]  # study.fidelity.proxy (hpo.backends._fidelity)

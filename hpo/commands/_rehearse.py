@@ -9,8 +9,8 @@ import math
 import sys
 from pathlib import Path
 
-from hpo.backends import load_checked_space, load_space
-from hpo.commands._base import ENV_STUDIES_DIR, Command, Invocation, fail, spaces_dir
+from hpo.backends import load_space
+from hpo.commands._base import ENV_STUDIES_DIR, Invocation, Subcommand, fail, spaces_dir
 from hpo.experiment import SpaceError
 
 
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
     if args.recheck:  # reruns checks on kept runs: the quick load, not every corner composed by the trainer
         return int(tool.recheck(space, inv.studies_dir.resolve(), fmt=args.format))
     try:
-        space = load_checked_space(args.space, list(args.override), spaces_dir())
+        space = load_space(args.space, list(args.override), spaces_dir(), thorough=True)
     except SpaceError as err:
         if not getattr(err, "unfinished", False):
             raise
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
                              timeout_s=args.corner_timeout, gpus=args.gpus, gpu_bytes=gpu_bytes))
 
 
-REHEARSE = Command("rehearse", "an experiment of a trainer that has a rehearsal: run its own pipeline (config, data, "
-                               "reward, objective, corners, a resume) shrunk to a small model on this CPU, and report "
-                               "what would fail a real study; exit 0 it would run, 1 it would fail, 3 a corner could "
-                               "not finish on this machine (not a failure)", add_arguments, run)
+REHEARSE = Subcommand("rehearse", "an experiment of a trainer that has a rehearsal: run its own pipeline (config, "
+                                  "data, reward, objective, corners, a resume) shrunk to a small model on this CPU, "
+                                  "and report what would fail a real study; exit 0 it would run, 1 it would fail, 3 a "
+                                  "corner could not finish on this machine (not a failure)", add_arguments, run)
