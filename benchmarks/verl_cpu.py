@@ -54,14 +54,14 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 def config_checks(overrides: list[str]) -> dict[str, float]:
     """Seconds of the verl checks ``search`` runs before a study: the space's corners composed by verl
-    (``load_checked_space``), the launch check (``check_verl_launch``) and the memory pre-flight."""
-    from hpo.backends import load_checked_space
+    (``load_space(..., thorough=True)``), the launch check (``check_verl_launch``) and the memory pre-flight."""
+    from hpo.backends import load_space
     from hpo.backends._preflight import check_space_fits
     from hpo.backends.verl import check_verl_launch
     from hpo.study._driver import resolve_devices
 
     t0 = time.perf_counter()
-    space = load_checked_space(SPACE, overrides)
+    space = load_space(SPACE, overrides, thorough=True)
     out = {"compose": time.perf_counter() - t0}
     out["launch"] = _timed(lambda: check_verl_launch(space))
     out["preflight"] = _timed(lambda: check_space_fits(space, resolve_devices(space.trial)))

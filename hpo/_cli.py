@@ -30,8 +30,8 @@ from hpo.commands import (
     TRACK,
     VALIDATE,
     WORKER,
-    Command,
     Invocation,
+    Subcommand,
     check_numbers,
     check_studies_dir,
     default_studies_dir,
@@ -43,8 +43,8 @@ from hpo.experiment._space import SpaceError
 __all__ = ["COMMANDS", "EXIT_SIGNAL", "build_parser", "follow_up", "main"]
 
 # the dispatch table, in the order of ``verl-hpo --help``
-COMMANDS: dict[str, Command] = {c.name: c for c in (SEARCH, RESUME, WORKER, CONFIRM, VALIDATE, REHEARSE, DASHBOARD,
-                                                     TRACK, BEST)}
+COMMANDS: dict[str, Subcommand] = {c.name: c for c in (SEARCH, RESUME, WORKER, CONFIRM, VALIDATE, REHEARSE,
+                                                        DASHBOARD, TRACK, BEST)}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -6,7 +6,8 @@ installed plugins of the entry point group ``verl_hpo.backends``; a class missin
 ``verl/``: real verl (argv, environment, composed-config checks in verl's own interpreter, data, resume points,
 its memory estimate in ``_memory``, ``verl-hpo rehearse`` in ``_rehearse``); ``trl/``: TRL's GRPOTrainer;
 :class:`CommandBackend`: any command.
-Also: an experiment as the driver runs it (``_check``: the schema, the backend's defaults and checks), the memory
+Also: an experiment as the driver runs it (``_check``: :func:`load_space`, the one loader of an experiment file,
+and :func:`stored_space`, a study's stored copy: the schema, the backend's defaults and checks), the memory
 pre-flight (``_preflight``: what every estimate shares; ``_shapes``: the model shapes, the estimate's table, the GPU
 probe and the sequence lengths, no trainer's; each backend answers for its own trainer), the user-code files of an
 override (``_code_files``, by each backend's keys), and a proxy model against the target's (``_fidelity``,
@@ -17,7 +18,7 @@ passes (importable by a plugin's tests).
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
 
 from hpo.backends._base import Attempt, Backend, Command, CommandBackend, Launch, TrialConfig
-from hpo.backends._check import check_space, load_checked_space, load_space, rehearsal_of, stored_space
+from hpo.backends._check import load_space, rehearsal_of, stored_space
 from hpo.backends._features import Confirmation, MemoryModel, PredictionLike, Rehearsal, Resumable, Speed
 from hpo.backends._fidelity import proxy_space, transfer_factors
 from hpo.backends._registry import (
@@ -39,7 +40,6 @@ from hpo.experiment._trust import CodeRules
 __all__ = ["DEFAULT_BACKEND", "ENTRY_POINT_GROUP", "Attempt", "Backend", "BackendError", "CheckpointLayout",
            "CodeRules", "Command", "CommandBackend", "Confirmation", "Launch", "MemoryModel", "PredictionLike",
            "Rehearsal", "Resumable", "Speed", "TrialConfig",
-           "backend_label", "backend_named", "backend_of", "backends_that", "check_space", "known_backends",
-           "load_checked_space", "load_space",
+           "backend_label", "backend_named", "backend_of", "backends_that", "known_backends", "load_space",
            "register", "rehearsal_of", "stored_space", "trial_backend", "unregister",
            "proxy_space", "transfer_factors"]  # study.fidelity.proxy (hpo.backends._fidelity)

@@ -1,4 +1,5 @@
-"""An experiment as the driver runs it: the schema (:mod:`hpo.experiment`), then its backend, looked up in the
+"""An experiment as the driver runs it, loaded by :func:`load_space` (its file; the one loader every command uses) or
+:func:`stored_space` (a study's stored copy): the schema (:mod:`hpo.experiment`), then its backend, looked up in the
 registry (``trial.backend``: one of :func:`~hpo.backends.known_backends`), fills in what the experiment leaves to the
 trainer (``Backend.with_defaults``: its command, default objective and spread metric) and keeps a search off its
 held-out split (the ``confirmation`` feature's ``heldout_keys``, ``heldout_prefixes``), then its defaults
@@ -30,7 +31,7 @@ from hpo.backends._registry import (
 from hpo.experiment._combos import check_combinations
 from hpo.experiment._heldout import check_no_test_split
 from hpo.experiment._limits import check_code_files
-from hpo.experiment._space import SPACES_DIR, Space, SpaceError, load_space_origin, located_error, space_from_stored
+from hpo.experiment._space import SPACES_DIR, Space, SpaceError, located_error, parse_space, read_space
 from hpo.experiment._throughput import check_speed_keys, check_speed_objective
 
 
@@ -138,22 +139,50 @@ def _accepted_corner(space: Space, backend: Backend) -> dict[str, Any]:
     return {p.name: p.corner_values()[0] for p in space.params}
 
 
+# how far a load checks: only what a trainer must be given (its defaults filled in), the backend's quick checks
+# (every load of an experiment to run), or also its thorough one (before a study is made); None: a stored copy
+Check = typing.Literal["defaults", "quick", "thorough"]
+
+
 def load_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR,
-               check: bool = True) -> Space:
-    """Read, override and parse an experiment file, with its backend's defaults and (``check``) quick checks."""
-    space, origin = load_space_origin(name_or_path, overrides, spaces_dir)
-    if check:
-        return _checked(space, origin)
-    space, backend = _trainer(space, origin)
-    _check_defaults(space, origin, backend)
-    return backend.normalize(space)
+               check: bool = True, *, thorough: bool = False,
+               speed_from: typing.Callable[[Space], typing.Sequence[str]] | None = None) -> Space:
+    """The one loader of an experiment file the driver runs: found (a name in ``spaces_dir``, else a shipped one, or a
+    path), read, changed by ``overrides`` (``--override`` texts) and parsed (:func:`hpo.experiment.read_space`), its
+    backend's defaults filled in, then checked once:
+
+    * ``check`` (default): the backend's quick checks (``Backend.check``, its refused combinations, the proxy, ...);
+      False: only what a trainer must be given (a test's, a benchmark's or a report's experiment);
+    * ``thorough``: also the backend's thorough check (``Backend.verify``, e.g. verl's corners composed by verl itself),
+      what ``search``, ``validate`` and ``rehearse`` do before anything runs.
+
+    ``speed_from``: for an experiment naming ``study.speed_from``, called with it (parsed, the trainer's defaults in,
+    unchecked) and returning the settings of that throughput study as ``--override`` texts, applied after
+    ``overrides`` and before any check (the file is then parsed once more, with them; checked once)."""
+    space, origin = read_space(name_or_path, overrides, spaces_dir)
+    if speed_from is not None and space.study.speed_from is not None:
+        extra = speed_from(_runnable(space, origin, None))
+        space, origin = read_space(name_or_path, [*overrides, *extra], spaces_dir)
+    return _runnable(space, origin, "thorough" if thorough else "quick" if check else "defaults")
 
 
 def stored_space(raw: dict[str, Any], source: str, name: str) -> Space:
-    """The space stored in a study, as its backend runs it (no check: it passed when the study was made); the
-    trainer's defaults are filled in again here, so a study stored before a default moved into its backend (e.g.
-    ``trial.command``) runs as it did."""
-    space, backend = _trainer(space_from_stored(raw, source, name), {})
+    """The experiment stored in a study, as its backend runs it: :func:`load_space`'s steps on the stored mapping, with
+    no check (it passed when the study was made); the trainer's defaults are filled in again here, so a study stored
+    before a default moved into its backend (e.g. ``trial.command``) runs as it did."""
+    return _runnable(parse_space(raw, source, name), {}, None)
+
+
+def _runnable(space: Space, origin: dict[str, str], check: Check | None) -> Space:
+    """A parsed experiment with its trainer's defaults, checked as far as ``check`` says (:data:`Check`)."""
+    if check in ("quick", "thorough"):
+        space = _checked(space, origin)
+        if check == "thorough":
+            backend_of(space).verify(space, origin)
+        return space
+    space, backend = _trainer(space, origin)
+    if check == "defaults":
+        _check_defaults(space, origin, backend)
     return backend.normalize(space)
 
 
@@ -185,17 +214,3 @@ def _trainer_words(space: Space, backend: Backend) -> str:
     if backend.name != space.trial.backend:
         return f"{space.trial.backend} with a command of its own (trial.command)"
     return space.trial.backend
-
-
-def check_space(space: Space, origin: dict[str, str] | None = None) -> None:
-    """SpaceError (one line) when the backend rejects the space (its thorough check: ``Backend.verify``)."""
-    backend_of(space).verify(space, origin or {})
-
-
-def load_checked_space(name_or_path: str, overrides: typing.Sequence[str] = (),
-                       spaces_dir: Path = SPACES_DIR) -> Space:
-    """Read, override, parse and check an experiment file with its backend (what ``search`` and ``validate`` do)."""
-    space, origin = load_space_origin(name_or_path, overrides, spaces_dir)
-    space = _checked(space, origin)
-    check_space(space, origin)
-    return space

@@ -1,4 +1,4 @@
-"""What every subcommand shares: :class:`Command` (one row of the CLI's dispatch table), :class:`Invocation` (the
+"""What every subcommand shares: :class:`Subcommand` (one row of the CLI's dispatch table), :class:`Invocation` (the
 studies directory and storage of this run, which the error lines name), :func:`fail` (the one ``error: ...`` line),
 the command line that goes on with a study (:func:`follow_up`), and the exit codes of a stop by a signal."""
 
@@ -34,7 +34,7 @@ class Invocation:
 
 
 @dataclass(frozen=True)
-class Command:
+class Subcommand:
     """A subcommand: its name and one-line help (``verl-hpo --help``), its flags, and what it runs (the exit code)."""
 
     name: str

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hpo.commands._args import storage_args
-from hpo.commands._base import Command, Invocation, fail, follow_up, open_existing
+from hpo.commands._base import Invocation, Subcommand, fail, follow_up, open_existing
 
 
 def add_arguments(b: argparse.ArgumentParser) -> None:
@@ -32,5 +32,5 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
         return fail(str(err), err.code)
 
 
-BEST = Command("best", "print the best trial as trainer overrides (pareto studies: the front); after confirm, the "
-                       "best confirmed mean", add_arguments, run)
+BEST = Subcommand("best", "print the best trial as trainer overrides (pareto studies: the front); after confirm, the "
+                          "best confirmed mean", add_arguments, run)

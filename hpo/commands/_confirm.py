@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from hpo.commands._args import budget_arg, storage_args, tracking_args, trust_args
-from hpo.commands._base import Command, Invocation, open_existing
-from hpo.commands._study import run_study
+from hpo.commands._base import Invocation, Subcommand
+from hpo.commands._study import Confirmation, run_stored
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
@@ -26,11 +26,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, inv: Invocation) -> int:
-    refused = open_existing(args, inv)
-    if refused is not None:
-        return refused
-    return run_study(None, args.study, inv, args)
+    return run_stored(args, inv, confirm=Confirmation(args.top, args.seeds, tuple(args.baseline_runs)))
 
 
-CONFIRM = Command("confirm", "re-run the top trials with fresh seeds (as tagged trials of the study); best then ranks "
-                             "by the confirmed mean", add_arguments, run)
+CONFIRM = Subcommand("confirm", "re-run the top trials with fresh seeds (as tagged trials of the study); best then "
+                                "ranks by the confirmed mean", add_arguments, run)

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from hpo.backends import backend_named, backends_that, load_space
-from hpo.commands._base import ENV_STUDIES_DIR, Command, Invocation, spaces_dir
+from hpo.commands._base import ENV_STUDIES_DIR, Invocation, Subcommand, spaces_dir
 
 
 def add_arguments(rh: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
                                                  "studies_dir": inv.studies_dir.resolve()}))
 
 
-REHEARSE = Command("rehearse", "an experiment of a trainer that has a rehearsal: run its own pipeline (config, data, "
-                               "reward, objective, corners, a resume) shrunk to a small model on this CPU, and report "
-                               "what would fail a real study; exit 0 it would run, 1 it would fail, 3 a corner could "
-                               "not finish on this machine (not a failure)", add_arguments, run)
+REHEARSE = Subcommand("rehearse", "an experiment of a trainer that has a rehearsal: run its own pipeline (config, "
+                                  "data, reward, objective, corners, a resume) shrunk to a small model on this CPU, "
+                                  "and report what would fail a real study; exit 0 it would run, 1 it would fail, 3 a "
+                                  "corner could not finish on this machine (not a failure)", add_arguments, run)

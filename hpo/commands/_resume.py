@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from hpo.commands._args import budget_arg, ray_arg, storage_args, tracking_args, trust_args
-from hpo.commands._base import Command, Invocation, open_existing
-from hpo.commands._study import run_study
+from hpo.commands._base import Invocation, Subcommand
+from hpo.commands._study import run_stored
 
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
@@ -20,10 +20,7 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, inv: Invocation) -> int:
-    refused = open_existing(args, inv)
-    if refused is not None:
-        return refused
-    return run_study(None, args.study, inv, args)
+    return run_stored(args, inv, n_trials=args.n_trials, ray_address=args.ray_address)
 
 
-RESUME = Command("resume", "continue a study until it has n_trials finished trials", add_arguments, run)
+RESUME = Subcommand("resume", "continue a study until it has n_trials finished trials", add_arguments, run)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from hpo.backends import load_checked_space, load_space
+from hpo.backends import load_space
 from hpo.commands._args import budget_arg, ray_arg, storage_args, tracking_args
-from hpo.commands._base import Command, Invocation, make_studies_dir, spaces_dir
-from hpo.commands._study import run_study, speed_overrides
+from hpo.commands._base import Invocation, Subcommand, make_studies_dir, spaces_dir
+from hpo.commands._speed_from import SpeedFrom
+from hpo.commands._study import StudyRun, run_study
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
@@ -29,17 +30,16 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
     overrides = list(args.override)
     if args.n_trials is not None:
         overrides.append(f"study.n_trials={args.n_trials}")
-    quick = load_space(args.space, overrides, spaces_dir())
-    if quick.study.speed_from is not None:  # a throughput study's confirmed speed settings, fixed for every trial
-        extra, args.speed_info = speed_overrides(quick, args.storage, inv.studies_dir)
-        overrides += extra
-    space = load_checked_space(args.space, overrides, spaces_dir())
+    speed = SpeedFrom(args.storage, inv.studies_dir)  # a throughput study's confirmed speed settings, for every trial
+    space = load_space(args.space, overrides, spaces_dir(), thorough=True, speed_from=speed)  # read, checked once
     study_name = (check_study_name(args.study) if args.study is not None
                   else check_study_name(space.name, "space name"))
     inv.storage_url = args.storage or default_storage_url(inv.studies_dir, study_name)
     check_storage_url(inv.storage_url)  # first: a bad storage leaves no studies directory behind
     make_studies_dir(inv.studies_dir)  # one line naming the directory, not the storage, when it cannot be made
-    return run_study(space, study_name, inv, args)
+    return run_study(StudyRun(study_name, space, storage=args.storage, budget=args.budget,
+                              tracking=tuple(args.tracking), tracking_optional=args.tracking_optional,
+                              ray_address=args.ray_address, speed_info=speed.info), inv)
 
 
-SEARCH = Command("search", "run (or continue) a study of an experiment file", add_arguments, run)
+SEARCH = Subcommand("search", "run (or continue) a study of an experiment file", add_arguments, run)

@@ -1,5 +1,7 @@
-"""A study run, which ``search``, ``resume``, ``worker`` and ``confirm`` share: open (or create) the study, the
-budget and the trackers, run the driver under the stop signals, and the exit code with its last lines.
+"""A study run, which ``search``, ``resume``, ``worker`` and ``confirm`` share: each builds a :class:`StudyRun` from
+its own flags (``resume``, ``worker`` and ``confirm`` through :func:`run_stored`); :func:`run_study` opens (or
+creates) the study, the budget and the trackers, runs the driver under the stop signals, and gives the exit code with
+its last lines.
 
 SIGINT/SIGTERM/SIGHUP stop running trials (queued for ``resume``) and exit 130 / 143 / 129; a second signal forces
 the exit at once."""
@@ -19,15 +21,61 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from hpo.commands._base import EXIT_SIGNAL, Invocation, fail, follow_up
-from hpo.experiment._space import Space, SpaceError, StudySpec
+from hpo.commands._base import EXIT_SIGNAL, Invocation, fail, follow_up, open_existing
+from hpo.commands._speed_from import recheck_speed
+from hpo.experiment._space import Space, SpaceError
 from hpo.experiment._throughput import repeat_cap
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def run_study(space: Space | None, study_name: str, inv: Invocation, args: argparse.Namespace) -> int:
-    """search (``space`` given), or resume / worker / confirm of the stored study; the exit code."""
+@dataclasses.dataclass(frozen=True)
+class Confirmation:
+    """What ``confirm`` queues before it runs (each None: the experiment's own)."""
+
+    top: int | None = None  # --top: configurations, best first (study.confirm.top_k; throughput: .throughput.top_k)
+    seeds: int | None = None  # --seeds: fresh seeds each (study.confirm.seeds; throughput: .throughput.repeats)
+    baseline_runs: tuple[str, ...] = ()  # --baseline-runs: the user's own runs of study.baseline, imported first
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyRun:
+    """One study run as its subcommand asks for it, built from that command's own flags: ``search`` hands in the
+    experiment it loaded; ``resume``, ``worker`` and ``confirm`` open the study's stored one (``space`` None), and
+    ``confirm`` says what to confirm. A flag not given is None: the experiment's or the study's own value."""
+
+    study: str  # the study's name
+    space: Space | None = None  # search: its experiment, loaded and checked; None: the study's stored one
+    storage: str | None = None  # --storage as given (study.speed_from's throughput study is looked up there too)
+    budget: float | None = None  # --budget (None: the budget kept in the study)
+    tracking: tuple[str, ...] = ()  # --tracking, over the experiment's tracking section
+    tracking_optional: bool = False  # --tracking-optional
+    ray_address: str | None = None  # --ray-address
+    speed_info: dict[str, Any] | None = None  # search with study.speed_from: its settings, reported and kept
+    # how resume, worker and confirm open the stored study (hpo.study._driver.open_stored)
+    local_space: str | None = None  # --space: a local file the stored experiment is checked against
+    trust: bool = False  # --trust-stored-experiment
+    n_trials: int | None = None  # resume --n-trials: the study's new target
+    n_jobs: int | None = None  # worker --n-jobs
+    devices: str | None = None  # worker --devices as given (checked when the study is opened)
+    wait_s: float = 0.0  # worker: how long to ride out a database that is (re)starting
+    confirm: Confirmation | None = None  # confirm: queue these runs and run them, instead of searching
+
+
+def run_stored(args: argparse.Namespace, inv: Invocation, **own: Any) -> int:
+    """``resume``, ``worker``, ``confirm``: the existing study ``--study`` (the exit code when it is not there), run
+    with the flags the three share and ``own``, the command's own :class:`StudyRun` fields."""
+    refused = open_existing(args, inv)
+    if refused is not None:
+        return refused
+    return run_study(StudyRun(args.study, storage=args.storage, budget=args.budget, tracking=tuple(args.tracking),
+                              tracking_optional=args.tracking_optional, local_space=args.space,
+                              trust=args.trust_stored_experiment, **own), inv)
+
+
+def run_study(run: StudyRun, inv: Invocation) -> int:
+    """A search (``run.space`` given), a confirmation (``run.confirm``), or a resume / worker of the stored study;
+    the exit code."""
     from hpo.execution import knob_problem
     from hpo.reporting._dashboard import DashboardCallback, dashboard_path, write_final_page
     from hpo.reporting._report import Reporter
@@ -38,32 +86,31 @@ def run_study(space: Space | None, study_name: str, inv: Invocation, args: argpa
     from hpo.study._optuna import quiet_optuna
     from hpo.study._slots import n_finished
 
-    storage_url, studies_dir = inv.storage_url, inv.studies_dir
+    study_name, storage_url, studies_dir = run.study, inv.storage_url, inv.studies_dir
     problem = knob_problem()  # a bad $VERL_HPO_LOG_CAP_MIB / $VERL_HPO_MAX_DROPPED_ROWS: before anything is made
     if problem:
         return fail(problem)
     quiet_optuna()
     stop, got = threading.Event(), list[int]()
     with _stop_on_signals(stop, got), ExitStack() as closing:  # closing: the trackers' flush (hpo.tracking)
-        space, study, devices, tracking = _open(space, study_name, storage_url, args, studies_dir)
-        space = _with_budget(space, study, args)
+        space, study, devices, tracking = _open(run, storage_url, studies_dir)
+        space = _with_budget(space, study, run.budget)
         target = study_target(space)
         reporter = Reporter(sys.stdout, target, space.objective.direction_literal, space.study.budget)
         progress = _start_tracking(tracking, study_name, storage_url, studies_dir, reporter, closing)
         driver = Driver(space, study, studies_dir, progress, stop, devices=devices)
-        confirming = args.cmd == "confirm"
-        if confirming:
-            refused = _queue_confirm(study, space, study_name, studies_dir, args, reporter)
+        if run.confirm is not None:
+            refused = _queue_confirm(study, space, study_name, studies_dir, run.confirm, reporter)
             if refused is not None:
                 return refused
         else:
-            _search_notes(study, space, studies_dir, args, reporter)
+            _search_notes(study, space, studies_dir, run.speed_info, reporter)
             finished, on_target = _finished(study, space)
             reporter.header(study_name, storage_url, str(driver.trials_dir), finished, target, on_target)
         pages = DashboardCallback(dashboard_path(studies_dir, study_name), storage_url, studies_dir, every=5)
         try:
-            ran = driver.run_confirm([pages], _speed_more(study, space, args, reporter)) if confirming \
-                else driver.run(target, [pages])
+            ran = driver.run(target, [pages]) if run.confirm is None \
+                else driver.run_confirm([pages], _speed_more(study, space, run.confirm, reporter))
         except TrialInterrupted:
             ran = -1
         except DriverError as err:
@@ -73,7 +120,7 @@ def run_study(space: Space | None, study_name: str, inv: Invocation, args: argpa
                         f"{follow_up('resume', study_name, storage_url, studies_dir)} once it is back", 1)
         write_final_page(pages, study_name, storage_url, studies_dir, reporter.note)
         signum = (got[0] if got else signal.SIGINT) if got or ran < 0 else None
-        if confirming:
+        if run.confirm is not None:
             return _confirm_exit(study, space, follow_up("confirm", study_name, storage_url, studies_dir), signum)
         done = n_finished(study)
         if signum is not None and (done < target or space.study.strategy == "pbt"):
@@ -99,100 +146,40 @@ def _finished(study: Any, space: Space) -> tuple[int, int | None]:
     return proxy, len(done) - proxy
 
 
-def _open(space: Space | None, study_name: str, storage_url: str, args: argparse.Namespace,
-          studies_dir: Path | None = None) -> tuple[Space, Any, Any, Any]:
-    """``(space, study, devices, tracking)``: the stored study and its experiment (``space`` None: resume, worker,
+def _open(run: StudyRun, storage_url: str, studies_dir: Path) -> tuple[Space, Any, Any, Any]:
+    """``(space, study, devices, tracking)``: the stored study and its experiment (``run.space`` None: resume, worker,
     confirm) or the search's study, created if new; the trackers checked before any trial runs."""
     from hpo.study._driver import check_search, open_stored
     from hpo.study._optuna import open_study
 
-    if space is None:
-        space, study, devices = open_stored(
-            study_name, storage_url, local_space=args.space, trust=args.trust_stored_experiment,
-            n_trials=getattr(args, "n_trials", None), n_jobs=getattr(args, "n_jobs", None),
-            devices=_device_list(getattr(args, "devices", None)), ray_address=getattr(args, "ray_address", None),
-            studies_dir=studies_dir, confirming=args.cmd == "confirm",
-            # a worker (often started by a scheduler) waits for a database that is starting or restarting
-            wait_s=StudySpec().storage_retry_s if args.cmd == "worker" else 0.0)
-        space = _recheck_speed(space, study, args, studies_dir)
-        tracking = _tracking_spec(space, args)
-    else:
-        space, devices = check_search(space, getattr(args, "ray_address", None), study_name, studies_dir)
-        tracking = _tracking_spec(space, args)
-        study = open_study(space, study_name, storage_url)
-    return space, study, devices, tracking
+    if run.space is not None:
+        space, devices = check_search(run.space, run.ray_address, run.study, studies_dir)
+        tracking = _tracking_spec(space, run.tracking, run.tracking_optional)
+        return space, open_study(space, run.study, storage_url), devices, tracking
+    space, study, devices = open_stored(
+        run.study, storage_url, local_space=run.local_space, trust=run.trust, n_trials=run.n_trials,
+        n_jobs=run.n_jobs, devices=_device_list(run.devices), ray_address=run.ray_address, studies_dir=studies_dir,
+        confirming=run.confirm is not None, wait_s=run.wait_s)
+    space = recheck_speed(space, study, run.storage, studies_dir)
+    return space, study, devices, _tracking_spec(space, run.tracking, run.tracking_optional)
 
 
-def _recheck_speed(space: Space, study: Any, args: argparse.Namespace, studies_dir: Path | None) -> Space:
-    """A stored learning study with ``study.speed_from``: its source asked again; settings it no longer recommends
-    (its math now differs on new seeds, another pick won, the study is gone) are taken out for this run's trials,
-    the user's own values back, with one line, and the reason is kept in the study (``speed_from.withdrawn``)."""
-    from hpo.commands._base import default_studies_dir
-    from hpo.reporting._speed_from import speed_recheck, withdrawn_note, without_speed
-
-    info = study.user_attrs.get("speed_from")
-    if space.study.speed_from is None or not isinstance(info, dict) or not isinstance(info.get("settings"), dict):
-        return space
-    try:
-        why = speed_recheck(space, info, speed_url(space, getattr(args, "storage", None),
-                                                   studies_dir or default_studies_dir()))
-    except SpaceError as err:  # its storage is not there any more
-        why = str(err).removeprefix(f"{space.source}: study.speed_from: {space.study.speed_from!r}: ")
-    if why is None:
-        if "withdrawn" in info:  # withdrawn by an earlier run, recommended again
-            print(f"{space.source}: study.speed_from: throughput study {space.study.speed_from} recommends "
-                  + " ".join(f"{k}={v}" for k, v in info["settings"].items()) + " again; this run's trials run "
-                  "with them", flush=True)
-            study.set_user_attr("speed_from", {k: v for k, v in info.items() if k != "withdrawn"})
-        return space
-    space, shown = without_speed(space, info)
-    print(withdrawn_note(space, info, why, shown), flush=True)
-    study.set_user_attr("speed_from", {**info, "withdrawn": why})
-    return space
-
-
-def speed_url(space: Space, storage: str | None, studies_dir: Path) -> str:
-    """The storage of the throughput study ``study.speed_from`` names (``--storage``, else its SQLite file in the
-    studies directory), checked; SpaceError (one line naming the key) when its SQLite file is not there: nothing is
-    created looking for it."""
-    from hpo.storages._storage import check_storage_url, check_study_name, default_storage_url, sqlite_path
-
-    name = space.study.speed_from
-    assert name is not None
-    url = storage or default_storage_url(studies_dir, check_study_name(name, "study.speed_from"))
-    check_storage_url(url)
-    db = sqlite_path(url)
-    if db is not None and not db.is_file():
-        raise SpaceError(f"{space.source}: study.speed_from: {name!r}: no study {name!r}: {db} does not exist (a "
-                         "throughput study searched and confirmed first)")
-    return url
-
-
-def speed_overrides(space: Space, storage: str | None, studies_dir: Path) -> tuple[list[str], dict[str, Any]]:
-    """``study.speed_from``: the named throughput study's recommended settings as ``--override`` texts, and what the
-    search reports and keeps of them; SpaceError (one line) unless it has a complete confirmation."""
-    from hpo.reporting._speed_from import speed_from
-
-    return speed_from(space, speed_url(space, storage, studies_dir))
-
-
-def _with_budget(space: Space, study: Any, args: argparse.Namespace) -> Space:
-    """``space`` with ``--budget``, else the budget kept in the study; a new ``--budget`` (or a search's) is kept."""
+def _with_budget(space: Space, study: Any, budget: float | None) -> Space:
+    """``space`` with ``--budget``, else the budget kept in the study; a new ``--budget`` is kept."""
     from hpo.record import ATTR_BUDGET
 
-    budget = getattr(args, "budget", None)
     if budget is None:  # the budget the search was given, kept in the study (an untrusted value: checked)
         kept = study.user_attrs.get(ATTR_BUDGET)
         budget = float(kept) if isinstance(kept, (int, float)) and not isinstance(kept, bool) and \
             math.isfinite(kept) and kept >= 1 else None
-    elif args.cmd == "search" or budget != study.user_attrs.get(ATTR_BUDGET):
+    elif budget != study.user_attrs.get(ATTR_BUDGET):
         study.set_user_attr(ATTR_BUDGET, budget)
     if budget is not None:
         space = dataclasses.replace(space, study=dataclasses.replace(space.study, budget=budget))
     return space
 
 
-def _queue_confirm(study: Any, space: Space, study_name: str, studies_dir: Path, args: argparse.Namespace,
+def _queue_confirm(study: Any, space: Space, study_name: str, studies_dir: Path, want: Confirmation,
                    reporter: Any) -> int | None:
     """``confirm``: queue the top configurations' runs and say so; the exit code when there is nothing to confirm."""
     from hpo.study._confirm import pending
@@ -200,12 +187,12 @@ def _queue_confirm(study: Any, space: Space, study_name: str, studies_dir: Path,
     from hpo.study._population import NoHealthyMember
 
     speed = space.study.kind == "throughput"  # re-measured against the user's config (hpo.reporting._speed)
-    top_k = args.top or (space.study.throughput.top_k if speed else space.study.confirm.top_k)
-    n_seeds = args.seeds or (space.study.throughput.repeats if speed else space.study.confirm.seeds)
-    if getattr(args, "baseline_runs", None):  # the user's own runs of the baseline, checked, before any is queued
+    top_k = want.top or (space.study.throughput.top_k if speed else space.study.confirm.top_k)
+    n_seeds = want.seeds or (space.study.throughput.repeats if speed else space.study.confirm.seeds)
+    if want.baseline_runs:  # the user's own runs of the baseline, checked, before any is queued
         from hpo.commands._baseline_runs import import_baseline_runs
 
-        import_baseline_runs(study, space, args.baseline_runs, n_seeds, reporter.note)
+        import_baseline_runs(study, space, list(want.baseline_runs), n_seeds, reporter.note)
     try:
         queued = queue_confirm(study, space, top_k, n_seeds, studies_dir, reporter.note)
     except NoHealthyMember as err:  # every member collapsed: nothing to confirm (exit 1, not a bad file)
@@ -220,7 +207,7 @@ def _queue_confirm(study: Any, space: Space, study_name: str, studies_dir: Path,
     return None
 
 
-def _speed_more(study: Any, space: Space, args: argparse.Namespace, reporter: Any) -> Callable[[], bool] | None:
+def _speed_more(study: Any, space: Space, want: Confirmation, reporter: Any) -> Callable[[], bool] | None:
     """A throughput study's ``confirm``: once its queued runs are done, one more seed's interleaved runs while the
     fastest pick of the same math is not separated from the user's config (:func:`hpo.reporting._speed.unresolved`),
     up to ``study.throughput.max_repeats`` seeds (at least ``--seeds``); None for any other study."""
@@ -230,8 +217,8 @@ def _speed_more(study: Any, space: Space, args: argparse.Namespace, reporter: An
     from hpo.reporting._speed import speed_report, unresolved
     from hpo.study._confirm import queue_speed_check
 
-    top_k = args.top or space.study.throughput.top_k
-    cap = repeat_cap(space.study.throughput, args.seeds or 0)
+    top_k = want.top or space.study.throughput.top_k
+    cap = repeat_cap(space.study.throughput, want.seeds or 0)
 
     def more() -> bool:
         report = speed_report(study, space)
@@ -248,7 +235,8 @@ def _speed_more(study: Any, space: Space, args: argparse.Namespace, reporter: An
     return more
 
 
-def _search_notes(study: Any, space: Space, studies_dir: Path, args: argparse.Namespace, reporter: Any) -> None:
+def _search_notes(study: Any, space: Space, studies_dir: Path, speed_info: dict[str, Any] | None,
+                  reporter: Any) -> None:
     """Before a search's first run: a budget the confirmation alone would spend, and what ``study.speed_from``
     saves each trial (kept in the study)."""
     if space.study.budget is not None:  # said before any run: a budget the confirmation alone would spend
@@ -261,7 +249,6 @@ def _search_notes(study: Any, space: Space, studies_dir: Path, args: argparse.Na
                           f"{max(0.0, left):g} after the confirmation's least ({reserve} runs: the top "
                           f"{conf.top_k} and the baseline on {conf.min_seeds if conf.race else conf.seeds} "
                           "seeds); the search may run no trial")
-    speed_info = getattr(args, "speed_info", None)
     if speed_info is not None:  # study.speed_from: what each learning trial saves
         from hpo.reporting._speed_from import speed_from_note
 
@@ -317,18 +304,17 @@ def _confirm_exit(study: Any, space: Space, again: str, signum: int | None) -> i
     return 0
 
 
-def _tracking_spec(space: Space, args: argparse.Namespace) -> Any:
+def _tracking_spec(space: Space, flags: tuple[str, ...], optional: bool) -> Any:
     """The experiment's ``tracking:`` section with ``--tracking`` applied, each tracker checked (package, server)
     before the study starts: SpaceError, or with ``--tracking-optional`` a warning and that tracker dropped."""
     from hpo.experiment._tracking import apply_flags
 
-    spec = apply_flags(space.tracking, getattr(args, "tracking", []), SpaceError)
+    spec = apply_flags(space.tracking, list(flags), SpaceError)
     if not spec.enabled:
         return spec
     from hpo.tracking._check import checked_tracking
 
-    return checked_tracking(spec, space.source, getattr(args, "tracking_optional", False),
-                            lambda line: print(line, file=sys.stderr))
+    return checked_tracking(spec, space.source, optional, lambda line: print(line, file=sys.stderr))
 
 
 def _start_tracking(spec: Any, study_name: str, storage_url: str, studies_dir: Path, reporter: Any,

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from hpo.analysis import FileRefused, check_regular
-from hpo.backends import load_checked_space, load_space
+from hpo.backends import load_space
 from hpo.commands._args import storage_args
-from hpo.commands._base import Command, Invocation, fail, spaces_dir
+from hpo.commands._base import Invocation, Subcommand, fail, spaces_dir
+from hpo.commands._speed_from import SpeedFrom
 from hpo.experiment import Space, SpaceError
 
 MAX_METRICS_BYTES = 256 << 20  # validate --metrics: a long run's metrics file is tens of MB
@@ -31,16 +32,9 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
     from hpo.backends._preflight import validate_space
     from hpo.study._driver import resolve_devices
 
-    overrides = list(args.override)
-    quick = load_space(args.space, overrides, spaces_dir())
-    if quick.study.speed_from is not None:  # checked as search checks it: a complete confirmation, its settings
-        from hpo.commands._study import speed_overrides
-        from hpo.reporting._speed_from import speed_from_note
-
-        extra, info = speed_overrides(quick, args.storage, inv.studies_dir)
-        overrides += extra
-        print(speed_from_note(info))
-    space = load_checked_space(args.space, overrides, spaces_dir())
+    # study.speed_from checked as search checks it (a complete confirmation), its settings said and applied
+    speed = SpeedFrom(args.storage, inv.studies_dir, say=print)
+    space = load_space(args.space, list(args.override), spaces_dir(), thorough=True, speed_from=speed)
     from hpo.backends import backend_of
 
     backend_of(space).check_launch(space, as_planned=True)  # e.g. a GPU study's interpreter has CUDA torch
@@ -67,5 +61,5 @@ def _sequence_lengths(space: Space, path: Path) -> Any:
     return backend.memory.sequence_lengths(path)
 
 
-VALIDATE = Command("validate", "check an experiment file without running it: the space, every corner against the "
-                               "trainer config, and each corner's memory estimate", add_arguments, run)
+VALIDATE = Subcommand("validate", "check an experiment file without running it: the space, every corner against the "
+                                  "trainer config, and each corner's memory estimate", add_arguments, run)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 
 from hpo.commands._args import budget_arg, ray_arg, storage_args, tracking_args, trust_args
-from hpo.commands._base import Command, Invocation, fail, open_existing
-from hpo.commands._study import run_study
-from hpo.experiment import MAX_N_JOBS
+from hpo.commands._base import Invocation, Subcommand, fail
+from hpo.commands._study import run_stored
+from hpo.experiment import MAX_N_JOBS, StudySpec
 
 
 def add_arguments(w: argparse.ArgumentParser) -> None:
@@ -31,11 +31,10 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
         return fail(f"--n-jobs {shown}: must be positive" if args.n_jobs <= 0 else
                     f"--n-jobs {shown}: at most {MAX_N_JOBS} trials at once per worker (each is a thread of this "
                     "process beside its trial's own); run more workers, on this host or others, for more")
-    refused = open_existing(args, inv)
-    if refused is not None:
-        return refused
-    return run_study(None, args.study, inv, args)
+    # a worker (often started by a scheduler) waits for a database that is starting or restarting
+    return run_stored(args, inv, n_jobs=args.n_jobs, devices=args.devices, ray_address=args.ray_address,
+                      wait_s=StudySpec().storage_retry_s)
 
 
-WORKER = Command("worker", "join an existing study (its stored experiment) and run trials until the study's target "
-                           "is reached; run one per host or GPU box", add_arguments, run)
+WORKER = Subcommand("worker", "join an existing study (its stored experiment) and run trials until the study's target "
+                              "is reached; run one per host or GPU box", add_arguments, run)

@@ -1,6 +1,7 @@
 """Launching and watching one trial process: the wrapper that dies with the driver, its cgroup and memory cap,
 the metrics file tail, kill and exit labels, GPU locks and the driver's identity. Knows nothing of studies.
 
+``_trial_run``: :class:`TrialRun` (one attempt: its argv, logs, limits and callbacks), which either executor runs;
 ``_runner``: :class:`TrialProcess` (one run), :class:`RunResult` and the exit labels; ``_process``: the trial's
 process tree (find, measure, kill, orphans, the kernel's OOM kills); ``_watchdog``: the thread that samples its
 memory and enforces the cap, the timeout and the stop event; ``_trial_wrapper``: the wrapper process;
@@ -25,7 +26,9 @@ from hpo.execution._process import (
     tree_rss_bytes,
 )
 from hpo.execution._runner import RunResult, TrialProcess, classify_exit, final_exception, is_finite, read_tail
+from hpo.execution._trial_run import TrialRun
 
 __all__ = ["ENV_DRIVER", "ENV_STUDY", "ENV_TRIAL", "MetricsFileError", "MetricsTail", "RunResult", "TrialExecutor",
-           "TrialProcess", "classify_exit", "final_exception", "is_finite", "kernel_oom_killed", "kill_tree",
-           "knob_problem", "metric_value", "parse_line", "read_tail", "sweep_orphans", "tree", "tree_rss_bytes"]
+           "TrialProcess", "TrialRun", "classify_exit", "final_exception", "is_finite", "kernel_oom_killed",
+           "kill_tree", "knob_problem", "metric_value", "parse_line", "read_tail", "sweep_orphans", "tree",
+           "tree_rss_bytes"]

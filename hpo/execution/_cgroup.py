@@ -1,6 +1,6 @@
 """A memory cgroup per trial, where the kernel lets the driver create one.
 
-Detection (once per driver process, :func:`backend`):
+Detection (once per driver process, :func:`mechanism`):
 
 * **cgroup v2** (``cgroup2`` mount whose ``cgroup.controllers`` offers ``memory`` to children of the driver's
   own cgroup): ``memory.max`` (+ ``memory.swap.max`` = 0) is the hard cap, ``memory.oom.group`` = 1 makes the
@@ -37,11 +37,11 @@ PREFIX = "verl-hpo."
 _NAME = re.compile(r"^verl-hpo\.(\d+)\.(\d+)\.(\d+)(?:\.ns(\d+))?$")  # pid, start, seq, pid namespace
 _seq = itertools.count()
 _lock = threading.Lock()
-_detected: dict[str, Backend | None] = {}
+_detected: dict[str, CgroupMechanism | None] = {}
 
 
 @dataclass(frozen=True)
-class Backend:
+class CgroupMechanism:
     """Where trial cgroups of this driver go: ``parent`` is the driver's own cgroup directory."""
 
     version: int  # 1 or 2
@@ -69,8 +69,8 @@ class Backend:
 class TrialCgroup:
     """One trial's cgroup (see the module docstring for the files used)."""
 
-    def __init__(self, backend: Backend, path: Path, limit_bytes: int | None) -> None:
-        self.backend, self.path, self.limit_bytes = backend, path, limit_bytes
+    def __init__(self, mechanism: CgroupMechanism, path: Path, limit_bytes: int | None) -> None:
+        self.mechanism, self.path, self.limit_bytes = mechanism, path, limit_bytes
 
     def _write(self, name: str, value: str) -> None:
         (self.path / name).write_text(value)
@@ -91,7 +91,7 @@ class TrialCgroup:
 
     def configure(self) -> None:
         limit = self.limit_bytes
-        if self.backend.version == 2:
+        if self.mechanism.version == 2:
             self._write("memory.max", "max" if limit is None else str(limit))
             if limit is not None and (self.path / "memory.swap.max").exists():
                 self._write("memory.swap.max", "0")
@@ -106,17 +106,17 @@ class TrialCgroup:
         return cgroup_procs(str(self.path))
 
     def usage_bytes(self) -> int | None:
-        raw = self._read("memory.current" if self.backend.version == 2 else "memory.usage_in_bytes")
+        raw = self._read("memory.current" if self.mechanism.version == 2 else "memory.usage_in_bytes")
         return int(raw) if raw and raw.strip().isdigit() else None
 
     def peak_bytes(self) -> int | None:
         """The kernel's peak of the cgroup (memory.peak needs Linux 5.19 on v2)."""
-        raw = self._read("memory.peak" if self.backend.version == 2 else "memory.max_usage_in_bytes")
+        raw = self._read("memory.peak" if self.mechanism.version == 2 else "memory.max_usage_in_bytes")
         return int(raw) if raw and raw.strip().isdigit() else None
 
     def oom_killed(self) -> bool:
         """Whether the kernel's OOM killer killed a process of this cgroup."""
-        if self.backend.version == 2:
+        if self.mechanism.version == 2:
             return (self._keyed("memory.events", "oom_kill") or 0) > 0
         kills = self._keyed("memory.oom_control", "oom_kill")  # Linux >= 4.13
         if kills is not None:
@@ -189,17 +189,17 @@ def _read(path: str) -> str:
         return ""
 
 
-def _probe(backend: Backend) -> bool:
+def _probe(mechanism: CgroupMechanism) -> bool:
     """Create, configure and remove a throwaway trial cgroup."""
     try:
-        cg = backend.create(64 * 2**20)
+        cg = mechanism.create(64 * 2**20)
     except OSError:
         return False
-    ok = (cg.path / ("memory.max" if backend.version == 2 else "memory.limit_in_bytes")).exists()
+    ok = (cg.path / ("memory.max" if mechanism.version == 2 else "memory.limit_in_bytes")).exists()
     return cg.remove() and ok
 
 
-def _v2() -> Backend | None:
+def _v2() -> CgroupMechanism | None:
     parent = own_cgroup_dir(2, _read("/proc/self/cgroup"), _read("/proc/self/mountinfo"))
     if parent is None:
         return None
@@ -212,22 +212,22 @@ def _v2() -> Backend | None:
             (parent / "cgroup.subtree_control").write_text("+memory")
     except OSError:
         return None
-    return Backend(2, parent)
+    return CgroupMechanism(2, parent)
 
 
-def _v1() -> Backend | None:
+def _v1() -> CgroupMechanism | None:
     parent = own_cgroup_dir(1, _read("/proc/self/cgroup"), _read("/proc/self/mountinfo"))
-    return None if parent is None else Backend(1, parent)
+    return None if parent is None else CgroupMechanism(1, parent)
 
 
-def backend(which: str = "auto") -> Backend | None:
-    """The usable cgroup backend of this driver process: ``auto`` (v2, else v1), ``cgroup-v2`` or
+def mechanism(which: str = "auto") -> CgroupMechanism | None:
+    """The usable cgroup mechanism of this driver process: ``auto`` (v2, else v1), ``cgroup-v2`` or
     ``cgroup-v1``; None when it is not usable. Checked once per process (a throwaway cgroup is created),
     and then cgroups left by dead drivers under the same parent are removed."""
     with _lock:
         if which in _detected:
             return _detected[which]
-    found: Backend | None = None
+    found: CgroupMechanism | None = None
     for version, find in ((2, _v2), (1, _v1)):
         if which not in ("auto", f"cgroup-v{version}"):
             continue
@@ -242,11 +242,11 @@ def backend(which: str = "auto") -> Backend | None:
     return found
 
 
-def remove_stale(backend: Backend) -> int:
+def remove_stale(mechanism: CgroupMechanism) -> int:
     """Remove the trial cgroups (killing what runs in them) of drivers that no longer run; return how many."""
     removed = 0
     try:
-        entries = list(backend.parent.iterdir())
+        entries = list(mechanism.parent.iterdir())
     except OSError:
         return 0
     for path in entries:
@@ -265,7 +265,7 @@ def remove_stale(backend: Backend) -> int:
             continue
         if start_time(pid) == started:  # that driver still runs (maybe this one)
             continue
-        removed += TrialCgroup(backend, path, None).remove()
+        removed += TrialCgroup(mechanism, path, None).remove()
     return removed
 
 

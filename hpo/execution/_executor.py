@@ -1,7 +1,8 @@
 """The interface every trial executor offers the study loop: a local process (:class:`~hpo.execution.TrialProcess`)
-or a Ray job (:class:`~hpo.execution.ray_jobs.RayJob`). The loop builds one, calls :meth:`run` in the trial's
-thread and reads the same :class:`~hpo.execution.RunResult` (stop values ``pruned|converged|collapsed...|timeout|
-interrupted|memory|bad_metrics``, failure labels ``killed|timeout|oom|crash|bad_metrics``) whichever ran it."""
+or a Ray job (:class:`~hpo.execution.ray_jobs.RayJob`). The loop builds one around the attempt's
+:class:`~hpo.execution.TrialRun`, calls :meth:`run` in the trial's thread and reads the same
+:class:`~hpo.execution.RunResult` (stop values ``pruned|converged|collapsed...|timeout|interrupted|memory|
+bad_metrics``, failure labels ``killed|timeout|oom|crash|bad_metrics``) whichever ran it."""
 
 from __future__ import annotations
 

@@ -58,9 +58,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +70,7 @@ from hpo.execution._hostload import cpu_times, others_share
 from hpo.execution._logs import ENV_MAX_DROPPED, LogPump, LogReport, log_cap
 from hpo.execution._metrics import MetricsFileError, MetricsTail
 from hpo.execution._process import KILL_GRACE_S, global_oom_kills, kernel_oom_killed, kill_tree
+from hpo.execution._trial_run import TrialRun
 from hpo.execution._trial_wrapper import KILL_NOW_SIGNAL
 from hpo.execution._watchdog import Watchdog, WrapperHandle
 
@@ -230,25 +230,13 @@ def _check_executable(argv0: str, env: Mapping[str, str], cwd: str | None) -> No
 
 @dataclass
 class TrialProcess:
-    """Runs ``argv`` to completion (or until stopped) in the calling thread, which must stay alive
+    """Runs ``trial`` (its argv) to completion (or until stopped) in the calling thread, which must stay alive
     while the child runs: PR_SET_PDEATHSIG fires when the spawning *thread* exits."""
 
-    argv: Sequence[str]
-    env: Mapping[str, str]
-    log_dir: Path
-    metrics_path: Path
-    cwd: str | None = None
-    timeout_s: float | None = None
-    memory_limit_gb: float | None = None
-    on_metrics: Callable[[int, dict[str, Any]], str | None] | None = None
-    on_tick: Callable[[int | None, float], None] | None = None
-    stop_event: threading.Event | None = None
+    trial: TrialRun
     memory_mechanism: str | None = None  # one of MECHANISMS; None: $VERL_HPO_MEMORY_MECHANISM, else auto
     # a /tmp of the trial's own (the wrapper's --private-tmp), for a trainer that binds fixed paths under /tmp
     private_tmp: Path | None = None
-    # the trainer's lines that say it dropped a row of its data (Backend.dropped_row_patterns): counted in RunResult
-    dropped_row_patterns: Sequence[str] = ()
-    log_cap: int | None = -1  # bytes per log (stdout.log, stderr.log); None: no cap; -1: $VERL_HPO_LOG_CAP_MIB
     pid: int | None = field(default=None, init=False)  # the wrapper's pid (the trainer is its child)
     spawned_at: float | None = field(default=None, init=False)  # time.monotonic() just before the spawn
 
@@ -258,42 +246,43 @@ class TrialProcess:
             raise ValueError(f"memory mechanism {want!r}: expected one of {', '.join(MECHANISMS)}")
         if want == "poll":
             return None
-        backend = _cgroup.backend("auto" if want == "cgroup" else want)
-        if backend is None:
+        mechanism = _cgroup.mechanism("auto" if want == "cgroup" else want)
+        if mechanism is None:
             if want != "auto":
                 raise RuntimeError(f"memory mechanism {want}: the kernel does not let this process create one")
             return None
         try:
-            return backend.create(limit)
+            return mechanism.create(limit)
         except OSError:
             if want != "auto":
                 raise
             return None
 
     def run(self) -> RunResult:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        _check_executable(self.argv[0], self.env, self.cwd)
-        cap = log_cap() if self.log_cap == -1 else self.log_cap  # (a bad $VERL_HPO_LOG_CAP_MIB: before anything)
-        tail = MetricsTail(self.metrics_path)
-        stderr_path = self.log_dir / "stderr.log"
-        status_path = self.log_dir / ".wrapper-status.json"
-        limit = None if self.memory_limit_gb is None else int(self.memory_limit_gb * 2**30)
+        trial = self.trial
+        trial.log_dir.mkdir(parents=True, exist_ok=True)
+        _check_executable(trial.argv[0], trial.env, trial.cwd)
+        cap = log_cap() if trial.log_cap == -1 else trial.log_cap  # (a bad $VERL_HPO_LOG_CAP_MIB: before anything)
+        tail = MetricsTail(trial.metrics_path)
+        stderr_path = trial.log_dir / "stderr.log"
+        status_path = trial.log_dir / ".wrapper-status.json"
+        limit = None if trial.memory_limit_gb is None else int(trial.memory_limit_gb * 2**30)
         cg = self._cgroup(limit)
         wrapper_argv = self._wrapper_argv(status_path, None if cg is None else cg.path)
         oom_kills_before = global_oom_kills()
         try:
-            pump = LogPump(self.log_dir, cap, self.dropped_row_patterns)  # the trainer's stdout and stderr: pipes
+            pump = LogPump(trial.log_dir, cap, trial.dropped_row_patterns)  # the trainer's stdout and stderr: pipes
             try:
                 load_before = cpu_times()  # the host's CPU time: other processes' share while the trial runs
                 start = self.spawned_at = time.monotonic()
                 popen = subprocess.Popen(
-                    [*wrapper_argv, "--", *self.argv], cwd=self.cwd, env=dict(self.env), stdin=subprocess.DEVNULL,
+                    [*wrapper_argv, "--", *trial.argv], cwd=trial.cwd, env=dict(trial.env), stdin=subprocess.DEVNULL,
                     stdout=pump.stdout, stderr=pump.stderr, start_new_session=True, close_fds=True,
                 )
                 pump.spawned()
                 self.pid = popen.pid
                 wrapper = WrapperHandle(popen)
-                dog = Watchdog(wrapper, cg, limit if cg is None else None, self.timeout_s, self.stop_event, start)
+                dog = Watchdog(wrapper, cg, limit if cg is None else None, trial.timeout_s, trial.stop_event, start)
                 dog.start()
                 try:
                     last_step, first_metric, metrics_error = self._follow(popen, wrapper, dog, tail, start)
@@ -329,7 +318,7 @@ class TrialProcess:
             exit_code=exit_code, stop=stop, peak_memory_gb=peak / 2**30, wall_time_s=wall,
             first_metric_s=first_metric, last_step=last_step, stderr_tail=read_tail(stderr_path),
             metrics_bad_lines=tail.bad_lines, metrics_error=metrics_error,
-            memory_mechanism="poll" if cg is None else cg.backend.name,
+            memory_mechanism="poll" if cg is None else cg.mechanism.name,
             kernel_oom=kernel_oom, final_exception=final_exception(read_tail(stderr_path, 10**6, CLASSIFY_TAIL_BYTES)),
             cgroup_peak_gb=None if cgroup_peak is None else cgroup_peak / 2**30, leftovers_killed=leftovers,
             trial_cpu_s=cpu_s, host_busy=busy,
@@ -366,15 +355,15 @@ class TrialProcess:
                 if first_metric is None:
                     first_metric = time.monotonic() - start
                 last_step = step if last_step is None else max(last_step, step)  # the highest
-                decision = self.on_metrics(step, data) if self.on_metrics is not None else None
+                decision = self.trial.on_metrics(step, data) if self.trial.on_metrics is not None else None
                 if rc is None and decision is not None:  # after a clean exit lines are only recorded
                     dog.stop(decision)
             if rc is not None or dog.reason is not None:
                 return last_step, first_metric, metrics_error
             now = time.monotonic()
-            if self.on_tick is not None and now >= next_tick:
+            if self.trial.on_tick is not None and now >= next_tick:
                 next_tick = now + REPORT_TICK_S
-                self.on_tick(last_step, dog.current_bytes / 2**30)
+                self.trial.on_tick(last_step, dog.current_bytes / 2**30)
             wrapper.wait(TICK_S)
 
 

@@ -17,18 +17,15 @@ from hpo.experiment._space import (
     StudySpec,
     TrialSpec,
     format_value,
-    load_space_origin,
     located_error,
     parse_space,
     read_space,
     read_yaml,
-    space_from_stored,
 )
 from hpo.experiment._throughput import speed_value_ok, speed_value_problem
 
 __all__ = ["MASK", "mask_uri", "masked", "shown_value", "uri_secrets",  # secrets (hpo.experiment._secrets)
            "MAX_N_JOBS",  # trial.n_jobs' and worker --n-jobs' cap (hpo.experiment._schema)
            "SPACES_DIR", "EarlyStopping", "Objective", "Param", "PrunerSpec", "SamplerSpec", "Space", "SpaceError",
-           "StudySpec", "TrialSpec", "check_metrics", "format_value", "load_space_origin", "located_error",
-           "parse_objective", "parse_space", "read_space", "read_yaml", "space_from_stored", "speed_value_ok",
-           "speed_value_problem"]
+           "StudySpec", "TrialSpec", "check_metrics", "format_value", "located_error", "parse_objective", "parse_space",
+           "read_space", "read_yaml", "speed_value_ok", "speed_value_problem"]

@@ -20,7 +20,7 @@ refused, by key, with its value not shown (:func:`check_secret_value`).
 ``study.baseline`` follows the same rule: a secret there is held as a reference from the start
 (``${oc.env:VERL_HPO_SECRET_BASELINE_<KEY>}``, :func:`baseline_env_name`; :func:`baseline_refs`), so whatever shows
 the baseline shows the reference; its value stays in the experiment's raw mapping only, and reaches the baseline
-runs' environment (:func:`baseline_secrets`; ``hpo.study._command``).
+runs' environment (:func:`baseline_secrets`; ``hpo.study._trial_files``).
 
 URLs (a storage's, an MLflow tracking URI) are shown through :func:`mask_uri`: a password in the userinfo, a
 userinfo that is a bare token (``https://TOKEN@host``; a database URL's bare user name is a role, shown), and every

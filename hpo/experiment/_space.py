@@ -1,6 +1,6 @@
-"""An experiment file loaded: ``search_spaces/<name>.yaml`` (or a path) found, read, changed by ``--override`` and
-parsed into a typed, validated :class:`Space` (:func:`read_space`, :func:`load_space_origin`), or a study's stored
-experiment parsed again (:func:`space_from_stored`); and the names the other packages import from here, which live
+"""An experiment file read: ``search_spaces/<name>.yaml`` (or a path) found, read, changed by ``--override`` and
+parsed into a typed, validated :class:`Space` (:func:`read_space`, the schema's part of a load; a study's stored
+experiment is parsed by :func:`parse_space` alone); and the names the other packages import from here, which live
 in the modules that hold each concept:
 
 * ``_schema``: the frozen dataclasses (:class:`Space`, :class:`StudySpec`, :class:`TrialSpec`, :class:`Param`, ...),
@@ -12,7 +12,8 @@ in the modules that hold each concept:
 * ``_limits``: what keeps every trial launchable (:data:`MAX_PARAMS`, argv sizes, regular code files).
 
 Nothing here touches a study or the disk beyond reading the file; what a trainer accepts and refuses is its
-backend's (:func:`hpo.backends.load_space`).
+backend's: :func:`hpo.backends.load_space`, the one loader of an experiment the driver runs, reads it through
+:func:`read_space`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import os
 import typing
 from pathlib import Path
-from typing import Any
 
 from hpo.analysis._diagnosis import DiagnosisSpec
 from hpo.experiment._errors import MAX_SHOWN_OVERRIDE, ErrorContext, SpaceError, shown_override
@@ -51,8 +51,8 @@ __all__ = [
     "MAX_SHOWN_OVERRIDE", "MAX_YAML_NODES", "ROLLBACK_LABELS", "SPACES_DIR", "ConfirmSpec", "DiagnosisSpec",
     "EarlyStopping", "Objective", "Param", "PbtSpec", "PrunerSpec", "RaySpec", "SamplerSpec", "Space", "SpaceError",
     "StudySpec", "ThroughputSpec", "TrackingSpec", "TrialSpec", "YamlTooComplex", "apply_overrides", "format_value",
-    "load_space_origin", "load_yaml_text", "located_error", "parse_rollback_rule", "parse_space", "read_space",
-    "read_yaml", "resolve_space_path", "shown_override", "space_from_stored",
+    "load_yaml_text", "located_error", "parse_rollback_rule", "parse_space", "read_space", "read_yaml",
+    "resolve_space_path", "shown_override",
 ]
 
 SPACES_DIR = Path("search_spaces")
@@ -95,26 +95,18 @@ def _shown_dir(place: Path) -> str:
         return f"{place}/"
 
 
-def load_space_origin(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR
-                      ) -> tuple[Space, dict[str, str]]:
-    """:func:`read_space`, and which fields the ``--override`` texts set (for errors that name them)."""
+def read_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR
+               ) -> tuple[Space, dict[str, str]]:
+    """Find, read, override and parse an experiment file against the schema: the space, and which fields the
+    ``--override`` texts set (for errors that name them). What its trainer gives it and refuses is its backend's:
+    :func:`hpo.backends.load_space` (what the driver runs)."""
     path = resolve_space_path(name_or_path, spaces_dir)
     raw = read_yaml(path)
     origin = apply_overrides(raw, overrides)
     return parse_space(raw, str(path), path.stem, origin), origin
 
 
-def read_space(name_or_path: str, overrides: typing.Sequence[str] = (), spaces_dir: Path = SPACES_DIR) -> Space:
-    """Read, override and parse an experiment file against the schema. What its trainer gives it and refuses is
-    its backend's: :func:`hpo.backends.load_space` (what the driver runs)."""
-    return load_space_origin(name_or_path, overrides, spaces_dir)[0]
-
-
 def located_error(space: Space, origin: dict[str, str], where: str, msg: str) -> SpaceError:
     """A one-line error about field ``where`` of ``space``, naming the ``--override`` that set it if one did."""
     return ErrorContext(space.source, origin).error(where, msg)
 
-
-def space_from_stored(raw: dict[str, Any], source: str, name: str) -> Space:
-    """Rebuild the space stored in a study against the schema (the driver's: :func:`hpo.backends.stored_space`)."""
-    return parse_space(raw, source, name)

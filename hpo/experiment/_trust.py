@@ -91,7 +91,7 @@ def is_default(part: dict[str, Any], rules: CodeRules) -> bool:
 
 def _local_space(path: Path) -> Space | None:
     try:
-        return read_space(str(path))
+        return read_space(str(path))[0]
     except SpaceError:
         return None
 

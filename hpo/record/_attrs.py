@@ -56,7 +56,7 @@ ATTR_HEARTBEAT = "hpo:heartbeat"
 ATTR_RESULT = "hpo:result"
 ATTR_RECOVERING = "hpo:recovering"  # set on a dead driver's trial just before it is failed: its retry is due
 ATTR_RAY_CLAIM = "hpo:ray_claim"
-# the driver's mark in every trial directory it creates (hpo.study._command) and every shared checkpoint directory
+# the driver's mark in every trial directory it creates (hpo.study._trial_files) and every shared checkpoint directory
 # of a Ray-job trial (trial.ray.shared_dir): only directories holding it are ever deleted
 TRIAL_MARKER = ".verl-hpo-trial"
 ATTR_JOB_TYPE = "hpo:job_type"  # a trial's job type (e.g. "pbt"); else tune or confirm

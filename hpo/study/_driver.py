@@ -47,7 +47,6 @@ from hpo.record import (
 from hpo.samplers import promotion_twin
 from hpo.storages._retrying import StorageUnavailable
 from hpo.storages._storage import check_study_name
-from hpo.study._command import prepare
 from hpo.study._compare import advance_race, twin_of
 from hpo.study._confirm import baseline_cache, is_confirm, remember_baseline, search_over_budget
 from hpo.study._errors import TrialInterrupted, TrialLost, TrialRetried
@@ -56,6 +55,7 @@ from hpo.study._progress import Progress
 from hpo.study._recovery import Heartbeat, finish, record_result, recover_stale_trials, sweep_scratch
 from hpo.study._slots import Slots, n_finished, proxy_search_over, proxy_stage, same_kind
 from hpo.study._trial import TrialRunner, frozen_trial
+from hpo.study._trial_files import prepare
 
 WAIT_S = 1.0  # poll period of a driver waiting for others' trials to finish or die
 Callback = Callable[[optuna.Study, FrozenTrial], None]

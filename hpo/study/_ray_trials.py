@@ -27,11 +27,13 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from hpo.execution import TrialRun
 from hpo.execution.ray_jobs import (
     META_STUDY,
     META_TRIAL,
@@ -162,15 +164,15 @@ def sweep_jobs(study: optuna.Study, spec: TrialSpec, final: bool) -> int:
     return stopped
 
 
-def ray_job(study: optuna.Study, trial: Trial, spec: TrialSpec, job: tuple[str, bool], hold: bool = True,
-            **kwargs: Any) -> RayJob:
-    """The executor of one attempt: ``job`` is :func:`job_for`'s (submission id, adopt); ``hold``: a one-node job
-    may hold its GPUs itself (not a trainer that starts its own Ray, ``Backend.ray_hold``); ``kwargs`` are those of a
-    local :class:`~hpo.execution.TrialProcess` (argv, env, log_dir, metrics_path, callbacks, ...)."""
+def ray_job(study: optuna.Study, trial: Trial, spec: TrialSpec, job: tuple[str, bool], run: TrialRun,
+            hold: bool = True, note: Callable[[str], None] | None = None) -> RayJob:
+    """The executor of one attempt ``run`` (what a local :class:`~hpo.execution.TrialProcess` would run): ``job`` is
+    :func:`job_for`'s (submission id, adopt); ``hold``: a one-node job may hold its GPUs itself (not a trainer that
+    starts its own Ray, ``Backend.ray_hold``); ``note``: a line for the user."""
     sid, adopt = job
     trial.set_user_attr("ray_job", sid)
     if adopt:
         trial.set_user_attr("ray_job_adopted", True)
-    return RayJob(address=address(spec), submission_id=sid, adopt=adopt, resources=needs(spec),
+    return RayJob(run, address=address(spec), submission_id=sid, adopt=adopt, resources=needs(spec),
                   hold=spec.ray.nodes == 1 and hold, metadata=metadata(study, trial.number),
-                  runtime_env=spec.ray.runtime_env, stop_timeout_s=spec.ray.stop_timeout_s, **kwargs)
+                  runtime_env=spec.ray.runtime_env, stop_timeout_s=spec.ray.stop_timeout_s, note=note)

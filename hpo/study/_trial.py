@@ -61,6 +61,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from hpo.analysis._diagnosis import Diagnoser
 from hpo.backends import Attempt, Backend, Launch, backend_of
+from hpo.execution import TrialRun
 from hpo.execution._devices import DevicePool
 from hpo.execution._executor import TrialExecutor
 from hpo.execution._logs import knob_problem, max_dropped_rows
@@ -71,7 +72,6 @@ from hpo.experiment._space import Space, SpaceError
 from hpo.record import ATTR_PROMOTE_STEPS, ATTR_RETRY_HISTORY, ATTR_RETRY_OF, is_failed, runs_steps
 from hpo.storages._retrying import STORAGE_ERRORS
 from hpo.study._checkpoints import clean_after
-from hpo.study._command import fresh_trial_dir, launch_extra, trial_env, write_trial_files
 from hpo.study._confirm import (
     ATTR_BASELINE,
     ATTR_CONFIRM_OF,
@@ -90,6 +90,7 @@ from hpo.study._progress import Progress
 from hpo.study._ray_trials import admit, job_for, ray_job
 from hpo.study._recovery import fail_and_retry, queue_retry
 from hpo.study._slots import is_finished
+from hpo.study._trial_files import fresh_trial_dir, launch_extra, trial_env, write_trial_files
 from hpo.study._watch import Watch
 
 # errors of the study's database (not of the disk or a launch): they go to the caller as they are
@@ -134,8 +135,10 @@ def _suggest(trial: Trial, p: Any) -> Any:
 
 
 @dataclasses.dataclass
-class _Plan:
-    """One attempt of a trial as decided before it waits for devices (the backend plans its launch on them)."""
+class _TrialSetup:
+    """What the study decides for one attempt of a trial before it waits for devices: the sampled values, the retry
+    chain, a confirmation's or a PBT segment's own overrides (the backend then plans the launch on the devices:
+    :meth:`~hpo.backends.Backend.plan`)."""
 
     values: dict[str, Any]  # the sampled parameters, by name
     retry_of: int | None
@@ -190,29 +193,29 @@ class TrialRunner:
     def objective(self, trial: Trial, lost: threading.Event) -> float | list[float]:
         """Run one trial's process to its outcome: values to tell, or TrialPruned / TrialFailed /
         TrialInterrupted / TrialLost (``lost``: another driver finished this trial, taking us for dead)."""
-        plan = self._plan(trial)
-        self.reporter.trial_started(trial.number, plan.values, plan.retry_of)
-        why = self.backend.infeasible(self.space, plan.values) if plan.values else None
+        setup = self._set_up(trial)
+        self.reporter.trial_started(trial.number, setup.values, setup.retry_of)
+        why = self.backend.infeasible(self.space, setup.values) if setup.values else None
         if why is not None:  # values the trainer refuses together (each is valid with others): never launched
             return fail_trial(trial, self.space, "infeasible", f"the trainer refuses these values together: {why}", "")
         waited = time.monotonic()
         ray = self.space.trial.executor == "ray"  # devices: the cluster's (admission), not this host's pool
         devices = [] if ray else self.pool.acquire(_TrialStop(self.stop_event, lost))
-        job = job_for(self.study, trial.number, plan.history, self.space.trial) if ray else None
+        job = job_for(self.study, trial.number, setup.history, self.space.trial) if ray else None
         if job is not None and not admit(self.study, trial, self.space.trial, _TrialStop(self.stop_event, lost),
                                          job[1], self.reporter.note):
             self._interrupt(trial)
         entered = time.monotonic()
         rollout_env, rollout_source = first_rollout_env(self.study, frozen_trial(self.study, trial.number),
-                                                        self.space.study.kind, self.trials_dir, plan.trial_dir)
+                                                        self.space.study.kind, self.trials_dir, setup.trial_dir)
         try:
             launch = self.backend.plan(Attempt(
-                space=self.space, study=self.study.study_name, number=trial.number, trial_dir=plan.trial_dir,
-                trials_dir=self.trials_dir, history=tuple(plan.history), values=plan.values, cwd=self.cwd,
-                env={**trial_env(self.space, self.study.study_name, trial.number, self.identity, devices, plan.extra),
+                space=self.space, study=self.study.study_name, number=trial.number, trial_dir=setup.trial_dir,
+                trials_dir=self.trials_dir, history=tuple(setup.history), values=setup.values, cwd=self.cwd,
+                env={**trial_env(self.space, self.study.study_name, trial.number, self.identity, devices, setup.extra),
                      **rollout_env},
-                devices=len(devices), ray_job=job is not None, extra=launch_extra(plan.extra), tail=tuple(plan.tail),
-                start=plan.start))  # secrets of plan.extra: in the environment, references on argv
+                devices=len(devices), ray_job=job is not None, extra=launch_extra(setup.extra), tail=tuple(setup.tail),
+                start=setup.start))  # secrets of setup.extra: in the environment, references on argv
         except BaseException:
             self.pool.release(devices)
             raise
@@ -222,23 +225,23 @@ class TrialRunner:
         pred = None if memory is None else memory.predict(self.space, launch.config, devices)
         if pred is not None and not pred.fits:
             self.pool.release(devices)
-            (plan.trial_dir / "memory_estimate.txt").write_text(pred.table + "\n")
+            (setup.trial_dir / "memory_estimate.txt").write_text(pred.table + "\n")
             trial.set_user_attr("predicted_memory_gb", round(pred.total / 2**30, 4))
             trial.set_user_attr("memory_budget_gb", round(pred.budget / 2**30, 4))
             trial.set_user_attr("wall_time_s", round(time.monotonic() - entered, 3))
             return fail_trial(trial, self.space, "predicted_oom", f"predicted {pred.problem} ({pred.budget_source})",
                               "")
         try:
-            result, proc, watch = self._launch(trial, plan, launch, lost, job, gpus=len(devices))
+            result, proc, watch = self._launch(trial, setup, launch, lost, job, gpus=len(devices))
         finally:
             self.pool.release(devices)
-            self.backend.cleanup(plan.trial_dir, len(plan.history))
+            self.backend.cleanup(setup.trial_dir, len(setup.history))
         if lost.is_set():
             raise TrialLost(f"trial {trial.number} was finished by another driver while it ran here")
         overhead = None if proc.spawned_at is None else proc.spawned_at - entered
         for k, v in run_attrs(result, watch, overhead, entered - waited).items():
             trial.set_user_attr(k, v)
-        if (rollout := first_rollout(plan.trial_dir, rollout_source, bool(rollout_env))) is not None:
+        if (rollout := first_rollout(setup.trial_dir, rollout_source, bool(rollout_env))) is not None:
             trial.set_user_attr(FIRST_ROLLOUT, rollout)  # what the run did with its first rollout (the strict check)
         for line in result.log_lines():
             self.reporter.note(f"trial {trial.number}: {line}")
@@ -249,9 +252,9 @@ class TrialRunner:
             fail_trial(trial, dataclasses.replace(self.space, trial=dataclasses.replace(
                 self.space.trial, on_failure="worst")), "killed", "the Ray job lost its node", result.stderr_tail)
             raise TrialRetried(f"trial {trial.number}: its Ray job lost its node; retry queued")
-        return outcome(trial, self.space, result, watch, plan.trial_dir, self.dropped_limit)
+        return outcome(trial, self.space, result, watch, setup.trial_dir, self.dropped_limit)
 
-    def _plan(self, trial: Trial) -> _Plan:
+    def _set_up(self, trial: Trial) -> _TrialSetup:
         """Sample the parameters, make the trial directory, and record what the attempt will run."""
         system = frozen_trial(self.study, trial.number).system_attrs
         retry_of = system.get(ATTR_RETRY_OF)
@@ -276,14 +279,14 @@ class TrialRunner:
             trial.set_user_attr("retry_of", retry_of)
         stop_at = system.get(ATTR_PROMOTE_STEPS)  # a promoted setting's short run on the target
         stop_at = stop_at if isinstance(stop_at, int) and not isinstance(stop_at, bool) else None
-        return _Plan(values, retry_of, trial_dir, history, confirm_seed, dict(extra), tail, resume_from, stop_at)
+        return _TrialSetup(values, retry_of, trial_dir, history, confirm_seed, dict(extra), tail, resume_from, stop_at)
 
-    def _launch(self, trial: Trial, plan: _Plan, launch: Launch, lost: threading.Event,
+    def _launch(self, trial: Trial, setup: _TrialSetup, launch: Launch, lost: threading.Event,
                 job: tuple[str, bool] | None = None, gpus: int = 0) -> tuple[RunResult, TrialExecutor, Watch]:
         """Write the trial's files and run the backend's planned ``launch``, a :class:`Watch` reading its metrics."""
         spec, total, point = self.space.trial, launch.config.total_steps, launch.resume
         argv, env = launch.argv, launch.env
-        write_trial_files(self.space, self.cwd, plan.trial_dir, argv, env, launch.config, plan.values)
+        write_trial_files(self.space, self.cwd, setup.trial_dir, argv, env, launch.config, setup.values)
         mem = [0.0]
 
         def on_eval(step: int, value: float) -> None:
@@ -299,9 +302,9 @@ class TrialRunner:
                               self.backend.metrics,  # GPU labels: a trial handed GPUs (a Ray job: real ones)
                               gpu=spec.ray.device != "cpu" and spec.ray.num_gpus > 0 if job else gpus > 0,
                               ) if diag.enabled else None
-        confirming = plan.confirm_seed is not None  # full budget unless study.confirm.early_stopping
+        confirming = setup.confirm_seed is not None  # full budget unless study.confirm.early_stopping
         speed = self.space.study.kind == "throughput"
-        watch = Watch(trial, self.space, total, on_eval, diagnoser, prune=not confirming and plan.stop_at is None,
+        watch = Watch(trial, self.space, total, on_eval, diagnoser, prune=not confirming and setup.stop_at is None,
                       early_stop=not confirming or self.space.study.confirm.early_stopping,
                       test_metric=heldout_metric_of(self.space) if confirming and not speed else None,
                       warmup_steps=self.space.study.throughput.warmup_steps if speed else None,
@@ -315,15 +318,14 @@ class TrialRunner:
             trial.set_user_attr("resumed_from_step", point.step)
             trial.set_user_attr("replayed_steps", len(replayed))
         watch.over_budget = None if confirming else self.over_budget  # the live run's evaluations only
-        watch.stop_at = plan.stop_at
-        run: dict[str, Any] = {
-            "argv": argv, "env": env, "log_dir": plan.trial_dir, "metrics_path": launch.metrics, "cwd": self.cwd,
-            "timeout_s": spec.timeout_s, "memory_limit_gb": spec.memory_limit_gb, "on_metrics": watch,
-            "on_tick": on_tick, "stop_event": _TrialStop(self.stop_event, lost),
-            "dropped_row_patterns": self.backend.dropped_row_patterns}
+        watch.stop_at = setup.stop_at
+        run = TrialRun(argv, env, setup.trial_dir, launch.metrics, cwd=self.cwd, timeout_s=spec.timeout_s,
+                       memory_limit_gb=spec.memory_limit_gb, on_metrics=watch, on_tick=on_tick,
+                       stop_event=_TrialStop(self.stop_event, lost),
+                       dropped_row_patterns=self.backend.dropped_row_patterns)
         proc: TrialExecutor = (
-            ray_job(self.study, trial, spec, job, hold=self.backend.ray_hold, note=self.reporter.note, **run)
-            if job is not None else TrialProcess(**run, private_tmp=launch.private_tmp))
+            ray_job(self.study, trial, spec, job, run, hold=self.backend.ray_hold, note=self.reporter.note)
+            if job is not None else TrialProcess(run, private_tmp=launch.private_tmp))
         return proc.run(), proc, watch
 
     def _abandon(self, trial: Trial, err: Exception) -> None:

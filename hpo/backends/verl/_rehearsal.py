@@ -73,7 +73,7 @@ class VerlRehearsal:
         """The flags (one line each, before any corner is composed), then ``--recheck`` on the quick load, or the
         experiment loaded with every corner composed by verl and rehearsed; a check that ran out of its time on this
         host is exit 3, not rehearsed and not failed."""
-        from hpo.backends._check import load_checked_space
+        from hpo.backends._check import load_space
         from hpo.backends.verl import _rehearse
 
         problem = flag_problem(args)
@@ -88,7 +88,7 @@ class VerlRehearsal:
         if args.recheck:  # reruns checks on kept runs: the quick load, not every corner composed by the trainer
             return int(_rehearse.recheck(space, args.studies_dir, fmt=args.format))
         try:
-            space = load_checked_space(args.space, list(args.override), args.spaces_dir)
+            space = load_space(args.space, list(args.override), args.spaces_dir, thorough=True)
         except SpaceError as err:
             if not getattr(err, "unfinished", False):
                 raise

@@ -54,7 +54,7 @@ from hpo.backends.verl._rehearse_corners import STEPS, _Runner, corner_timeout, 
 from hpo.backends.verl._rehearse_state import MARKER, load_state, save_state
 from hpo.backends.verl._rehearse_steps import ONE_DEVICE_KEYS, _Rehearsal
 from hpo.backends.verl._rehearse_stop import Stopped, stop_on_signals, sweep_scratch
-from hpo.execution._runner import TrialProcess
+from hpo.execution import TrialProcess, TrialRun
 from hpo.experiment._space import SpaceError
 
 if TYPE_CHECKING:
@@ -137,8 +137,7 @@ def _prepare(space: Space, home: Path) -> str | None:
         return None
     argv = [sys.executable if c == "python" and i == 0 else c for i, c in enumerate(cmd)]
     argv += ["--config", space.config, *space.trainer_overrides({})]
-    result = TrialProcess(argv=argv, env=dict(os.environ), log_dir=home / "prepare",
-                          metrics_path=home / "prepare" / "metrics.jsonl").run()
+    result = TrialProcess(TrialRun(argv, dict(os.environ), home / "prepare", home / "prepare" / "metrics.jsonl")).run()
     if result.exit_code != 0:
         return f"trial.prepare_command failed (exit {result.exit_code}): {failure_line(result)}"
     return None

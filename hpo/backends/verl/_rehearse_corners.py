@@ -29,7 +29,7 @@ from hpo.backends.verl._launch import (
 )
 from hpo.backends.verl._rehearse_checks import CornerOutcome, RehearsalCorner, read_records, values_text
 from hpo.backends.verl._resume import checkpoint_step
-from hpo.execution._runner import RunResult, TrialProcess
+from hpo.execution import RunResult, TrialProcess, TrialRun
 from hpo.experiment._secrets import baseline_secrets, secret_overrides
 
 if TYPE_CHECKING:
@@ -146,10 +146,9 @@ class _Runner:
         log_dir = trial_dir if attempt == 0 else trial_dir / f"attempt{attempt}"
         try:
             metrics = verl_metrics_path(trial_dir, attempt)
-            result = TrialProcess(argv=argv, env=env, log_dir=log_dir, metrics_path=metrics,
-                                  timeout_s=self.timeout_s, on_tick=tick, stop_event=stop,
-                                  private_tmp=trial_dir / f"slash-tmp{attempt}",
-                                  dropped_row_patterns=DROPPED_ROW_PATTERNS).run()
+            run = TrialRun(argv, env, log_dir, metrics, timeout_s=self.timeout_s, on_tick=tick, stop_event=stop,
+                           dropped_row_patterns=DROPPED_ROW_PATTERNS)
+            result = TrialProcess(run, private_tmp=trial_dir / f"slash-tmp{attempt}").run()
         finally:
             verl_cleanup(trial_dir, attempt, keep_logs=False)
         for line in result.log_lines():  # a log cut at its cap, the rows verl dropped: as a study's trial says them

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from hpo.execution._logs import CappedText, log_cap
 from hpo.execution._metrics import MAX_LINE_BYTES, parse_line
 from hpo.execution._process import ENV_DRIVER
 from hpo.execution._runner import CLASSIFY_TAIL_BYTES, REPORT_TICK_S, RunResult, final_exception, read_tail
+from hpo.execution._trial_run import TrialRun
 from hpo.execution.ray_jobs import _entry, _isolate
 from hpo.execution.ray_jobs._cluster import (
     NO_AGENT,
@@ -218,13 +219,11 @@ class _Watch:
 
 @dataclass
 class RayJob:
-    """Runs ``argv`` as a Ray job to completion (or until stopped) in the calling thread; the job outlives the
-    driver. Same arguments and result as :class:`~hpo.execution._runner.TrialProcess`, plus the cluster's."""
+    """Runs ``trial`` (its argv) as a Ray job to completion (or until stopped) in the calling thread; the job outlives
+    the driver. The same :class:`~hpo.execution.TrialRun` and result as a local
+    :class:`~hpo.execution._runner.TrialProcess`, plus the cluster's settings."""
 
-    argv: Sequence[str]
-    env: Mapping[str, str]
-    log_dir: Path
-    metrics_path: Path
+    trial: TrialRun
     address: str
     submission_id: str
     resources: JobResources = field(default_factory=JobResources)
@@ -232,41 +231,33 @@ class RayJob:
     metadata: Mapping[str, str] = field(default_factory=dict)
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
     adopt: bool = False  # follow the running job ``submission_id`` instead of submitting one
-    cwd: str | None = None
-    timeout_s: float | None = None
-    memory_limit_gb: float | None = None
-    on_metrics: Callable[[int, dict[str, Any]], str | None] | None = None
-    on_tick: Callable[[int | None, float], None] | None = None
-    stop_event: threading.Event | None = None
     stop_timeout_s: float = 60.0
     note: Callable[[str], None] | None = None  # a line for the user (default: stderr)
-    dropped_row_patterns: Sequence[str] = ()  # as TrialProcess's: counted in the job's log (RunResult.dropped_rows)
-    log_cap: int | None = -1  # bytes of stderr.log; None: no cap; -1: $VERL_HPO_LOG_CAP_MIB
     pid: int | None = field(default=None, init=False)  # no local process
     spawned_at: float | None = field(default=None, init=False)  # time.monotonic() just before the submission
     final_status: str | None = field(default=None, init=False)  # the job's status when run() returned
 
     def entrypoint(self) -> str:
-        python = self.argv[0] if Path(self.argv[0]).name.startswith("python") else "python3"
-        args = [python, "-m", ENTRY_PACKAGE, "--metrics", str(self.metrics_path), "--max-line-bytes",
+        python = self.trial.argv[0] if Path(self.trial.argv[0]).name.startswith("python") else "python3"
+        args = [python, "-m", ENTRY_PACKAGE, "--metrics", str(self.trial.metrics_path), "--max-line-bytes",
                 str(MAX_LINE_BYTES)]
-        if self.memory_limit_gb is not None:
-            args += ["--memory-limit-bytes", str(int(self.memory_limit_gb * 2**30))]
-        return shlex.join([*args, "--", *self.argv])
+        if self.trial.memory_limit_gb is not None:
+            args += ["--memory-limit-bytes", str(int(self.trial.memory_limit_gb * 2**30))]
+        return shlex.join([*args, "--", *self.trial.argv])
 
     def submit(self, client: Any) -> None:
         runtime_env = dict(self.runtime_env)
         runtime_env["py_modules"] = [*runtime_env.get("py_modules", []), str(entry_package())]
-        runtime_env["env_vars"] = {**dict(runtime_env.get("env_vars", {})), **job_env(self.env)}
-        _isolate.isolation(self.env, runtime_env, self.submission_id, ENTRY_PACKAGE)  # its own fixed namespaces
+        runtime_env["env_vars"] = {**dict(runtime_env.get("env_vars", {})), **job_env(self.trial.env)}
+        _isolate.isolation(self.trial.env, runtime_env, self.submission_id, ENTRY_PACKAGE)  # its own fixed namespaces
         kwargs: dict[str, Any] = {}
         if self.hold:
             per = dict(self.resources.per_node)
             kwargs["entrypoint_num_gpus"] = per.pop("GPU", 0) or None
             kwargs["entrypoint_num_cpus"] = per.pop("CPU", 0) or None
             kwargs["entrypoint_resources"] = per or None
-        if self.memory_limit_gb is not None:
-            kwargs["entrypoint_memory"] = int(self.memory_limit_gb * 2**30)
+        if self.trial.memory_limit_gb is not None:
+            kwargs["entrypoint_memory"] = int(self.trial.memory_limit_gb * 2**30)
         deadline: float | None = None
         while True:  # the dashboard answers HTTP 500 "No available agent" (after ~10 s) while its agent is away
             try:
@@ -280,7 +271,7 @@ class RayJob:
                 deadline = time.monotonic() + AGENT_RETRY_S
                 self._say(f"ray job {self.submission_id}: the cluster's job agent does not answer ('{NO_AGENT}'); "
                           f"trying again for {AGENT_RETRY_S:.0f} s")
-            if time.monotonic() > deadline or (self.stop_event is not None and self.stop_event.wait(2.0)):
+            if time.monotonic() > deadline or (self.trial.stop_event is not None and self.trial.stop_event.wait(2.0)):
                 raise RayClusterError(agent_down(self.address))
 
     def _say(self, line: str) -> None:
@@ -290,19 +281,20 @@ class RayJob:
             print(line, file=sys.stderr, flush=True)
 
     def run(self) -> RunResult:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        cap = log_cap() if self.log_cap == -1 else self.log_cap  # (a bad $VERL_HPO_LOG_CAP_MIB: before the job)
+        trial = self.trial
+        trial.log_dir.mkdir(parents=True, exist_ok=True)
+        cap = log_cap() if trial.log_cap == -1 else trial.log_cap  # (a bad $VERL_HPO_LOG_CAP_MIB: before the job)
         client = job_client(self.address)
         start = self.spawned_at = time.monotonic()
         if not self.adopt:
             self.submit(client)
         follower = _LogFollower(client, self.submission_id)
         follower.start()
-        stderr_path = self.log_dir / "stderr.log"
+        stderr_path = trial.log_dir / "stderr.log"
         w = _Watch(start)
-        err = CappedText(stderr_path, cap, self.dropped_row_patterns)  # appended to, as an adopted job's before
+        err = CappedText(stderr_path, cap, trial.dropped_row_patterns)  # appended to, as an adopted job's before
         try:
-            with (self.log_dir / JOB_METRICS).open("a", encoding="utf-8", errors="surrogateescape") as mirror:
+            with (trial.log_dir / JOB_METRICS).open("a", encoding="utf-8", errors="surrogateescape") as mirror:
                 log = JobLog(err, mirror)
                 self._follow(client, follower, log, w)
                 log.close()
@@ -336,13 +328,13 @@ class RayJob:
                 if w.first_metric is None:
                     w.first_metric = time.monotonic() - w.start
                 w.last_step = step if w.last_step is None else max(w.last_step, step)  # the highest
-                decision = self.on_metrics(step, data) if self.on_metrics is not None else None
+                decision = self.trial.on_metrics(step, data) if self.trial.on_metrics is not None else None
                 if decision is not None and w.reason is None and w.status not in TERMINAL:
                     w.reason = decision  # after the job ended, lines are only recorded
             if w.reason is None and w.status not in TERMINAL:
-                if self.stop_event is not None and self.stop_event.is_set():
+                if self.trial.stop_event is not None and self.trial.stop_event.is_set():
                     w.reason = "interrupted"
-                elif self.timeout_s is not None and now - w.start > self.timeout_s:
+                elif self.trial.timeout_s is not None and now - w.start > self.trial.timeout_s:
                     w.reason = "timeout"
             if w.reason is not None and w.status not in TERMINAL:
                 w.status = stop_and_wait(client, self.submission_id, self.stop_timeout_s)
@@ -353,9 +345,9 @@ class RayJob:
                     return
                 last_pass = True
                 continue
-            if self.on_tick is not None and now >= next_tick:
+            if self.trial.on_tick is not None and now >= next_tick:
                 next_tick = now + REPORT_TICK_S
-                self.on_tick(w.last_step, 0.0)
+                self.trial.on_tick(w.last_step, 0.0)
             time.sleep(TICK_S)
 
     def _ask_status(self, client: Any, w: _Watch, now: float) -> None:
@@ -401,9 +393,9 @@ class RayJob:
             exit_code = -9 if lost or driver_exit is None else int(driver_exit)
             if not lost:  # the runtime env or the entrypoint could not start: Ray's message says why
                 message = str(getattr(info, "message", "") or "")
-                with (self.log_dir / "stderr.log").open("a") as fh:
+                with (self.trial.log_dir / "stderr.log").open("a") as fh:
                     fh.write(f"ray job {self.submission_id} {status}: {message}\n")
-        stderr_path = self.log_dir / "stderr.log"
+        stderr_path = self.trial.log_dir / "stderr.log"
         peak_kb = int(end.get("peak_kb", 0)) if isinstance(end, dict) else 0
         return RunResult(exit_code=exit_code, stop=reason, peak_memory_gb=peak_kb / 2**20, wall_time_s=wall,
                          first_metric_s=first_metric, last_step=last_step, stderr_tail=read_tail(stderr_path),

@@ -45,7 +45,7 @@ def test_an_experiment_naming_no_trainer_runs_the_registrys_default(tmp_path: Pa
     assert TrialSpec().backend == "" and DEFAULT_BACKEND == known_backends()[0]
     raw = yaml.safe_load((ROOT / "search_spaces" / "kl_lr.yaml").read_text())
     assert "backend" not in raw.get("trial", {})
-    assert read_space("kl_lr", spaces_dir=ROOT / "search_spaces").trial.backend == ""
+    assert read_space("kl_lr", spaces_dir=ROOT / "search_spaces")[0].trial.backend == ""
     assert load_space("kl_lr", spaces_dir=ROOT / "search_spaces").trial.backend == DEFAULT_BACKEND
     assert stored_space(raw, "kl_lr.yaml", "kl_lr").trial.backend == DEFAULT_BACKEND
     assert backend_named("") is backend_named(DEFAULT_BACKEND)

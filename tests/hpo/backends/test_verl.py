@@ -45,7 +45,7 @@ from hpo.backends.verl import (
     verl_metrics_path,
 )
 from hpo.backends.verl._cpu import host_cpus, storage_units
-from hpo.execution import MetricsTail, TrialProcess
+from hpo.execution import MetricsTail, TrialProcess, TrialRun
 from hpo.experiment._objective import parse_objective
 from hpo.experiment._space import Space, SpaceError, TrialSpec, parse_space, read_yaml
 from tests.hpo.conftest import PY, ROOT, cli_env
@@ -847,7 +847,7 @@ def test_the_driver_runner_runs_a_verl_trial_and_cleans_up(fake_verl: dict[str, 
         seen.append(step)
         return None
 
-    result = TrialProcess(argv=argv, env=env, log_dir=trials / "0", metrics_path=metrics, on_metrics=on_metrics,
+    result = TrialProcess(TrialRun(argv, env, trials / "0", metrics, on_metrics=on_metrics),
                           memory_mechanism="poll").run()
     assert result.failure == "crash" and result.final_exception == "RuntimeError: stand-in crash at step 5"
     assert seen == [0, 1, 2, 3, 4] and result.leftovers_killed >= 1

@@ -10,29 +10,28 @@ from pathlib import Path
 
 import pytest
 
-from hpo.execution import TrialProcess, _cgroup, kernel_oom_killed
+from hpo.execution import TrialProcess, TrialRun, _cgroup, kernel_oom_killed
 from hpo.execution._trial_wrapper import start_time
 from tests.hpo.conftest import PY
 
-BACKEND = _cgroup.backend()
-needs_cgroup = pytest.mark.skipif(BACKEND is None, reason="no usable memory cgroup here")
+MECHANISM = _cgroup.mechanism()
+needs_cgroup = pytest.mark.skipif(MECHANISM is None, reason="no usable memory cgroup here")
 
 
 def ours(pid: int) -> list[Path]:
-    assert BACKEND is not None
-    return list(BACKEND.parent.glob(f"{_cgroup.PREFIX}{pid}.*"))
+    assert MECHANISM is not None
+    return list(MECHANISM.parent.glob(f"{_cgroup.PREFIX}{pid}.*"))
 
 
 @needs_cgroup
 def test_hard_cap_catches_a_1ms_spike_of_a_short_lived_grandchild(tmp_path: Path) -> None:
     """What polling cannot see: a grandchild that allocates 300 MB and exits at once. The kernel stops it."""
-    assert BACKEND is not None
+    assert MECHANISM is not None
     code = ("import subprocess, sys; r = subprocess.run([sys.executable, '-c', "
             "'b = bytearray(300 * 2**20); b[::4096] = b\"x\" * len(b[::4096])']); sys.exit(r.returncode)")
     metrics = tmp_path / "m.jsonl"
-    result = TrialProcess(argv=[PY, "-c", code], env=dict(os.environ), log_dir=tmp_path, metrics_path=metrics,
-                          memory_limit_gb=0.1).run()
-    assert result.memory_mechanism == BACKEND.name
+    result = TrialProcess(TrialRun([PY, "-c", code], dict(os.environ), tmp_path, metrics, memory_limit_gb=0.1)).run()
+    assert result.memory_mechanism == MECHANISM.name
     assert result.kernel_oom and result.stop == "memory" and result.failure == "oom"
     # the trainer exits 247 (its child's -9) or, first, is SIGKILLed by the driver: v1 has no memory.oom.group
     assert result.exit_code in (256 - 9, -9)
@@ -43,9 +42,8 @@ def test_hard_cap_catches_a_1ms_spike_of_a_short_lived_grandchild(tmp_path: Path
 def test_trial_cgroups_are_removed(tmp_path: Path) -> None:
     metrics = tmp_path / "m.jsonl"
     for _ in range(2):
-        result = TrialProcess(argv=[PY, "-c", "pass"], env=dict(os.environ), log_dir=tmp_path,
-                              metrics_path=metrics).run()
-        assert result.exit_code == 0 and result.memory_mechanism == BACKEND.name  # type: ignore[union-attr]
+        result = TrialProcess(TrialRun([PY, "-c", "pass"], dict(os.environ), tmp_path, metrics)).run()
+        assert result.exit_code == 0 and result.memory_mechanism == MECHANISM.name  # type: ignore[union-attr]
     assert ours(os.getpid()) == []
 
 
@@ -53,31 +51,31 @@ def test_trial_cgroups_are_removed(tmp_path: Path) -> None:
 def test_stale_cgroups_of_a_dead_driver_are_removed() -> None:
     """A cgroup named after a driver that no longer runs is emptied (its processes killed) and removed; one
     of a live driver is left alone."""
-    assert BACKEND is not None
+    assert MECHANISM is not None
     dead = subprocess.Popen([PY, "-c", "pass"])
     dead_started = start_time(dead.pid)
     dead.wait()
-    stale = BACKEND.parent / f"{_cgroup.PREFIX}{dead.pid}.{dead_started}.0"
-    live = BACKEND.parent / f"{_cgroup.PREFIX}{os.getpid()}.{start_time(os.getpid())}.999999"
+    stale = MECHANISM.parent / f"{_cgroup.PREFIX}{dead.pid}.{dead_started}.0"
+    live = MECHANISM.parent / f"{_cgroup.PREFIX}{os.getpid()}.{start_time(os.getpid())}.999999"
     stale.mkdir()
     live.mkdir()
     sleeper = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
     try:
         (stale / "cgroup.procs").write_text(str(sleeper.pid))
-        assert _cgroup.remove_stale(BACKEND) >= 1
+        assert _cgroup.remove_stale(MECHANISM) >= 1
         assert not stale.exists() and live.exists()
         assert sleeper.wait(timeout=5) == -9
     finally:
         sleeper.kill()
         live.rmdir()
         if stale.exists():
-            _cgroup.TrialCgroup(BACKEND, stale, None).remove()
+            _cgroup.TrialCgroup(MECHANISM, stale, None).remove()
 
 
 @needs_cgroup
 def test_peak_and_oom_counter_of_a_cgroup() -> None:
-    assert BACKEND is not None
-    cg = BACKEND.create(50 * 2**20)
+    assert MECHANISM is not None
+    cg = MECHANISM.create(50 * 2**20)
     try:
         code = "import sys; sys.stdin.read(1); b = bytearray(30 * 2**20); b[::4096] = b'x' * len(b[::4096])"
         proc = subprocess.Popen([PY, "-c", code], stdin=subprocess.PIPE)
@@ -119,10 +117,10 @@ def test_own_cgroup_dir_from_proc_files() -> None:
     assert _cgroup.own_cgroup_dir(2, "0::/elsewhere\n", CONTAINER_MOUNTINFO) is None  # not below the mount
 
 
-def test_backend_matches_what_the_kernel_offers() -> None:
+def test_mechanism_matches_what_the_kernel_offers() -> None:
     """v2 only with a memory controller in the driver's unified cgroup; the probe leaves nothing behind."""
-    v2 = _cgroup.backend("cgroup-v2")
+    v2 = _cgroup.mechanism("cgroup-v2")
     if v2 is not None:
         assert "memory" in (v2.parent / "cgroup.subtree_control").read_text().split()
-    if BACKEND is not None:
-        assert BACKEND.name in ("cgroup-v1", "cgroup-v2") and ours(os.getpid()) == []
+    if MECHANISM is not None:
+        assert MECHANISM.name in ("cgroup-v1", "cgroup-v2") and ours(os.getpid()) == []

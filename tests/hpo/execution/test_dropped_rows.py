@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 from hpo.backends.verl._backend import VerlBackend
-from hpo.execution._runner import TrialProcess
+from hpo.execution import TrialProcess, TrialRun
 from tests.hpo.conftest import PY
 
 # What a verl 0.9.1 run on the CPU prints when a user's reward does int(ground_truth) on rows whose ground truth is
@@ -70,9 +70,9 @@ def test_verl_s_dropped_prompts_are_counted_in_the_whole_stream_before_the_cap_c
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
     metrics = tmp_path / "trial" / "metrics.jsonl"
-    result = TrialProcess(argv=[PY, str(script), "5", "2", "1", str(metrics)], env=dict(os.environ),
-                          log_dir=tmp_path / "trial", metrics_path=metrics, log_cap=1 << 20,
-                          dropped_row_patterns=VerlBackend.dropped_row_patterns).run()
+    result = TrialProcess(TrialRun([PY, str(script), "5", "2", "1", str(metrics)], dict(os.environ),
+                                   tmp_path / "trial", metrics, log_cap=1 << 20,
+                                   dropped_row_patterns=VerlBackend.dropped_row_patterns)).run()
     assert result.exit_code == 0 and result.failure is None and result.last_step == 1
     assert result.dropped_rows == 8
     assert result.dropped_rows_error is not None
@@ -91,8 +91,8 @@ def test_a_trainer_that_names_no_patterns_counts_nothing(tmp_path: Path) -> None
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
     metrics = tmp_path / "trial" / "metrics.jsonl"
-    result = TrialProcess(argv=[PY, str(script), "5", "2", "0", str(metrics)], env=dict(os.environ),
-                          log_dir=tmp_path / "trial", metrics_path=metrics).run()
+    result = TrialProcess(TrialRun([PY, str(script), "5", "2", "0", str(metrics)], dict(os.environ),
+                                   tmp_path / "trial", metrics)).run()
     assert result.exit_code == 0 and result.dropped_rows == 0 and result.dropped_rows_error is None
     assert "Error in _run_prompt for uid=" in (tmp_path / "trial" / "stderr.log").read_text()  # under the cap: all
 

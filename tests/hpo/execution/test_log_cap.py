@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpo.execution._runner import TrialProcess
+from hpo.execution import TrialProcess, TrialRun
 from tests.hpo.conftest import PY
 
 MIB = 1 << 20
@@ -43,8 +43,8 @@ def run_chatty(tmp_path: Path, lines: int, end: str = "exit") -> tuple[object, P
     script.write_text(CHATTY)
     log_dir = tmp_path / "trial"
     metrics = log_dir / "metrics.jsonl"
-    result = TrialProcess(argv=[PY, str(script), str(lines), str(metrics), end], env=dict(os.environ),
-                          log_dir=log_dir, metrics_path=metrics).run()
+    result = TrialProcess(TrialRun([PY, str(script), str(lines), str(metrics), end], dict(os.environ), log_dir,
+                                   metrics)).run()
     return result, log_dir
 
 

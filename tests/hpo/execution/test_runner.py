@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from hpo.execution import _cgroup
+from hpo.execution import TrialRun, _cgroup
 from hpo.execution._identity import driver_identity
 from hpo.execution._runner import (
     MetricsTail,
@@ -32,7 +32,7 @@ from hpo.execution._runner import (
 from tests.hpo.conftest import FAKE_TRAINER, PY, ROOT, cli_env
 
 # every mechanism this machine offers: polling always, a cgroup where the kernel lets us create one
-MECHANISMS = ["poll"] + [m for m in ("cgroup-v2", "cgroup-v1") if _cgroup.backend(m) is not None]
+MECHANISMS = ["poll"] + [m for m in ("cgroup-v2", "cgroup-v1") if _cgroup.mechanism(m) is not None]
 
 
 def tagged(tag: str) -> list[psutil.Process]:
@@ -70,12 +70,13 @@ def wait_gone(tag: str, timeout: float = 5.0) -> list[psutil.Process]:
     return tagged(tag)
 
 
-def run_argv(tmp_path: Path, argv: list[str], **kw: Any) -> tuple[RunResult, str]:
+def run_argv(tmp_path: Path, argv: list[str], memory_mechanism: str | None = None,
+             **kw: Any) -> tuple[RunResult, str]:
     tag = uuid.uuid4().hex
     env = {**os.environ, "TEST_TAG": tag}
     metrics = tmp_path / "metrics.jsonl"
     argv = [a.replace("{metrics}", str(metrics)) for a in argv]
-    return TrialProcess(argv=argv, env=env, log_dir=tmp_path, metrics_path=metrics, **kw).run(), tag
+    return TrialProcess(TrialRun(argv, env, tmp_path, metrics, **kw), memory_mechanism=memory_mechanism).run(), tag
 
 
 def run_fake(tmp_path: Path, *overrides: str, **kw: Any) -> tuple[RunResult, str]:
@@ -160,9 +161,9 @@ def test_timeout_is_not_delayed_by_a_blocked_metrics_callback(tmp_path: Path) ->
 
     tag_box.append(uuid.uuid4().hex)
     metrics = tmp_path / "metrics.jsonl"
-    result = TrialProcess(argv=[PY, str(FAKE_TRAINER), "train", "--metrics-file", str(metrics), "fake.hang_at=1"],
-                          env={**os.environ, "TEST_TAG": tag_box[0]}, log_dir=tmp_path, metrics_path=metrics,
-                          timeout_s=1.0, on_metrics=blocked).run()
+    result = TrialProcess(TrialRun([PY, str(FAKE_TRAINER), "train", "--metrics-file", str(metrics), "fake.hang_at=1"],
+                                   {**os.environ, "TEST_TAG": tag_box[0]}, tmp_path, metrics,
+                                   timeout_s=1.0, on_metrics=blocked)).run()
     assert result.stop == "timeout"
     assert gone_after and gone_after[0] < 4.5, gone_after
 
@@ -283,8 +284,8 @@ def test_sigkill_by_someone_else_is_killed_not_oom(tmp_path: Path, mechanism: st
 
     threading.Thread(target=killer, daemon=True).start()
     metrics = tmp_path / "metrics.jsonl"
-    result = TrialProcess(argv=[PY, str(FAKE_TRAINER), "train", "--metrics-file", str(metrics), "fake.hang_at=1"],
-                          env={**os.environ, "TEST_TAG": tag}, log_dir=tmp_path, metrics_path=metrics,
+    result = TrialProcess(TrialRun([PY, str(FAKE_TRAINER), "train", "--metrics-file", str(metrics), "fake.hang_at=1"],
+                                   {**os.environ, "TEST_TAG": tag}, tmp_path, metrics),
                           memory_mechanism=mechanism).run()
     assert result.exit_code == -signal.SIGKILL and result.stop is None
     assert result.failure == "killed" and not result.kernel_oom
@@ -372,13 +373,13 @@ DRIVER = textwrap.dedent("""
     import json, os, sys
     from pathlib import Path
     from hpo.execution._identity import driver_identity
-    from hpo.execution._runner import TrialProcess
+    from hpo.execution import TrialProcess, TrialRun
     out = Path(sys.argv[1])
     env = {**os.environ, "VERL_HPO_STUDY": sys.argv[2], "VERL_HPO_DRIVER": json.dumps(driver_identity())}
     argv = [sys.executable, sys.argv[3], "train", "--metrics-file", str(out / "m.jsonl"), "fake.hang_at=1"]
     if sys.argv[4] != "none":
         argv.append("fake.child=" + sys.argv[4])
-    TrialProcess(argv=argv, env=env, log_dir=out, metrics_path=out / "m.jsonl", memory_mechanism=sys.argv[5]).run()
+    TrialProcess(TrialRun(argv, env, out, out / "m.jsonl"), memory_mechanism=sys.argv[5]).run()
 """)
 
 
@@ -402,9 +403,9 @@ def test_whole_trial_dies_with_a_sigkilled_driver(tmp_path: Path, child: str, me
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     assert psutil.wait_procs(procs, timeout=15)[1] == [], "part of the trial survived its driver"
-    backend = _cgroup.backend(mechanism) if mechanism != "poll" else None
-    if backend is not None:
-        assert not list(backend.parent.glob(f"{_cgroup.PREFIX}{driver.pid}.*"))
+    found = _cgroup.mechanism(mechanism) if mechanism != "poll" else None
+    if found is not None:
+        assert not list(found.parent.glob(f"{_cgroup.PREFIX}{driver.pid}.*"))
 
 
 def test_identity_of_this_process() -> None:

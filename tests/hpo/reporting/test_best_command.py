@@ -26,8 +26,8 @@ from optuna.trial import create_trial
 from hpo.backends import Attempt, backend_of, load_space
 from hpo.backends.verl._cpu import CPU_ENV, CPU_OVERRIDES, PLUGIN_MODULE
 from hpo.backends.verl._launch import override_key
-from hpo.study._command import trial_env, write_trial_files
 from hpo.study._optuna import open_study
+from hpo.study._trial_files import trial_env, write_trial_files
 from tests.hpo.conftest import FAKE_TRAINER, PY, ROOT, cli_env, fake_space, load
 
 VERL_PY = ROOT / ".venv-verl" / "bin" / "python"

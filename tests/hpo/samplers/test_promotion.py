@@ -34,7 +34,7 @@ def _space(tmp_path: Path, promote: int = 3):  # type: ignore[no-untyped-def]
         "early_stopping": {"plateau_min_delta": 0.01},
         "study": {"n_trials": 4, "fidelity": {"proxy": {"overrides": {"m": "small"}, "promote": promote,
                                                         "promote_steps": 5}}}}))
-    return read_space(str(path))
+    return read_space(str(path))[0]
 
 
 def _study(tmp_path: Path, proxy_values: list[float]) -> optuna.Study:

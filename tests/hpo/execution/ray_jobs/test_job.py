@@ -5,13 +5,14 @@ and the ``RunResult`` built from the entrypoint's end record; the job's environm
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from hpo.execution import TrialRun
 from hpo.execution.ray_jobs import RayJob, _entry, job_env
 from hpo.execution.ray_jobs import _job as job_module
 
@@ -55,11 +56,12 @@ def job_log(steps: int, end: dict[str, Any]) -> str:
     return "starting\n" + "".join(lines) + "a traceback line\n" + f"{_entry.END}{json.dumps(end)}\n"
 
 
-def run_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, client: FakeClient, **kwargs: Any) -> tuple[Any, Any]:
+def run_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, client: FakeClient,
+            note: Callable[[str], None] | None = None, **kwargs: Any) -> tuple[Any, Any]:
     monkeypatch.setattr(job_module, "job_client", lambda address: client)
     monkeypatch.setattr(job_module, "STATUS_TICK_S", 0.1)
-    job = RayJob(argv=["python3", "train.py"], env={}, log_dir=tmp_path / "trial", metrics_path=tmp_path / "m.jsonl",
-                 address="http://head:8265", submission_id="verl-hpo-t0", **kwargs)
+    job = RayJob(TrialRun(["python3", "train.py"], {}, tmp_path / "trial", tmp_path / "m.jsonl", **kwargs),
+                 address="http://head:8265", submission_id="verl-hpo-t0", note=note)
     return job, job.run()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hpo.execution import TrialRun
 from hpo.execution.ray_jobs import RayClusterError, RayJob, cluster_view
 from hpo.execution.ray_jobs import _job as job_module
 from tests.hpo.conftest import FAKE_TRAINER, PY, ROOT, cli_env, fake_space, load
@@ -56,7 +57,7 @@ def test_a_submission_without_job_agent_is_retried_then_one_line(agentless: RayC
     window, said once, then RayClusterError naming the agent (the driver's one line), not RuntimeError 500."""
     monkeypatch.setattr(job_module, "AGENT_RETRY_S", 1.0)
     said: list[str] = []
-    job = RayJob(argv=[PY, str(FAKE_TRAINER), "train"], env={}, log_dir=tmp_path / "t", metrics_path=tmp_path / "m",
+    job = RayJob(TrialRun([PY, str(FAKE_TRAINER), "train"], {}, tmp_path / "t", tmp_path / "m"),
                  address=agentless.address, submission_id="verl-hpo-agentless-0", note=said.append)
     with pytest.raises(RayClusterError, match="no job agent.*--dashboard-agent-listen-port"):
         job.run()

@@ -279,13 +279,14 @@ with open(metrics, "a") as f:
 def _two_named_actor_jobs(cluster: RayCluster, tmp_path: Path, env: dict[str, str]) -> list[dict[str, float]]:
     import threading
 
+    from hpo.execution import TrialRun
     from hpo.execution.ray_jobs import RayJob
 
     script, meeting = tmp_path / "job.py", tmp_path / "meeting"
     script.write_text(NAMED_ACTOR_JOB)
     meeting.mkdir()
-    jobs = [RayJob(argv=[PY, str(script), token, str(meeting), str(tmp_path / f"{token}.jsonl")], env=env,
-                   log_dir=tmp_path / token, metrics_path=tmp_path / f"{token}.jsonl", address=cluster.address,
+    jobs = [RayJob(TrialRun([PY, str(script), token, str(meeting), str(tmp_path / f"{token}.jsonl")], env,
+                            tmp_path / token, tmp_path / f"{token}.jsonl"), address=cluster.address,
                    submission_id=f"verl-hpo-isolate-{tmp_path.name}-{token}", note=lambda line: None)
             for token in ("a", "b")]
     results: list[Any] = [None, None]
@@ -295,7 +296,7 @@ def _two_named_actor_jobs(cluster: RayCluster, tmp_path: Path, env: dict[str, st
     for t in threads:
         t.join(300)
     assert all(r is not None and r.exit_code == 0 for r in results), [
-        (j.log_dir / "stderr.log").read_text()[-2000:] for j in jobs]
+        (j.trial.log_dir / "stderr.log").read_text()[-2000:] for j in jobs]
     return [yaml.safe_load((tmp_path / f"{token}.jsonl").read_text())["data"] for token in ("a", "b")]
 
 

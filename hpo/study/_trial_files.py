@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.backends import TrialConfig, backend_of, proxy_space
-from hpo.execution import ENV_DRIVER, ENV_STUDY, ENV_TRIAL, TrialProcess
+from hpo.execution import ENV_DRIVER, ENV_STUDY, ENV_TRIAL, TrialProcess, TrialRun
 from hpo.experiment._secrets import (
     ENV_REF,
     MASK,
@@ -119,8 +119,8 @@ def _prepare(space: Space, argv: list[str], log_dir: Path, cwd: str, reporter: P
              stop_event: threading.Event) -> None:
     reporter.note(f"preparing model and data: {' '.join(argv[1:])}")
     env = {**os.environ, **secret_overrides(space.overrides)}  # the prepare step's argv holds secrets as references
-    result = TrialProcess(argv=argv, env=env, log_dir=log_dir, metrics_path=log_dir / "metrics.jsonl",
-                          cwd=cwd, stop_event=stop_event).run()
+    result = TrialProcess(TrialRun(argv, env, log_dir, log_dir / "metrics.jsonl", cwd=cwd,
+                                   stop_event=stop_event)).run()
     if result.stop == "interrupted":
         raise TrialInterrupted("interrupted while preparing")
     if result.exit_code != 0:
