@@ -1,8 +1,12 @@
-"""A stopped search prints the command that goes on with it, complete: the ``--studies-dir`` (and a non-default
-``--storage``) the study was run with, so the hint finds the study from any directory (issue 43 item 9)."""
+"""What every subcommand shares (``hpo/commands/_base.py``): the one ``error:`` line (a hostile value cut short), the
+numeric flags checked before any study exists, the studies directory (``--studies-dir``, else
+``$VERL_HPO_STUDIES_DIR``, else ``./studies``), and the command that goes on with a stopped search, complete: the
+``--studies-dir`` (and a non-default ``--storage``) the study was run with, so the hint finds the study from any
+directory (issue 43 item 9)."""
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import signal
 import subprocess
@@ -10,7 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from hpo.commands import follow_up
+import pytest
+
+from hpo.commands import check_numbers, default_studies_dir, fail, follow_up
+from hpo.commands._base import MAX_ERROR_CHARS
 from tests.hpo.conftest import cli_env, fake_space
 
 
@@ -44,3 +51,39 @@ def test_the_printed_resume_hint_finds_the_study(tmp_path: Path) -> None:
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "2 ok" in res.stdout or "trials: 2" in res.stdout, res.stdout
+
+
+def test_an_error_is_one_line_and_a_hostile_value_is_cut_short(capsys: pytest.CaptureFixture[str]) -> None:
+    assert fail("--study 'x': bad") == 2 and fail("the storage went away", 1) == 1
+    assert capsys.readouterr().err == "error: --study 'x': bad\nerror: the storage went away\n"
+    fail("v" * 10_000)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"error: {'v' * MAX_ERROR_CHARS}... (10000 characters)"
+
+
+@pytest.mark.parametrize(("flags", "line"), [
+    ({"n_trials": 0}, "error: --n-trials 0: must be positive"),
+    ({"top": -1, "seeds": 3}, "error: --top -1: must be positive"),
+    ({"seeds": 0}, "error: --seeds 0: must be positive"),
+    ({"budget": 0.5}, "error: --budget 0.5: must be a finite number of full-run equivalents, at least 1 (one trial's "
+                      "full length)"),
+    ({"budget": float("inf")}, "error: --budget inf: must be a finite number of full-run equivalents, at least 1 "
+                               "(one trial's full length)"),
+])
+def test_the_numeric_flags_of_any_subcommand_are_checked_first(flags: dict[str, float], line: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_numbers(argparse.Namespace(**flags)) == 2
+    assert capsys.readouterr().err.strip() == line
+    assert check_numbers(argparse.Namespace(n_trials=3, budget=1.0)) is None and check_numbers(argparse.Namespace()) \
+        is None
+
+
+def test_the_studies_directory_is_the_flag_s_else_the_variable_s(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VERL_HPO_STUDIES_DIR", raising=False)
+    assert default_studies_dir() == Path("studies") and default_studies_dir(tmp_path) == tmp_path
+    monkeypatch.setenv("VERL_HPO_STUDIES_DIR", str(tmp_path / "mine"))
+    assert default_studies_dir() == tmp_path / "mine" and default_studies_dir(Path("x")) == Path("x")
+    # the default needs no flag in the hint: the same variable finds it again
+    assert follow_up("resume", "s", f"sqlite:///{tmp_path / 'mine' / 's.db'}", tmp_path / "mine") == \
+        "verl-hpo resume --study s"
