@@ -132,9 +132,10 @@ bench: $(STAMP) bench-venvs
 bench-smoke: $(STAMP)
 	$(PY) -m benchmarks.run --smoke --skip-trl --skip-vllm --only trainer overhead rollout
 
-# GPU readiness (one table, ~10 minutes on one GPU): SmolLM2 task in bf16 with gradient checkpointing,
+# GPU readiness (one table, ~10-12 minutes on one GPU): SmolLM2 task in bf16 with gradient checkpointing,
 # memory estimate vs max_memory_allocated, HF vs vLLM rollout, checkpoint resume on CUDA, a 4-bit reward model,
-# a real verl GRPO study through the driver (verl memory estimate vs the measured peak).
+# a real verl GRPO study through the driver (verl memory estimate vs the measured peak), a throughput study through
+# the driver (a poor config vs a pick, re-measured by confirm; the speed health labels).
 # Its own venv: vLLM brings its CUDA build of torch. `make gpu-check-dry` runs the same plan on CPU (tiny model).
 GPU_VENV ?= .venv-gpu
 $(GPU_VENV)/.installed: pyproject.toml

@@ -1,5 +1,5 @@
-"""GPU readiness check, one script and one table (``make gpu-check``; about 10 minutes on one GPU, 4-5 of them real
-verl, 2-3 more with two GPUs; ``--skip-verl`` leaves verl out).
+"""GPU readiness check, one script and one table (``make gpu-check``; about 10-12 minutes on one GPU, 4-5 of them real
+verl, 2-3 the throughput part, 2-3 more with two GPUs; ``--skip-verl`` leaves verl out, ``--only`` picks parts).
 
     python benchmarks/gpu_check.py             # CUDA: SmolLM2-135M-Instruct, bf16 autocast, gradient checkpointing
     python benchmarks/gpu_check.py --dry-run   # CPU: the same plan on the builtin tiny model (what CPU can run)
@@ -43,10 +43,10 @@ one H100/H200-class GPU:
      intervals (``command.json`` written at spawn, plus the driver's ``wall_time_s``) overlap. This is what
      catches trials colliding on one host (verl's ZMQ sockets under ``/tmp``, Ray clusters, device locks).
      With one GPU: ``skipped``, "one GPU" (trials sharing one GPU are not attempted).
-   * ``verl memory estimate`` (~15 s): ``verl_core.memory_verl.judge_verl`` of a completed trial's composed config,
-     at the expected lengths (the largest ``prompt_length/mean`` / ``response_length/mean`` the study logged) and
-     in the worst case (every sequence at its maximum), vs the GPU's peak used memory during the study (NVML
-     every 0.2 s, all processes, above what was used before); ok when expected / measured is within
+   * ``verl memory estimate`` (~15 s): ``hpo.backends.verl._memory_model.judge_verl`` of a completed trial's composed
+     config, at the expected lengths (the largest ``prompt_length/mean`` / ``response_length/mean`` the study
+     logged) and in the worst case (every sequence at its maximum), vs the GPU's peak used memory during the study
+     (NVML every 0.2 s, all processes, above what was used before); ok when expected / measured is within
      :data:`EXPECTED_RATIO` (the pre-flight refuses by the expected estimate) and worst / measured is at least
      :data:`WORST_MIN_RATIO`; also verl's ``perf/max_memory_allocated_gb`` vs the estimate's actor allocator peak.
 
@@ -55,12 +55,25 @@ one H100/H200-class GPU:
    (``.venv-verl``, CPU) and prints its estimate (row ``verl study``; skipped without ``.venv-verl``), the pair's
    space is loaded; the other verl rows are ``skipped`` with their plan.
 
-Exit code 0 when no check failed (skipped ones do not fail). ``--json PATH`` also writes the rows.
+8. throughput through the driver (``benchmarks/gpu_check_speed.py``, ~2-3 min on one GPU, estimated: not measured
+   yet; dry run ~4 min on 2 cores at a load of 7-9): verl_core's SmolLM2 task in bf16 (dry: tiny_arith), a ``study.kind:
+   throughput`` experiment file written to the work directory: its one trial the pick (actor micro-batch 32,
+   gradient checkpointing off), ``study.baseline`` a deliberately poor config (micro-batch 2, checkpointing on);
+   ``python -m hpo search`` then ``python -m hpo confirm``, which re-measures both interleaved on 2 seeds (poor,
+   control, pick, pick, poor) and checks the first update is the same. Rows ``throughput ratio`` (the paired ratio,
+   at least :data:`~benchmarks.gpu_check_speed.MIN_SPEEDUP`, same math) and ``speed health`` (the poor runs'
+   ``gpu_underused`` / ``generation_bound`` labels against the utilisation and generation share they logged);
+   both ``skipped`` without optuna (an interpreter without the driver's packages, ``GPU_PYTHON``).
+
+``--only PART ...`` runs some parts: ``trainer`` (rows 2-5), ``reward`` (6), ``verl`` (7), ``throughput`` (8); the
+``device`` row always runs. Exit code 0 when no check failed (skipped ones do not fail). ``--json PATH`` also
+writes the rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -93,6 +106,7 @@ from benchmarks.gpu_check_rows import (  # noqa: E402
     resume_row,
     study_row,
 )
+from benchmarks.gpu_check_speed import check_throughput  # noqa: E402
 from benchmarks.gpu_check_verl import (  # noqa: E402
     DRY_VERL_VENV,
     GPU_VERL_VENV,
@@ -118,6 +132,9 @@ __all__ = ["EXPECTED_RATIO", "PAIR_STUDY", "WORST_MIN_RATIO", "Check", "Interrup
            "memory_row", "overlap_s", "pair_row", "ray_processes", "render", "resume_row", "run_pair",
            "sigterm_and_resume", "study_row", "verl_memory_row", "verl_pair_overrides", "verl_space_overrides",
            "write_verl_data"]
+
+PARTS = ("trainer", "reward", "verl", "throughput")  # --only
+THROUGHPUT_ROWS = ("throughput ratio", "speed health")
 
 COMMON = ["trainer.val_before_train=false", "trainer.test_freq=0", "trainer.logger=file",
           "evaluation.latency.enable=false", "evaluation.toxicity.enable=false",
@@ -341,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"verl's interpreter (default {GPU_VERL_VENV.name}/bin/python; dry: {DRY_VERL_VENV.name})")
     p.add_argument("--verl-trials", type=int, default=1, help="trials of the verl study (default 1)")
     p.add_argument("--skip-verl", action="store_true", help="leave out the real verl stage")
+    p.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), metavar="PART",
+                   help=f"run only these parts ({', '.join(PARTS)}); the device row always runs")
     args = p.parse_args(argv)
     plan = DRY if args.dry_run else REAL
     if args.steps is not None:
@@ -361,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = guarded("device", lambda: check_device(plan))
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
-        if dev.status == "ok":
+        if dev.status == "ok" and "trainer" in args.only:
             holder: dict[str, Run] = {}
 
             def do_train() -> Check:
@@ -374,13 +393,27 @@ def main(argv: list[str] | None = None) -> int:
                 guarded("memory estimate", lambda: check_memory(plan, run))
                 guarded("rollout vLLM vs HF", lambda: check_rollout(plan, work, run))
                 guarded("checkpoint resume", lambda: check_resume(plan, work, run))
-        guarded("4-bit reward model", lambda: check_reward_4bit(plan))
-        if not args.skip_verl:
+        if "reward" in args.only:
+            guarded("4-bit reward model", lambda: check_reward_4bit(plan))
+        if not args.skip_verl and "verl" in args.only:
             verl_python = args.verl_python or str((DRY_VERL_VENV if args.dry_run else GPU_VERL_VENV) / "bin" / "python")
             try:
                 rows = check_verl(plan, work, verl_python, args.verl_trials)
             except Exception as err:  # each stage is guarded inside; this is the set-up (model, data, spaces)
                 rows = [failed_check("verl study", err)]
+            for c in rows:
+                show(c)
+        if "throughput" in args.only:
+            if dev.status != "ok":
+                rows = [Check(n, "skipped", "no usable device (row device)") for n in THROUGHPUT_ROWS]
+            elif importlib.util.find_spec("optuna") is None:
+                rows = [Check(n, "skipped", "optuna not installed: the driver's packages (pip install -e ., or "
+                                            "carry the wheels: docs/benchmarks.md)") for n in THROUGHPUT_ROWS]
+            else:
+                try:
+                    rows = check_throughput(plan, work)
+                except Exception as err:  # the set-up or reading the study; the runs themselves are judged
+                    rows = [failed_check(n, err) for n in THROUGHPUT_ROWS]
             for c in rows:
                 show(c)
     print(render(checks, plan, args.dry_run))

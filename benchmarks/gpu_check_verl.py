@@ -338,7 +338,7 @@ def verl_estimate(overrides: list[str], values: dict[str, Any], verl_python: str
     ``values`` ran (composed by verl in ``verl_python``)."""
     from hpo.backends import load_space
     from hpo.backends.verl._memory import verl_memory_inputs
-    from verl_core.memory_verl import judge_verl
+    from hpo.backends.verl._memory_model import judge_verl
 
     space = load_space(VERL_SPACE, overrides, check=False)
     [(info, keys)] = verl_memory_inputs(space, [space.trainer_overrides(values)], 1, verl_python)
@@ -348,14 +348,14 @@ def verl_estimate(overrides: list[str], values: dict[str, Any], verl_python: str
 
 def study_lengths(trials: list[TrialFacts]) -> Any:
     """The largest mean prompt and response lengths the trials logged (``SequenceLengths``), else None."""
-    from verl_core.config import ConfigError
-    from verl_core.memory_verl import SequenceLengths, read_sequence_lengths
+    from hpo.backends._shapes import EstimateError, SequenceLengths, read_sequence_lengths
+    from hpo.backends.verl._memory_model import LENGTH_METRICS
 
     found = []
     for f in trials:
         try:
-            found.append(read_sequence_lengths(f.metrics))
-        except ConfigError:
+            found.append(read_sequence_lengths(f.metrics, *LENGTH_METRICS))
+        except EstimateError:
             continue
     if not found:
         return None

@@ -1,9 +1,9 @@
 """Peak memory of one training run, per device, from the config and the model's ``config.json`` alone.
 
 Pure arithmetic: this module imports neither torch nor transformers, reads no weights, and is what
-``python -m verl_core validate`` and the HPO driver's pre-flight check call (the helpers both estimators share
-are in :mod:`verl_core.memory_common`, the estimate of real verl runs in :mod:`verl_core.memory_verl`; their
-public names are importable from here too)::
+``python -m verl_core validate`` and the HPO driver's pre-flight check call (its helpers are in
+:mod:`verl_core.memory_common`, whose public names are importable from here too; real verl's estimate is the
+driver's, ``hpo/backends/verl/_memory_model.py``)::
 
     from verl_core.config import load_config
     from verl_core import memory
@@ -63,24 +63,11 @@ from verl_core.memory_common import (
     gpu_memory,
     read_model_config,
 )
-from verl_core.memory_verl import (
-    KNOWN_HUB_CONFIGS,
-    VERL_MEMORY_KEYS,
-    VERL_PHASES,
-    ModelConfigUnavailable,
-    SequenceLengths,
-    VerlMemoryVerdict,
-    estimate_verl,
-    judge_verl,
-    read_hub_or_local_config,
-)
 
 __all__ = [
-    "CPU_BASELINE_BYTES", "CUDA_BASELINE_BYTES", "DTYPE_BYTES", "KNOWN_HUB_CONFIGS", "LOGITS_COPIES_INFER",
-    "LOGITS_COPIES_TRAIN", "PHASES", "TOXICITY_BASELINE_BYTES", "VERL_MEMORY_KEYS", "VERL_PHASES", "Available",
-    "Component", "GiB", "MemoryEstimate", "MiB", "ModelConfigUnavailable", "ModelShape", "SequenceLengths",
-    "VerlMemoryVerdict", "available_bytes", "count_rows", "estimate", "estimate_verl", "fmt_gib", "gpu_memory",
-    "judge_verl", "read_hub_or_local_config", "read_model_config", "resolve_device",
+    "CPU_BASELINE_BYTES", "CUDA_BASELINE_BYTES", "DTYPE_BYTES", "LOGITS_COPIES_INFER", "LOGITS_COPIES_TRAIN", "PHASES",
+    "TOXICITY_BASELINE_BYTES", "Available", "Component", "GiB", "MemoryEstimate", "MiB", "ModelShape",
+    "available_bytes", "count_rows", "estimate", "fmt_gib", "gpu_memory", "read_model_config", "resolve_device",
 ]
 
 # Framework baseline on CPU: the resident memory of a trainer process apart from the tensors counted below: the

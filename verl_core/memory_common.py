@@ -1,5 +1,6 @@
-"""What both memory estimates share: a model's shape from its ``config.json``, the estimate's table, and what
-is available on the device. Pure arithmetic: no torch, no transformers, no weights.
+"""What the trainer's memory estimate (:mod:`verl_core.memory`) is built from: a model's shape from its
+``config.json``, the estimate's table, and what is available on the device. Pure arithmetic: no torch, no
+transformers, no weights.
 
 * :class:`ModelShape`: parameter, activation and KV-cache counts of a decoder-only transformer;
 * :func:`read_model_config`: a model directory's (or a builtin model's) ``config.json``;
@@ -7,8 +8,9 @@ is available on the device. Pure arithmetic: no torch, no transformers, no weigh
   their peak (persistent + the largest phase);
 * :func:`gpu_memory` / :func:`available_bytes`: free GPU memory (nvidia-smi), available RAM, cgroup limit.
 
-The two estimators: :mod:`verl_core.memory` (this project's trainer) and :mod:`verl_core.memory_verl`
-(``python -m verl.trainer.main_ppo`` of verl 0.9.1).
+The driver's estimates of other trainers (real verl's: ``hpo/backends/verl/_memory_model.py``) use the driver's
+copy of the shape and the table, ``hpo/backends/_shapes.py``: ``verl_core`` runs without the driver and imports
+nothing of it. ``tests/hpo/backends/test_shapes.py`` holds the two copies to the same numbers.
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ class Component:
     allocated: bool = True
 
 
-# verl_core's trainer phases (verl's own are in verl_core.memory_verl.VERL_PHASES)
+# verl_core's trainer phases (real verl's are hpo.backends.verl._memory_model.VERL_PHASES)
 PHASES = ("rollout", "log_prob", "update_critic", "update_actor")
 
 

@@ -17,6 +17,20 @@ def builtin_models() -> tuple[str, ...]:
     return (*FAMILY, "smollm2")
 
 
+def builtin_model_facts() -> dict[str, tuple[str, int | None]]:
+    """Each built-in model (:func:`builtin_models`) -> (its tokenizer's family, its hidden size), without torch or a
+    build: the tiny_arith family (``verl_core.tiny_model.FAMILY``) shares one tokenizer, built byte-identical at every
+    size; ``smollm2`` has its own."""
+    from verl_core.pretrained import smollm2_config
+    from verl_core.tiny_model import FAMILY
+
+    facts: dict[str, tuple[str, int | None]] = {name: ("tiny_arith", shape.get("hidden_size"))
+                                                for name, shape in FAMILY.items()}
+    hidden = smollm2_config().get("hidden_size")
+    facts["smollm2"] = ("smollm2", hidden if isinstance(hidden, int) else None)
+    return facts
+
+
 def resolve_model_path(path: str, key: str) -> str:
     """A local HF directory for ``path``; ``builtin:<name>`` (:func:`builtin_models`: ``tiny_arith``, its sizes
     ``tiny_arith_s`` / ``tiny_arith_l``, ``smollm2``) is built (once, cached)."""

@@ -5,8 +5,11 @@ point group ``verl_hpo.backends``). ``verl_core/``: the default trainer (with it
 its memory estimate in ``_memory``, ``verl-hpo rehearse`` in ``_rehearse``); ``trl/``: TRL's GRPOTrainer; the base
 class: any command.
 Also: an experiment as the driver runs it (``_check``: the schema, the backend's defaults and checks), the memory
-pre-flight (``_preflight``: what every estimate shares; each backend answers for its own trainer), and a proxy model
-against the target's (``_fidelity``, ``_models``: ``study.fidelity.proxy``).
+pre-flight (``_preflight``: what every estimate shares; ``_shapes``: the model shapes, the estimate's table, the GPU
+probe and the sequence lengths, no trainer's; each backend answers for its own trainer), the user-code files of an
+override (``_code_files``, by each backend's keys), and a proxy model against the target's (``_fidelity``,
+``_models``: ``study.fidelity.proxy``). No module here imports a trainer package (``verl_core``), and no backend
+imports another (``tests/hpo/test_layering.py``).
 
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
 

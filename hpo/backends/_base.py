@@ -75,7 +75,7 @@ __all__ = ["Attempt", "Backend", "Command", "Launch", "LaunchContext", "Predicti
            "TrialConfig", "steps_in"]
 
 if TYPE_CHECKING:
-    from verl_core.memory_verl import SequenceLengths
+    from hpo.backends._shapes import SequenceLengths
 
 
 class PredictionLike(Protocol):

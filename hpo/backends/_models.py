@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,17 @@ def local_facts(path: str) -> ModelFacts:
                           f"{path!r} is not a directory")
     return ModelFacts(tokenizer=tokenizer_digest(where), hidden=hidden_size(where),
                       note="" if (where / "config.json").is_file() else f"{path!r} has no config.json")
+
+
+def builtin_facts_from(path: str, known: Mapping[str, tuple[str, int | None]]) -> ModelFacts:
+    """The facts of a trainer's built-in model ``path`` (``builtin:<name>``) from ``known``: each name's tokenizer
+    family (two models of one family share token ids) and hidden size; ``missing`` for a name not in ``known``."""
+    name = path.removeprefix("builtin:")
+    if name not in known:
+        return ModelFacts(missing=f"{path!r} is not a built-in model (known: "
+                                  f"{', '.join(f'builtin:{n}' for n in known)})")
+    family, hidden = known[name]
+    return ModelFacts(tokenizer=("family", family), hidden=hidden)
 
 
 def tokenizer_digest(where: Path) -> tuple[str, str] | None:

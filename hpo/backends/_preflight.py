@@ -29,7 +29,7 @@ from hpo.backends._registry import backend_of
 from hpo.experiment._space import Space, SpaceError
 
 if TYPE_CHECKING:
-    from verl_core.memory_verl import SequenceLengths
+    from hpo.backends._shapes import SequenceLengths
 
 MAX_CORNERS = 64
 GiB = 2**30
@@ -56,9 +56,9 @@ class Prediction:
 def gpu_budget(devices: Sequence[str]) -> tuple[int, str] | None:
     """(the free memory of the tightest of ``devices``, where it comes from) by nvidia-smi; None when none of them
     is visible here."""
-    from verl_core import memory
+    from hpo.backends._shapes import gpu_memory
 
-    gpus = memory.gpu_memory()
+    gpus = gpu_memory()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     order = [d.strip() for d in visible.split(",")] if visible is not None else [str(i) for i in range(len(gpus))]
     free = [gpus[order.index(d)][0] for d in devices if d in order and order.index(d) < len(gpus)]
@@ -67,16 +67,16 @@ def gpu_budget(devices: Sequence[str]) -> tuple[int, str] | None:
     return min(free), f"free memory of GPU {','.join(devices)} (nvidia-smi)"
 
 
-def read_lengths(path: Path) -> SequenceLengths:
-    """A previous run's largest ``response_length/mean`` and ``prompt_length/mean`` from its metrics file (verl's
+def read_lengths(path: Path, prompt_metric: str, response_metric: str) -> SequenceLengths:
+    """A previous run's largest mean prompt and response lengths (the backend's ``prompt_metric`` and
+    ``response_metric``: verl's ``prompt_length/mean`` and ``response_length/mean``) from its metrics file (verl's
     ``file`` logger format, which ``verl_core`` also writes): what ``validate --metrics`` estimates at. SpaceError
     with one line for a file without them."""
-    from verl_core.config import ConfigError
-    from verl_core.memory_verl import read_sequence_lengths
+    from hpo.backends._shapes import EstimateError, read_sequence_lengths
 
     try:
-        return read_sequence_lengths(path)
-    except ConfigError as err:
+        return read_sequence_lengths(path, prompt_metric, response_metric)
+    except EstimateError as err:
         raise SpaceError(str(err)) from None
 
 

@@ -30,7 +30,8 @@ def run_study(space: Space | None, study_name: str, inv: Invocation, args: argpa
     """search (``space`` given), or resume / worker / confirm of the stored study; the exit code."""
     from hpo.execution import knob_problem
     from hpo.reporting._dashboard import DashboardCallback, dashboard_path, write_final_page
-    from hpo.reporting._report import Reporter, summary
+    from hpo.reporting._report import Reporter
+    from hpo.reporting._summary import summary
     from hpo.storages._retrying import StorageUnavailable
     from hpo.study._driver import Driver, study_target
     from hpo.study._errors import DriverError, TrialInterrupted

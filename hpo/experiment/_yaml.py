@@ -9,6 +9,7 @@ a mapping at the top; every problem is one :class:`SpaceError` line naming the f
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,11 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# YAML 1.2's floats: ``1e-6`` (how a learning rate is written) is a number, not the string YAML 1.1 makes of a float
+# without a dot (``low: 1e-6`` would be refused as "expected a number")
+_StrictLoader.add_implicit_resolver(  # type: ignore[no-untyped-call]
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
 
 
 def load_yaml_text(text: str) -> Any:

@@ -95,7 +95,7 @@ def _print_fidelity(study: Any, spent: bool = True) -> None:
     """A proxy search's check and what it saved or wasted, and (``spent``) the spend split (stderr); nothing for
     another study."""
     from hpo.record import study_cost
-    from hpo.reporting._report import fidelity_summary
+    from hpo.reporting._summary import fidelity_summary
 
     line = fidelity_summary(study).strip()
     if line:

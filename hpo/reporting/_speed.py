@@ -13,10 +13,11 @@ minute of a shared machine falls on both. Runs are ordinary confirmation runs of
 
 * the speed-up: the geometric mean of the paired ratios pick / user's config of the runs on one seed (in the faster
   direction: time-per-step objectives are inverted), with its 95% t interval over the log ratios;
-* the same-math check: at each seed, the first training step's ``math_metrics`` (losses, gradient norm, score) of the
-  pick's run and of the user's config's run must agree within ``tolerance x max(1, |value|)``, and a metric logged by
-  one run only disagrees. A pick that disagrees anywhere is reported with the metric and both values, and is not
-  recommended.
+* the same-math check (:mod:`hpo.reporting._same_math`): at each seed, the first training step's ``math_metrics``
+  (losses, gradient norm, score) of the pick's run and of the user's config's run must agree within ``tolerance``
+  of their values where both updates saw the same samples (the trainer reproduces its first step, or both runs
+  replayed one recorded first rollout), else within the control's spread; a metric logged by one run only
+  disagrees. A pick that disagrees anywhere is reported with the metric and both values, and is not recommended.
 
 ``confirm`` re-measures until the decision is made (:func:`unresolved`): while the fastest pick that computes the
 same update is not separated from the user's config (its interval includes 1), it queues one more seed's block, up
@@ -49,8 +50,9 @@ from hpo.experiment import speed_value_ok
 from hpo.experiment._space import Space
 from hpo.experiment._throughput import repeat_cap
 from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
+from hpo.reporting._same_math import LOOSE_FLOOR, NOISE_FACTOR, UNCOMPARABLE, first_step, math_disagreements, run_noise
 from hpo.study._compare import LEVEL, t_quantile
-from hpo.study._confirm import BASELINE_OF, CONTROL_OF
+from hpo.study._confirm import BASELINE_OF, CONTROL_OF, strict_pair
 
 
 @dataclass
@@ -67,6 +69,7 @@ class SpeedPick:
     high: float | None = None
     disagreements: list[str] = field(default_factory=list)  # the same-math check's findings
     compared: int = 0  # seeds whose first steps were compared
+    replayed: int = 0  # ... of which both runs updated on one recorded first rollout (the strict check)
 
     @property
     def same_math(self) -> bool | None:
@@ -95,6 +98,7 @@ class SpeedReport:
     pending: int
     noise: dict[str, float] | None = None  # the control's relative first-step differences (None: no control ran)
     baseline_out_of_range: int = 0  # runs of the user's config whose stored value is not a measurement (skipped)
+    control_replayed: bool = False  # the control replayed the user's run's recorded first rollout
 
     @property
     def recommended(self) -> SpeedPick | None:
@@ -159,54 +163,7 @@ def _value(t: FrozenTrial) -> float | None:
     return _measured(t)[0]
 
 
-def _first_step(t: FrozenTrial) -> dict[str, Any] | None:
-    """A run's ``first_step`` user attr with only its finite numbers (a stored text or a list is not compared)."""
-    first = t.user_attrs.get("first_step")
-    if not isinstance(first, dict):
-        return None
-    return {str(k): v for k, v in first.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
-
-
 NONE_FASTER = "no setting faster than yours was found on this host"
-NOISE_FACTOR = 3.0  # a metric may differ by this many times what two runs of the user's config on one seed differ by
-LOOSE_FLOOR = 0.5  # ... and at least by this share of its value when the trainer's first step does not reproduce
-UNCOMPARABLE = 0.5  # a metric that moved more than this share between the user's two runs is not compared
-
-
-def math_disagreements(pick: dict[str, Any], base: dict[str, Any], tolerance: float,
-                       noise: dict[str, float] | None = None) -> list[str]:
-    """The first-step metrics (``first_step`` user attrs) that differ beyond what is allowed, or that only one run
-    logged (``step``: where each was taken). ``noise``: per metric, how far two runs of the user's config on one seed
-    differ relative to its value (:func:`run_noise`; None or all 0: the trainer reproduces its first step, and each
-    metric must agree within ``tolerance x max(1, |base|)``). Where the first step does not reproduce (an
-    asynchronous rollout samples differently run to run), a metric may also differ by ``max(NOISE_FACTOR x noise,
-    LOOSE_FLOOR)`` of its value, and one that moved by more than :data:`UNCOMPARABLE` between the user's own two runs
-    (a loss near 0) is not compared: the check then catches a change of the update's scale or form (a loss
-    aggregation switch moves the gradient norm several-fold), not a small one."""
-    noise = noise or {}
-    loose = any(r > 1e-9 for r in noise.values())
-    out = []
-    for m in sorted((set(pick) | set(base)) - {"step"}):
-        a, b = pick.get(m), base.get(m)
-        if a is None or b is None:
-            out.append(f"{m} logged by {'the pick' if b is None else 'your config'} only")
-            continue
-        if loose and noise.get(m, 0.0) > UNCOMPARABLE:
-            continue
-        extra = max(NOISE_FACTOR * noise.get(m, 0.0), LOOSE_FLOOR) * abs(float(b)) if loose else 0.0
-        if not abs(float(a) - float(b)) <= tolerance * max(1.0, abs(float(b))) + extra:
-            out.append(f"{m} {float(a):.6g} vs {float(b):.6g}")
-    if pick.get("step") != base.get("step") and "step" in pick and "step" in base:
-        out.append(f"first step {pick['step']} vs {base['step']}")
-    return out
-
-
-def run_noise(base: dict[str, Any], control: dict[str, Any]) -> dict[str, float]:
-    """Per metric, how far the user's config's two runs on one seed differ at the first step, relative to the first
-    run's value (``|a - b| / max(1e-12, |a|)``): 0 everywhere where the trainer reproduces its first step."""
-    return {m: abs(float(control[m]) - float(base[m])) / max(1e-12, abs(float(base[m])))
-            for m in set(base) & set(control) - {"step"}}
 
 
 def _log_ratio(a: float, b: float, faster_is_higher: bool) -> float | None:
@@ -246,8 +203,9 @@ def speed_report(study: optuna.Study, space: Space) -> SpeedReport | None:
     tol = space.study.throughput.tolerance
     control = next(((seed, t) for (of, seed), t in runs.items() if of == CONTROL_OF and seed in base), None)
     rel_noise: dict[str, float] = {}
+    replayed = control is not None and strict_pair(control[1], base[control[0]])
     if control is not None:
-        first_b, first_c = _first_step(base[control[0]]), _first_step(control[1])
+        first_b, first_c = first_step(base[control[0]]), first_step(control[1])
         if first_b is not None and first_c is not None:
             rel_noise = run_noise(first_b, first_c)
     numbers = sorted({of for of, _ in runs if of not in (BASELINE_OF, CONTROL_OF)})
@@ -255,7 +213,7 @@ def speed_report(study: optuna.Study, space: Space) -> SpeedReport | None:
     picks = [_pick(by_number[n], runs, base, higher, tol, rel_noise) for n in numbers if n in by_number]
     picks.sort(key=lambda p: -(p.ratio or 0.0))
     return SpeedReport(metric, picks, {s: v for s, t in base.items() if (v := _value(t)) is not None}, tol, pending,
-                       None if control is None else rel_noise, sum(_measured(t)[1] for t in base.values()))
+                       None if control is None else rel_noise, sum(_measured(t)[1] for t in base.values()), replayed)
 
 
 def _pick(trial: FrozenTrial, runs: dict[tuple[int, int], FrozenTrial], base: dict[int, FrozenTrial], higher: bool,
@@ -271,10 +229,13 @@ def _pick(trial: FrozenTrial, runs: dict[tuple[int, int], FrozenTrial], base: di
         pick.failed += a is None and not a_bad
         if a is not None and b is not None:
             pick.pairs.append((seed, a, b))
-        first_a, first_b = _first_step(run), _first_step(base[seed])
+        first_a, first_b = first_step(run), first_step(base[seed])
         if first_a is not None and first_b is not None:
             pick.compared += 1
-            pick.disagreements += [f"seed {seed}: {d}" for d in math_disagreements(first_a, first_b, tol, rel_noise)]
+            replayed = strict_pair(run, base[seed])
+            pick.replayed += replayed
+            pick.disagreements += [f"seed {seed}: {d}" for d in math_disagreements(first_a, first_b, tol, rel_noise,
+                                                                                   replayed)]
     if pick.pairs:
         pick.ratio, pick.low, pick.high = _ratio(pick.pairs, higher)
     return pick
@@ -295,7 +256,30 @@ def _pick_line(p: SpeedPick, names: list[str]) -> str:
         speed = f"{p.ratio:.3f}x your config's speed{interval}"
     same = {True: "same math: agrees", False: "same math: DIFFERS (" + "; ".join(p.disagreements[:3]) + ")",
             None: "same math: not checked (no first step logged by both)"}[p.same_math]
+    if p.compared:
+        same += f" (strict on {p.replayed} of {p.compared} seed(s): one recorded first rollout replayed)" \
+            if p.replayed else ""
     return f"trial {p.trial.number} ({setting}): {speed}{_skipped(p.out_of_range)}; {same}"
+
+
+def _control_line(report: SpeedReport) -> str:
+    """What the control (the user's config twice on one seed) says about the same-math check's strictness."""
+    noise = report.noise or {}
+    moved = {m: r for m, r in sorted(noise.items()) if r > 1e-9}
+    worst = max(noise.values(), default=0.0)
+    if report.control_replayed:
+        return ("control (your config twice on one seed, the second replaying the first's recorded first rollout): "
+                f"its first step differs by at most {worst:.2g} (relative); the same-math check is strict where both "
+                f"runs of a seed updated on one recorded rollout: each metric within {report.tolerance:g} of its value")
+    if not moved:
+        return ("control (your config twice on one seed): the first step reproduces exactly; the same-math check "
+                f"is strict (each metric within {report.tolerance:g} of its value)")
+    skipped = [m for m, r in moved.items() if r > UNCOMPARABLE]
+    return ("control (your config twice on one seed): the first step differs between runs ("
+            + ", ".join(f"{m} by {100 * r:.2g}%" for m, r in list(moved.items())[:5])
+            + f"), so the same-math check is loose: each metric within max({NOISE_FACTOR:g}x that, "
+            f"{100 * LOOSE_FLOOR:.0f}%) of its value" + (f", {', '.join(skipped)} not compared" if skipped else "")
+            + " (it catches a change of scale)")
 
 
 def speed_lines(report: SpeedReport, space: Space) -> list[str]:
@@ -305,15 +289,7 @@ def speed_lines(report: SpeedReport, space: Space) -> list[str]:
     out = [(f"user's config: {report.metric} {statistics.fmean(base):.4g} over {len(base)} run(s)" if base else
             "user's config: no finished run with a finite value") + _skipped(report.baseline_out_of_range)]
     if report.noise is not None:
-        moved = {m: r for m, r in sorted(report.noise.items()) if r > 1e-9}
-        skipped = [m for m, r in moved.items() if r > UNCOMPARABLE]
-        out.append("control (your config twice on one seed): the first step reproduces exactly; the same-math check "
-                   f"is strict (within {report.tolerance:g})" if not moved else
-                   "control (your config twice on one seed): the first step differs between runs ("
-                   + ", ".join(f"{m} by {100 * r:.2g}%" for m, r in list(moved.items())[:5])
-                   + f"), so the same-math check is loose: each metric within max({NOISE_FACTOR:g}x that, "
-                   f"{100 * LOOSE_FLOOR:.0f}%) of its value" + (f", {', '.join(skipped)} not compared" if skipped
-                                                                else "") + " (it catches a change of scale)")
+        out.append(_control_line(report))
     out += [_pick_line(p, names) for p in report.picks]
     left = f"; {report.pending} run(s) still to run" if report.pending else ""
     rec, lead = report.recommended, report.leader

@@ -1,6 +1,7 @@
 """Where a study lives: storage URLs (SQLite by default, any Optuna RDB URL, Redis through a journal), study names
 checked before anything is created (``_storage``), passwords masked wherever a URL is shown (``_urls``), and every
-storage wrapped to ride out outages (``_retrying``: retries with backoff, the downtime it rode out).
+storage wrapped to ride out outages (``_retrying``: retries with backoff, the downtime it rode out; ``_errors``: which
+errors are an outage, each as one line).
 
 May import: ``hpo.experiment``, ``hpo.analysis``."""
 

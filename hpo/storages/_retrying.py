@@ -9,17 +9,19 @@ values overwrite (harmless); finishing a trial (``set_trial_state_values``) that
 with the same state and values returns True instead of raising UpdateFinishedTrialError; popping a WAITING trial that
 the lost commit already claimed returns False (Optuna then asks for another), and a trial created twice
 (``create_new_trial``) leaves one RUNNING trial that nobody runs or beats for: both are found stale and recovered
-(FAIL + a WAITING retry) by :mod:`hpo.study._recovery`, as a dead driver's trial would be."""
+(FAIL + a WAITING retry) by :mod:`hpo.study._recovery`, as a dead driver's trial would be.
+
+Which errors are an outage, and the one line each is worded as, are :mod:`hpo.storages._errors`'s (their names stay
+importable from here)."""
 
 from __future__ import annotations
 
-import errno
 import math
 import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import optuna
@@ -29,109 +31,15 @@ from optuna.study._frozen import FrozenStudy
 from optuna.study._study_direction import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo.storages._errors import STORAGE_ERRORS, StorageUnavailable, _first_line, storage_error_line, unavailable_cause
 from hpo.storages._urls import mask_url, scrub
 
-# what a storage call raises when the storage (not the caller) is at fault: the CLI maps each to one line
-STORAGE_ERRORS: tuple[type[BaseException], ...] = (OSError, optuna.exceptions.StorageInternalError)
-try:
-    from sqlalchemy.exc import SQLAlchemyError
-
-    STORAGE_ERRORS += (SQLAlchemyError,)
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from redis.exceptions import RedisError
-
-    STORAGE_ERRORS += (RedisError,)
-except ImportError:
-    pass
-
-
-def storage_error_line(err: BaseException, url: str) -> str:
-    """One line for a storage error, the URL masked: StorageUnavailable's own text, else the driver's first
-    line (not Optuna's wrapper text, "... invalid data in the commit ..."), prefixed with the storage."""
-    if isinstance(err, StorageUnavailable):
-        return str(err)
-    shown = unavailable_cause(err) or next(
-        (e for e in _chain(err) if not isinstance(e, optuna.exceptions.StorageInternalError)), err)
-    first = (str(shown).strip().splitlines() or [type(shown).__name__])[0]
-    return scrub(f"storage {mask_url(url) if url else 'default'}: {first}", url) if url else f"storage default: {first}"
-
+__all__ = ["BACKOFF_CAP_S", "BACKOFF_START_S", "STORAGE_ERRORS", "RetryingStorage", "StorageUnavailable", "opening",
+           "storage_downtime", "storage_error_line", "storage_outages", "storage_recovered_at", "unavailable_cause"]
 
 # ----------------------------------------------------------------------------- riding out outages
-class StorageUnavailable(optuna.exceptions.StorageInternalError):
-    """The storage stayed unreachable (or unwritable) for ``study.storage_retry_s``. ``str()`` is one line,
-    the URL masked and its password scrubbed. A StorageInternalError (what Optuna raises for a failed
-    commit), so that it is never taken for an error of the trial, the disk or a launch."""
-
-
 BACKOFF_START_S = 0.1
 BACKOFF_CAP_S = 2.0  # a driver notices a storage that is back within this (and beats again: see _recovery)
-# sqlite3.OperationalError texts of a condition that can pass (every other one, e.g. "no such table", is a bug)
-_SQLITE_TRANSIENT = ("locked", "busy", "readonly", "read-only", "disk i/o error", "disk is full",
-                     "unable to open database file")
-_OS_TRANSIENT = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO, errno.ENETDOWN, errno.ENETUNREACH,
-                 errno.EHOSTUNREACH, errno.EFBIG}
-
-
-def _unavailable_one(err: BaseException) -> bool:
-    try:
-        from sqlalchemy import exc as sa
-    except ImportError:  # pragma: no cover
-        sa = None  # type: ignore[assignment]
-    if sa is not None:
-        # PendingRollbackError: a query on a connection that broke earlier in the same session (Optuna's
-        # _get_trials retries a failed query this way); the next session reconnects
-        if isinstance(err, (sa.DisconnectionError, sa.InterfaceError, sa.TimeoutError, sa.PendingRollbackError)):
-            return True
-        if isinstance(err, sa.DBAPIError) and err.connection_invalidated:
-            return True
-        if isinstance(err, sa.OperationalError):
-            import sqlite3
-
-            if isinstance(err.orig, sqlite3.Error):
-                return any(m in str(err.orig).lower() for m in _SQLITE_TRANSIENT)
-            return True  # PostgreSQL/MySQL: connection refused / lost, server shutting down or starting, deadlock
-    try:
-        from redis import exceptions as rx
-    except ImportError:
-        rx = None  # type: ignore[assignment]
-    if rx is not None:
-        if isinstance(err, (rx.AuthenticationError, rx.AuthorizationError)):
-            return False
-        if isinstance(err, (rx.ConnectionError, rx.TimeoutError, rx.ReadOnlyError)):
-            return True
-        if isinstance(err, rx.ResponseError) and str(err).startswith("MISCONF"):  # cannot persist: disk full
-            return True
-    if isinstance(err, (ConnectionError, TimeoutError)):
-        return True
-    return isinstance(err, OSError) and err.errno in _OS_TRANSIENT
-
-
-def _chain(err: BaseException) -> Iterator[BaseException]:
-    """``err``, what it was raised from, or else what it was raised while handling (a few links)."""
-    e: BaseException | None = err
-    for _ in range(8):
-        if e is None:
-            return
-        yield e
-        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
-
-
-def unavailable_cause(err: BaseException) -> BaseException | None:
-    """The error in ``err``'s chain (Optuna's StorageInternalError hides the driver's error) that says the
-    storage cannot be reached or written for now; None if none."""
-    for e in _chain(err):
-        if isinstance(e, (StorageUnavailable, UpdateFinishedTrialError)):
-            return None
-        if _unavailable_one(e):
-            return e
-    return None
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
 def _stderr(line: str) -> None:

@@ -1,7 +1,7 @@
 """Storage URLs shown safely: every secret masked wherever a URL is printed or rendered (a password in the userinfo,
 credential-named query parameters such as PostgreSQL's or Redis' ``?password=``), and scrubbed from error texts.
-Below both :mod:`hpo.storages._storage` (which opens storages) and :mod:`hpo.storages._retrying` (which words
-their outages), so neither imports the other for it."""
+Below :mod:`hpo.storages._storage` (which opens storages), :mod:`hpo.storages._errors` and
+:mod:`hpo.storages._retrying` (which word storage errors and outages), so none of them imports another for it."""
 
 from __future__ import annotations
 

@@ -77,7 +77,10 @@ from hpo.study._confirm import (
     ATTR_CONFIRM_OF,
     ATTR_CONFIRM_SEED,
     CONTROL_OF,
+    FIRST_ROLLOUT,
     confirm_overrides,
+    first_rollout,
+    first_rollout_env,
     heldout_metric_of,
     is_confirm,
 )
@@ -200,11 +203,14 @@ class TrialRunner:
                                          job[1], self.reporter.note):
             self._interrupt(trial)
         entered = time.monotonic()
+        rollout_env, rollout_source = first_rollout_env(self.study, frozen_trial(self.study, trial.number),
+                                                        self.space.study.kind, self.trials_dir, plan.trial_dir)
         try:
             launch = self.backend.plan(Attempt(
                 self.space, self.study.study_name, trial.number, plan.trial_dir, self.trials_dir,
                 tuple(plan.history), plan.values, self.cwd,
-                trial_env(self.space, self.study.study_name, trial.number, self.identity, devices, plan.extra),
+                {**trial_env(self.space, self.study.study_name, trial.number, self.identity, devices, plan.extra),
+                 **rollout_env},
                 len(devices), ray_job=job is not None, extra=launch_extra(plan.extra), tail=tuple(plan.tail),
                 start=plan.start))  # secrets of plan.extra: in the environment, references on argv
         except BaseException:
@@ -232,6 +238,8 @@ class TrialRunner:
         overhead = None if proc.spawned_at is None else proc.spawned_at - entered
         for k, v in run_attrs(result, watch, overhead, entered - waited).items():
             trial.set_user_attr(k, v)
+        if (rollout := first_rollout(plan.trial_dir, rollout_source, bool(rollout_env))) is not None:
+            trial.set_user_attr(FIRST_ROLLOUT, rollout)  # what the run did with its first rollout (the strict check)
         for line in result.log_lines():
             self.reporter.note(f"trial {trial.number}: {line}")
         if result.stop == "interrupted":

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 VERL_PY = REPO / ".venv-verl" / "bin" / "python"  # not resolved: the venv's own link, not the base interpreter
@@ -24,13 +25,13 @@ STAND_IN = REPO / "tests" / "hpo" / "fake_verl_main_ppo.py"
 VAL = "val-core/openai/gsm8k/acc/mean@1"
 NAMES = ["device", "train (grad checkpointing, fp32)", "memory estimate", "rollout vLLM vs HF", "checkpoint resume",
          "4-bit reward model", "verl study", "verl SIGTERM + resume", "verl two trials at once",
-         "verl memory estimate"]
+         "verl memory estimate", "throughput ratio", "speed health"]
 
 
 def run_py(code: str, *args: str, timeout: float = 120) -> Any:
     """Run ``code`` (which has ``g``: benchmarks.gpu_check, and ``argv``) in a subprocess; the JSON it prints last."""
     prelude = ("import json, math, sys\nfrom pathlib import Path\nfrom benchmarks import gpu_check as g\n"
-               "argv = sys.argv[1:]\n")
+               "from benchmarks import gpu_check_speed as s\nargv = sys.argv[1:]\n")
     proc = subprocess.run([sys.executable, "-c", prelude + code, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -38,13 +39,13 @@ def run_py(code: str, *args: str, timeout: float = 120) -> Any:
 
 
 # ----------------------------------------------------------------------------- the whole plan on CPU
-@pytest.mark.timeout(900)
-@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
+@pytest.mark.timeout(1500)
+@pytest.mark.slow  # ~2-6 min on 2 busy cores (the throughput part's 6 trainer runs: 1.5-4 min): make test-slow
 def test_dry_run_prints_the_table(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--json", str(out)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=880)
+                          env=env, capture_output=True, text=True, timeout=1480)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {r["name"]: r for r in json.loads(out.read_text())}
     assert list(rows) == NAMES
@@ -71,6 +72,30 @@ def test_dry_run_prints_the_table(tmp_path: Path) -> None:
     assert "--study gpu-check-verl-pair" in pair["detail"]
     assert rows["verl memory estimate"]["status"] == "skipped"
     assert "would run: -m hpo search" in proc.stderr  # the plan is printed as it goes
+    # the throughput part ran through the driver: search, then confirm's ABBA re-measurement with its control
+    ratio, health = rows["throughput ratio"], rows["speed health"]
+    assert ratio["status"] == "ok", ratio
+    assert ratio["detail"].startswith("pick (micro-batch 16, checkpointing off) vs poor (micro-batch 2, "
+                                      "checkpointing on); ")
+    assert " over 2 paired runs (" in ratio["detail"] and "order poor, control, pick, pick, poor" in ratio["detail"]
+    assert "same math: agrees" in ratio["detail"] and "the first step reproduces exactly" in ratio["detail"]
+    assert "confirm: recommended: " in ratio["detail"] and ratio["seconds"] > 0
+    assert health["status"] == "ok", health  # no GPU: no GPU label; tiny_arith's generation is a few % of a step
+    assert health["detail"].startswith("poor config: no label (no GPU, gen ") and "3 run(s)" in health["detail"]
+    assert "pick: no label (no GPU, gen " in health["detail"] and "2 run(s)" in health["detail"]
+    assert "[gpu-check] throughput: -m hpo search --space " in proc.stderr
+
+
+def test_only_runs_the_parts_named() -> None:
+    """``--only reward``: the device row and the 4-bit row (skipped on the CPU), nothing else started."""
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--only", "reward"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split()[0] for line in proc.stdout.splitlines()[4:]]
+    assert rows == ["device", "4-bit"], proc.stdout
+    bad = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--only", "speed"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "invalid choice: 'speed'" in bad.stderr
 
 
 def test_steps_below_two_is_an_error() -> None:
@@ -111,6 +136,146 @@ def test_the_verl_stage_commands_are_valid_searches() -> None:
     args = build_parser().parse_args(resume[3:])
     assert args.cmd == "resume" and args.study == "gpu-check-verl" and args.studies_dir == work / "studies"
     assert args.trust_stored_experiment  # the check's overrides make the stored experiment differ from the file
+
+
+def test_the_throughput_part_is_a_throughput_study_of_the_pick_against_the_poor_config(tmp_path: Path) -> None:
+    """The experiment file the throughput part writes (CUDA and dry): one trial, the pick; ``study.baseline`` the
+    poor config; 2 seeds and no more; it loads as a throughput study, and its commands parse as ``search`` and
+    ``confirm`` of one study."""
+    from hpo._cli import build_parser
+    from hpo.backends import load_space
+
+    made = run_py("""
+out = {}
+for plan in (g.REAL, g.DRY):
+    out[plan.device] = [s.speed_experiment(plan), s.speed_commands(Path(argv[0]) / 'x.yaml', Path(argv[0]) / 'st'),
+                        s.POOR, s.PICK[plan.device], s.MICRO, s.CHECKPOINTING]
+print(json.dumps(out))
+""", str(tmp_path))
+    for device, (raw, (search, confirm), poor, pick, micro, ckpt) in made.items():
+        path = tmp_path / f"{device}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        space = load_space(str(path))
+        assert space.study.kind == "throughput" and space.study.n_trials == 1
+        assert space.study.baseline == poor and poor == {micro: 2, ckpt: True}
+        assert {p.key: p.choices for p in space.params} == {micro: (pick[micro],), ckpt: (False,)}
+        assert pick[micro] >= 8 * poor[micro]  # 8-16x fewer forward/backward passes in the update
+        tp = space.study.throughput
+        assert (tp.repeats, tp.max_repeats, tp.top_k, tp.warmup_steps) == (2, 2, 1, 1)
+        assert space.overrides["trainer.device"] == device and space.overrides["trainer.total_training_steps"] == 3
+        assert space.config == {"cuda": "smollm2_addition", "cpu": "tiny_arith"}[device]
+        assert "actor_rollout_ref.rollout.fast_decode" not in space.overrides  # not compared: the trainer's default
+        for argv, cmd in ((search, "search"), (confirm, "confirm")):
+            args = build_parser().parse_args(argv[3:])
+            assert args.cmd == cmd and args.study == "gpu-check-speed" and args.studies_dir == tmp_path / "st"
+        assert build_parser().parse_args(search[3:]).space == str(tmp_path / "x.yaml")
+
+
+def test_the_throughput_ratio_row() -> None:
+    rows = run_py("""
+import dataclasses
+ok = s.SpeedFacts(0, 0, order=['poor', 'control', 'pick', 'pick', 'poor'],
+                  pairs=[(1000, 2400.0, 1000.0), (1001, 2600.0, 1000.0)], ratio=2.498, low=1.52, high=4.1,
+                  same_math=True, control='control (...): the first step reproduces exactly',
+                  verdict='recommended: trial 0, 2.498x', seconds=150.0)
+cases = {
+    'ok': ok,
+    'not separated': dataclasses.replace(ok, pairs=[(1000, 1300.0, 1000.0), (1001, 4000.0, 1000.0)], ratio=2.28,
+                                         low=0.01, high=500.0),
+    'slower once': dataclasses.replace(ok, pairs=[(1000, 3000.0, 1000.0), (1001, 900.0, 1000.0)], ratio=1.64),
+    'small': dataclasses.replace(ok, pairs=[(1000, 1100.0, 1000.0), (1001, 1100.0, 1000.0)], ratio=1.1),
+    'differs': dataclasses.replace(ok, same_math=False, disagreements=['seed 1000: actor/grad_norm 5.5 vs 4.9']),
+    'unchecked': dataclasses.replace(ok, same_math=None),
+    'a pick failed': dataclasses.replace(ok, pairs=ok.pairs[:1], failed=1, ratio=2.4, low=None, high=None),
+    'search failed': s.SpeedFacts(1, None, error='search exit 1: error: bad key'),
+    'confirm failed': dataclasses.replace(ok, confirm_exit=1, pairs=[], ratio=None, same_math=None, pending=4),
+}
+out = {k: [s.ratio_row(v, 'micro-batch 32, checkpointing off', 'micro-batch 2, checkpointing on').status,
+           s.ratio_row(v, 'micro-batch 32, checkpointing off', 'micro-batch 2, checkpointing on').detail,
+           s.ratio_row(v, 'a', 'b').seconds] for k, v in cases.items()}
+out['bar'] = [s.MIN_SPEEDUP, s.REPEATS]
+print(json.dumps(out))
+""")
+    status, detail, seconds = rows["ok"]
+    assert status == "ok" and seconds == 150
+    assert detail == ("pick (micro-batch 32, checkpointing off) vs poor (micro-batch 2, checkpointing on); 2.50x "
+                      "[1.52, 4.10] over 2 paired runs (separated); tokens/s 2400 vs 1000, 2600 vs 1000; order poor, "
+                      "control, pick, pick, poor; same math: agrees; control (...): the first step reproduces "
+                      "exactly; confirm: recommended: trial 0, 2.498x")
+    assert rows["not separated"][0] == "ok" and "(not separated)" in rows["not separated"][1]  # 2 seeds: reported
+    assert rows["bar"] == [1.2, 2]
+    expect = {"slower once": "the pick was not faster on seed(s) [1001]",
+              "small": "speed-up 1.10x below 1.2x",
+              "differs": "same math: DIFFERS (seed 1000: actor/grad_norm 5.5 vs 4.9)",
+              "unchecked": "same math: not checked (no first step logged by both)",
+              "a pick failed": "1 paired run(s) of 2 (1 run(s) of the pick failed)",
+              "search failed": "search exit 1: error: bad key",
+              "confirm failed": "confirm exit 1"}
+    for name, text in expect.items():
+        assert rows[name][0] == "FAIL" and text in rows[name][1], (name, rows[name])
+    assert "0 paired run(s) of 2, 4 still to run" in rows["confirm failed"][1]
+
+
+def test_the_speed_health_row_checks_the_labels_against_what_each_run_logged(tmp_path: Path) -> None:
+    """``gpu_underused`` where the mean utilisation after the first step is below ``util_low`` (a run handed a GPU),
+    ``generation_bound`` where generation takes ``gen_fraction`` of the step or more; a label the means do not give,
+    or one missing, fails; on CUDA a poor run without a GPU or without its utilisation fails. ``run_health`` reads
+    the means from the run's metrics file, the GPU from its command.json."""
+    rows = run_py("""
+R = s.RunHealth
+cuda = [R(1, 'poor', ('gpu_underused',), True, 24.0, 0.4), R(2, 'control', ('gpu_underused', 'generation_bound'),
+        True, 30.0, 0.75), R(3, 'pick', (), True, 70.0, 0.5), R(4, 'pick', ('gpu_saturated',), True, 97.0, 0.5),
+        R(5, 'poor', ('gpu_underused',), True, 20.0, None)]
+cpu = [R(1, 'poor', (), False, None, 0.02), R(2, 'control', (), False, None, 0.03), R(3, 'pick', (), False, None, 0.1)]
+cases = {
+    'cuda': (cuda, True),
+    'cpu': (cpu, False),
+    'a label the means do not give': ([R(1, 'poor', ('generation_bound',), False, None, 0.3)], False),
+    'a label missing': ([R(1, 'poor', (), True, 20.0, 0.3)], True),
+    'no labels recorded': ([R(1, 'poor', None, False, None, 0.3)], False),
+    'no GPU handed': ([R(1, 'poor', (), False, None, 0.3)], True),
+    'no utilisation logged': ([R(1, 'poor', (), True, None, 0.3)], True),
+    'nothing ran': ([R(3, 'pick', (), True, 70.0, 0.5)], True),
+}
+out = {k: [s.health_row(r, 60.0, 0.7, c).status, s.health_row(r, 60.0, 0.7, c).detail] for k, (r, c) in cases.items()}
+tdir = Path(argv[0])
+(tdir / 'command.json').write_text(json.dumps({'argv': [], 'env': {'CUDA_VISIBLE_DEVICES': '0'}}))
+lines = [{'step': 1, 'data': {'timing_s/step': 9.0, 'timing_s/gen': 9.0, 'perf/gpu_util': 1.0}},
+         {'step': 2, 'data': {'timing_s/step': 2.0, 'timing_s/gen': 1.0, 'perf/gpu_util': 20.0}},
+         {'step': 2, 'data': {'eval/reward_mean': 0.5}},
+         {'step': 3, 'data': {'timing_s/step': 4.0, 'timing_s/gen': 3.0, 'perf/gpu_util': 40.0}}]
+(tdir / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\\n' for x in lines))
+from types import SimpleNamespace
+from hpo.backends.verl_core import VerlCoreBackend
+t = SimpleNamespace(number=7, user_attrs={'trial_dir': str(tdir), 'health': ['gpu_underused']})
+read = s.run_health(t, 'poor', VerlCoreBackend.metrics)
+bare = s.run_health(SimpleNamespace(number=8, user_attrs={'trial_dir': str(tdir / 'none')}), 'pick',
+                    VerlCoreBackend.metrics)
+(tdir / 'mfu').mkdir()
+(tdir / 'mfu' / 'metrics.jsonl').write_text(''.join(json.dumps({'step': i, 'data': {'timing_s/step': 1.0,
+                                                   'perf/mfu/actor': 0.1 * i}}) + '\\n' for i in (1, 2, 3)))
+mfu = s.run_health(SimpleNamespace(number=9, user_attrs={'trial_dir': str(tdir / 'mfu')}), 'poor',
+                   VerlCoreBackend.metrics)
+out['read'] = [read.labels, read.gpu, read.util, read.gen_share, bare.labels, bare.gpu, bare.util, mfu.util,
+               mfu.gen_share]
+print(json.dumps(out))
+""", str(tmp_path))
+    assert rows["cuda"] == ["ok", "poor config: generation_bound, gpu_underused (GPU util 25%, gen 57% of the step; 3 "
+                                  "run(s)); pick: gpu_saturated (GPU util 84%, gen 50% of the step; 2 run(s)); "
+                                  "thresholds util < 60%, gen >= 70%"]
+    assert rows["cpu"] == ["ok", "poor config: no label (no GPU, gen 2% of the step; 2 run(s)); pick: no label (no "
+                                 "GPU, gen 10% of the step; 1 run(s)); thresholds util < 60%, gen >= 70%"]
+    expect = {"a label the means do not give": "run 1 (poor) labelled ['generation_bound'] but its means give none",
+              "a label missing": "run 1 (poor) labelled none but its means give ['gpu_underused']",
+              "no labels recorded": "run 1 (poor) has no health labels recorded",
+              "no GPU handed": "run 1 (poor) was handed no GPU",
+              "no utilisation logged": "run 1 (poor) logged no perf/gpu_util (NVML): gpu_underused cannot fire",
+              "nothing ran": "no run of the poor config finished"}
+    for name, text in expect.items():
+        assert rows[name][0] == "FAIL" and text in rows[name][1], (name, rows[name])
+    # steps 2 and 3 (the first is the warm-up): util (20 + 40) / 2, gen (1/2 + 3/4) / 2
+    assert rows["read"][:7] == [["gpu_underused"], True, 30.0, 0.625, None, False, None]
+    assert rows["read"][7] == pytest.approx(25.0) and rows["read"][8] is None  # no gpu_util: mfu x 100 (steps 2-3)
 
 
 # ----------------------------------------------------------------------------- judging, on made-up outcomes

@@ -27,6 +27,12 @@ Behaviour keys (all optional):
     fake.log_file       append {"trial", "cuda", "x", "seed", "start", "end"} (JSON line) to this file when the run ends
     fake.seed_noise     add seed_noise * u to the final value, u in [-1, 1] drawn from trainer.seed (default 0)
     fake.nan_at         actor/pg_loss is NaN from this step on (finite, 0.1, before)
+    fake.rollout_noise  step 1's actor/grad_norm is fake.grad_scale x (1 + rollout_noise x u), u in [-1, 1] drawn by the
+                        run's "rollout": at random, unless $VERL_HPO_FIRST_ROLLOUT_REPLAY holds a recorded u; with
+                        $VERL_HPO_FIRST_ROLLOUT_RECORD the run records its u there; either way it reports what it did
+                        in $VERL_HPO_FIRST_ROLLOUT_REPORT (as verl's in-process module does); fake.ignore_first_rollout
+                        =true: ignores all three (a trainer that does not know them)
+    fake.grad_scale     multiplies step 1's actor/grad_norm (a change of the update a study declares neutral)
     fake.peak_at        eval/reward_mean rises until this step and stays at that value after it
     fake.gate_at        at this step, wait while the file fake.gate_file exists (a test holds a trial mid-run)
     fake.gate_from_run  the gate holds only once fake.log_file records this many finished runs (default 0)
@@ -51,6 +57,32 @@ import signal
 import subprocess
 import sys
 import time
+
+
+def _first_rollout(opts: dict[str, str]) -> float:
+    """The first step's "rollout" (a number in [-1, 1]): replayed, recorded or drawn (fake.rollout_noise)."""
+    env = {} if opts.get("fake.ignore_first_rollout") == "true" else os.environ
+    record, replay, report = (env.get(f"VERL_HPO_FIRST_ROLLOUT_{k}") for k in ("RECORD", "REPLAY", "REPORT"))
+    done = {"recorded": 0, "replayed": 0, "missed": 0}
+    u = None
+    if replay:
+        try:
+            u = json.loads(open(os.path.join(replay, "rollout.json")).read())["u"]
+            done["replayed"] = 1
+        except (OSError, ValueError, KeyError):
+            done["missed"] = 1
+    if u is None:
+        u = random.Random().uniform(-1, 1)
+        if record and not replay:
+            os.makedirs(record, exist_ok=True)
+            with open(os.path.join(record, "rollout.json"), "w") as f:
+                f.write(json.dumps({"u": u}))
+            done["recorded"] = 1
+    if report:
+        os.makedirs(report, exist_ok=True)
+        with open(os.path.join(report, f"{os.getpid()}.json"), "w") as f:
+            f.write(json.dumps(done))
+    return float(u)
 
 
 def main(argv: list[str]) -> int:
@@ -78,7 +110,7 @@ def main(argv: list[str]) -> int:
     if "fake.bad" in opts:
         print(f"error: fake.bad={opts['fake.bad']!r} is not a valid option", file=sys.stderr)
         return 2
-    if "fake.env_file" in opts:  # what a secret reaches the trainer as (tests/hpo/test_secrets.py)
+    if "fake.env_file" in opts:  # what a secret reaches the trainer as (tests/hpo/experiment/test_secrets.py)
         with open(opts["fake.env_file"], "w") as fh:
             env = {k: v for k, v in os.environ.items() if k.startswith("VERL_HPO_SECRET_")
                    or k.endswith(("_KEY", "_TOKEN"))}
@@ -126,6 +158,9 @@ def main(argv: list[str]) -> int:
                 hog.append(block)
             data: dict[str, float] = {"critic/score/mean": final * step / total, "timing_s/step": step_s,
                                       "actor/pg_loss": float("nan") if nan_at is not None and step >= nan_at else 0.1}
+            if step == 1 and "fake.rollout_noise" in opts:
+                data["actor/grad_norm"] = float(opts.get("fake.grad_scale", 1.0)) * (
+                    1.0 + float(opts["fake.rollout_noise"]) * _first_rollout(opts))
             if step and "fake.throughput" in opts:
                 jitter = float(opts.get("fake.throughput_jitter", 0.0))
                 data["perf/throughput"] = float(opts["fake.throughput"]) * (

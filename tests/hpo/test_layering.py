@@ -335,3 +335,95 @@ def test_the_cli_is_a_parser_and_a_dispatch_table() -> None:
     ``hpo/commands`` (no module there over 400 lines)."""
     assert len((HPO / "_cli.py").read_text().splitlines()) < MAX_CLI_LINES
     assert oversized(HPO / "commands") == []
+
+
+# ----------------------------------------------------------------------------- each trainer in its own room (issue 55)
+# The trainers this repository ships as packages of their own, beside ``hpo/``. A backend may import the one its
+# name is (``hpo/backends/verl_core/`` runs ``verl_core``) and those its ``__init__`` states in ``USES``; the contract
+# (the modules directly in ``hpo/backends/``) imports none of them, and no backend imports another backend.
+TRAINER_PACKAGES = ("verl_core",)
+
+
+def _imported(path: Path, me: str) -> list[tuple[int, str]]:
+    """Every module ``path`` (the module ``me``) imports, by line and dotted name: at the top, inside a function,
+    under ``if TYPE_CHECKING:``; ``from p import x`` counts as ``p.x`` (``x`` may be a module), relative imports
+    resolved."""
+    here = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = here.split(".")[: len(here.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            out += [(node.lineno, f"{base}.{a.name}") for a in node.names]
+    return out
+
+
+def stated_uses(backend_dir: Path) -> tuple[str, ...]:
+    """The trainer packages a backend says it imports: ``USES = (...)`` in its ``__init__.py`` (none when absent)."""
+    for node in ast.parse((backend_dir / "__init__.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "USES" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    return ()
+
+
+def room_crossings(root: Path = HPO) -> list[str]:
+    """Imports, lazy ones included, that take a trainer's code out of its room: a backend importing another backend,
+    the contract importing a trainer package, a backend importing a trainer package it does not state."""
+    backends_dir = root / "backends"
+    rooms = {p.name for p in backends_dir.iterdir() if (p / "__init__.py").is_file()}
+    out = []
+    for path in sorted(backends_dir.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(root.parent)
+        parts = list(rel.with_suffix("").parts)
+        room = parts[2] if len(parts) > 3 or (len(parts) == 3 and parts[2] in rooms) else None
+        me = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        allowed = (room, *stated_uses(backends_dir / room)) if room else ()
+        for line, target in _imported(path, me):
+            names = target.split(".")
+            if names[:2] == ["hpo", "backends"] and len(names) > 2 and names[2] in rooms and names[2] != room \
+                    and room is not None:
+                out.append(f"{rel}:{line} imports the backend hpo.backends.{names[2]}")
+            elif names[0] in TRAINER_PACKAGES and room is None:
+                out.append(f"{rel}:{line} (the contract) imports {names[0]}")
+            elif names[0] in TRAINER_PACKAGES and names[0] not in allowed:
+                out.append(f"{rel}:{line} imports {names[0]}, not stated in hpo/backends/{room}/__init__.py's USES")
+    return list(dict.fromkeys(out))  # one line per import statement
+
+
+def test_each_trainer_stays_in_its_own_room() -> None:
+    assert room_crossings() == []
+
+
+def test_only_trl_states_that_it_uses_verl_core() -> None:
+    """TRL's launcher builds verl_core's built-in models and data and scores with its rewards, and says so."""
+    stated = {p.name: stated_uses(p) for p in (HPO / "backends").iterdir() if (p / "__init__.py").is_file()}
+    assert {name: uses for name, uses in stated.items() if uses} == {"trl": ("verl_core",)}
+    doc = ast.get_docstring(ast.parse((HPO / "backends" / "trl" / "__init__.py").read_text()))
+    assert doc and "verl_core" in doc.split("May import:")[1]
+
+
+def test_the_room_check_sees_each_crossing(tmp_path: Path) -> None:
+    """A synthetic tree: a backend importing another backend (lazily, and relatively), the contract importing
+    verl_core under ``TYPE_CHECKING``, a backend importing verl_core unstated; a stated use and a backend's own
+    trainer pass."""
+    files = {"backends/__init__.py": "", "backends/_base.py": "from typing import TYPE_CHECKING\n"
+             "if TYPE_CHECKING:\n    from verl_core.memory import X\n",
+             "backends/_ok.py": "from hpo.backends import _base\n",
+             "backends/a/__init__.py": "", "backends/a/_x.py": "def f():\n    from hpo.backends.b._y import g\n",
+             "backends/a/_z.py": "from .. import b\nimport verl_core.tasks\n",
+             "backends/b/__init__.py": "USES = ('verl_core',)\n", "backends/b/_y.py": "from verl_core import rewards\n",
+             "backends/verl_core/__init__.py": "", "backends/verl_core/_w.py": "import verl_core\n"}
+    for name, text in files.items():
+        (tmp_path / "hpo" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "hpo" / name).write_text(text)
+    assert room_crossings(tmp_path / "hpo") == [
+        "hpo/backends/_base.py:3 (the contract) imports verl_core",
+        "hpo/backends/a/_x.py:2 imports the backend hpo.backends.b",
+        "hpo/backends/a/_z.py:1 imports the backend hpo.backends.b",
+        "hpo/backends/a/_z.py:2 imports verl_core, not stated in hpo/backends/a/__init__.py's USES"]

@@ -1,5 +1,5 @@
-"""Hostile and unlucky input to the driver: study names, storage passwords, stored experiments that run code,
-limits that would switch themselves off, signals at awkward moments."""
+"""Hostile and unlucky input to the driver: study names, storage passwords, limits that would switch themselves off,
+signals at awkward moments. (Stored experiments that run code: ``tests/hpo/experiment/test_trust.py``.)"""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hpo.experiment._space import SpaceError
-from hpo.storages._storage import check_study_name, mask_url, scrub
+from hpo.storages._storage import check_study_name
 from hpo.study._optuna import ATTR_SPACE
 from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, load, run_cli
 
@@ -97,19 +96,6 @@ def test_limits_that_would_switch_themselves_off_are_one_line_errors(tmp_path: P
 
 
 # ----------------------------------------------------------------------------- passwords
-@pytest.mark.parametrize(("url", "shown"), [
-    ("postgresql+psycopg2://alice:S3cretPW@db.example:5432/hpo", "postgresql+psycopg2://alice:***@db.example:5432/hpo"),
-    ("redis://:S3cretPW@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
-    ("rediss://bob:S3cretPW@cache:6380/1", "rediss://bob:***@cache:6380/1"),
-    ("sqlite:////tmp/x.db", "sqlite:////tmp/x.db"),
-    ("postgresql://carol@h/db", "postgresql://carol@h/db"),
-])
-def test_mask_url(url: str, shown: str) -> None:
-    assert mask_url(url) == shown
-    if "S3cretPW" in url:
-        assert "S3cretPW" not in scrub(f"failed: {url} (password S3cretPW)", url)
-
-
 def _psql(sql: str, db: str = "test") -> None:
     subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", db, "-v", "ON_ERROR_STOP=1", "-qc", sql],
                    check=True, capture_output=True, timeout=60)
@@ -155,102 +141,6 @@ def test_a_storage_password_is_never_shown(tmp_path: Path, studies: Path,
     shown += [p.read_text(errors="replace") for p in studies.rglob("*") if p.is_file()]
     assert (studies / "fake" / "dashboard.html").is_file()
     assert not [s for s in shown if password in s]
-
-
-# ----------------------------------------------------------------------------- stored experiments
-def _edit_stored(studies: Path, edit: dict[str, object]) -> None:
-    study = load(studies, "fake")
-    raw = dict(study.user_attrs[ATTR_SPACE])
-    for dotted, value in edit.items():
-        node = raw
-        *head, last = dotted.split(".")
-        for h in head:
-            node[h] = dict(node.get(h) or {})
-            node = node[h]
-        node[last] = value
-    study.set_user_attr(ATTR_SPACE, raw)
-
-
-def test_resume_refuses_a_stored_command_that_no_local_file_has(tmp_path: Path, studies: Path) -> None:
-    space = fake_space(tmp_path, study={"n_trials": 1})
-    assert run_cli(["search", "--space", str(space)], studies).returncode == 0
-    pwned = tmp_path / "pwned"
-    _edit_stored(studies, {"trial.command": [PY, "-c", f"open({str(pwned)!r}, 'w').write('x')"]})
-    line = one_line_exit(run_cli(["resume", "--study", "fake", "--n-trials", "2"], studies))
-    assert "trial.command" in line and "--trust-stored-experiment" in line
-    assert not pwned.exists() and len(load(studies, "fake").trials) == 1
-    # an explicit --space that differs is refused too; one that matches the stored experiment passes
-    line = one_line_exit(run_cli(["resume", "--study", "fake", "--space", str(space)], studies))
-    assert str(space) in line
-    res = run_cli(["resume", "--study", "fake", "--n-trials", "2", "--trust-stored-experiment"], studies)
-    assert pwned.exists(), res.stderr  # the user said so: it ran (and, not being a trainer, failed)
-
-
-def test_resume_runs_a_stored_experiment_that_matches_its_local_file(tmp_path: Path, studies: Path) -> None:
-    space = fake_space(tmp_path, study={"n_trials": 1})
-    assert run_cli(["search", "--space", str(space)], studies).returncode == 0
-    assert run_cli(["resume", "--study", "fake", "--n-trials", "2"], studies).returncode == 0
-    moved = tmp_path / "elsewhere.yaml"
-    space.rename(moved)
-    one_line_exit(run_cli(["resume", "--study", "fake", "--n-trials", "3"], studies))
-    res = run_cli(["resume", "--study", "fake", "--n-trials", "3", "--space", str(moved)], studies)
-    assert res.returncode == 0, res.stderr
-    assert len(load(studies, "fake").trials) == 3
-
-
-def test_stored_user_code_keys_need_trust_even_with_the_default_trainer(tmp_path: Path) -> None:
-    from hpo.backends import backend_named, load_space
-    from hpo.experiment._trust import check_stored_experiment
-
-    rules = backend_named("verl_core").code_rules()  # the trainer says which keys load code
-    space = load_space("kl_lr", ["custom_reward_function.path=/tmp/evil.py"], check=False)
-    with pytest.raises(SpaceError, match="code keys"):
-        check_stored_experiment(space, "s", None, "search_spaces/kl_lr.yaml", trusted=False, rules=rules)
-    assert check_stored_experiment(load_space("kl_lr", check=False), "s", None, None, False,
-                                   rules=rules) == "default trainer"
-
-
-def test_only_a_backend_that_says_so_runs_its_default_experiment_unasked() -> None:
-    """The trust rule keys on what the trainer's backend says (``default_runs_unasked``), not on a trainer's name: the
-    same default experiment under rules that do not say so needs a local file or the flag."""
-    import dataclasses
-
-    from hpo.backends import DEFAULT_BACKEND, backend_named, load_space
-    from hpo.experiment._trust import TRUST_FLAG, check_stored_experiment
-
-    rules = backend_named("verl_core").code_rules()
-    assert rules.default_runs_unasked and not backend_named("verl").code_rules().default_runs_unasked
-    space = load_space("kl_lr", check=False)
-    assert check_stored_experiment(space, "s", None, None, False, rules=rules) == "default trainer"
-    guarded = dataclasses.replace(rules, default_runs_unasked=False)
-    with pytest.raises(SpaceError, match="trial.backend.*no local experiment file"):
-        check_stored_experiment(space, "s", None, None, False, rules=guarded)
-    assert check_stored_experiment(space, "s", None, None, True, rules=guarded) == TRUST_FLAG
-    local = str(ROOT / "search_spaces" / "kl_lr.yaml")  # names no trainer: the registry's default is filled in
-    assert check_stored_experiment(space, "s", local, None, False, rules=guarded,
-                                   default_backend=DEFAULT_BACKEND).endswith("kl_lr.yaml")
-    with pytest.raises(SpaceError, match="trial.backend"):  # unset is not "whatever the stored one ran"
-        check_stored_experiment(dataclasses.replace(space, trial=dataclasses.replace(space.trial, backend="trl")),
-                                "s", local, None, False, rules=guarded, default_backend=DEFAULT_BACKEND)
-
-
-def test_a_study_stored_with_the_old_default_command_is_still_the_default_trainer() -> None:
-    """Before the default command moved into its backend, a stored experiment could name it; it is the trainer's own
-    command still (trusted, and equal to a local file that leaves it unset)."""
-    import yaml
-
-    from hpo.backends import backend_named, stored_space
-    from hpo.experiment._trust import check_stored_experiment, executable_part
-
-    raw = yaml.safe_load((ROOT / "search_spaces" / "kl_lr.yaml").read_text())
-    old = stored_space({**raw, "trial": {**raw.get("trial", {}), "command": ["python", "-m", "verl_core", "train"]}},
-                       "search_spaces/kl_lr.yaml", "kl_lr")
-    new = stored_space(raw, "search_spaces/kl_lr.yaml", "kl_lr")
-    rules = backend_named("verl_core").code_rules()
-    assert old.trial.command == new.trial.command == ("python", "-m", "verl_core", "train")
-    assert executable_part(old, rules) == executable_part(new, rules) and executable_part(old, rules)[
-        "trial.command"] is None
-    assert check_stored_experiment(old, "s", None, None, False, rules=rules) == "default trainer"
 
 
 # ----------------------------------------------------------------------------- signals

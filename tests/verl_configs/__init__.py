@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from verl_core.memory_verl import SequenceLengths
+from hpo.backends._shapes import SequenceLengths
 
 HERE = Path(__file__).parent
 MiB = 2**20

@@ -35,7 +35,7 @@ import yaml
 
 from hpo.analysis import FileRefused, MetricNames, read_bounded
 from hpo.backends._base import Backend, Command, LaunchContext, TrialConfig
-from hpo.backends._models import ModelFacts
+from hpo.backends._models import ModelFacts, builtin_facts_from
 from hpo.backends._replay import (
     CheckpointLayout,
     CheckpointLost,
@@ -252,11 +252,13 @@ class TrlBackend(Backend):
         return model if isinstance(model, str) and model.strip() else None
 
     def model_facts(self, path: str) -> ModelFacts:
-        """The launcher builds verl_core's built-in models (:func:`hpo.backends.verl_core._names.builtin_facts`); else
-        a local directory's."""
-        from hpo.backends.verl_core._names import builtin_facts
+        """The launcher builds verl_core's built-in models (``builtin:<name>``, their facts asked of verl_core without
+        torch: :func:`verl_core.resolve.builtin_model_facts`); else a local directory's."""
+        if not path.startswith("builtin:"):
+            return super().model_facts(path)
+        from verl_core.resolve import builtin_model_facts
 
-        return builtin_facts(path) or super().model_facts(path)
+        return builtin_facts_from(path, builtin_model_facts())
 
     def normalize(self, space: Space) -> Space:
         """``config``, a relative path, resolved beside the experiment file (then the working directory, as before),

@@ -1,19 +1,23 @@
 """Real verl as a trial backend (``python -m verl.trainer.main_ppo`` in verl's interpreter): ``_launch`` builds a
 trial's argv, environment and scratch directory; ``_resume`` finds the checkpoint a retry continues from and the curve
-its attempts logged; ``_check`` composes and checks a space's configs and the interpreter with verl's own code;
+its attempts logged; ``_check`` checks a space's configs with verl's own code, on ``_composer`` (which runs ``_compose``
+in verl's interpreter), ``_metric_names`` (what verl logs) and ``_interpreter`` (can it run the trials where they run);
 ``_compose`` is the script that runs inside verl's interpreter for it (with its neighbours ``_compose_checks``, the
 checks verl lacks and what the driver needs to know, and ``_compose_data``, the data files and prompt lengths); ``_cpu``
 is what a trial that gets no GPU adds to run verl on the CPU (the plugin ``plugins/verl-cpu``, its overrides and
 environment) and TransferQueue's size on every host; ``_data`` and ``_arith`` are the shipped tasks' prepare steps
 (GSM8K-format data; the arith task with its model and reward for ``search_spaces/verl_grpo_cpu.yaml``); ``_memory`` is
-the memory pre-flight of a verl trial (each corner composed in verl's interpreter, judged by ``verl_core.memory_verl``);
+the memory pre-flight of a verl trial (each corner composed in verl's interpreter, judged by verl's memory model:
+``_memory_model``, its stages ``_memory_stages``, a model's ``config.json`` from ``_model_config``);
 ``_rehearse`` is ``verl-hpo rehearse`` (the experiment shrunk by ``_shrink`` in verl's interpreter and run on the CPU):
 ``_rehearse_corners`` its corners and their runs, ``_rehearse_steps`` its steps in verl's interpreter,
 ``_rehearse_checks`` its checks on what the corners logged and its report, ``_rehearse_state`` what ``--recheck`` reads
 back, ``_rehearse_stop`` the stop on a signal.
 
-May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``, ``hpo.backends`` (its base, registry and
-pre-flight)."""
+Nothing of ``verl_core`` (a subprocess of it builds the arith task's model and data), nor another backend.
+
+May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``, ``hpo.backends`` (its base, registry,
+pre-flight and the shared shapes, ``_shapes``)."""
 
 from hpo.backends._replay import replay_records
 from hpo.backends.verl._backend import SEED_DEFAULTS, VerlBackend

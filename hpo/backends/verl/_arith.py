@@ -6,17 +6,19 @@ Writes, into :data:`ARITH_DIR` (``~/.cache/verl_hpo/verl_arith``) and only what 
 
 * ``model/``: ``verl_core``'s built-in tiny Qwen2 (``verl_core.tiny_model``: a locally trained tokenizer, 2 layers,
   a warm start that answers ``a+b+1`` greedily on almost every problem while sampling finds the sum 15-20% of the
-  time), built by ``verl_core`` in this interpreter (the driver's, which has torch) and copied; ``model_s/`` and
-  ``model_l/`` (when named): the small and the large member of its family (:data:`MODELS`), for a proxy search;
+  time), built by ``verl_core`` in a subprocess of this interpreter (the driver's, which has torch) and copied;
+  ``model_s/`` and ``model_l/`` (when named): the small and the large member of its family (:data:`MODELS`), for a
+  proxy search;
 * ``train.parquet``, ``val.parquet``, ``test.parquet``: ``verl_core``'s ``arith`` split (450/225/225 problems
-  ``a+b=``) in verl's row format, data source ``synthetic/arith`` (:data:`TEST_SOURCE` for the test rows, so a
-  confirmation run that validates on both files logs the test metric apart; one written by an older version with the
-  validation's source is rewritten);
+  ``a+b=``) in verl's row format, written by ``verl_core`` in a subprocess, data source ``synthetic/arith``
+  (:data:`TEST_SOURCE` for the test rows, so a confirmation run that validates on both files logs the test metric
+  apart; one written by an older version with the validation's source is rewritten);
 * ``reward.py``: :data:`REWARD_SOURCE`, verl's custom-reward contract (``compute_score``), 1.0 when the response's
   leading integer is the sum. verl records it as ``acc``: validation logs ``val-core/synthetic/arith/acc/mean@1``.
 
 Paths named by the experiment outside :data:`ARITH_DIR` are the user's: a missing one is an error (exit 2).
-This module imports neither torch nor verl (the model is built in a subprocess).
+This module imports neither torch nor verl nor ``verl_core`` (verl_core writes the model and the splits in
+subprocesses: :data:`_BUILD_MODEL`, :data:`_WRITE_SPLIT`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 _BUILD_MODEL = ("import sys; from verl_core.tiny_model import ensure_tiny_arith; "
                 "print(ensure_tiny_arith(log=False, name=sys.argv[1]))")
+# verl_core's arith split argv[1] (train, val or test) in verl's row format, written to argv[2]; argv[3], when not
+# empty, replaces the rows' data source
+_WRITE_SPLIT = ("import sys; from pathlib import Path; from verl_core.tasks import BUILTIN, write_parquet; "
+                "_, splits, rows = BUILTIN['arith']; split, dest, source = sys.argv[1:4]; "
+                "out = rows(dict(zip(('train', 'val', 'test'), splits()))[split], split); "
+                "write_parquet([{**r, 'data_source': source} for r in out] if source else out, Path(dest))")
 
 
 def arith_dir() -> Path:
@@ -62,28 +70,28 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def _in_verl_core(what: str, code: str, *args: str) -> str:
+    """The output of ``code`` run with ``args`` by a subprocess of this interpreter, where ``verl_core`` is imported;
+    OSError naming ``what`` and the last line of its stderr when it fails."""
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise OSError(f"{what} failed: {tail}")
+    return done.stdout
+
+
 def _write_model(dest: Path) -> None:
-    built = subprocess.run([sys.executable, "-c", _BUILD_MODEL, MODELS[dest.name]], capture_output=True, text=True,
-                           check=False)
-    if built.returncode != 0:
-        tail = (built.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise OSError(f"building the tiny model failed: {tail}")
+    built = _in_verl_core("building the tiny model", _BUILD_MODEL, MODELS[dest.name])
     tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(built.stdout.strip().splitlines()[-1], tmp)
+    shutil.copytree(built.strip().splitlines()[-1], tmp)
     tmp.replace(dest)
 
 
 def _write_split(dest: Path) -> None:
-    from verl_core.tasks import BUILTIN, write_parquet
-
-    _, splits, rows = BUILTIN["arith"]
-    train, val, test = splits()
     split = SPLITS[dest.name]
-    out = rows({"train": train, "val": val, "test": test}[split], split)
-    if split == "test":
-        out = [{**row, "data_source": TEST_SOURCE} for row in out]
-    write_parquet(out, dest)
+    _in_verl_core(f"writing the arith task's {split} split", _WRITE_SPLIT, split, str(dest),
+                  TEST_SOURCE if split == "test" else "")
 
 
 def _stale(path: Path) -> bool:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from hpo.analysis._vocabulary import MetricNames
 from hpo.backends._base import Backend, Command, LaunchContext, PredictionLike, TrialConfig, steps_in
+from hpo.backends._code_files import code_files
 from hpo.backends._models import ModelFacts
 from hpo.backends._replay import CheckpointLayout
 from hpo.backends.verl._arith import MODELS as ARITH_MODELS
@@ -40,7 +41,7 @@ from hpo.experiment._secrets import MASK, is_secret_key
 from hpo.experiment._space import Space, SpaceError, located_error
 
 if TYPE_CHECKING:
-    from verl_core.memory_verl import SequenceLengths
+    from hpo.backends._shapes import SequenceLengths
 
 # verl 0.9.1's defaults of its seed keys (verl/trainer/config/_generated_ppo_trainer.yaml); data.seed is null.
 SEED_DEFAULTS = {"actor_rollout_ref.rollout.seed": 42, "actor_rollout_ref.actor.data_loader_seed": 42,
@@ -119,10 +120,8 @@ class VerlBackend(Backend):
         return super().model_facts(path)
 
     def code_files(self, key: str, value: Any) -> list[str]:
-        """``[reward.]custom_reward_function.path`` (verl_core shares verl's form of the key)."""
-        from hpo.backends.verl_core._names import code_files
-
-        return code_files(key, value)
+        """``[reward.]custom_reward_function.path``: verl's only key that names a user-code file."""
+        return code_files(key, value, ("custom_reward_function.path",))
 
     def normalize(self, space: Space) -> Space:
         """verl logs a spread only with ``val_kwargs.n > 1``: early stopping is off unless the experiment asks."""
@@ -243,7 +242,7 @@ class VerlBackend(Backend):
         says nothing about the trial: None."""
         if space.study.kind != "throughput" or not devices:
             return None
-        from verl_core.memory_verl import ModelConfigUnavailable
+        from hpo.backends.verl._model_config import ModelConfigUnavailable
 
         try:
             return predict_verl(space, config.overrides, devices)
@@ -259,8 +258,9 @@ class VerlBackend(Backend):
 
     def sequence_lengths(self, path: Path) -> SequenceLengths:
         from hpo.backends._preflight import read_lengths
+        from hpo.backends.verl._memory_model import LENGTH_METRICS
 
-        return read_lengths(path)
+        return read_lengths(path, *LENGTH_METRICS)
 
     def validate(self, space: Space, devices: Sequence[str], out: TextIO,
                  lengths: SequenceLengths | None = None) -> int:

@@ -1,11 +1,11 @@
-"""Compose and validate verl configs in verl's own interpreter: what ``hpo.backends.verl._check.check_space`` runs.
+"""Compose and validate verl configs in verl's own interpreter: what ``_composer.compose_corners`` runs.
 
     <verl's python> hpo/backends/verl/_compose.py < request.json
 
 Request: ``{"config_dir": DIR or null, "config_name": NAME, "corners": [[override, ...], ...]}`` (null: the
 installed package's ``verl/trainer/config``, as ``python -m verl.trainer.main_ppo`` uses), optionally
 ``"select": [dotted key, ...]``: the values of those keys in each composed corner (interpolations resolved; a
-key the config lacks is null), what the memory estimate reads (``verl_core.memory.VERL_MEMORY_KEYS``), and
+key the config lacks is null), what the memory estimate reads (``_memory_model.VERL_MEMORY_KEYS``), and
 ``"measure_prompts": N``: the token counts of the first N training prompts, in the first corner's result as
 ``"prompt_lengths"`` (:func:`measure_prompts`: the model's own tokenizer and chat template, from a local directory or
 the Hugging Face cache, never downloaded), and ``"check_rows": {"rows_s", "reward_call_s", "reward_s"}``: verl's

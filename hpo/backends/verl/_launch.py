@@ -2,9 +2,9 @@
 
 The driver talks to a verl trial exactly as to ``verl_core``: argv (hydra overrides), environment and the JSONL
 file of verl's ``file`` logger. Nothing here imports torch, hydra or verl; the only code that does is
-``hpo/backends/verl/_compose.py``, which ``_check.check_space`` runs in verl's interpreter before a study is created.
+``hpo/backends/verl/_compose.py``, which ``_composer.check_space`` runs in verl's interpreter before a study is created.
 Here: the argv, the environment and the scratch directory of one attempt; ``_resume`` finds the checkpoint a retry
-continues from, ``_check`` checks a space and an interpreter with verl's own code.
+continues from, ``_check`` and ``_interpreter`` check a space and an interpreter with verl's own code.
 
 What a verl trial is (:func:`verl_argv`, :func:`verl_env`):
 
@@ -61,7 +61,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpo.backends.verl._cpu import JOB_ENV, cpu_env, cpu_overrides, transfer_queue_overrides
+from hpo.backends._first_rollout import first_rollout_asked
+from hpo.backends.verl._cpu import EXTERNAL_MODULES_ENV, JOB_ENV, cpu_env, cpu_overrides, transfer_queue_overrides
 
 DEFAULT_CONFIG = "ppo_trainer"
 MAIN_MODULE = "verl.trainer.main_ppo"
@@ -325,6 +326,20 @@ def verl_env(base_env: Mapping[str, str], trial_dir: Path, attempt: int = 0, cpu
     env.setdefault("TENSORBOARD_DIR", str(trial_dir / "tensorboard"))
     env["HYDRA_FULL_ERROR"] = "1"  # the real final exception on stderr, for the driver's failure labels
     env["PYTHONUNBUFFERED"] = "1"
+    return first_rollout_env(env)
+
+
+IN_VERL = Path(__file__).resolve().parent / "in_verl"  # modules verl's processes load by its external-module hook
+FIRST_ROLLOUT_MODULE = "verl_hpo_first_rollout"
+
+
+def first_rollout_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the first-rollout record/replay module (:data:`FIRST_ROLLOUT_MODULE`) loaded in every verl process
+    by verl's external-module hook, when the driver asked for it (``hpo.backends._first_rollout``)."""
+    if first_rollout_asked(env):
+        modules = [m for m in env.get(EXTERNAL_MODULES_ENV, "").split(",") if m.strip()]
+        env[EXTERNAL_MODULES_ENV] = ",".join([*modules, FIRST_ROLLOUT_MODULE])
+        env["PYTHONPATH"] = os.pathsep.join([str(IN_VERL), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 

@@ -1,19 +1,19 @@
 """The memory pre-flight of real verl trials (``trial.backend: verl``; :mod:`hpo.backends._preflight` says when it
 runs): :func:`predict_verl` estimates a trial. Each corner is composed by hydra in verl's interpreter
-(``hpo/backends/verl/_compose.py``, the keys of ``verl_core.memory_verl.VERL_MEMORY_KEYS`` selected) and
-``verl_core.memory_verl.judge_verl`` does the arithmetic here (its module docstring has the mapping and its limits),
-twice: at the expected sequence lengths and in the worst case (every sequence at its maximum). A corner is refused
-only when its expected peak does not fit; when only the worst case does not, it passes with a warning that names the
-lengths it assumed. The expected lengths are a previous run's (``lengths``: ``verl-hpo validate --metrics`` of its
+(``hpo/backends/verl/_compose.py``, the keys of :data:`~hpo.backends.verl._memory_model.VERL_MEMORY_KEYS` selected) and
+:func:`~hpo.backends.verl._memory_model.judge_verl` does the arithmetic here (its module docstring has the mapping and
+its limits), twice: at the expected sequence lengths and in the worst case (every sequence at its maximum). A corner is
+refused only when its expected peak does not fit; when only the worst case does not, it passes with a warning that names
+the lengths it assumed. The expected lengths are a previous run's (``lengths``: ``verl-hpo validate --metrics`` of its
 metrics file); without one, the mean prompt length measured from the user's data (the first :data:`MEASURED_PROMPTS`
 training prompts, tokenized with the model's own tokenizer and chat template in verl's interpreter, before anything is
 launched; ``data.max_prompt_length`` when the tokenizer is not here) and a short response of
 :data:`SHORT_RESPONSE_TOKENS` (prompts that cannot be measured here: ``data.max_prompt_length``, and a corner is then
-never refused, only warned about). Until the estimate is checked against measured GPU peaks, it refuses only what
-cannot fit even then: judged at the worst case, it refused verl's own device_tuning minimum configs (Qwen2-7B on 2
-GPUs, Qwen2.5-Coder-14B on 4, Qwen2-72B on 32), which verl documents as running. verl always trains on GPUs: with
-none visible (``validate`` on a laptop) the budget is ``trial.memory_limit_gb``, else a GPU of :data:`ASSUMED_GPU_GB`
-GiB, whose size also sets vLLM's ``gpu_memory_utilization`` share.
+never refused, only warned about). Until the estimate is checked against measured GPU peaks, it refuses only what cannot
+fit even then: judged at the worst case, it refused verl's own device_tuning minimum configs (Qwen2-7B on 2 GPUs,
+Qwen2.5-Coder-14B on 4, Qwen2-72B on 32), which verl documents as running. verl always trains on GPUs: with none visible
+(``validate`` on a laptop) the budget is ``trial.memory_limit_gb``, else a GPU of :data:`ASSUMED_GPU_GB` GiB, whose size
+also sets vLLM's ``gpu_memory_utilization`` share.
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from hpo.backends._preflight import GiB, Prediction, corners, gpu_budget, report_corners
+from hpo.backends._shapes import EstimateError, SequenceLengths
 from hpo.backends.verl._check import COMPOSE_SCRIPT, ComposeTimeout, compose_timed_out, compose_timeout
 from hpo.backends.verl._data import overlong_verdict
 from hpo.backends.verl._launch import INSTALL_HINT, default_python, format_override, is_config_path, verl_overrides
+from hpo.backends.verl._memory_model import VERL_MEMORY_KEYS, judge_verl
+from hpo.backends.verl._model_config import ModelConfigUnavailable
 from hpo.backends.verl._resume import retry_note
 from hpo.experiment._space import Space, SpaceError
-
-if TYPE_CHECKING:
-    from verl_core.memory_verl import SequenceLengths
 
 ASSUMED_GPU_GB = 80  # an A100/H100 80 GB: the GPU a verl estimate assumes when none is visible
 MEASURED_PROMPTS = 256  # verl: training prompts tokenized for the expected prompt length
@@ -50,10 +50,10 @@ def corner_overrides_of(space: Space, values: dict[str, Any]) -> list[str]:
 
 def _verl_budget(space: Space, devices: Sequence[str], gpu_total_bytes: int | None) -> tuple[int, str, int]:
     """(budget, where it comes from, the GPU's total memory) of a verl trial on ``devices``."""
-    from verl_core import memory
+    from hpo.backends._shapes import gpu_memory  # looked up at each call (the tests replace it)
 
     cap = space.trial.memory_limit_gb
-    gpus = memory.gpu_memory()
+    gpus = gpu_memory()
     total = gpu_total_bytes or (gpus[0][1] if gpus else ASSUMED_GPU_GB * GiB)
     gpu = gpu_budget(devices) if devices else None
     if gpu is not None and (cap is None or gpu[0] <= cap * GiB):
@@ -81,8 +81,6 @@ def verl_memory_inputs(space: Space, corner_overrides: Sequence[Sequence[str]], 
     ``extra_select``: more keys whose values are returned beside ``VERL_MEMORY_KEYS``'. ``check_rows``
     (:func:`hpo.backends.verl._rows.row_check_request`): the first corner's ``info["rows"]`` holds what verl's own
     data path and the reward found on every row (:func:`hpo.backends.verl._rows.row_lines` reads it)."""
-    from verl_core.memory_verl import VERL_MEMORY_KEYS
-
     python = python or space.trial.python or default_python()
     config_dir, name = None, space.config
     if is_config_path(space.config):
@@ -124,8 +122,6 @@ def data_lengths(values: dict[str, Any], measured: dict[str, Any] | None) -> Seq
     """The lengths a verl corner must fit at when no previous run's are known: the mean prompt measured from the
     data (``measured``: :func:`verl_memory_inputs`' ``prompt_lengths``), else ``data.max_prompt_length``, and a
     response of :data:`SHORT_RESPONSE_TOKENS` (at most ``data.max_response_length``)."""
-    from verl_core.memory_verl import SequenceLengths
-
     max_prompt = float(values.get("data.max_prompt_length") or 512)
     response = float(min(SHORT_RESPONSE_TOKENS, int(values.get("data.max_response_length") or SHORT_RESPONSE_TOKENS)))
     if measured and "mean" in measured:
@@ -140,9 +136,6 @@ def data_lengths(values: dict[str, Any], measured: dict[str, Any] | None) -> Seq
 def _verl_prediction(space: Space, info: dict[str, Any], values: dict[str, Any], devices: Sequence[str],
                      gpu_total_bytes: int | None, lengths: SequenceLengths | None, refuse: bool = True) -> Prediction:
     """One corner's verdict; ``refuse=False`` (lengths assumed, not measured) turns a refusal into a warning."""
-    from verl_core.config import ConfigError
-    from verl_core.memory_verl import ModelConfigUnavailable, judge_verl
-
     budget, source, total = _verl_budget(space, devices, gpu_total_bytes)
     margin = space.trial.preflight_margin
     try:
@@ -150,7 +143,7 @@ def _verl_prediction(space: Space, info: dict[str, Any], values: dict[str, Any],
                        lengths=lengths, gpu_total_bytes=total)
     except ModelConfigUnavailable:
         raise
-    except ConfigError as err:
+    except EstimateError as err:
         raise SpaceError(f"{space.source}: memory estimate: {err}") from None
     table = v.expected.render(budget, source)
     if v.lengths is not None:
@@ -199,8 +192,8 @@ def predict_verl(space: Space, overrides: Sequence[str], devices: Sequence[str] 
 
     ``gpu_total_bytes``: the GPU's size when no GPU is visible (default :data:`ASSUMED_GPU_GB`). ``lengths``: the
     expected mean prompt / response lengths (None: :func:`data_lengths`). Raises
-    ``verl_core.memory_verl.ModelConfigUnavailable`` when the model's ``config.json`` cannot be found without a
-    download (a hub id not in the cache), SpaceError when verl rejects the config."""
+    :class:`~hpo.backends.verl._model_config.ModelConfigUnavailable` when the model's ``config.json`` cannot be found
+    without a download (a hub id not in the cache), SpaceError when verl rejects the config."""
     return predict_verl_corners(space, [overrides], devices, gpu_total_bytes, python, lengths=lengths)[0]
 
 
@@ -209,8 +202,6 @@ def corner_predictions(space: Space, devices: Sequence[str],
     """Each corner of the space with its verdict on one trial's ``devices`` (one verl subprocess for all), at the
     expected ``lengths`` when given; None when the model's ``config.json`` cannot be read here without a download
     (the trial downloads the model; nothing to estimate it from here)."""
-    from verl_core.memory_verl import ModelConfigUnavailable
-
     cs = corners(space)
     try:
         verl = predict_verl_corners(space, [corner_overrides_of(space, c) for c in cs], devices, lengths=lengths)
@@ -223,8 +214,6 @@ def validate_verl(space: Space, devices: Sequence[str], out: TextIO, lengths: Se
     """``verl-hpo validate`` of a verl space on one trial's ``devices``: the corners were composed and checked by verl
     when the space was loaded; here every prompt of the data is checked against ``data.max_prompt_length`` and each
     corner is estimated (one more verl subprocess)."""
-    from verl_core.memory_verl import ModelConfigUnavailable
-
     print(f"{space.source}: every corner composed and checked with verl's own config code "
           f"({space.trial.python or 'the verl venv'})", file=out)
     note = retry_note(space)

@@ -111,7 +111,7 @@ def _config_request(config: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- the steps
 def _model_configs(selected: Mapping[str, Any], use_critic: bool) -> dict[str, dict[str, Any]]:
-    from verl_core.memory_verl import read_hub_or_local_config
+    from hpo.backends.verl._model_config import read_hub_or_local_config
 
     keys = ["actor_rollout_ref.model.path"]
     if use_critic and selected.get("critic.model.path") not in (None, selected.get(keys[0])):
@@ -191,7 +191,7 @@ class _Rehearsal:
         space = self.space
         try:
             models = _model_configs(selected, bool(info.get("use_critic")))
-        except Exception as bad:  # noqa: BLE001 - verl_core's ConfigError / ModelConfigUnavailable: one line
+        except Exception as bad:  # noqa: BLE001 - EstimateError / ModelConfigUnavailable: one line
             path = selected.get("actor_rollout_ref.model.path")
             self.findings.append(Finding("model", "problem", f"{bad}; to rehearse, fetch config.json, tokenizer.json "
                                          f"and tokenizer_config.json of {path} (https://huggingface.co/{path}) into a "

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from hpo.backends._base import Backend, PredictionLike, TrialConfig
+from hpo.backends._code_files import code_files
 from hpo.backends._models import ModelFacts
 from hpo.backends.verl_core import _names
 from hpo.backends.verl_core._check import accepted_values, check_driver_keys, check_trainer, fixed_config, rejected
@@ -18,7 +19,7 @@ from hpo.backends.verl_core._names import TEST_KEY
 from hpo.experiment._space import Space, format_value
 
 if TYPE_CHECKING:
-    from verl_core.memory_verl import SequenceLengths
+    from hpo.backends._shapes import SequenceLengths
 
 
 class VerlCoreCommand(Backend):
@@ -39,7 +40,7 @@ class VerlCoreCommand(Backend):
     model_keys = _names.MODEL_KEYS
 
     def code_files(self, key: str, value: Any) -> list[str]:
-        return _names.code_files(key, value)
+        return code_files(key, value, _names.CODE_PATH_KEYS, _names.CODE_ENTRY_KEYS)
 
     def model_facts(self, path: str) -> ModelFacts:
         """A built-in model's facts from verl_core (:func:`~hpo.backends.verl_core._names.builtin_facts`), else a
@@ -145,7 +146,7 @@ class VerlCoreBackend(VerlCoreCommand):
     def sequence_lengths(self, path: Path) -> SequenceLengths:
         from hpo.backends._preflight import read_lengths
 
-        return read_lengths(path)
+        return read_lengths(path, *_names.LENGTH_METRICS)
 
     def validate(self, space: Space, devices: Sequence[str], out: TextIO,
                  lengths: SequenceLengths | None = None) -> int:

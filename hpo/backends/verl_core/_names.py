@@ -4,10 +4,8 @@ A custom ``trial.command`` under ``trial.backend: verl_core`` is taken to speak 
 
 from __future__ import annotations
 
-from typing import Any
-
 from hpo.analysis._vocabulary import MetricNames
-from hpo.backends._models import ModelFacts
+from hpo.backends._models import ModelFacts, builtin_facts_from
 
 COMMAND = ("python", "-m", "verl_core", "train")
 PREPARE_COMMAND = ("python", "-m", "verl_core", "prepare")
@@ -23,39 +21,25 @@ MEMORY_METRICS = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",
 MATH_METRICS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss", "critic/vf_loss",
                 "critic/score/mean", "response_length/mean")
 CODE_KEYS = ("custom_reward_function.", "evaluation.custom")  # user code: reward functions, evaluators
+# the override keys naming a user-code file, and those naming ``name=path:function`` entries (Backend.code_files)
+CODE_PATH_KEYS = ("custom_reward_function.path",)
+CODE_ENTRY_KEYS = ("evaluation.custom",)
+# the mean prompt and response lengths it logs (verl's names): what ``validate --metrics`` reads
+LENGTH_METRICS = ("prompt_length/mean", "response_length/mean")
 TEST_KEY = "data.test_files"  # the held-out split (confirmation runs only)
 # validation metric prefix -> its name on the held-out split (verl_core.validation.heldout_metric_name)
 TEST_PREFIXES = {"eval/": "test/", "val-core/": "test-core/", "val-aux/": "test-aux/",
                  "timing_s/testing": "timing_s/testing_heldout", "": "test/"}
-
-
-def code_files(key: str, value: Any) -> list[str]:
-    """The user-code files an override names: ``[reward.]custom_reward_function.path`` (a path) and
-    ``evaluation.custom`` (``name=path:function`` entries); verl's own reward key has the same form."""
-    if key.endswith("custom_reward_function.path") and isinstance(value, str):
-        return [value]
-    if key.endswith("evaluation.custom") and isinstance(value, list):
-        return [str(v).partition("=")[2].rpartition(":")[0] for v in value]
-    return []
-
-
 # study.fidelity.proxy: the keys that name the policy model (actor, rollout and reference share it) and the critic's
 MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path")
 
 
 def builtin_facts(path: str) -> ModelFacts | None:
     """The facts of one of verl_core's built-in models (``builtin:<name>``; the TRL launcher builds the same ones),
-    asked of verl_core without torch: the ``tiny_arith`` family (``verl_core.tiny_model.FAMILY``: one tokenizer, built
-    byte-identical at every size) and ``smollm2``. None for a path that is not ``builtin:``; ``missing`` for an
-    unknown name."""
+    asked of verl_core without torch (:func:`verl_core.resolve.builtin_model_facts`). None for a path that is not
+    ``builtin:``; ``missing`` for an unknown name."""
     if not path.startswith("builtin:"):
         return None
-    from verl_core import pretrained, tiny_model
+    from verl_core.resolve import builtin_model_facts
 
-    family: dict[str, dict[str, Any]] = getattr(tiny_model, "FAMILY", {"tiny_arith": tiny_model.TINY_SHAPE})
-    known = {f"builtin:{name}": ("tiny_arith", shape.get("hidden_size")) for name, shape in family.items()}
-    known["builtin:smollm2"] = ("smollm2", pretrained.smollm2_config().get("hidden_size"))
-    if path not in known:
-        return ModelFacts(missing=f"{path!r} is not a built-in model (known: {', '.join(known)})")
-    tokenizer, hidden = known[path]
-    return ModelFacts(tokenizer=("family", tokenizer), hidden=hidden if isinstance(hidden, int) else None)
+    return builtin_facts_from(path, builtin_model_facts())

@@ -23,7 +23,8 @@ queued, running or finished run with that seed), so an interrupted confirmation 
 
 Modules: ``_seeds`` (seed keys, fresh seeds, held-out split, the top trials), ``_queue`` (queueing runs, the budget's
 reserve), ``_baselines`` (the baseline's runs imported or kept per host), ``_speed`` (a throughput study's
-re-measurement), ``_results`` (the confirmed values).
+re-measurement), ``_first_rollout`` (its first rollout recorded once per seed and replayed), ``_results`` (the
+confirmed values).
 """
 
 from hpo.record import ATTR_BASELINE, ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
@@ -42,6 +43,8 @@ from hpo.study._confirm._baselines import (
     remember_baseline,
     value_of_metrics,
 )
+from hpo.study._confirm._first_rollout import ATTR as FIRST_ROLLOUT
+from hpo.study._confirm._first_rollout import first_rollout, first_rollout_env, strict_pair
 from hpo.study._confirm._queue import confirm_reserve, pending, queue_confirmations, queue_runs, search_over_budget
 from hpo.study._confirm._results import Confirmed, baseline_confirmed, confirmed
 from hpo.study._confirm._seeds import (
@@ -62,10 +65,10 @@ from hpo.study._confirm._seeds import (
 from hpo.study._confirm._speed import CONTROL_OF, queue_speed_check, speed_block_retry, speed_generation
 
 __all__ = ["ATTR_BASELINE", "ATTR_CONFIRM_OF", "ATTR_CONFIRM_SEED", "BASELINES", "BASELINE_OF", "CONTROL_OF",
-           "Confirmed", "IMPORTED", "IMPORTED_SHA256", "MAX_ATTEMPTS", "MAX_TUNED_SEEDS", "Note",
+           "Confirmed", "FIRST_ROLLOUT", "IMPORTED", "IMPORTED_SHA256", "MAX_ATTEMPTS", "MAX_TUNED_SEEDS", "Note",
            "add_imported_baseline", "baseline_cache", "baseline_confirmed", "baseline_key", "baseline_run",
            "baseline_runs_on", "cached_baseline", "confirm_overrides", "confirm_reserve", "confirm_seeds", "confirmed",
-           "heldout_metric_of", "heldout_note", "heldout_overrides", "is_confirm", "pending", "present_runs",
-           "queue_confirmations", "queue_runs", "queue_speed_check", "remember_baseline", "search_over_budget",
-           "seed_key", "seed_keys", "seed_overrides", "speed_block_retry", "speed_generation", "top_trials",
-           "tuning_seeds", "value_of_metrics"]
+           "first_rollout", "first_rollout_env", "heldout_metric_of", "heldout_note", "heldout_overrides",
+           "is_confirm", "pending", "present_runs", "queue_confirmations", "queue_runs", "queue_speed_check",
+           "remember_baseline", "search_over_budget", "seed_key", "seed_keys", "seed_overrides", "speed_block_retry",
+           "speed_generation", "strict_pair", "top_trials", "tuning_seeds", "value_of_metrics"]

@@ -3,18 +3,16 @@ stream gets neither, thresholds and switches change the outcome, and messy input
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
-import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hpo.analysis._diagnosis import HEALTHY, LABELS, Diagnoser, DiagnosisSpec
+from hpo.analysis._diagnosis import HEALTHY, Diagnoser, DiagnosisSpec
 from hpo.backends.verl_core._names import METRICS  # verl's names, which these streams log
 from tests.conftest import read_metrics, run_trainer
 
@@ -305,35 +303,6 @@ def test_train_and_validation_lines_of_one_step_both_count() -> None:
     assert diag.label == "reward_hacking" and diag.evidence()["reward_hacking"]["step"] == 70
 
 
-# ----------------------------------------------------------------------------- the spec
-def test_spec_is_a_flat_section_of_scalars_with_help() -> None:
-    hints = typing.get_type_hints(DiagnosisSpec)
-    for f in dataclasses.fields(DiagnosisSpec):
-        assert hints[f.name] in (bool, int, float), f.name
-        assert f.metadata["help"] and f.metadata["choices"] is None
-        if f.name.startswith("stop_on_"):
-            assert f.name.removeprefix("stop_on_") in LABELS
-    assert {lb for lb in LABELS if DiagnosisSpec().stops(lb)} == {"nan", "kl_blowup", "entropy_collapse"}
-    assert DiagnosisSpec().validate() == []
-
-
-@pytest.mark.parametrize(("changes", "problem"), [
-    ({"entropy_fraction": 1.0}, ("entropy_fraction", "must be in (0, 1), got 1.0")),
-    ({"entropy_fraction": 0.0}, ("entropy_fraction", "must be in (0, 1), got 0.0")),
-    ({"kl_factor": 1.0}, ("kl_factor", "must be > 1, got 1.0")),
-    ({"kl_floor": 0.0}, ("kl_floor", "must be > 0, got 0.0")),
-    ({"clip_ratio_threshold": 1.5}, ("clip_ratio_threshold", "must be in (0, 1], got 1.5")),
-    ({"hacking_min_drop": -0.1}, ("hacking_min_drop", "must be >= 0, got -0.1")),
-    ({"kl_patience": 0}, ("kl_patience", "must be >= 1, got 0")),
-    ({"kl_factor": float("inf")}, ("kl_factor", "must be finite, got inf")),
-])
-def test_validate_names_the_field_and_value(changes: dict[str, Any], problem: tuple[str, str]) -> None:
-    spec = DiagnosisSpec(**changes)
-    assert spec.validate() == [problem]
-    with pytest.raises(ValueError, match=problem[0]):
-        Diagnoser(spec, OBJ, True, METRICS)
-
-
 # ----------------------------------------------------------------------------- the real trainer
 @pytest.mark.parametrize(("overrides", "label", "labels"), [
     pytest.param([], HEALTHY, (), marks=pytest.mark.slow),  # ~19 s: make test-slow (CI runs it)
@@ -394,8 +363,3 @@ def test_gpu_utilisation_outside_60_to_95_percent_is_labelled() -> None:
     mfu = _health(_timed(4, gen=0.3, sync=0.1, **{"perf/mfu/actor": 0.98}))  # verl's MFU as a fraction
     assert list(mfu) == ["gpu_saturated"]
     assert _health(_timed(4, gen=0.3, sync=0.1, **{"perf/gpu_util": 80.0})) == {}
-
-
-def test_health_thresholds_are_validated() -> None:
-    bad = dict(DiagnosisSpec(gen_fraction=1.5, util_low=99.0).validate())
-    assert "gen_fraction" in bad and "util_high" in bad

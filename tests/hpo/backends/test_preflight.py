@@ -1,8 +1,8 @@
 """Will a trial fit (``hpo/backends/_preflight.py``)? Every corner of a space (each parameter at its ends, jointly,
 at most 64), a search refused before its study exists when no corner fits (one line naming the smallest corner's
 culprit), ``validate``'s report of every corner (a CPU study's estimate never said to run on a GPU it does not have),
-and the sequence lengths a previous run's metrics file gives. The estimates are the shipped ``kl_lr`` experiment's
-(verl_core's arithmetic, no torch)."""
+and the sequence lengths a previous run's metrics file gives (in the trainer's metric names). The estimates are the
+shipped ``kl_lr`` experiment's (verl_core's arithmetic, no torch)."""
 
 from __future__ import annotations
 
@@ -84,9 +84,9 @@ def test_a_previous_run_s_lengths_come_from_its_metrics_file(tmp_path: Path) -> 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"step": s, "data": {"response_length/mean": r, "prompt_length/mean": 12}})
                                + "\n" for s, r in ((1, 30.0), (2, 55.5), (3, 40.0))))
-    lengths = read_lengths(metrics)
+    lengths = read_lengths(metrics, "prompt_length/mean", "response_length/mean")  # the trainer's names
     assert (lengths.response, lengths.prompt) == (55.5, 12)  # the largest the run logged
     metrics.write_text(json.dumps({"step": 1, "data": {"actor/pg_loss": 0.1}}) + "\n")
     with pytest.raises(SpaceError) as err:
-        read_lengths(metrics)
+        read_lengths(metrics, "prompt_length/mean", "response_length/mean")
     assert "\n" not in str(err.value) and str(metrics) in str(err.value)

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from hpo.execution import MetricsFileError, MetricsTail, parse_line
 from tests.hpo.conftest import PY, ROOT, cli_env, fake_space, load, run_cli
 
 HOSTILE = Path(__file__).parents[1] / "hostile_trainer.py"
@@ -74,40 +73,7 @@ def test_a_fifo_at_the_metrics_path_fails_the_trial_instead_of_hanging_the_drive
     assert t.user_attrs["wall_time_s"] < 120  # stopped at once, not at the 500 s timeout
 
 
-def test_metrics_tail_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
-    import os
-
-    fifo = tmp_path / "m.jsonl"
-    os.mkfifo(fifo)
-    with pytest.raises(MetricsFileError, match="not a regular file"):
-        MetricsTail(fifo).read()
-    (tmp_path / "dir.jsonl").mkdir()
-    with pytest.raises(MetricsFileError):
-        MetricsTail(tmp_path / "dir.jsonl").read()
-    link = tmp_path / "link.jsonl"
-    link.symlink_to(fifo)
-    with pytest.raises(MetricsFileError):
-        MetricsTail(link).read()
-
-
 # ----------------------------------------------------------------------------- item 3: endless lines
-def test_a_line_without_end_is_capped_and_counted(tmp_path: Path) -> None:
-    path = tmp_path / "m.jsonl"
-    tail = MetricsTail(path, max_line_bytes=2**20)
-    path.write_text(json.dumps({"step": 0, "data": {"a": 1}}) + "\n")
-    assert tail.read() == [(0, {"a": 1.0})]
-    with path.open("ab") as fh:
-        for _ in range(8):  # 8 MiB without a newline, read as it grows: the buffer never passes the cap
-            fh.write(b"x" * 2**20)
-            fh.flush()
-            assert tail.read() == []
-            assert len(tail._partial) <= 2**20
-    with path.open("a") as fh:
-        fh.write("still the long line\n" + json.dumps({"step": 1, "data": {"a": 2}}) + "\n")
-    assert tail.read() == [(1, {"a": 2.0})]
-    assert tail.bad_lines == 1
-
-
 def test_the_driver_stays_small_while_a_trial_writes_a_huge_line(tmp_path: Path, studies: Path) -> None:
     space = hostile_space(tmp_path, [{"eval": 0, "value": 0.1}, {"fill": 200 * 2**20}, {"write": "\n"},
                                      {"eval": 1, "value": 0.75}])
@@ -127,17 +93,6 @@ def test_the_driver_stays_small_while_a_trial_writes_a_huge_line(tmp_path: Path,
 
 
 # ----------------------------------------------------------------------------- item 4: lenient values
-def test_only_numbers_are_values_and_null_is_not_finite() -> None:
-    line = json.dumps({"step": 3, "data": {"a": True, "b": "1e9", "c": None, "d": 2, "e": [1], "f": 0.5}})
-    step, data = parse_line(line.encode())  # type: ignore[misc]
-    assert step == 3 and set(data) == {"c", "d", "f"}
-    assert math.isnan(data["c"]) and data["d"] == 2.0 and data["f"] == 0.5
-    for bad in ('{"step": true, "data": {}}', '{"step": "3", "data": {}}', '{"step": 2.5, "data": {}}',
-                '{"step": 3, "data": []}', "[1, 2]", '{"step": 2147483649, "data": {}}', "nan"):
-        assert parse_line(bad.encode()) is None, bad
-    assert parse_line(b'{"step": 4.0, "data": {"x": 1e400}}') == (4, {"x": math.inf})
-
-
 def test_a_bool_or_string_objective_is_no_value_and_the_highest_step_is_the_last(tmp_path: Path,
                                                                                   studies: Path) -> None:
     space = hostile_space(tmp_path, [
@@ -163,20 +118,6 @@ def test_a_truncated_metrics_file_is_read_again_from_the_start(tmp_path: Path, s
     t = only_trial(studies)
     assert t.value == pytest.approx(0.8)
     assert 5 in t.intermediate_values
-
-
-def test_metrics_tail_rewinds_on_a_shrunk_or_replaced_file(tmp_path: Path) -> None:
-    path = tmp_path / "m.jsonl"
-    tail = MetricsTail(path)
-    path.write_text("".join(json.dumps({"step": s, "data": {"v": s}}) + "\n" for s in range(5)))
-    assert [s for s, _ in tail.read()] == [0, 1, 2, 3, 4]
-    path.write_text(json.dumps({"step": 7, "data": {"v": 7}}) + "\n")  # shorter: truncated and rewritten
-    assert [s for s, _ in tail.read()] == [7]
-    other = tmp_path / "new.jsonl"
-    other.write_text("".join(json.dumps({"step": s, "data": {"v": s}}) + "\n" for s in range(8, 20)))
-    other.replace(path)  # a new file (longer than the offset) at the same path
-    assert [s for s, _ in tail.read()] == list(range(8, 20))
-    assert tail.rewinds == 2
 
 
 def test_a_null_loss_as_verl_writes_nan_stops_the_trial_as_nan(tmp_path: Path, studies: Path) -> None:

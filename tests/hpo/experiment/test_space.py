@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 import textwrap
 from pathlib import Path
@@ -13,7 +12,6 @@ import yaml
 from hpo import SpaceError, load_space
 from hpo._cli import main
 from hpo.backends import backend_of
-from hpo.experiment._space import format_value
 from tests.hpo.conftest import ROOT
 
 BASE = {
@@ -107,21 +105,6 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert not studies.exists() or not any(studies.rglob("*")), list(studies.rglob("*"))
 
 
-def test_resume_of_missing_study_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    studies = tmp_path / "studies"
-    assert main(["resume", "--study", "nope", "--studies-dir", str(studies)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "nope" in err[0]
-    assert not any(studies.rglob("*.db")) if studies.exists() else True
-
-
-def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["search"])
-    assert exc.value.code == 2
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
-
-
 def test_yaml_object_is_not_constructed(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     path = tmp_path / "exp.yaml"
@@ -177,12 +160,6 @@ def test_distributions_follow_optuna_rules(tmp_path: Path) -> None:
     assert lr.log and lr.low == 1e-6
     assert (bs.low, bs.high, bs.step) == (32, 128, 32)
     assert pen.choices == ("kl", "low_var_kl")
-
-
-def test_format_value_round_trips_through_yaml() -> None:
-    for v in (1e-06, 0.05, 3, True, False, None, "kl", [1, 2]):
-        assert yaml.safe_load(format_value(v)) == v or (isinstance(v, float) and math.isclose(
-            float(format_value(v)), v))
 
 
 def test_a_space_of_more_than_max_params_parameters_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -27,8 +27,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.reporting._dashboard import DashboardCallback, build_html, dashboard_command, write_dashboard
+from hpo.reporting._dashboard import DashboardCallback, dashboard_command
 from hpo.reporting._figures import reference_point, timeline_figure
+from hpo.reporting._page import build_html, write_dashboard
 
 ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "test-artifacts"

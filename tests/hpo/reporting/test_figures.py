@@ -12,8 +12,8 @@ import optuna
 from optuna.distributions import FloatDistribution
 from optuna.trial import create_trial
 
-from hpo.reporting._dashboard import build_html
 from hpo.reporting._figures import MAX_PLOT_PARAMS, build_panels
+from hpo.reporting._page import build_html
 from hpo.study._optuna import ATTR_SPACE
 
 N_PARAMS = 400

@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 
 from hpo.backends import load_space
-from hpo.reporting._dashboard import write_dashboard
+from hpo.reporting._page import write_dashboard
 from hpo.reporting._pbt import best_lineage, render_pbt_best
 from hpo.study._population import Population
 from tests.hpo.conftest import write

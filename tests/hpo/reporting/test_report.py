@@ -11,7 +11,8 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from hpo.experiment._space import Objective, Param, Space
-from hpo.reporting._report import Reporter, outcome, render_best, summary, top_table
+from hpo.reporting._report import Reporter, outcome, render_best, top_table
+from hpo.reporting._summary import summary
 
 
 class _Tty(io.StringIO):

@@ -1,6 +1,6 @@
 """Storages other than the default SQLite file: PostgreSQL (RDB with heartbeats) and Redis (JournalStorage),
 skipped when the server or its Python driver is not there; storage names and URLs; riding out an SQLite
-database that cannot be written for a while (PostgreSQL restarts: test_storage_outage.py)."""
+database that cannot be written for a while (PostgreSQL restarts: test_retrying.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from hpo.experiment._space import StudySpec
 from hpo.storages._storage import open_storage
 from tests.hpo.conftest import PY, cli_env, fake_space, run_cli
+from tests.hpo.storages.test_errors import _sqlite_error, _wrapped
 
 PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -288,47 +289,6 @@ def test_a_finish_whose_acknowledgement_was_lost_is_not_an_error(tmp_path: Path)
     real(theirs._trial_id, TrialState.FAIL, None)  # someone else finished it
     with pytest.raises(UpdateFinishedTrialError):
         storage.set_trial_state_values(theirs._trial_id, TrialState.COMPLETE, [0.5])
-
-
-def _sqlite_error(text: str) -> BaseException:
-    import sqlite3
-
-    from sqlalchemy.exc import OperationalError
-
-    return OperationalError("SELECT 1", {}, sqlite3.OperationalError(text))
-
-
-def _wrapped(err: BaseException) -> BaseException:
-    """What Optuna's RDBStorage raises: StorageInternalError("... invalid data in the commit ...") from err."""
-    try:
-        raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from err
-    except optuna.exceptions.StorageInternalError as wrapped:
-        return wrapped
-
-
-def test_which_errors_are_an_outage() -> None:
-    """Connection-type errors (through Optuna's wrapper too) are retried; a bug, a conflict or a finished trial
-    is not."""
-    import errno
-
-    import redis.exceptions as rx
-    from optuna.exceptions import UpdateFinishedTrialError
-    from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
-
-    from hpo.storages._retrying import StorageUnavailable, unavailable_cause
-
-    pg_down = OperationalError("SELECT 1", {}, Exception("connection to server failed: Connection refused"))
-    outage = [pg_down, _wrapped(pg_down), InterfaceError("SELECT 1", {}, Exception("connection already closed")),
-              _sqlite_error("database is locked"), _wrapped(_sqlite_error("attempt to write a readonly database")),
-              _sqlite_error("database or disk is full"), _sqlite_error("disk I/O error"),
-              rx.ConnectionError("Error 111 connecting"), rx.TimeoutError("Timeout reading"),
-              OSError(errno.ENOSPC, "No space left on device"), OSError(errno.EROFS, "Read-only file system")]
-    not_outage = [_sqlite_error("no such table: trials"), _wrapped(_sqlite_error("no such column: x")),
-                  IntegrityError("INSERT", {}, Exception("duplicate key")), UpdateFinishedTrialError("finished"),
-                  StorageUnavailable("given up"), rx.AuthenticationError("invalid password"), ValueError("bad"),
-                  OSError(errno.ENOENT, "No such file"), KeyError("x")]
-    assert [e for e in outage if unavailable_cause(e) is None] == []
-    assert [e for e in not_outage if unavailable_cause(e) is not None] == []
 
 
 def test_a_permanent_error_is_raised_at_once(tmp_path: Path) -> None:

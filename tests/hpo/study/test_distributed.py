@@ -407,19 +407,6 @@ def test_chaos_three_workers_killed_at_random(url: str, tmp_path: Path, studies:
           f"{sum(t.user_attrs.get('stop_reason') == 'surplus' for t in trials)} surplus")
 
 
-# ----------------------------------------------------------------------------- identities
-def test_a_pid_is_judged_only_where_it_is_comparable() -> None:
-    from hpo.execution._identity import driver_identity, identity_alive
-
-    me = driver_identity()
-    assert identity_alive(me) is True
-    gone = subprocess.Popen([PY, "-c", "pass"])
-    gone.wait()
-    assert identity_alive({**me, "pid": gone.pid, "started": time.time()}) is False
-    for key, other in (("host", "elsewhere"), ("boot_id", "another-boot"), ("pidns", 1), ("boot_id", None)):
-        assert identity_alive({**me, key: other, "pid": gone.pid}) is None, key  # only a heartbeat can tell
-
-
 # ----------------------------------------------------------------------------- successive halving, killed at a rung
 @pytest.mark.slow
 def test_workers_killed_at_a_rung_boundary_keep_successive_halving_whole(tmp_path: Path, studies: Path,

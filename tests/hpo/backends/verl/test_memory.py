@@ -1,4 +1,4 @@
-"""The memory estimate of real verl trials (``verl_core.memory.estimate_verl``, ``hpo/backends/verl/_memory.py``).
+"""The memory estimate of real verl trials (``hpo/backends/verl/_memory.py``; its model: ``verl._memory_model``).
 
 The arithmetic is checked on hand-written key values (what ``verl/_compose.py`` selects from a composed config);
 the last tests compose the shipped verl space with real verl 0.9.1 (``.venv-verl``; skipped without it), and measure
@@ -17,6 +17,7 @@ import yaml
 
 from hpo.backends import _preflight, load_space
 from hpo.backends._preflight import validate_space
+from hpo.backends._shapes import EstimateError, MemoryEstimate, SequenceLengths, read_sequence_lengths
 from hpo.backends.verl import _memory
 from hpo.backends.verl._memory import (
     MEASURED_PROMPTS,
@@ -26,23 +27,18 @@ from hpo.backends.verl._memory import (
     predict_verl_corners,
     verl_memory_inputs,
 )
-from hpo.experiment._space import Space
-from tests import verl_configs
-from tests.hpo.backends.verl.conftest import ARITH, CPU_SPACE, arith_space, load_verl_space, needs_verl
-from verl_core.config import ConfigError
-from verl_core.memory import (
-    KNOWN_HUB_CONFIGS,
+from hpo.backends.verl._memory_model import (
+    LENGTH_METRICS,
     VERL_MEMORY_KEYS,
     VERL_PHASES,
-    MemoryEstimate,
-    ModelConfigUnavailable,
-    SequenceLengths,
     VerlMemoryVerdict,
     estimate_verl,
     judge_verl,
-    read_hub_or_local_config,
 )
-from verl_core.memory_verl import read_sequence_lengths
+from hpo.backends.verl._model_config import KNOWN_HUB_CONFIGS, ModelConfigUnavailable, read_hub_or_local_config
+from hpo.experiment._space import Space
+from tests import verl_configs
+from tests.hpo.backends.verl.conftest import ARITH, CPU_SPACE, arith_space, load_verl_space, needs_verl
 
 GiB = 2**30
 AR = "actor_rollout_ref"
@@ -196,7 +192,7 @@ def test_fused_kernels_drop_the_logits() -> None:
 
 
 def test_no_micro_batch_and_no_dynamic_batching_is_an_error() -> None:
-    with pytest.raises(ConfigError, match="ppo_micro_batch_size_per_gpu=null"):
+    with pytest.raises(EstimateError, match="ppo_micro_batch_size_per_gpu=null"):
         est(**{f"{AR}.actor.ppo_micro_batch_size_per_gpu": None})
 
 
@@ -208,7 +204,7 @@ def test_expected_lengths_lower_every_micro_batch_but_not_vllms_share() -> None:
     assert comp(short, "vllm weights + KV cache (awake)") == comp(worst, "vllm weights + KV cache (awake)")
     # lengths above the maxima are capped at them
     assert est(lengths=SequenceLengths(prompt=10_000, response=10_000)).total == worst.total
-    with pytest.raises(ConfigError, match="response=-1"):
+    with pytest.raises(EstimateError, match="response=-1"):
         SequenceLengths(response=-1)
 
 
@@ -232,11 +228,11 @@ def test_lengths_from_a_previous_runs_metrics_file(tmp_path: Path) -> None:
     f = tmp_path / "run.jsonl"
     f.write_text('{"step": 1, "data": {"response_length/mean": 200.5, "prompt_length/mean": 90}}\n'
                  '{"step": 2, "data": {"response_length/mean": 240.0, "prompt_length/mean": null}}\nnot json\n')
-    got = read_sequence_lengths(f)
+    got = read_sequence_lengths(f, *LENGTH_METRICS)
     assert (got.prompt, got.response) == (90, 240.0) and "run.jsonl" in got.source
     (tmp_path / "empty.jsonl").write_text('{"step": 1, "data": {"critic/score/mean": 1}}\n')
-    with pytest.raises(ConfigError, match="no prompt_length/mean"):
-        read_sequence_lengths(tmp_path / "empty.jsonl")
+    with pytest.raises(EstimateError, match="no prompt_length/mean"):
+        read_sequence_lengths(tmp_path / "empty.jsonl", *LENGTH_METRICS)
 
 
 # ----------------------------------------------------------------------------- published configs
@@ -292,7 +288,7 @@ def _fake_inputs(values: dict[str, Any], measured: dict[str, Any] | None = MEASU
 
 def test_predict_verl_budget_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_memory, "verl_memory_inputs", _fake_inputs(BASE))
-    monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
+    monkeypatch.setattr("hpo.backends._shapes.gpu_memory", lambda: [])
     space = load_verl_space()
     pred = predict_verl(space, [])
     assert pred.fits and pred.budget == 80 * GiB and "assumed" in pred.budget_source and pred.device == "cuda"
@@ -305,7 +301,7 @@ def test_predict_verl_budget_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> N
 def test_validate_prints_every_corner_and_fails_when_one_does_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_memory, "verl_memory_inputs",
                         _fake_inputs({**BASE, f"{AR}.rollout.gpu_memory_utilization": 0.99}))
-    monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
+    monkeypatch.setattr("hpo.backends._shapes.gpu_memory", lambda: [])
     out = io.StringIO()
     assert validate_space(load_verl_space(), [], out) == 2
     text = out.getvalue()
@@ -318,7 +314,7 @@ def test_validate_with_expected_lengths_passes_with_a_warning_when_only_the_wors
     big = {**BASE, f"{AR}.actor.ppo_micro_batch_size_per_gpu": 512, f"{AR}.actor.ppo_mini_batch_size": 512,
            "data.train_batch_size": 512, f"{AR}.rollout.gpu_memory_utilization": 0.1}
     monkeypatch.setattr(_memory, "verl_memory_inputs", _fake_inputs(big))
-    monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
+    monkeypatch.setattr("hpo.backends._shapes.gpu_memory", lambda: [])
     space = load_verl_space()
     out = io.StringIO()
     assert validate_space(space, [], out, lengths=SequenceLengths(60, 60, "a test")) == 0
@@ -340,7 +336,7 @@ def test_a_corner_is_refused_only_on_measured_prompts(monkeypatch: pytest.Monkey
     be measured (no tokenizer here) is judged at data.max_prompt_length, and only warned about."""
     huge = {**BASE, f"{AR}.actor.ppo_micro_batch_size_per_gpu": 4096, f"{AR}.actor.ppo_mini_batch_size": 4096,
             "data.train_batch_size": 4096, f"{AR}.model.enable_gradient_checkpointing": False}
-    monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
+    monkeypatch.setattr("hpo.backends._shapes.gpu_memory", lambda: [])
     space = load_verl_space()
     monkeypatch.setattr(_memory, "verl_memory_inputs", _fake_inputs(huge))
     assert validate_space(space, [], io.StringIO()) == 2
@@ -398,7 +394,7 @@ def test_the_memory_preflight_measures_the_prompts_with_the_models_tokenizer(tmp
 @pytest.mark.slow  # one verl subprocess: ~40 s on 2 cores
 @needs_verl
 def test_real_composed_configs_offload_and_sharding(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
+    monkeypatch.setattr("hpo.backends._shapes.gpu_memory", lambda: [])
     space = load_verl_space()
     fixed = space.trainer_overrides({"actor_lr": 1e-6, "kl_coef": 0.01, "temperature": 1.0, "mini_batch": 16})
     off = [f"{AR}.actor.fsdp_config.param_offload=true", f"{AR}.actor.fsdp_config.optimizer_offload=true"]

@@ -315,3 +315,58 @@ def test_a_pbt_segment_continues_a_real_verl_checkpoint_with_its_own_learning_ra
         assert sorted(k for k in last if k.startswith("val-core/")) == sorted([VAL, TEST])
 
     segment(tmp_path)
+
+
+def _first_step_run(root: Path, name: str, extra: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """One real verl run of one training step (the shipped experiment, no validation, no checkpoint) with ``extra``
+    overrides and the first-rollout ``env``; its step-1 metrics."""
+    fixed = dict(yaml.safe_load(SPACE.read_text())["overrides"])
+    fixed.update({"trainer.total_training_steps": 1, "trainer.save_freq": -1, "trainer.test_freq": -1,
+                  "trainer.val_before_train": False, "data.seed": 7,
+                  "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm",
+                  "actor_rollout_ref.actor.loss_scale_factor": 10})
+    assert _arith.main([f"{k}={v}" for k, v in fixed.items()]) == 0  # the prepare step (model, data, reward)
+    trial_dir = root / name
+    trial_dir.mkdir(parents=True)
+    argv = verl_argv(str(VERL_PY), "ppo_trainer", verl_overrides(fixed, extra), "replay", 0, trial_dir, 0, None)
+    full = verl_env({**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}, trial_dir, 0, cpu=True)
+    res = subprocess.run(argv, env=full, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return dict(MetricsTail(verl_metrics_path(trial_dir, 0)).read())[1]
+
+
+def test_a_recorded_first_rollout_replays_into_another_real_verl_run_and_a_planted_change_shows(
+        tmp_path: Path) -> None:
+    """Issue 54 item 1 on real verl: run A records its first training step's rollout (the in-process module loaded
+    by verl's external-module hook, hpo/backends/verl/in_verl/verl_hpo_first_rollout.py); run B, with the actor's
+    micro-batch 8 for A's 64 (neutral) and the loss divided by 11 for A's 10 (a 9% change of the update declared
+    neutral), replays it. B updates on A's samples in A's order: the score, entropy, response length and KL agree
+    within the strict same-math check's 1e-3, and the gradient norm is 10/11 of A's: the check names it (the
+    policy loss too where it is far enough from 0). On sampled rollouts the two runs' scores and gradient norms
+    differ by percents run to run, and the loose check lets a 9% change pass."""
+    from hpo.reporting._same_math import math_disagreements
+    from hpo.study._confirm._first_rollout import first_rollout, record_dir, report_dir
+
+    metrics = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss", "critic/score/mean",
+               "response_length/mean")
+
+    @once_more_after_a_segfault
+    def runs(root: Path) -> None:
+        a_dir, b_dir = root / "a", root / "b"
+        a = _first_step_run(root, "a", {"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 64}, {
+            "VERL_HPO_FIRST_ROLLOUT_RECORD": str(record_dir(a_dir)),
+            "VERL_HPO_FIRST_ROLLOUT_REPORT": str(report_dir(a_dir))})
+        recorded = first_rollout(a_dir, None, asked=True)
+        assert recorded == {"mode": "recorded", "source": None, "recorded": 16 * 8, "replayed": 0, "missed": 0}
+        b = _first_step_run(root, "b", {"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
+                                        "actor_rollout_ref.actor.loss_scale_factor": 11}, {
+            "VERL_HPO_FIRST_ROLLOUT_REPLAY": str(record_dir(a_dir)),
+            "VERL_HPO_FIRST_ROLLOUT_REPORT": str(report_dir(b_dir))})
+        assert first_rollout(b_dir, 0, asked=True)["replayed"] == 16 * 8  # every request answered from A's record
+        first_a, first_b = ({m: d[m] for m in metrics if m in d} for d in (a, b))
+        assert set(first_a) == set(metrics), sorted(a)
+        found = {f.split(" ")[0] for f in math_disagreements(first_b, first_a, 1e-3, replayed=True)}
+        assert "actor/grad_norm" in found and found <= {"actor/grad_norm", "actor/pg_loss"}, found  # the rest agree
+        assert first_b["actor/grad_norm"] / first_a["actor/grad_norm"] == pytest.approx(10 / 11, rel=0.005)
+
+    runs(tmp_path)

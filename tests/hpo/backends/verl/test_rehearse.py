@@ -60,7 +60,7 @@ def test_a_cpu_rehearsal_gives_the_gpu_estimate_of_the_real_study(monkeypatch) -
     CPU trial."""
     from tests.hpo.backends.verl.test_memory import BASE, _fake_inputs
 
-    monkeypatch.setattr("verl_core.memory.gpu_memory", lambda: [])
+    monkeypatch.setattr("hpo.backends._shapes.gpu_memory", lambda: [])
     shipped = load_space(str(CPU_SPACE), check=False)
     cpu = dataclasses.replace(shipped, trial=dataclasses.replace(shipped.trial, memory_limit_gb=None))
     corners = [RehearsalCorner("default", {}, []), RehearsalCorner("high", {}, [])]

@@ -5,16 +5,20 @@ torch, and its held-out split's metric names as a confirmation scores them."""
 from __future__ import annotations
 
 from hpo.backends import load_space
-from hpo.backends.verl_core._names import builtin_facts, code_files
+from hpo.backends._code_files import code_files
+from hpo.backends.verl_core._names import CODE_ENTRY_KEYS, CODE_PATH_KEYS, builtin_facts
 from hpo.study._confirm import heldout_metric_of, heldout_overrides, seed_keys
 
 
 def test_the_user_code_files_its_keys_name() -> None:
-    assert code_files("reward.custom_reward_function.path", "my/reward.py") == ["my/reward.py"]
-    assert code_files("custom_reward_function.path", "r.py") == ["r.py"]
-    assert code_files("evaluation.custom", ["tox=evals/tox.py:score", "len=/abs/len.py:fn"]) == ["evals/tox.py",
-                                                                                                "/abs/len.py"]
-    assert code_files("actor_rollout_ref.model.path", "m") == [] and code_files("evaluation.custom", "x") == []
+    def files(key: str, value: object) -> list[str]:
+        return code_files(key, value, CODE_PATH_KEYS, CODE_ENTRY_KEYS)  # verl_core's keys, as its backend passes them
+
+    assert files("reward.custom_reward_function.path", "my/reward.py") == ["my/reward.py"]
+    assert files("custom_reward_function.path", "r.py") == ["r.py"]
+    assert files("evaluation.custom", ["tox=evals/tox.py:score", "len=/abs/len.py:fn"]) == ["evals/tox.py",
+                                                                                           "/abs/len.py"]
+    assert files("actor_rollout_ref.model.path", "m") == [] and files("evaluation.custom", "x") == []
 
 
 def test_a_built_in_model_s_facts_come_from_verl_core_without_torch() -> None:

@@ -1,6 +1,6 @@
 """A Ray job's log (what the driver writes to the trial's stderr.log from the job's log stream) is capped and its
 dropped rows counted as a local trial's are (issue 52, items 1 and 8), against the fake job client of
-``test_ray_job_follow`` (no cluster)."""
+``test_job`` (no cluster)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from hpo.backends.verl._backend import VerlBackend
 from hpo.execution.ray_jobs import _entry
-from tests.hpo.execution.ray_jobs.test_ray_job_follow import FakeClient, run_job
+from tests.hpo.execution.ray_jobs.test_job import FakeClient, run_job
 
 
 def test_a_chatty_job_s_log_is_capped_and_its_dropped_prompts_counted(tmp_path: Path,

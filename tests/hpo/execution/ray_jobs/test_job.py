@@ -1,6 +1,6 @@
 """``RayJob.run`` against a fake job client (no cluster): the job's log read for metrics, a stop decided on a metrics
 line carried out (``stop_job``, then waited for), a dashboard that stops answering for a while said once each way,
-and the ``RunResult`` built from the entrypoint's end record."""
+and the ``RunResult`` built from the entrypoint's end record; the job's environment (:func:`job_env`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from hpo.execution.ray_jobs import RayJob, _entry
+from hpo.execution.ray_jobs import RayJob, _entry, job_env
 from hpo.execution.ray_jobs import _job as job_module
 
 
@@ -91,3 +91,10 @@ def test_a_dashboard_that_stops_answering_is_said_once_each_way(tmp_path: Path,
     _, res = run_job(tmp_path, monkeypatch, client, note=notes.append)
     assert res.exit_code == 0 and len(notes) == 2, notes
     assert "stopped answering (dashboard restarting)" in notes[0] and "answers again after" in notes[1]
+
+
+def test_job_env_carries_only_the_trials_own_entries() -> None:
+    base = {"PATH": "/usr/bin", "HOME": "/root", "X": "1"}
+    env = {**base, "X": "2", "VERL_HPO_TRIAL": "3", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": "/fake",
+           "VERL_HPO_DRIVER": "{}"}  # a driver's orphan sweep on the same host must never take a job for its orphan
+    assert job_env(env, base) == {"X": "2", "VERL_HPO_TRIAL": "3", "PYTHONPATH": "/fake"}

@@ -1,69 +1,22 @@
-"""The ``tracking:`` section and ``--tracking``: bad input is one line naming the file (or flag), key and value, before
-any study exists; a password in a URI is never printed nor stored; a tracker that cannot be used stops the study
-before it starts unless ``--tracking-optional``."""
+"""Whether each tracker of an experiment is usable before a study starts (:mod:`hpo.tracking._check`): a missing
+package, an unreachable server, a W&B key for online mode, a local destination that cannot be written each stop the
+study before it starts, in one line naming the tracker (a password given on the command line never shown), unless
+``--tracking-optional`` turns them into warnings. The section itself is parsed in
+``tests/hpo/experiment/test_tracking.py``."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from hpo.backends import load_space
-from hpo.experiment._space import SpaceError
-from hpo.experiment._tracking import MlflowSpec, TrackingSpec, WandbSpec, apply_flags, redact_uri
+from hpo.experiment._tracking import MlflowSpec, TrackingSpec, WandbSpec
 from hpo.tracking._check import tracker_problems
 from tests.hpo.conftest import fake_space, load, run_cli
 from tests.hpo.tracking.conftest import free_port
 
 SECRET = "s3cr3t-pw"
-
-
-def _load(tmp_path: Path, tracking: Any) -> TrackingSpec:
-    return load_space(str(fake_space(tmp_path, tracking=tracking)), check=False).tracking
-
-
-def test_the_section_parses_with_defaults(tmp_path: Path) -> None:
-    assert _load(tmp_path, None) == TrackingSpec() and not TrackingSpec().enabled
-    spec = _load(tmp_path, {"mlflow": {"uri": "http://h:5000"}, "wandb": {}})
-    assert spec.mlflow == MlflowSpec(uri="http://h:5000", experiment="verl-hpo")
-    assert spec.wandb == WandbSpec(project="verl-hpo", entity=None, mode="online", dir=None)
-    assert spec.flush_s == 60.0
-
-
-@pytest.mark.parametrize(("tracking", "where", "shown"), [
-    ({"mlflow": {"uri": "ftp://h"}}, "tracking.mlflow.uri", "'ftp://h'"),
-    ({"mlflow": {"uri": f"http://me:{SECRET}@h:5000"}}, "tracking.mlflow.uri", "MLFLOW_TRACKING_PASSWORD"),
-    ({"mlflow": {"experiment": ""}}, "tracking.mlflow.experiment", "''"),
-    ({"mlflow": {"url": "http://h"}}, "tracking.mlflow.url", "unknown field"),
-    ({"wandb": {"mode": "dryrun"}}, "tracking.wandb.mode", "'dryrun'"),
-    ({"wandb": {"project": "a b/c"}}, "tracking.wandb.project", "'a b/c'"),
-    ({"wandb": "yes"}, "tracking.wandb", "'yes'"),
-    ({"flush_s": -1}, "tracking.flush_s", "-1"),
-    ({"neptune": {}}, "tracking.neptune", "unknown field"),
-])
-def test_bad_sections_are_one_line_naming_file_key_value(tmp_path: Path, tracking: Any, where: str,
-                                                         shown: str) -> None:
-    with pytest.raises(SpaceError) as info:
-        _load(tmp_path, tracking)
-    msg = str(info.value)
-    assert msg.count("\n") == 0 and msg.startswith(str(tmp_path / "fake.yaml")) and where in msg and shown in msg
-    assert SECRET not in msg
-
-
-def test_flags_replace_the_section() -> None:
-    base = TrackingSpec(mlflow=MlflowSpec(uri="http://a:1", experiment="e"), flush_s=5)
-    spec = apply_flags(base, ["mlflow=http://u:pw@b:2", "wandb=offline"], SpaceError)
-    assert spec.mlflow == MlflowSpec(uri="http://u:pw@b:2", experiment="e") and spec.wandb is not None
-    assert spec.wandb.mode == "offline" and spec.flush_s == 5
-    assert apply_flags(spec, ["off"], SpaceError) == TrackingSpec(flush_s=5)
-    with pytest.raises(SpaceError, match="expected mlflow"):
-        apply_flags(base, ["neptune"], SpaceError)
-    with pytest.raises(SpaceError) as info:
-        apply_flags(base, [f"mlflow=gopher://u:{SECRET}@h"], SpaceError)
-    assert SECRET not in str(info.value) and "u:***@h" in str(info.value)
-    assert redact_uri(f"https://u:{SECRET}@h:1/p") == "https://u:***@h:1/p"
 
 
 def test_missing_packages_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,11 +129,3 @@ def test_an_unwritable_dir_with_tracking_optional_is_a_warning(tmp_path: Path, s
     assert "warning:" in res.stderr and "runs without wandb tracking" in res.stderr and "is not a directory" in \
         res.stderr
     assert len(load(studies, "fake").trials) == 1
-
-
-def test_the_start_line_says_where_a_database_backend_s_artifacts_go(tmp_path: Path) -> None:
-    from hpo.tracking import describe
-
-    line = describe(TrackingSpec(mlflow=MlflowSpec(uri=f"sqlite:///{tmp_path}/m.db")), tmp_path / "studies")
-    assert f"artifacts of a new experiment in {tmp_path / 'studies' / 'mlflow-artifacts'}" in line
-    assert "artifacts" not in describe(TrackingSpec(mlflow=MlflowSpec(uri="http://h:5000")), tmp_path)
