@@ -25,7 +25,7 @@ import yaml
 
 from hpo.backends import backend_of, load_space
 from hpo.backends import verl as _verl
-from hpo.backends.verl import resume_checkpoints, verl_argv, verl_env, verl_metrics_path
+from hpo.backends.verl import ComposedConfig, resume_checkpoints, verl_argv, verl_env, verl_metrics_path
 from hpo.execution import MetricsTail
 from hpo.experiment._space import Space, TrialSpec, parse_space, read_yaml
 from tests.hpo.conftest import ROOT, cli_env
@@ -48,6 +48,22 @@ def load_verl_space(path: Path = SPACE_FILE, **changes: Any) -> Space:
     known = {f.name for f in dataclasses.fields(TrialSpec)}
     raw["trial"] = {k: v for k, v in (raw.get("trial") or {}).items() if k in known}
     return parse_space(raw, str(path), path.stem)
+
+
+def small_verl_space(**changes: Any) -> Space:
+    """The shipped GPU space with one parameter at two values (two corners: quick to compose)."""
+    raw = read_yaml(SPACE_FILE)
+    changes.setdefault("overrides", {**raw["overrides"], "actor_rollout_ref.actor.ppo_mini_batch_size": 16})
+    return load_verl_space(params={"actor_lr": raw["params"]["actor_lr"]}, **changes)
+
+
+def composed(val_n: int = 1, sources: tuple[str, ...] | None = ("openai/gsm8k",), **more: Any) -> ComposedConfig:
+    """What verl's interpreter says of one composed corner, as a GRPO run on one GPU would give it (``more``:
+    fields changed)."""
+    return ComposedConfig(**{**dict(val_n=val_n, data_sources=sources, total_training_steps=10, test_freq=2,
+                                    save_freq=2, val_before_train=True, n_gpus=1, use_critic=False,
+                                    use_reference_policy=True, adv_estimator="grpo", train_files=(), val_files=()),
+                             **more})
 
 
 # ----------------------------------------------------------------------------- the stand-in main_ppo

@@ -22,12 +22,9 @@ from hpo.backends.verl import (
     ComposedConfig,
     VerlBackend,
     VerlConfigError,
-    check_space,
     check_verl_metrics,
     check_verl_space,
     compose_corners,
-    interpreter_problem,
-    verl_metric_ok,
 )
 from hpo.backends.verl._check import unread_tuned
 from hpo.execution import MetricsTail
@@ -37,12 +34,12 @@ from tests.hpo.backends.verl.conftest import (
     SPACE_FILE,
     VAL,
     VERL_PY,
-    arith_experiment,
-    arith_rows,
+    composed,
     errors,
     launch,
     load_verl_space,
     needs_verl,
+    small_verl_space,
     user_experiment,
     validate,
 )
@@ -51,104 +48,16 @@ from tests.hpo.conftest import PY, ROOT, cli_env
 pytestmark = pytest.mark.cpu_heavy  # verl on every core: make test-slow runs these one at a time
 
 
-# ----------------------------------------------------------------------------- metric names
-@pytest.mark.parametrize(("metric", "val_n", "sources", "ok"), [
-    (VAL, None, None, True),
-    (VAL, 1, ("openai/gsm8k",), True),
-    ("val-core/openai/gsm8k/reward/mean@1", None, None, True),  # a reward function's dict without acc
-    ("val-aux/openai/gsm8k/reward/mean@1", None, None, True),  # with acc: reward is aux
-    ("val-aux/openai/gsm8k/acc/std@4", 4, None, True),
-    ("val-core/openai/gsm8k/reward/mean@4", 1, None, False),  # verl logs mean@<val_kwargs.n>
-    ("val-core/openai/gsm8k/reward/mean@4", 4, None, True),
-    ("val-aux/openai/gsm8k/reward/std@4", 4, None, True),
-    ("val-aux/openai/gsm8k/reward/std@1", 1, None, False),  # no spread of one sample
-    ("val-core/openai/gsm8k/reward/std@4", 4, None, False),  # std is aux, not core
-    ("val-core/openai/gsm8k/reward/best@4/mean", 4, None, True),
-    ("val-aux/openai/gsm8k/reward/worst@2/std", 4, None, True),
-    ("val-core/openai/gsm8k/reward/best@8/mean", 4, None, False),
-    ("val-core/lighteval/MATH/reward/mean@1", 1, ("openai/gsm8k",), False),  # not a source of the data
-    ("val-aux/num_turns/mean", 1, None, True),
-    ("critic/score/mean", 1, None, True),
-    ("actor/entropy", 1, None, True),
-    ("timing_s/gen", 1, None, True),
-    ("eval/reward_mean", 1, None, False),  # verl_core's name: verl never logs it
-    ("eval/reward_std", None, None, False),
-    ("val-core/openai/gsm8k/reward/mean1", None, None, False),
-    ("val/test_score/openai/gsm8k", None, None, False),  # verl's pre-0.3 name
-    ("critic/", None, None, False),
-])
-def test_verl_metric_ok(metric: str, val_n: int | None, sources: tuple[str, ...] | None, ok: bool) -> None:
-    assert verl_metric_ok(metric, val_n, sources) is ok
-
-
-def composed(val_n: int = 1, sources: tuple[str, ...] | None = ("openai/gsm8k",), **more: Any) -> ComposedConfig:
-    return ComposedConfig(**{**dict(val_n=val_n, data_sources=sources, total_training_steps=10, test_freq=2,
-                                    save_freq=2, val_before_train=True, n_gpus=1, use_critic=False,
-                                    use_reference_policy=True, adv_estimator="grpo", train_files=(), val_files=()),
-                             **more})
-
-
 def test_the_core_metric_follows_the_reward_function() -> None:
     """verl 0.9.1 records a float score as `acc` too and makes `acc` the core variable; only a reward function
     returning a dict without `acc` leaves `reward` in val-core."""
     reward = "val-core/openai/gsm8k/reward/mean@1"
-    assert verl_metric_ok(VAL, 1, None, "acc") and not verl_metric_ok(reward, 1, None, "acc")
-    assert verl_metric_ok(reward, 1, None, "reward") and not verl_metric_ok(VAL, 1, None, "reward")
-    assert not verl_metric_ok("val-aux/openai/gsm8k/acc/mean@1", 1, None, "acc")  # the core mean is val-core
-    assert verl_metric_ok("val-aux/openai/gsm8k/reward/mean@1", 1, None, "acc")
     old = dataclasses.replace(load_verl_space(), objective=parse_objective({"metric": reward},
                                                                            lambda w, m: SpaceError(m)))
     with pytest.raises(VerlConfigError, match="acc/mean@1"):  # what the shipped space used to name
         check_verl_metrics(old, composed())
     check_verl_metrics(old, composed(val_core_var="reward"))
     check_verl_metrics(old, composed(val_core_var=None))  # a custom function not probed: either name
-    assert _verl.verl_metric_examples(1, ("ds",), "reward")[0] == "val-core/ds/reward/mean@1"
-    assert _verl.verl_metric_examples(1, ("ds",), "acc")[0] == "val-core/ds/acc/mean@1"
-
-
-# ----------------------------------------------------------------------------- can the interpreter run trials?
-GPU_PY = {"torch": "2.11.0", "torch_cuda": "13.0", "vllm": True, "sglang": False, "flash_attn": False}
-
-
-@pytest.mark.parametrize(("interpreter", "info", "text"), [
-    ({**GPU_PY, "torch": "2.13.0+cpu", "torch_cuda": None}, {}, "without CUDA"),  # `make install-verl`'s venv
-    ({**GPU_PY, "vllm": False}, {}, "actor_rollout_ref.rollout.name=vllm but"),
-    (GPU_PY, {"attn_implementation": "flash_attention_2"}, "attn_implementation=sdpa"),
-    (GPU_PY, {"attn_implementation": "sdpa", "use_critic": True, "adv_estimator": "gae"}, "trains a critic"),
-    (GPU_PY, {"attn_implementation": "sdpa"}, None),
-    ({**GPU_PY, "flash_attn": True}, {"use_critic": True}, None),
-    ({**GPU_PY, "vllm": False}, {"rollout_name": "hf", "attn_implementation": "sdpa"}, None),
-])
-def test_an_interpreter_that_cannot_run_the_trials_is_one_line_naming_the_fix(
-        interpreter: dict[str, Any], info: dict[str, Any], text: str | None) -> None:
-    problem = _verl.interpreter_problem(interpreter, composed(**info), "/venv/bin/python")
-    if text is None:
-        assert problem is None
-        return
-    assert problem is not None and text in problem and "\n" not in problem
-    if not interpreter["torch_cuda"] or not interpreter["vllm"]:
-        assert "make install-verl-gpu" in problem
-
-
-def cpu_composed(**changes: object) -> ComposedConfig:
-    base = dict(rollout_name="vllm", strategy="fsdp2", attn_implementation="sdpa", val_core_var="acc",
-                seed_keys=(), val_n=1, data_sources=("s",), total_training_steps=4, test_freq=1, save_freq=2,
-                val_before_train=True, n_gpus=1, use_critic=False, use_reference_policy=True,
-                adv_estimator="grpo", train_files=(), val_files=())
-    fields = ComposedConfig.__dataclass_fields__
-    return ComposedConfig(**{k: v for k, v in {**base, **changes}.items() if k in fields})  # type: ignore[arg-type]
-
-
-def test_the_interpreter_check_on_the_cpu_asks_for_the_plugin_and_vllm_s_cpu_build() -> None:
-    ready = {"torch": "2.13.0+cpu", "torch_cuda": None, "vllm": True, "vllm_version": "0.27.1+cpu",
-             "verl_cpu_platform": True, "flash_attn": False}
-    info = cpu_composed()
-    assert interpreter_problem(ready, info, "py", cpu=True) is None
-    assert "make install-verl" in (interpreter_problem({**ready, "verl_cpu_platform": False}, info, "py", cpu=True)
-                                   or "")
-    assert "vllm 0.27.1" in (interpreter_problem({**ready, "vllm_version": "0.27.1"}, info, "py", cpu=True) or "")
-    assert "SGLang" in (interpreter_problem(ready, cpu_composed(rollout_name="sglang"), "py", cpu=True) or "")
-    assert "without CUDA" in (interpreter_problem(ready, info, "py", cpu=False) or "")  # the same venv for GPUs
 
 
 def test_a_space_naming_a_metric_verl_does_not_log_is_a_one_line_error() -> None:
@@ -268,40 +177,6 @@ def test_check_verl_space_names_the_parameter_and_the_value() -> None:
     with pytest.raises(VerlConfigError, match="set by the driver") as err:
         check_verl_space(driver_key, str(VERL_PY))
     assert err.value.where == "overrides.trainer.nnodes"
-
-
-def test_no_verl_in_the_interpreter_says_make_install_verl(tmp_path: Path) -> None:
-    for python in (PY, str(tmp_path / "no-such-python")):  # the driver's venv has no verl
-        with pytest.raises(VerlConfigError, match="make install-verl") as err:
-            check_space(python, "ppo_trainer", [[]])
-        assert err.value.where == "trial.python" and "\n" not in str(err.value)
-    with pytest.raises(VerlConfigError, match="no such file"):
-        check_space(PY, str(tmp_path / "missing.yaml"), [[]])
-
-
-def small_verl_space(**changes: Any) -> Space:
-    """The shipped space with one parameter at two values (two corners: quick to compose)."""
-    raw = read_yaml(SPACE_FILE)
-    changes.setdefault("overrides", {**raw["overrides"], "actor_rollout_ref.actor.ppo_mini_batch_size": 16})
-    return load_verl_space(params={"actor_lr": raw["params"]["actor_lr"]}, **changes)
-
-
-@needs_verl
-@pytest.mark.slow  # three compositions in verl's interpreter: ~20 s; make test-slow / CI
-def test_verl_s_cpu_interpreter_runs_cpu_trials_and_is_refused_for_gpu_trials() -> None:
-    """`make install-verl`'s venv (CPU torch, vLLM's CPU build, the CPU platform plugin) runs trials that get no GPU;
-    trials handed GPUs need a CUDA build (one line naming both ways out); a space whose trials run the stand-in
-    (trial.env sets VERL_HPO_SKIP_INTERPRETER_CHECK) launches either way."""
-    space = small_verl_space()
-    with pytest.raises(VerlConfigError) as err:
-        _verl.check_verl_launch(space, str(VERL_PY), cpu=False)
-    assert err.value.where == "trial.python" and "\n" not in str(err.value)
-    assert "without CUDA" in str(err.value) and "make install-verl-gpu" in str(err.value)
-    assert "gpus_per_trial: 0" in str(err.value)
-    _verl.check_verl_launch(space, str(VERL_PY), cpu=True)  # every corner composes with the CPU platform's overrides
-    stand_in = dataclasses.replace(space, trial=dataclasses.replace(
-        space.trial, env={_verl.SKIP_INTERPRETER_CHECK: "1"}))
-    _verl.check_verl_launch(stand_in, str(VERL_PY), cpu=False)
 
 
 @needs_verl
@@ -479,11 +354,3 @@ def test_gae_s_lambda_tuned_under_grpo_is_refused(user_models: Path, tmp_path: P
     assert "params.lam" in line and "algorithm.lam: algorithm.adv_estimator=grpo does not read it" in line, line
 
 
-@needs_verl
-def test_a_gpu_study_with_a_cpu_only_interpreter_is_refused_at_validate(tmp_path: Path) -> None:
-    space = arith_experiment(tmp_path, arith_rows(64, None))
-    res = validate(space, "--override", "trial.gpus_per_trial=1")
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    line, = res.stderr.strip().splitlines()
-    assert "trial.python" in line and "without CUDA, so its trials need a GPU build" in line and \
-        "trial.gpus_per_trial: 0" in line, line
