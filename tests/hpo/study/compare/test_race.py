@@ -1,9 +1,9 @@
-"""Racing confirmation's decisions (:func:`hpo.study._compare.race_step`) on synthetic values with known answers."""
+"""Racing confirmation (``hpo/study/_compare/_race.py``): its decisions (:func:`~hpo.study._compare.race_step`) on
+synthetic values with known answers, and which run is another's twin."""
 
 from __future__ import annotations
 
 import math
-import statistics
 
 import optuna
 import pytest
@@ -11,22 +11,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED
 from hpo.record._attrs import PBT_INDEX
-from hpo.study._compare import paired, race_step, t_quantile, twin_of, welch
+from hpo.study._compare import race_step, twin_of, welch
 
 KW = {"resolution": 0.01, "min_seeds": 2, "max_seeds": 4}
-
-
-def test_paired_interval_by_hand() -> None:
-    a, b = [0.90, 0.70, 0.80], [0.86, 0.64, 0.77]
-    d = [0.04, 0.06, 0.03]
-    got = paired(a, b)
-    assert got is not None
-    half = t_quantile(0.975, 2) * statistics.stdev(d) / math.sqrt(3)
-    assert got.diff == pytest.approx(statistics.fmean(d))
-    assert (got.low, got.high) == pytest.approx((statistics.fmean(d) - half, statistics.fmean(d) + half))
-    assert paired([0.9], [0.8]) is None  # one seed: no interval
-    same = paired([0.9, 0.7], [0.85, 0.65])
-    assert same is not None and (same.low, same.high) == pytest.approx((0.05, 0.05))  # constant difference: no width
 
 
 def test_nothing_is_dropped_or_decided_before_min_seeds() -> None:

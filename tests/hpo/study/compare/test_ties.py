@@ -1,19 +1,17 @@
-"""Telling confirmed settings apart: Student's t quantiles against tables, Welch's interval against a hand
-computation, the tie report and the documented preference among tied settings (real Optuna in-memory studies): the
-preference only within ``confirm.resolution`` of the best mean, the paired test on shared seeds, Welch otherwise, and
-the diagnosis labels that make a run bad."""
+"""Telling confirmed settings apart (``hpo/study/_compare/_ties.py``): the tie report and the documented preference
+among tied settings (real Optuna in-memory studies): the preference only within ``confirm.resolution`` of the best
+mean, the paired test on shared seeds, Welch otherwise, and the diagnosis labels that make a run bad. The intervals
+themselves: ``test_intervals.py``."""
 
 from __future__ import annotations
 
-import math
-import statistics
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.distributions import FloatDistribution
 
-from hpo.study._compare import bad_runs, improvement, t_quantile, verdict, welch
+from hpo.study._compare import bad_runs, verdict, welch
 from hpo.study._confirm import (
     ATTR_BASELINE,
     ATTR_CONFIRM_OF,
@@ -24,29 +22,6 @@ from hpo.study._confirm import (
 )
 
 DIST = {"lr": FloatDistribution(1e-7, 1e-2, log=True)}
-
-
-@pytest.mark.parametrize("df, q", [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (10, 2.228), (30, 2.042),
-                                   (1e9, 1.960)])
-def test_t_quantile_matches_the_tables(df: float, q: float) -> None:
-    assert t_quantile(0.975, df) == pytest.approx(q, abs=1e-3)
-
-
-def test_welch_interval_by_hand() -> None:
-    a, b = [0.96, 0.95, 0.97], [0.80, 0.78, 0.85]
-    d = welch(a, b)
-    assert d is not None
-    va, vb = statistics.variance(a) / 3, statistics.variance(b) / 3
-    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)
-    half = t_quantile(0.975, df) * math.sqrt(va + vb)
-    assert d.diff == pytest.approx(statistics.fmean(a) - statistics.fmean(b))
-    assert (d.low, d.high, d.df) == pytest.approx((d.diff - half, d.diff + half, df))
-    assert d.excludes_zero
-    assert welch([1.0], [2.0, 3.0]) is None  # one run: no spread to judge by
-    same = welch([0.5, 0.5], [0.4, 0.4])
-    assert same is not None and same.low == same.high == pytest.approx(0.1)
-    worse = improvement([1.0, 1.1], [0.5, 0.6], maximize=False)  # a loss: lower is better
-    assert worse is not None and worse.diff == pytest.approx(-0.5)
 
 
 def _study(settings: dict[float, list[tuple[float, dict[int, float]]]], baseline: tuple[float, ...] = (),
