@@ -101,7 +101,7 @@ test-extended: $(STAMP)
 	$(PY) -m pytest -v -p no:cacheprovider -m extended $(PYTEST_ARGS)
 
 test-ray-verl: $(STAMP)
-	$(PY) -m pytest -v -p no:cacheprovider tests/hpo/backends/test_verl_ray_jobs.py $(PYTEST_ARGS)
+	$(PY) -m pytest -v -p no:cacheprovider tests/hpo/backends/verl/test_ray_jobs.py $(PYTEST_ARGS)
 
 test-fast: test
 

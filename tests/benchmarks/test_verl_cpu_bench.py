@@ -19,7 +19,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 def test_rows_from_a_recorded_study_have_the_known_numbers(tmp_path: Path) -> None:
     """The part's arithmetic on a recorded study with known answers (the real run is ``make bench``'s: real verl
-    trials already run in ``tests/hpo/backends/test_verl_real.py``, and CI's budget has no room for a third copy)."""
+    trials already run in ``tests/hpo/backends/verl/test_real.py``, and CI's budget has no room for a third copy)."""
     code = """
 import json, sys
 import benchmarks.verl_cpu as v

@@ -1,7 +1,7 @@
 """STAND-IN for ``python -m verl.trainer.main_ppo`` (verl 0.9.1): no Ray, no model, no training, but verl's own
 code wherever the driver sees the result. It runs in verl's interpreter (``.venv-verl``), found before the real
-entry point through a ``sys.meta_path`` finder (``tests/hpo/test_verl.py``'s ``fake_verl`` fixture), so that the
-exact argv of ``hpo.backends.verl._launch.verl_argv`` runs on a CPU where real verl cannot train:
+entry point through a ``sys.meta_path`` finder (``tests/hpo/backends/verl/conftest.py``'s ``fake_verl`` fixture), so
+that the exact argv of ``hpo.backends.verl._launch.verl_argv`` runs on a CPU where real verl cannot train:
 
 * argv: ``[--config-path DIR --config-name NAME] key=value ...`` in hydra's override syntax: ``+key=`` adds a key
   (an error when it exists), ``++key=`` adds or sets, a plain ``key=`` must exist (hydra's "Could not override"

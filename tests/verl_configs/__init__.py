@@ -1,4 +1,4 @@
-"""Published verl configs as data, for the memory estimate's tests (``tests/hpo/backends/test_verl_memory.py``).
+"""Published verl configs as data, for the memory estimate's tests (``tests/hpo/backends/verl/test_memory.py``).
 
 * ``reference.yaml``: what verl's docs say runs (the quickstart, ``docs/perf/device_tuning.rst``'s minimum configs);
 * ``independent.yaml``: GRPO-LoRA batch-size sweeps with the outcome of every size tried;

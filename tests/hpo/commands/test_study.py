@@ -10,8 +10,8 @@ import pytest
 
 from hpo._cli import main
 from hpo.commands import _study
-from hpo.commands._study import Confirmation, StudyRun
-from hpo.experiment import StudySpec
+from hpo.commands._study import Confirmation, StudyRun, _device_list
+from hpo.experiment import SpaceError, StudySpec
 
 
 @pytest.mark.parametrize(("argv", "want"), [
@@ -47,3 +47,15 @@ def test_a_missing_study_is_refused_before_a_run_is_built(tmp_path: Path, monkey
     monkeypatch.setattr(_study, "run_study", lambda run, inv: seen.append(run) or 0)
     assert main(["resume", "--study", "s", "--studies-dir", str(tmp_path)]) == 2
     assert seen == [] and capsys.readouterr().err.startswith("error: no study 's': ")
+
+
+@pytest.mark.parametrize("text, ok", [("0,1", True), ("3", True), ("GPU-8f2a3b4c-1d2e-4f5a-9b8c-7d6e5f4a3b2c", True),
+                                      ("MIG-GPU-8f2a3b4c/1/0", True), ("0,0", False), ("-1", False), ("0,GPU", False),
+                                      ("", False), ("0,,1", False), ("01", False), ("1" * 400, False)])
+def test_the_devices_flag_takes_gpu_indices_or_uuids(text: str, ok: bool) -> None:
+    if ok:
+        assert _device_list(text) == text.split(",")
+        return
+    with pytest.raises(SpaceError) as err:
+        _device_list(text)
+    assert str(err.value).startswith(f"--devices {text!r}: ") and "\n" not in str(err.value)

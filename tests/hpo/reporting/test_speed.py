@@ -2,7 +2,7 @@
 not measured, the picks re-measured against the user's config with the same-math check, a predicted OOM never
 launched; plus the statistics as pure functions. ``study.speed_from`` (a separated confirmation only, which two
 paired real runs on a busy host do not always give) is tested with fake-trainer studies of planted speeds:
-tests/hpo/study/test_speed_from_trust.py."""
+tests/hpo/reporting/test_speed_from.py."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from hpo.reporting._verdict import verdict_lines
 from hpo.study._compare import RULE, welch
 from hpo.study._confirm import confirm_seeds
 from tests.hpo.conftest import PY, cli_env, fake_space
-from tests.hpo.study.test_compare import FAST, SLOW, _study, seed0_study
+from tests.hpo.study.compare.test_ties import FAST, SLOW, _study, seed0_study
 
 
 def test_overlapping_settings_are_reported_as_tied_with_the_preferred_one(tmp_path: Path) -> None:

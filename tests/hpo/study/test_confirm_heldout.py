@@ -144,7 +144,7 @@ def test_a_verl_confirmation_run_validates_on_its_own_test_file(tmp_path: Path) 
     objective metric is then the held-out value, and confirm says so."""
     from hpo.backends import Attempt, backend_of
     from hpo.study._confirm import confirm_overrides, heldout_metric_of, heldout_note
-    from tests.hpo.backends.test_verl import SPACE_FILE, load_verl_space
+    from tests.hpo.backends.verl.conftest import SPACE_FILE, load_verl_space
 
     plain = load_verl_space(SPACE_FILE)
     assert heldout_metric_of(plain) is None and heldout_note(plain) == ""
@@ -167,7 +167,7 @@ def test_a_verl_test_metric_keeps_the_comparison_on_validation_data(tmp_path: Pa
     test_metric, and confirm says so."""
     from hpo.backends import Attempt, backend_of
     from hpo.study._confirm import confirm_overrides, heldout_metric_of, heldout_note
-    from tests.hpo.backends.test_verl import SPACE_FILE, load_verl_space
+    from tests.hpo.backends.verl.conftest import SPACE_FILE, load_verl_space
 
     plain = load_verl_space(SPACE_FILE)
     test_metric = "val-core/heldout/reward/mean@1"
@@ -197,7 +197,7 @@ def test_a_verl_test_metric_keeps_the_comparison_on_validation_data(tmp_path: Pa
 def test_a_test_metric_that_cannot_be_read_apart_is_one_line(confirm: dict[str, str], needle: str) -> None:
     from hpo.backends import load_space
     from hpo.experiment._space import SpaceError
-    from tests.hpo.backends.test_verl import SPACE_FILE
+    from tests.hpo.backends.verl.conftest import SPACE_FILE
 
     with pytest.raises(SpaceError) as err:
         load_space(str(SPACE_FILE), overrides=[f"study.confirm.{k}={v}" for k, v in confirm.items()])

@@ -5,8 +5,8 @@ planted ``perf/throughput`` and real SQLite storage, from a directory of the use
   seeds ran; a pick whose speed-up its interval does not support is "no setting faster than yours was found on this
   host", and ``best`` prints the user's own settings (``study.baseline``), never the pick's;
 * a trial stopped at its time limit is slower than the slowest finished one (its partial rate kept), not -inf, and
-  ranks below every finished trial;
-* the summary says how busy the host was while the trials ran."""
+  ranks below every finished trial (the summary of how busy the host was:
+  ``tests/hpo/reporting/test_speed_search.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import optuna
 import yaml
 from optuna.trial import TrialState
 
@@ -106,28 +105,3 @@ def test_a_timed_out_throughput_trial_ranks_below_every_finished_one(tmp_path: P
     assert "timed out: trial(s) 2 (200 over its measured steps)" in search.stdout, search.stdout
     best = _cli(tmp_path, "best", "--study", "slow", "--format", "overrides")
     assert best.returncode == 0 and best.stdout.strip() == "fake.throughput=400.0 fake.hang_at=98", best.stdout
-
-
-def _measured(tp: float, value: float, cv: float, busy: float) -> optuna.trial.FrozenTrial:
-    return optuna.trial.create_trial(
-        value=value, params={"tp": tp}, distributions={"tp": optuna.distributions.CategoricalDistribution(
-            [100.0, 104.0, 300.0])}, user_attrs={"throughput_cv": cv, "host_busy": busy, "throughput_steps": 4})
-
-
-def test_the_summary_says_how_busy_the_host_was_and_when_the_ranking_is_noise() -> None:
-    """Two settings 4% apart with a 5% step-to-step spread, measured while other processes took 5% then 60% of the
-    CPU: the summary says both; 300 against 100 on a quiet host is no warning."""
-    from hpo.reporting._speed_search import speed_search_summary
-
-    study = optuna.create_study(direction="maximize")
-    for tp, value, busy in [(104.0, 104.0, 0.05), (100.0, 100.0, 0.6)]:
-        study.add_trial(_measured(tp, value, 0.05, busy))
-    text = speed_search_summary(study, study.get_trials())
-    assert "host: other processes used 32% of this host's CPU time while the trials ran (median over 2 trials; 5% " \
-           "to 60%, the most during trial 1)" in text, text
-    assert "warning: the search's ranking may be noise: the fastest (trial 0, 104) and the next (trial 1, 100) are " \
-           "3.8% apart, within 2x the trials' own spread" in text and "moved from 5% to 60%" in text, text
-    quiet = optuna.create_study(direction="maximize")
-    for tp, busy in [(300.0, 0.05), (100.0, 0.1)]:
-        quiet.add_trial(_measured(tp, tp, 0.05, busy))
-    assert "warning" not in speed_search_summary(quiet, quiet.get_trials())

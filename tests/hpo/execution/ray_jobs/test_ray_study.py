@@ -201,7 +201,7 @@ def test_a_verl_trial_runs_as_a_two_node_ray_job(ray_cluster: RayCluster, tmp_pa
     ``trainer.nnodes=2 trainer.n_gpus_per_node=2``, its entrypoint holds nothing (verl's placement groups take the
     GPUs), and verl's checkpoint shards are per the job's world size of 4."""
     from hpo.backends import verl as _verl
-    from tests.hpo.backends.test_verl import _SITECUSTOMIZE, SPACE_FILE, STAND_IN, VERL_PY
+    from tests.hpo.backends.verl.conftest import _SITECUSTOMIZE, SPACE_FILE, STAND_IN, VERL_PY
 
     if not VERL_PY.exists():
         pytest.skip("the stand-in runs with real verl's code: run `make install-verl` (creates .venv-verl)")

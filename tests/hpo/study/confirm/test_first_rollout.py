@@ -3,7 +3,7 @@
 without the replay (a trainer that does not honour it, samples differing run to run) the loose check lets it pass.
 Through the real CLI from a directory of the user's own, with tests/hpo/fake_trainer.py, whose step-1 gradient norm
 moves by +-30% with its "rollout" unless it replays a recorded one (as verl's in-process module does), and real
-SQLite storage. Real verl's replay: tests/hpo/backends/test_verl_first_rollout.py."""
+SQLite storage. Real verl's replay: tests/hpo/backends/verl/test_real.py."""
 
 from __future__ import annotations
 

@@ -1,0 +1,155 @@
+"""What a TRL study reads that is not the driver's own, from a directory of the user's (issue 53, items 1, 4, 11):
+
+* a real study whose driver died while its trial ran: the trial's newest ``trainer_state.json`` is then a FIFO, the
+  one before a link to ``/dev/zero``. ``resume`` neither hangs nor dies: the retry continues from the checkpoint
+  before those, with one line naming them (``command.json`` and the other files of a trial's directory:
+  tests/hpo/backends/test_replay.py);
+* the experiment's ``config:`` as a FIFO, ``/dev/zero``, a link to it or a huge file: one line naming it, exit 2;
+* an experiment file that is a symbolic link reads its relative ``config:`` beside the real file, as verl does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from tests.hpo.conftest import ROOT, cli_env
+
+CONFIG = ROOT / "search_spaces" / "trl_configs" / "grpo_arith.yaml"
+EXPERIMENT = {
+    "config": "grpo.yaml",
+    "overrides": {"max_steps": 6, "eval_steps": 2, "save_steps": 2, "save_total_limit": None, "seed": 1},
+    "params": {"learning_rate": {"key": "learning_rate", "type": "float", "low": 1.0e-4, "high": 2.0e-4}},
+    "objective": {"metric": "eval/reward_mean", "direction": "maximize"},
+    "early_stopping": {"enabled": False},
+    "study": {"n_trials": 1, "sampler": {"type": "random", "seed": 0}, "pruner": {"type": "none"}},
+    "trial": {"backend": "trl", "n_jobs": 1, "gpus_per_trial": 0, "timeout_s": 200},
+}
+
+
+def _experiment(folder: Path, config: str = "grpo.yaml") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "grpo.yaml").write_text(CONFIG.read_text())
+    (folder / "exp.yaml").write_text(yaml.safe_dump({**EXPERIMENT, "config": config}, sort_keys=False))
+    return folder / "exp.yaml"
+
+
+def _hpo(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hpo", *args], cwd=cwd, env=cli_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _wait_for(what: Callable[[], bool], timeout: float, why: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, why
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def died(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A study of one real TRL trial (6 steps, a checkpoint every 2) whose driver was stopped while it ran and killed
+    once it had saved checkpoint-6: the trial RUNNING with checkpoint-2, -4 and -6, a retry due."""
+    cwd = tmp_path_factory.mktemp("user")
+    _experiment(cwd, config=str(cwd / "grpo.yaml"))  # absolute: resume --space takes a relative one as different
+    trials = cwd / "studies" / "exp" / "trials"
+    with (cwd / "search.log").open("wb") as log:
+        driver = subprocess.Popen([sys.executable, "-m", "hpo", "search", "--space", "exp.yaml", "--studies-dir",
+                                   str(cwd / "studies")], cwd=cwd, env=cli_env(), stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        _wait_for(lambda: (trials / "0" / "checkpoints" / "checkpoint-2" / "trainer_state.json").exists()
+                  or driver.poll() is not None, 240, "no checkpoint-2")
+        os.kill(driver.pid, signal.SIGSTOP)  # the trial trains on; its driver records nothing more
+        assert driver.poll() is None, (cwd / "search.log").read_text()[-3000:]
+        _wait_for(lambda: (trials / "0" / "checkpoints" / "checkpoint-6" / "trainer_state.json").exists(), 240,
+                  "the trial did not save checkpoint-6")
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    return cwd
+
+
+def test_resume_passes_over_checkpoints_a_trial_replaced(died: Path) -> None:
+    checkpoints = died / "studies" / "exp" / "trials" / "0" / "checkpoints"
+    fifo = checkpoints / "checkpoint-6" / "trainer_state.json"
+    fifo.unlink()
+    os.mkfifo(fifo)  # before: every resume and worker hung in open(), deaf to SIGTERM
+    zero = checkpoints / "checkpoint-4" / "trainer_state.json"
+    zero.unlink()
+    zero.symlink_to("/dev/zero")  # before: read until MemoryError, a traceback
+    started = time.monotonic()
+    res = _hpo(died, "resume", "--study", "exp", "--space", "exp.yaml", "--studies-dir", str(died / "studies"),
+               timeout=200)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "Traceback" not in out, out[-4000:]
+    assert time.monotonic() - started < 150
+    study = optuna.load_study(study_name="exp", storage=f"sqlite:///{died / 'studies' / 'exp.db'}")
+    retry = next(t for t in study.trials if t.user_attrs.get("retry_of") == 0)
+    assert retry.state.name == "COMPLETE"
+    assert retry.user_attrs["resumed_from_step"] == 2  # checkpoint-6 and -4 lost, checkpoint-2 good
+    lines = [line for line in out.splitlines() if "not used:" in line]
+    assert len(lines) == 1, out[-4000:]
+    assert lines[0].startswith(f"trial {retry.number}: {fifo.parent} not used: {fifo}: is a FIFO, not a regular file")
+    assert lines[0].endswith(f"(and 1 more); the retry continues from {checkpoints / 'checkpoint-2'}"), lines[0]
+
+
+def _fifo(d: Path) -> str:
+    os.mkfifo(d / "c.yaml")
+    return str(d / "c.yaml")
+
+
+def _link_to_zero(d: Path) -> str:
+    (d / "c.yaml").symlink_to("/dev/zero")
+    return str(d / "c.yaml")
+
+
+def _huge(d: Path) -> str:
+    with (d / "c.yaml").open("wb") as f:
+        f.truncate(8 << 30)  # sparse: nothing of it may be read
+    return str(d / "c.yaml")
+
+
+CONFIGS: dict[str, tuple[Callable[[Path], str], str]] = {
+    "a FIFO": (_fifo, "is a FIFO, not a regular file"),
+    "/dev/zero": (lambda d: "/dev/zero", "is a character device, not a regular file"),
+    "a link to /dev/zero": (_link_to_zero, "is a character device, not a regular file"),
+    "a huge file": (_huge, "bytes; at most 1048576 are read"),
+}
+
+
+@pytest.mark.parametrize(("kind", "command"), [(k, "validate") for k in CONFIGS] + [("a FIFO", "search")])
+def test_a_config_file_that_is_not_one_is_refused_in_one_line(tmp_path: Path, kind: str, command: str) -> None:
+    """Before: a FIFO hung validate and search; /dev/zero (or a link to it) read until MemoryError."""
+    make, said = CONFIGS[kind]
+    config = make(tmp_path)
+    _experiment(tmp_path / "exp", config=config)
+    studies = ["--studies-dir", str(tmp_path / "studies")] if command == "search" else []
+    res = _hpo(tmp_path, command, "--space", str(tmp_path / "exp" / "exp.yaml"), *studies, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"config: {config}: " in res.stderr and said in res.stderr, res.stderr
+    assert not (tmp_path / "studies").exists()
+
+
+def test_a_linked_experiment_reads_its_config_beside_the_real_file(tmp_path: Path) -> None:
+    """``exp.yaml`` in links/ is a link to real/exp.yaml; each directory has a grpo.yaml with its own marker key:
+    the one beside the real file is read (verl's rule for every relative path of an experiment file)."""
+    real = _experiment(tmp_path / "real")
+    (real.parent / "grpo.yaml").write_text(CONFIG.read_text() + "real_marker: 1\n")
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "grpo.yaml").write_text(CONFIG.read_text() + "link_marker: 1\n")
+    (tmp_path / "links" / "exp.yaml").symlink_to(real)
+    res = _hpo(tmp_path / "links", "validate", "--space", "exp.yaml")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"config: {real.parent / 'grpo.yaml'}: unknown GRPOConfig field" in res.stderr, res.stderr
+    assert "'real_marker'" in res.stderr
+
