@@ -50,9 +50,10 @@ from hpo.storages._storage import check_study_name
 from hpo.study._compare import advance_race, twin_of
 from hpo.study._confirm import baseline_cache, is_confirm, remember_baseline, search_over_budget
 from hpo.study._errors import TrialInterrupted, TrialLost, TrialRetried
-from hpo.study._population import Population, pbt_total, schedule_confirms
+from hpo.study._population import Population, pbt_total
 from hpo.study._progress import Progress
 from hpo.study._recovery import Heartbeat, finish, record_result, recover_stale_trials, sweep_scratch
+from hpo.study._schedules import schedule_confirms
 from hpo.study._slots import Slots, n_finished, proxy_search_over, proxy_stage, same_kind
 from hpo.study._trial import TrialRunner, frozen_trial
 from hpo.study._trial_files import prepare
@@ -180,7 +181,8 @@ def queue_confirm(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
     confirmed; NoHealthyMember (one line) when every PBT member collapsed."""
     from hpo.study._compare import start_race
     from hpo.study._confirm import baseline_cache, queue_confirmations
-    from hpo.study._population import NoHealthyMember, queue_schedule_confirmations
+    from hpo.study._population import NoHealthyMember
+    from hpo.study._schedules import queue_schedule_confirmations
 
     if space.study.kind == "throughput":  # the picks against the user's config, interleaved (hpo.reporting._speed)
         from hpo.study._confirm import queue_speed_check

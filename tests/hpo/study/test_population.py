@@ -191,7 +191,8 @@ def test_clone_tree_links_or_copies_and_leaves_nothing_half_made(tmp_path: Path)
 def test_confirming_a_schedule_reruns_it_from_scratch_with_fresh_seeds(
         setup: tuple[Space, optuna.Study, Population]) -> None:
     from hpo.study._confirm import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, confirmed
-    from hpo.study._population import A_INDEX, queue_schedule_confirmations, schedule_confirms
+    from hpo.study._population import A_INDEX
+    from hpo.study._schedules import queue_schedule_confirmations, schedule_confirms
 
     space, study, pop = setup
     pop.schedule(study.get_trials())
