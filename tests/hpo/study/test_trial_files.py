@@ -11,13 +11,13 @@ import threading
 from pathlib import Path
 
 import pytest
-from hpo.study._trial_files import fresh_trial_dir, launch_extra, prepare, trial_env, write_trial_files
 
 from hpo.backends import TrialConfig, load_space
 from hpo.execution import ENV_STUDY, ENV_TRIAL
 from hpo.experiment import SpaceError
 from hpo.study import DriverError
 from hpo.study._checkpoints import TRIAL_MARKER
+from hpo.study._trial_files import fresh_trial_dir, launch_extra, prepare, trial_env, write_trial_files
 from tests.hpo.conftest import fake_space
 from tests.hpo.study.test_trial import Recorded
 

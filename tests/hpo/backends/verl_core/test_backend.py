@@ -10,10 +10,10 @@ import threading
 from pathlib import Path
 
 import yaml
-from hpo.study._trial_files import prepare
 
 from hpo.backends import load_space
 from hpo.study._confirm import baseline_key, confirm_seeds, tuning_seeds
+from hpo.study._trial_files import prepare
 from tests.hpo.conftest import ROOT
 from tests.hpo.study.test_trial import Recorded
 from verl_core.config import load_config

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import optuna
-from hpo.study._trial_files import fresh_trial_dir
 from optuna.trial import TrialState, create_trial
 
 from hpo.backends import load_space
@@ -25,6 +24,7 @@ from hpo.study._confirm import (
     remember_baseline,
     value_of_metrics,
 )
+from hpo.study._trial_files import fresh_trial_dir
 from tests.hpo.conftest import fake_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
