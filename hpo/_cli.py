@@ -38,7 +38,7 @@ from hpo.commands import (
     fail,
     follow_up,
 )
-from hpo.experiment._space import SpaceError
+from hpo.experiment import SpaceError
 
 __all__ = ["COMMANDS", "EXIT_SIGNAL", "build_parser", "follow_up", "main"]
 
@@ -64,8 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     inv = Invocation(default_studies_dir(getattr(args, "studies_dir", None)), getattr(args, "storage", None) or "")
-    from hpo.storages._retrying import STORAGE_ERRORS, storage_error_line
-    from hpo.storages._storage import scrub
+    from hpo.storages import STORAGE_ERRORS, scrub, storage_error_line
 
     try:
         refused = check_numbers(args)  # before any study exists

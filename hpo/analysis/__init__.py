@@ -8,8 +8,8 @@ directory).
 
 May import: nothing of ``hpo`` (the bottom layer)."""
 
-from hpo.analysis._diagnosis import HEALTHY, LABELS, Diagnoser, DiagnosisSpec
-from hpo.analysis._files import FileRefused, check_regular, open_regular, read_bounded, read_trial_file
+from hpo.analysis._diagnosis import HEALTH_KNOBS, HEALTHY, LABELS, Diagnoser, DiagnosisSpec
+from hpo.analysis._files import MAX_FILE_BYTES, FileRefused, check_regular, open_regular, read_bounded, read_trial_file
 from hpo.analysis._outputs import (
     ARTIFACTS_DIR,
     BASELINES_DIR,
@@ -23,7 +23,7 @@ from hpo.analysis._outputs import (
 )
 from hpo.analysis._vocabulary import MetricNames
 
-__all__ = ["ARTIFACTS_DIR", "BASELINES_DIR", "HEALTHY", "LABELS", "REHEARSALS_DIR", "STUDIES_DIR_NAMES", "Diagnoser",
-           "DiagnosisSpec", "FileRefused", "MetricNames", "OutputRefused", "check_dir_creatable", "check_output_path",
-           "check_regular",
-           "make_output_dir", "open_regular", "read_bounded", "read_trial_file", "reserved_study_name"]
+__all__ = ["ARTIFACTS_DIR", "BASELINES_DIR", "Diagnoser", "DiagnosisSpec", "FileRefused", "HEALTHY", "HEALTH_KNOBS",
+           "LABELS", "MAX_FILE_BYTES", "MetricNames", "OutputRefused", "REHEARSALS_DIR", "STUDIES_DIR_NAMES",
+           "check_dir_creatable", "check_output_path", "check_regular", "make_output_dir", "open_regular",
+           "read_bounded", "read_trial_file", "reserved_study_name"]

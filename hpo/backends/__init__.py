@@ -21,6 +21,8 @@ from hpo.backends._base import Attempt, Backend, Command, CommandBackend, Launch
 from hpo.backends._check import load_space, rehearsal_of, stored_space
 from hpo.backends._features import Confirmation, MemoryModel, PredictionLike, Rehearsal, Resumable, Speed
 from hpo.backends._fidelity import proxy_space, transfer_factors
+from hpo.backends._first_rollout import RECORD_ENV, REPLAY_ENV, REPORT_ENV
+from hpo.backends._preflight import check_space_fits, validate_space
 from hpo.backends._registry import (
     DEFAULT_BACKEND,
     ENTRY_POINT_GROUP,
@@ -35,11 +37,11 @@ from hpo.backends._registry import (
     unregister,
 )
 from hpo.backends._replay import CheckpointLayout
-from hpo.experiment._trust import CodeRules
+from hpo.experiment import CodeRules
 
-__all__ = ["DEFAULT_BACKEND", "ENTRY_POINT_GROUP", "Attempt", "Backend", "BackendError", "CheckpointLayout",
-           "CodeRules", "Command", "CommandBackend", "Confirmation", "Launch", "MemoryModel", "PredictionLike",
-           "Rehearsal", "Resumable", "Speed", "TrialConfig",
-           "backend_label", "backend_named", "backend_of", "backends_that", "known_backends", "load_space",
-           "register", "rehearsal_of", "stored_space", "trial_backend", "unregister",
-           "proxy_space", "transfer_factors"]  # study.fidelity.proxy (hpo.backends._fidelity)
+__all__ = ["Attempt", "Backend", "BackendError", "CheckpointLayout", "CodeRules", "Command", "CommandBackend",
+           "Confirmation", "DEFAULT_BACKEND", "ENTRY_POINT_GROUP", "Launch", "MemoryModel", "PredictionLike",
+           "RECORD_ENV", "REPLAY_ENV", "REPORT_ENV", "Rehearsal", "Resumable", "Speed", "TrialConfig",
+           "backend_label", "backend_named", "backend_of", "backends_that", "check_space_fits", "known_backends",
+           "load_space", "proxy_space", "register", "rehearsal_of", "stored_space", "transfer_factors",
+           "trial_backend", "unregister", "validate_space"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from hpo.experiment._space import Space
+    from hpo.experiment import Space
 
 
 class ResumePointLike(Protocol):

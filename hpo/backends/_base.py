@@ -60,13 +60,12 @@ from typing import Any, ClassVar
 
 import yaml
 
-from hpo.analysis._vocabulary import MetricNames
+from hpo.analysis import MetricNames
 from hpo.backends._attempt import Attempt, Command, Launch, ResumePointLike, TrialConfig
 from hpo.backends._features import Confirmation, MemoryModel, PredictionLike, Rehearsal, Resumable, Speed
 from hpo.backends._models import ModelFacts, local_facts
 from hpo.backends._replay import lost_checkpoints
-from hpo.experiment._space import Space, format_value
-from hpo.experiment._trust import CodeRules
+from hpo.experiment import CodeRules, Space, format_value
 
 __all__ = ["REQUIRED", "Attempt", "Backend", "Command", "CommandBackend", "Launch", "PredictionLike",
            "ResumePointLike", "TrialConfig", "config_text", "int_override", "missing_members"]

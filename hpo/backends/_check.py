@@ -28,11 +28,19 @@ from hpo.backends._registry import (
     backends_that,
     known_backends,
 )
-from hpo.experiment._combos import check_combinations
-from hpo.experiment._heldout import check_no_test_split
-from hpo.experiment._limits import check_code_files
-from hpo.experiment._space import SPACES_DIR, Space, SpaceError, located_error, parse_space, read_space
-from hpo.experiment._throughput import check_speed_keys, check_speed_objective
+from hpo.experiment import (
+    SPACES_DIR,
+    Space,
+    SpaceError,
+    check_code_files,
+    check_combinations,
+    check_no_test_split,
+    check_speed_keys,
+    check_speed_objective,
+    located_error,
+    parse_space,
+    read_space,
+)
 
 
 def _trainer(space: Space, origin: dict[str, str]) -> tuple[Space, Backend]:

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO, runtime_checkable
 
 from hpo.backends._attempt import ResumePointLike, TrialConfig
 from hpo.backends._replay import CheckpointLayout, resume_point
-from hpo.experiment._heldout import heldout_metric
+from hpo.experiment import heldout_metric
 
 if TYPE_CHECKING:
-    from hpo.experiment._space import Space
+    from hpo.experiment import Space
 
 __all__ = ["Confirmation", "MemoryModel", "PredictionLike", "Rehearsal", "Resumable", "SegmentOverrides",
            "SequenceLengths", "Speed"]

@@ -18,8 +18,7 @@ from typing import Any
 
 from hpo.backends._base import Backend, _set_value
 from hpo.backends._models import ModelFacts
-from hpo.experiment._heldout import check_no_test_split
-from hpo.experiment._space import Space, SpaceError, located_error
+from hpo.experiment import Space, SpaceError, check_no_test_split, located_error
 
 WHERE = "study.fidelity.proxy"
 _SAID: set[str] = set()  # notes said once per process (an experiment is loaded more than once)

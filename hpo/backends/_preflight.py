@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from hpo.backends._base import CommandBackend
 from hpo.backends._registry import backend_of
-from hpo.experiment._space import Space, SpaceError
+from hpo.experiment import Space, SpaceError
 
 if TYPE_CHECKING:
     from hpo.backends._shapes import SequenceLengths

@@ -37,7 +37,7 @@ from types import FrameType
 
 from hpo.backends._base import REQUIRED, Backend, CommandBackend, missing_members
 from hpo.backends._features import Confirmation, MemoryModel, Rehearsal, Resumable, Speed
-from hpo.experiment._space import Space, SpaceError, TrialSpec
+from hpo.experiment import Space, SpaceError, TrialSpec
 
 ENTRY_POINT_GROUP = "verl_hpo.backends"
 # the trainer of an experiment that names none (``trial.backend`` unset): the project's own, docs/trainer.md

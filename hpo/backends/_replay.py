@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.analysis import FileRefused, check_regular, read_trial_file
-from hpo.execution._metrics import MAX_STEP, MetricsFileError, MetricsTail
+from hpo.execution import MAX_STEP, MetricsFileError, MetricsTail
 
 MAX_COMMAND_BYTES = 4 << 20  # a trial's command.json: argv (the driver caps it at 512 KiB) twice (argv, shell), the env
 _DIGITS = re.compile(r"0|[1-9][0-9]{0,9}")

@@ -42,7 +42,7 @@ from typing import Any
 
 from hpo.backends._attempt import Attempt
 from hpo.backends._base import Backend
-from hpo.experiment._space import Space, format_value
+from hpo.experiment import Space, format_value
 
 __all__ = ["CHECKS", "FAST", "RUNS", "Case", "NotApplicable", "check_best_command", "check_best_of_study",
            "check_pbt_search_best", "check_pbt_segment", "check_plan", "check_retry_resumes",

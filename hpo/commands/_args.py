@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from hpo.commands._base import ENV_STUDIES_DIR
-from hpo.experiment._tracking import TRACKING_FLAG_HELP
+from hpo.experiment import TRACKING_FLAG_HELP
 
 
 def trust_args(sp: argparse.ArgumentParser) -> None:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpo.analysis import OutputRefused, check_dir_creatable, make_output_dir
-from hpo.experiment._space import SPACES_DIR, SpaceError
-from hpo.storages._storage import mask_url
+from hpo.experiment import SPACES_DIR, SpaceError
+from hpo.storages import mask_url
 
 EXIT_SIGNAL: dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
 ENV_STUDIES_DIR = "VERL_HPO_STUDIES_DIR"
@@ -80,7 +80,7 @@ def make_studies_dir(path: Path) -> None:
 def follow_up(cmd: str, study_name: str, storage_url: str, studies_dir: Path) -> str:
     """A complete command line to go on with this study: ``--studies-dir`` unless it is the default, ``--storage``
     (its password masked) unless it is the study's default SQLite file there (issue 43: a hint that finds nothing)."""
-    from hpo.storages._storage import default_storage_url
+    from hpo.storages import default_storage_url
 
     line = f"verl-hpo {cmd} --study {study_name}"
     if studies_dir.resolve() != default_studies_dir().resolve():
@@ -115,7 +115,7 @@ def check_numbers(args: argparse.Namespace) -> int | None:
 def open_existing(args: argparse.Namespace, inv: Invocation) -> int | None:
     """The storage of the existing study ``--study`` into ``inv`` (checked): the exit code when its SQLite file is
     not there, else None."""
-    from hpo.storages._storage import check_storage_url, check_study_name, default_storage_url, sqlite_path
+    from hpo.storages import check_storage_url, check_study_name, default_storage_url, sqlite_path
 
     check_study_name(args.study)
     inv.storage_url = args.storage or default_storage_url(inv.studies_dir, args.study)

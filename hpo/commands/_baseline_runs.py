@@ -41,11 +41,9 @@ from optuna.trial import TrialState
 from hpo.analysis import FileRefused, read_bounded
 from hpo.backends import Attempt, backend_of
 from hpo.execution import parse_line
-from hpo.experiment import Space, SpaceError, format_value
-from hpo.experiment._secrets import is_secret_key
-from hpo.experiment._yaml import load_yaml_text
+from hpo.experiment import Space, SpaceError, format_value, is_secret_key, load_yaml_text
 from hpo.record import ATTR_CONFIRM_SEED, ATTR_RACE, MAX_METRICS_BYTES, full_steps, is_confirm
-from hpo.study._confirm import (
+from hpo.study import (
     IMPORTED,
     IMPORTED_SHA256,
     add_imported_baseline,

@@ -20,8 +20,8 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
     refused = open_existing(args, inv)
     if refused is not None:
         return refused
-    from hpo.reporting._best import NoBest, print_best
-    from hpo.study._optuna import load_stored, quiet_optuna
+    from hpo.reporting import NoBest, print_best
+    from hpo.study import load_stored, quiet_optuna
 
     quiet_optuna()
     space, study = load_stored(args.study, inv.storage_url, None)

@@ -18,8 +18,8 @@ def add_arguments(d: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, inv: Invocation) -> int:
-    from hpo.reporting._dashboard import dashboard_command, dashboard_path
-    from hpo.storages._storage import check_study_name
+    from hpo.reporting import dashboard_command, dashboard_path
+    from hpo.storages import check_study_name
 
     # the page is written beside its path and renamed over it: whatever is there (a FIFO, a link, /dev/full) would
     # be replaced, so only a new path or a regular file is taken; checked before the storage is opened

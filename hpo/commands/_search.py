@@ -25,7 +25,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, inv: Invocation) -> int:
-    from hpo.storages._storage import check_storage_url, check_study_name, default_storage_url
+    from hpo.storages import check_storage_url, check_study_name, default_storage_url
 
     overrides = list(args.override)
     if args.n_trials is not None:

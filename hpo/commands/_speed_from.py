@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpo.experiment._space import Space, SpaceError
+from hpo.experiment import Space, SpaceError
 
 
 @dataclasses.dataclass
@@ -27,7 +27,7 @@ class SpeedFrom:
     info: dict[str, Any] | None = None
 
     def __call__(self, space: Space) -> list[str]:
-        from hpo.reporting._speed_from import speed_from, speed_from_note
+        from hpo.reporting import speed_from, speed_from_note
 
         extra, self.info = speed_from(space, speed_url(space, self.storage, self.studies_dir))
         if self.say is not None:
@@ -39,7 +39,7 @@ def speed_url(space: Space, storage: str | None, studies_dir: Path) -> str:
     """The storage of the throughput study ``study.speed_from`` names (``--storage``, else its SQLite file in the
     studies directory), checked; SpaceError (one line naming the key) when its SQLite file is not there: nothing is
     created looking for it."""
-    from hpo.storages._storage import check_storage_url, check_study_name, default_storage_url, sqlite_path
+    from hpo.storages import check_storage_url, check_study_name, default_storage_url, sqlite_path
 
     name = space.study.speed_from
     assert name is not None
@@ -56,7 +56,7 @@ def recheck_speed(space: Space, study: Any, storage: str | None, studies_dir: Pa
     """A stored learning study with ``study.speed_from``: its source asked again; settings it no longer recommends
     (its math now differs on new seeds, another pick won, the study is gone) are taken out for this run's trials,
     the user's own values back, with one line, and the reason is kept in the study (``speed_from.withdrawn``)."""
-    from hpo.reporting._speed_from import speed_recheck, withdrawn_note, without_speed
+    from hpo.reporting import speed_recheck, withdrawn_note, without_speed
 
     info = study.user_attrs.get("speed_from")
     if space.study.speed_from is None or not isinstance(info, dict) or not isinstance(info.get("settings"), dict):

@@ -23,8 +23,7 @@ from typing import Any
 
 from hpo.commands._base import EXIT_SIGNAL, Invocation, fail, follow_up, open_existing
 from hpo.commands._speed_from import recheck_speed
-from hpo.experiment._space import Space, SpaceError
-from hpo.experiment._throughput import repeat_cap
+from hpo.experiment import Space, SpaceError, repeat_cap
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -77,14 +76,9 @@ def run_study(run: StudyRun, inv: Invocation) -> int:
     """A search (``run.space`` given), a confirmation (``run.confirm``), or a resume / worker of the stored study;
     the exit code."""
     from hpo.execution import knob_problem
-    from hpo.reporting._dashboard import DashboardCallback, dashboard_path, write_final_page
-    from hpo.reporting._report import Reporter
-    from hpo.reporting._summary import summary
-    from hpo.storages._retrying import StorageUnavailable
-    from hpo.study._driver import Driver, study_target
-    from hpo.study._errors import DriverError, TrialInterrupted
-    from hpo.study._optuna import quiet_optuna
-    from hpo.study._slots import n_finished
+    from hpo.reporting import DashboardCallback, Reporter, dashboard_path, summary, write_final_page
+    from hpo.storages import StorageUnavailable
+    from hpo.study import Driver, DriverError, TrialInterrupted, n_finished, quiet_optuna, study_target
 
     study_name, storage_url, studies_dir = run.study, inv.storage_url, inv.studies_dir
     problem = knob_problem()  # a bad $VERL_HPO_LOG_CAP_MIB / $VERL_HPO_MAX_DROPPED_ROWS: before anything is made
@@ -149,8 +143,7 @@ def _finished(study: Any, space: Space) -> tuple[int, int | None]:
 def _open(run: StudyRun, storage_url: str, studies_dir: Path) -> tuple[Space, Any, Any, Any]:
     """``(space, study, devices, tracking)``: the stored study and its experiment (``run.space`` None: resume, worker,
     confirm) or the search's study, created if new; the trackers checked before any trial runs."""
-    from hpo.study._driver import check_search, open_stored
-    from hpo.study._optuna import open_study
+    from hpo.study import check_search, open_stored, open_study
 
     if run.space is not None:
         space, devices = check_search(run.space, run.ray_address, run.study, studies_dir)
@@ -182,9 +175,7 @@ def _with_budget(space: Space, study: Any, budget: float | None) -> Space:
 def _queue_confirm(study: Any, space: Space, study_name: str, studies_dir: Path, want: Confirmation,
                    reporter: Any) -> int | None:
     """``confirm``: queue the top configurations' runs and say so; the exit code when there is nothing to confirm."""
-    from hpo.study._confirm import pending
-    from hpo.study._driver import queue_confirm
-    from hpo.study._population import NoHealthyMember
+    from hpo.study import NoHealthyMember, pending, queue_confirm
 
     speed = space.study.kind == "throughput"  # re-measured against the user's config (hpo.reporting._speed)
     top_k = want.top or (space.study.throughput.top_k if speed else space.study.confirm.top_k)
@@ -214,8 +205,8 @@ def _speed_more(study: Any, space: Space, want: Confirmation, reporter: Any) -> 
     if space.study.kind != "throughput":
         return None
     from hpo.record import ATTR_CONFIRM_SEED, ATTR_SPEED_BLOCK, is_confirm
-    from hpo.reporting._speed import speed_report, unresolved
-    from hpo.study._confirm import queue_speed_check
+    from hpo.reporting import speed_report, unresolved
+    from hpo.study import queue_speed_check
 
     top_k = want.top or space.study.throughput.top_k
     cap = repeat_cap(space.study.throughput, want.seeds or 0)
@@ -240,7 +231,7 @@ def _search_notes(study: Any, space: Space, studies_dir: Path, speed_info: dict[
     """Before a search's first run: a budget the confirmation alone would spend, and what ``study.speed_from``
     saves each trial (kept in the study)."""
     if space.study.budget is not None:  # said before any run: a budget the confirmation alone would spend
-        from hpo.study._confirm import baseline_cache, confirm_reserve
+        from hpo.study import baseline_cache, confirm_reserve
 
         conf, reserve = space.study.confirm, confirm_reserve(space, baseline_cache(studies_dir))
         left = space.study.budget - reserve
@@ -250,7 +241,7 @@ def _search_notes(study: Any, space: Space, studies_dir: Path, speed_info: dict[
                           f"{conf.top_k} and the baseline on {conf.min_seeds if conf.race else conf.seeds} "
                           "seeds); the search may run no trial")
     if speed_info is not None:  # study.speed_from: what each learning trial saves
-        from hpo.reporting._speed_from import speed_from_note
+        from hpo.reporting import speed_from_note
 
         reporter.note(speed_from_note(speed_info))
         study.set_user_attr("speed_from", speed_info)
@@ -284,16 +275,15 @@ def _stop_on_signals(stop: threading.Event, got: list[int]) -> Iterator[None]:
 
 def _confirm_exit(study: Any, space: Space, again: str, signum: int | None) -> int:
     """After ``confirm``: the confirmed table and the verdict, or (stopped by a signal) how many runs are left."""
-    from hpo.reporting._report import confirmed_table
-    from hpo.reporting._verdict import verdict_lines
-    from hpo.study._confirm import pending
+    from hpo.reporting import confirmed_table, verdict_lines
+    from hpo.study import pending
 
     if signum is not None:
         print(f"stopped by {signal.Signals(signum).name}: {pending(study)} confirmation run(s) left; run {again} "
               "again to finish them", file=sys.stderr)
         return EXIT_SIGNAL.get(signum, 130)
     if space.study.kind == "throughput":
-        from hpo.reporting._speed import speed_lines, speed_report
+        from hpo.reporting import speed_lines, speed_report
 
         report = speed_report(study, space)
         print("\n".join(speed_lines(report, space)) if report else "no run of your config finished")
@@ -307,12 +297,12 @@ def _confirm_exit(study: Any, space: Space, again: str, signum: int | None) -> i
 def _tracking_spec(space: Space, flags: tuple[str, ...], optional: bool) -> Any:
     """The experiment's ``tracking:`` section with ``--tracking`` applied, each tracker checked (package, server)
     before the study starts: SpaceError, or with ``--tracking-optional`` a warning and that tracker dropped."""
-    from hpo.experiment._tracking import apply_flags
+    from hpo.experiment import apply_flags
 
     spec = apply_flags(space.tracking, list(flags), SpaceError)
     if not spec.enabled:
         return spec
-    from hpo.tracking._check import checked_tracking
+    from hpo.tracking import checked_tracking
 
     return checked_tracking(spec, space.source, optional, lambda line: print(line, file=sys.stderr))
 
@@ -323,7 +313,7 @@ def _start_tracking(spec: Any, study_name: str, storage_url: str, studies_dir: P
     driver's tracking process (:mod:`hpo.tracking`), which ``closing`` flushes at the end."""
     if not spec.enabled:
         return reporter
-    from hpo.execution._identity import driver_identity
+    from hpo.execution import driver_identity
     from hpo.tracking import TrackingFeed, describe
 
     feed = TrackingFeed(spec, study_name, storage_url, studies_dir, driver_identity())

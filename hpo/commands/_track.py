@@ -7,8 +7,7 @@ import argparse
 
 from hpo.commands._args import storage_args
 from hpo.commands._base import Invocation, Subcommand, fail, open_existing
-from hpo.experiment._space import SpaceError
-from hpo.experiment._tracking import TRACKING_FLAG_HELP
+from hpo.experiment import TRACKING_FLAG_HELP, SpaceError
 
 
 def add_arguments(t: argparse.ArgumentParser) -> None:
@@ -21,10 +20,9 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
     refused = open_existing(args, inv)
     if refused is not None:
         return refused
-    from hpo.experiment._tracking import apply_flags
-    from hpo.study._optuna import load_stored, quiet_optuna
-    from hpo.tracking import catch_up
-    from hpo.tracking._check import checked_tracking
+    from hpo.experiment import apply_flags
+    from hpo.study import load_stored, quiet_optuna
+    from hpo.tracking import catch_up, checked_tracking
 
     quiet_optuna()
     space, _ = load_stored(args.study, inv.storage_url, None)

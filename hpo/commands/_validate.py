@@ -29,8 +29,8 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, inv: Invocation) -> int:
-    from hpo.backends._preflight import validate_space
-    from hpo.study._driver import resolve_devices
+    from hpo.backends import validate_space
+    from hpo.study import resolve_devices
 
     # study.speed_from checked as search checks it (a complete confirmation), its settings said and applied
     speed = SpeedFrom(args.storage, inv.studies_dir, say=print)

@@ -12,9 +12,11 @@ the process that writes a trial's stdout/stderr capped (head and tail kept) and 
 
 May import: nothing of ``hpo`` but itself (a peer of ``hpo.experiment``)."""
 
+from hpo.execution._devices import DevicePool, detect_devices
 from hpo.execution._executor import TrialExecutor
-from hpo.execution._logs import knob_problem
-from hpo.execution._metrics import MetricsFileError, MetricsTail, metric_value, parse_line
+from hpo.execution._identity import driver_identity, identity_alive
+from hpo.execution._logs import knob_problem, max_dropped_rows
+from hpo.execution._metrics import MAX_STEP, MetricsFileError, MetricsTail, metric_value, parse_line
 from hpo.execution._process import (
     ENV_DRIVER,
     ENV_STUDY,
@@ -28,7 +30,8 @@ from hpo.execution._process import (
 from hpo.execution._runner import RunResult, TrialProcess, classify_exit, final_exception, is_finite, read_tail
 from hpo.execution._trial_run import TrialRun
 
-__all__ = ["ENV_DRIVER", "ENV_STUDY", "ENV_TRIAL", "MetricsFileError", "MetricsTail", "RunResult", "TrialExecutor",
-           "TrialProcess", "TrialRun", "classify_exit", "final_exception", "is_finite", "kernel_oom_killed",
-           "kill_tree", "knob_problem", "metric_value", "parse_line", "read_tail", "sweep_orphans", "tree",
+__all__ = ["DevicePool", "ENV_DRIVER", "ENV_STUDY", "ENV_TRIAL", "MAX_STEP", "MetricsFileError", "MetricsTail",
+           "RunResult", "TrialExecutor", "TrialProcess", "TrialRun", "classify_exit", "detect_devices",
+           "driver_identity", "final_exception", "identity_alive", "is_finite", "kernel_oom_killed", "kill_tree",
+           "knob_problem", "max_dropped_rows", "metric_value", "parse_line", "read_tail", "sweep_orphans", "tree",
            "tree_rss_bytes"]

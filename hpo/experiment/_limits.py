@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hpo.analysis._files import FileRefused, check_regular
+from hpo.analysis import FileRefused, check_regular
 from hpo.experiment._errors import ErrorContext
 from hpo.experiment._schema import Param, TrialSpec, format_value
 

@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpo.analysis._diagnosis import DiagnosisSpec
+from hpo.analysis import DiagnosisSpec
 from hpo.experiment._fidelity import FidelitySpec
 from hpo.experiment._objective import Objective
 from hpo.experiment._ray_spec import EXECUTORS, RaySpec

@@ -22,7 +22,7 @@ import os
 import typing
 from pathlib import Path
 
-from hpo.analysis._diagnosis import DiagnosisSpec
+from hpo.analysis import DiagnosisSpec
 from hpo.experiment._errors import MAX_SHOWN_OVERRIDE, ErrorContext, SpaceError, shown_override
 from hpo.experiment._limits import MAX_ARG_BYTES, MAX_ARGV_BYTES, MAX_PARAMS
 from hpo.experiment._objective import Objective

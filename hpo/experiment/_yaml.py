@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from hpo.analysis._files import MAX_FILE_BYTES, FileRefused, read_bounded
+from hpo.analysis import MAX_FILE_BYTES, FileRefused, read_bounded
 from hpo.experiment._errors import SpaceError
 
 MAX_YAML_NODES = 100_000  # scalars, sequences and mappings once every alias is expanded ("billion laughs")

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from hpo.experiment._space import Space
+from hpo.experiment import Space
 
 
 class NoBest(Exception):
@@ -124,7 +124,7 @@ def _pbt_best(space: Space, study: Any, study_name: str, fmt: str, trial_number:
 def _print_confirmed(space: Space, study: Any, study_name: str, fmt: str) -> bool:
     """After ``confirm``: the best confirmed mean (or a tied, preferred one), not the luckiest tuning run, with the
     confirmed table and the verdict on stderr; False when no configuration is confirmed yet."""
-    from hpo.study._confirm import confirmed
+    from hpo.study import confirmed
 
     ranked = confirmed(study)
     if not ranked:

@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.backends import Attempt, backend_of
-from hpo.experiment._secrets import MASK, is_secret_key
-from hpo.experiment._space import Space, format_value
+from hpo.experiment import MASK, Space, format_value, is_secret_key
 
 # a reference to a variable through which the driver hands a secret override (hpo.experiment._secrets.secret_env_name)
 _SECRET_REF = re.compile(r"\$\{oc\.env:(VERL_HPO_SECRET_[A-Za-z0-9_]*)\}")
@@ -132,7 +131,7 @@ def trial_devices(trial_dir: Path | None) -> int | None:
 def host_devices(space: Space) -> int:
     """The devices a trial of ``space`` gets on this host: ``trial.gpus_per_trial`` when there are any
     (``trial.devices``, else the visible GPUs), else none (the CPU), as the driver hands them out."""
-    from hpo.execution._devices import detect_devices
+    from hpo.execution import detect_devices
 
     devices = list(space.trial.devices) if space.trial.devices is not None else detect_devices()
     return space.trial.gpus_per_trial if devices else 0

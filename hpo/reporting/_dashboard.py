@@ -18,8 +18,8 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from hpo.reporting._page import write_dashboard
-from hpo.storages._storage import mask_url
-from hpo.study._optuna import quiet_optuna
+from hpo.storages import mask_url
+from hpo.study import quiet_optuna
 
 
 def dashboard_path(studies_dir: Path, study_name: str) -> Path:
@@ -126,8 +126,8 @@ class DashboardCallback:
 
 def dashboard_command(study_name: str, storage_url: str, studies_dir: Path, out: Path | None = None) -> int:
     """``verl-hpo dashboard``: load the study (read only) and write its page; prints the path."""
-    from hpo.experiment._space import StudySpec
-    from hpo.storages._storage import open_storage, study_exists
+    from hpo.experiment import StudySpec
+    from hpo.storages import open_storage, study_exists
 
     quiet_optuna()
     storage = open_storage(storage_url, StudySpec())
@@ -144,8 +144,8 @@ def dashboard_command(study_name: str, storage_url: str, studies_dir: Path, out:
 def _main(argv: list[str]) -> int:
     """``python -m hpo.reporting._dashboard STUDY OUT [STUDIES_DIR]`` with the storage URL in ``$VERL_HPO_PAGE_STORAGE``
     (:func:`page_process`); one line on stderr and exit 1 when the page cannot be written."""
-    from hpo.experiment._space import StudySpec
-    from hpo.storages._storage import open_storage, scrub
+    from hpo.experiment import StudySpec
+    from hpo.storages import open_storage, scrub
 
     study_name, out = argv[0], Path(argv[1])
     studies_dir = Path(argv[2]) if len(argv) > 2 else None

@@ -58,8 +58,8 @@ from hpo.reporting._figures import (
 )
 from hpo.reporting._report import fidelity_mark, fmt_value, outcome
 from hpo.reporting._summary import fidelity_summary
-from hpo.storages._storage import mask_url
-from hpo.study._confirm import confirmed
+from hpo.storages import mask_url
+from hpo.study import confirmed
 
 # ----------------------------------------------------------------------------- HTML
 CSS = """

@@ -17,10 +17,9 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from hpo.backends import backend_of
-from hpo.experiment._space import Space, format_value
+from hpo.experiment import Space, format_value
 from hpo.record import ATTR_SPACE
-from hpo.study._checkpoints import CHECKPOINTS, checkpoint_problem
-from hpo.study._population import best_final, lineage_of, no_healthy_line, pbt_total, step_name
+from hpo.study import CHECKPOINTS, best_final, checkpoint_problem, lineage_of, no_healthy_line, pbt_total, step_name
 
 
 def why_no_best(space: Space, study: optuna.Study) -> str:
@@ -32,7 +31,7 @@ def why_no_best(space: Space, study: optuna.Study) -> str:
 def best_lineage(space: Space, study: optuna.Study, number: int | None = None) -> dict[str, Any] | None:
     """The winning member's lineage (or the one ending in trial ``number``): trials, schedule, value, checkpoint.
     None when no member is healthy (:func:`why_no_best`)."""
-    from hpo.study._confirm import confirmed
+    from hpo.study import confirmed
 
     trials = study.get_trials(deepcopy=False)
     ranked = confirmed(study) if number is None else []
@@ -193,7 +192,7 @@ def pbt_panels(study: optuna.Study) -> list[Any]:
                         caption="One line per member over all its segments; dotted lines: exploits."))
 
     space_raw = study.user_attrs.get(ATTR_SPACE)
-    from hpo.study._population import best_final
+    from hpo.study import best_final
 
     final = best_final(study)
     if final is not None and isinstance(space_raw, dict):

@@ -14,7 +14,7 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.experiment._space import Space, format_value
+from hpo.experiment import Space, format_value
 from hpo.record import (
     ATTR_PROMOTED_FROM,
     is_confirm,
@@ -23,8 +23,8 @@ from hpo.record import (
     is_proxy,
     study_cost,
 )
-from hpo.storages._storage import mask_url
-from hpo.study._confirm import Confirmed, baseline_confirmed, confirmed
+from hpo.storages import mask_url
+from hpo.study import Confirmed, baseline_confirmed, confirmed
 
 BAR_WIDTH = 20
 

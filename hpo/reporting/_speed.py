@@ -46,13 +46,10 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.experiment import speed_value_ok
-from hpo.experiment._space import Space
-from hpo.experiment._throughput import repeat_cap
+from hpo.experiment import Space, repeat_cap, speed_value_ok
 from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, is_confirm
 from hpo.reporting._same_math import LOOSE_FLOOR, NOISE_FACTOR, UNCOMPARABLE, first_step, math_disagreements, run_noise
-from hpo.study._compare import LEVEL, t_quantile
-from hpo.study._confirm import BASELINE_OF, CONTROL_OF, strict_pair
+from hpo.study import BASELINE_OF, CONTROL_OF, LEVEL, strict_pair, t_quantile
 
 
 @dataclass
@@ -370,7 +367,7 @@ def render_yours(space: Space, fmt: str) -> str:
     import yaml
 
     from hpo.backends import Attempt, backend_of
-    from hpo.experiment._space import format_value
+    from hpo.experiment import format_value
     from hpo.reporting._command_line import command_for
     from hpo.reporting._report import nest
 

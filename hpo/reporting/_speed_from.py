@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpo.experiment._space import Space
+from hpo.experiment import Space
 from hpo.reporting._speed import SpeedPick, speed_settings
 
 
 def _source(space: Space, storage_url: str, pending_ok: bool = False) -> tuple[Space, dict[str, Any], SpeedPick]:
     """The throughput study ``study.speed_from`` names: its space, its recommended settings and pick (SpaceError or
     ValueError, one line)."""
-    from hpo.study._optuna import load_stored
+    from hpo.study import load_stored
 
     assert space.study.speed_from is not None
     speed_space, speed_study = load_stored(space.study.speed_from, storage_url, None)
@@ -26,7 +26,7 @@ def speed_from(space: Space, storage_url: str) -> tuple[list[str], dict[str, Any
     """``study.speed_from``: the trainer overrides (``overrides.key=value`` texts: never a field of the experiment)
     of the named throughput study's recommendation, for a learning study's every trial, and what to report of it;
     SpaceError (one line) when the study cannot give one or a setting clashes with a key this study tunes."""
-    from hpo.experiment._space import SpaceError, format_value
+    from hpo.experiment import SpaceError, format_value
 
     name = space.study.speed_from
     where = f"{space.source}: study.speed_from: {name!r}"
@@ -53,7 +53,7 @@ def speed_from(space: Space, storage_url: str) -> tuple[list[str], dict[str, Any
 def speed_recheck(space: Space, info: dict[str, Any], storage_url: str) -> str | None:
     """Why the throughput study ``study.speed_from`` names no longer recommends the settings this learning study
     runs with (``info``: what its search recorded), or None while it does (runs still to run do not withdraw)."""
-    from hpo.experiment._space import SpaceError, format_value
+    from hpo.experiment import SpaceError, format_value
 
     try:
         _, settings, pick = _source(space, storage_url, pending_ok=True)
@@ -72,7 +72,7 @@ def without_speed(space: Space, info: dict[str, Any]) -> tuple[Space, dict[str, 
 
     import yaml
 
-    from hpo.experiment._yaml import load_yaml_text
+    from hpo.experiment import load_yaml_text
 
     own = info.get("own") if isinstance(info.get("own"), dict) else info.get("replaced")
     own = own if isinstance(own, dict) else {}

@@ -12,12 +12,11 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial
 
-from hpo.analysis._diagnosis import HEALTH_KNOBS
+from hpo.analysis import HEALTH_KNOBS
 from hpo.record import ATTR_FIDELITY_CHECK, is_promoted, is_proxy, steps_run, study_cost
 from hpo.reporting._report import dropped_rows, fmt_params, is_surplus, outcome, top_table
 from hpo.reporting._speed_search import speed_search_summary
-from hpo.storages._retrying import storage_downtime, storage_outages
-from hpo.storages._storage import mask_url
+from hpo.storages import mask_url, storage_downtime, storage_outages
 
 
 def dropped_summary(trials: list[FrozenTrial]) -> str:
@@ -98,7 +97,7 @@ def summary(study: optuna.Study, storage: str, trials_dir: str) -> str:
     saved = sum(float(t.user_attrs.get("compute_saved_s", 0.0)) for t in study.get_trials(deepcopy=False))
     parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     driver_mb = _peak_rss_mb()
-    from hpo.study._checkpoints import disk_usage
+    from hpo.study import disk_usage
 
     kept = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("checkpoint_kept")]
     disk = (f"trial directories hold {disk_usage(Path(trials_dir)):.2f} GB"

@@ -9,10 +9,20 @@ import math
 
 import optuna
 
-from hpo.experiment._space import Space, format_value
+from hpo.experiment import Space, format_value
 from hpo.record import is_confirm, study_cost
-from hpo.study._compare import RULE, Difference, Verdict, improvement, race_state, verdict
-from hpo.study._confirm import Confirmed, baseline_confirmed, confirmed, heldout_note
+from hpo.study import (
+    RULE,
+    Confirmed,
+    Difference,
+    Verdict,
+    baseline_confirmed,
+    confirmed,
+    heldout_note,
+    improvement,
+    race_state,
+    verdict,
+)
 
 UNSEPARATED_ENDS = ("seed cap", "budget")  # a race ended with candidates left that it could not separate
 

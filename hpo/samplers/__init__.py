@@ -10,8 +10,9 @@ successive_halving``), and model-size fidelity (``study.fidelity.proxy``): a sam
 May import: ``hpo.experiment``, ``hpo.analysis``."""
 
 from hpo.samplers._fidelity import FidelityPruner, FidelitySampler, FidelityView, search_fidelity, with_fidelity
+from hpo.samplers._gp import PrunedAwareGPSampler
 from hpo.samplers._halving import ChainHalvingPruner
-from hpo.samplers._pbt import Decision, Segment, decide, initial_population
+from hpo.samplers._pbt import Decision, Segment, decide, initial_population, latest, lineage, ranked, schedule
 from hpo.samplers._promotion import (
     check_line,
     promotion,
@@ -22,6 +23,7 @@ from hpo.samplers._promotion import (
 )
 from hpo.samplers._startup import LatinStartSampler
 
-__all__ = ["ChainHalvingPruner", "Decision", "LatinStartSampler", "Segment", "decide", "initial_population",
-           "FidelityPruner", "FidelitySampler", "FidelityView", "search_fidelity", "with_fidelity",  # model size
-           "check_line", "promotion", "promotion_pending", "promotion_twin", "record_check", "start_promotion"]
+__all__ = ["ChainHalvingPruner", "Decision", "FidelityPruner", "FidelitySampler", "FidelityView", "LatinStartSampler",
+           "PrunedAwareGPSampler", "Segment", "check_line", "decide", "initial_population", "latest", "lineage",
+           "promotion", "promotion_pending", "promotion_twin", "ranked", "record_check", "schedule",
+           "search_fidelity", "start_promotion", "with_fidelity"]

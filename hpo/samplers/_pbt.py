@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpo.experiment._space import Param, PbtSpec, parse_rollback_rule
+from hpo.experiment import Param, PbtSpec, parse_rollback_rule
 
 LR_KEYS = ("optim.lr",)
 KL_KEYS = ("kl_ctrl.kl_coef", "kl_loss_coef")

@@ -32,7 +32,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.experiment._space import Param, Space
+from hpo.experiment import Param, Space
 from hpo.record import (
     ATTR_FIDELITY,
     ATTR_FIDELITY_CHECK,

@@ -28,7 +28,7 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.experiment._space import Param
+from hpo.experiment import Param
 from hpo.samplers._pbt import initial_population
 
 

@@ -5,9 +5,25 @@ errors are an outage, each as one line).
 
 May import: ``hpo.experiment``, ``hpo.analysis``."""
 
-from hpo.storages._retrying import RetryingStorage, StorageUnavailable, storage_error_line
-from hpo.storages._storage import check_storage_url, check_study_name, default_storage_url, open_storage, study_exists
+from hpo.storages._retrying import (
+           STORAGE_ERRORS,
+           RetryingStorage,
+           StorageUnavailable,
+           storage_downtime,
+           storage_error_line,
+           storage_outages,
+           storage_recovered_at,
+)
+from hpo.storages._storage import (
+           check_storage_url,
+           check_study_name,
+           default_storage_url,
+           open_storage,
+           sqlite_path,
+           study_exists,
+)
 from hpo.storages._urls import mask_url, scrub
 
-__all__ = ["RetryingStorage", "StorageUnavailable", "check_storage_url", "check_study_name", "default_storage_url",
-           "mask_url", "open_storage", "scrub", "storage_error_line", "study_exists"]
+__all__ = ["RetryingStorage", "STORAGE_ERRORS", "StorageUnavailable", "check_storage_url", "check_study_name",
+           "default_storage_url", "mask_url", "open_storage", "scrub", "sqlite_path", "storage_downtime",
+           "storage_error_line", "storage_outages", "storage_recovered_at", "study_exists"]

@@ -14,9 +14,8 @@ from urllib.parse import urlsplit
 
 import optuna
 
-from hpo.analysis import OutputRefused, check_dir_creatable, reserved_study_name
-from hpo.analysis._files import FileRefused, open_regular
-from hpo.experiment._space import SpaceError, StudySpec
+from hpo.analysis import FileRefused, OutputRefused, check_dir_creatable, open_regular, reserved_study_name
+from hpo.experiment import SpaceError, StudySpec
 from hpo.storages._retrying import RetryingStorage, opening
 from hpo.storages._urls import REDIS_SCHEMES, mask_url, scrub
 

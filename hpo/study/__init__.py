@@ -12,15 +12,45 @@ metrics line), ``_optuna`` (sampler, pruner, creating and loading the study), ``
 May import: ``hpo.backends``, ``hpo.storages``, ``hpo.samplers``, ``hpo.record``, ``hpo.execution``,
 ``hpo.experiment``, ``hpo.analysis``; never ``hpo.reporting`` (progress goes to a ``Progress`` the caller hands in)."""
 
-from hpo.storages._retrying import RetryingStorage, StorageUnavailable
-from hpo.storages._storage import open_storage
-from hpo.study._confirm import Confirmed, confirmed, queue_confirmations
-from hpo.study._driver import Driver
+from hpo.storages import RetryingStorage, StorageUnavailable, open_storage
+from hpo.study._checkpoints import CHECKPOINTS, checkpoint_problem, disk_usage
+from hpo.study._compare import LEVEL, RULE, Difference, Verdict, improvement, race_state, t_quantile, verdict
+from hpo.study._confirm import (
+           BASELINE_OF,
+           CONTROL_OF,
+           IMPORTED,
+           IMPORTED_SHA256,
+           Confirmed,
+           add_imported_baseline,
+           baseline_cache,
+           baseline_confirmed,
+           baseline_runs_on,
+           confirm_overrides,
+           confirm_reserve,
+           confirm_seeds,
+           confirmed,
+           heldout_metric_of,
+           heldout_note,
+           heldout_overrides,
+           pending,
+           queue_confirmations,
+           queue_speed_check,
+           seed_keys,
+           strict_pair,
+)
+from hpo.study._driver import Driver, check_search, open_stored, queue_confirm, resolve_devices, study_target
 from hpo.study._errors import DriverError, TrialInterrupted
-from hpo.study._optuna import load_stored, make_pruner, make_sampler, open_study
+from hpo.study._optuna import load_stored, make_pruner, make_sampler, open_study, quiet_optuna
+from hpo.study._population import NoHealthyMember, best_final, lineage_of, no_healthy_line, pbt_total, step_name
 from hpo.study._progress import Progress
 from hpo.study._slots import n_finished
 
-__all__ = ["Confirmed", "Driver", "DriverError", "Progress", "RetryingStorage", "StorageUnavailable",
-           "TrialInterrupted", "confirmed", "load_stored", "make_pruner", "make_sampler", "n_finished", "open_storage",
-           "open_study", "queue_confirmations"]
+__all__ = ["BASELINE_OF", "CHECKPOINTS", "CONTROL_OF", "Confirmed", "Difference", "Driver", "DriverError", "IMPORTED",
+           "IMPORTED_SHA256", "LEVEL", "NoHealthyMember", "Progress", "RULE", "RetryingStorage", "StorageUnavailable",
+           "TrialInterrupted", "Verdict", "add_imported_baseline", "baseline_cache", "baseline_confirmed",
+           "baseline_runs_on", "best_final", "check_search", "checkpoint_problem", "confirm_overrides",
+           "confirm_reserve", "confirm_seeds", "confirmed", "disk_usage", "heldout_metric_of", "heldout_note",
+           "heldout_overrides", "improvement", "lineage_of", "load_stored", "make_pruner", "make_sampler",
+           "n_finished", "no_healthy_line", "open_storage", "open_stored", "open_study", "pbt_total", "pending",
+           "queue_confirm", "queue_confirmations", "queue_speed_check", "quiet_optuna", "race_state",
+           "resolve_devices", "seed_keys", "step_name", "strict_pair", "study_target", "t_quantile", "verdict"]

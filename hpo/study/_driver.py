@@ -31,10 +31,8 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from hpo.analysis import OutputRefused, make_output_dir
 from hpo.backends import DEFAULT_BACKEND, backend_named, backend_of
-from hpo.execution._devices import DevicePool, detect_devices
-from hpo.execution._identity import driver_identity
-from hpo.execution._process import sweep_orphans
-from hpo.experiment._space import Space, SpaceError, TrialSpec
+from hpo.execution import DevicePool, detect_devices, driver_identity, sweep_orphans
+from hpo.experiment import Space, SpaceError, TrialSpec
 from hpo.record import (
     ATTR_FIDELITY_CHECK,
     ATTR_PROMOTED_FROM,
@@ -45,8 +43,7 @@ from hpo.record import (
     is_proxy,
 )
 from hpo.samplers import promotion_twin
-from hpo.storages._retrying import StorageUnavailable
-from hpo.storages._storage import check_study_name
+from hpo.storages import StorageUnavailable, check_study_name
 from hpo.study._compare import advance_race, twin_of
 from hpo.study._confirm import baseline_cache, is_confirm, remember_baseline, search_over_budget
 from hpo.study._errors import TrialInterrupted, TrialLost, TrialRetried
@@ -79,7 +76,7 @@ def with_ray_address(space: Space, address: str | None) -> Space:
     """``--ray-address`` over ``trial.ray.address`` (not stored: each driver names the cluster as it reaches it)."""
     if address is None:
         return space
-    from hpo.experiment._ray_spec import parse_ray
+    from hpo.experiment import parse_ray
 
     ray = parse_ray({**space.raw.get("trial", {}).get("ray", {}), "address": address},
                     lambda where, msg: SpaceError(f"--ray-address: {msg}"))
@@ -112,7 +109,7 @@ def check_search(space: Space, ray_address: str | None = None, study: str | None
     """What ``search`` checks before its study is created (nothing half-written on a refusal): the devices, the
     backend's launch check, the memory pre-flight (this host's devices, not a Ray cluster's) and the Ray cluster.
     The space (with ``--ray-address``) and the devices; SpaceError / RayClusterError with one line."""
-    from hpo.backends._preflight import check_space_fits
+    from hpo.backends import check_space_fits
 
     space = with_ray_address(space, ray_address)
     devices = [] if space.trial.executor == "ray" else resolve_devices(space.trial)
@@ -140,8 +137,7 @@ def open_stored(study_name: str, storage_url: str, *, local_space: str | None = 
     check. ``wait_s``: ride out a database that is (re)starting this long (a worker started by a scheduler).
     ``confirming``: the baseline's secrets are needed too (its runs are queued here), so a missing one is refused
     before any run."""
-    from hpo.experiment._secrets import missing_secrets
-    from hpo.experiment._trust import check_stored_experiment
+    from hpo.experiment import check_stored_experiment, missing_secrets
     from hpo.record import ATTR_DIGEST, ATTR_SOURCE
     from hpo.study._optuna import load_stored
 

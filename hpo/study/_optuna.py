@@ -16,12 +16,10 @@ from typing import Any
 import optuna
 
 from hpo.backends import stored_space
-from hpo.execution._identity import driver_identity
-from hpo.experiment._secrets import masked_raw
-from hpo.experiment._space import Param, PrunerSpec, SamplerSpec, Space, SpaceError
-from hpo.experiment._trust import experiment_digest
+from hpo.execution import driver_identity
+from hpo.experiment import Param, PrunerSpec, SamplerSpec, Space, SpaceError, experiment_digest, masked_raw
 from hpo.record import ATTR_DIGEST, ATTR_SOURCE, ATTR_SPACE, ATTR_TARGET
-from hpo.storages._storage import mask_url, open_storage, study_exists
+from hpo.storages import mask_url, open_storage, study_exists
 
 
 def sampler_seed(base: int | None, n_existing: int, joining: bool) -> int | None:
@@ -47,14 +45,14 @@ def make_sampler(spec: SamplerSpec, n_existing: int, joining: bool = False,
         return optuna.samplers.RandomSampler(seed=seed)
     model: optuna.samplers.BaseSampler
     if spec.type == "gp":  # imports torch (CPU) into the driver: only when asked for
-        from hpo.samplers._gp import PrunedAwareGPSampler
+        from hpo.samplers import PrunedAwareGPSampler
 
         model = PrunedAwareGPSampler(seed=seed, n_startup_trials=spec.n_startup_trials)
     else:
         model = optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.n_startup_trials, constant_liar=True)
     if spec.startup != "lhs" or not params:
         return model
-    from hpo.samplers._startup import LatinStartSampler
+    from hpo.samplers import LatinStartSampler
 
     return LatinStartSampler(model, params, spec.n_startup_trials, spec.seed)
 
@@ -80,7 +78,7 @@ def _base_pruner(spec: PrunerSpec) -> optuna.pruners.BasePruner:
                                               max_resource=spec.max_resource or "auto",
                                               reduction_factor=spec.reduction_factor)
     if spec.type == "successive_halving":
-        from hpo.samplers._halving import ChainHalvingPruner
+        from hpo.samplers import ChainHalvingPruner
 
         return ChainHalvingPruner(min_resource=spec.min_resource, reduction_factor=spec.reduction_factor)
     return optuna.pruners.NopPruner()
@@ -142,7 +140,7 @@ def load_stored(study_name: str, storage_url: str, n_trials: int | None,
                 wait_s: float = 0.0) -> tuple[Space, optuna.Study]:
     """The space a study was made from, and the study opened with a sampler reseeded for resume (the storage
     waited for up to ``wait_s`` seconds when it cannot be reached: ``verl-hpo worker``)."""
-    from hpo.experiment._space import StudySpec
+    from hpo.experiment import StudySpec
 
     storage = open_storage(storage_url, StudySpec(), wait_s)
     if not study_exists(storage, study_name):

@@ -58,9 +58,10 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from hpo.backends import Attempt, backend_of
-from hpo.experiment._space import ROLLBACK_LABELS, Space, SpaceError
-from hpo.record import ATTR_RETRY_HISTORY, ATTR_RETRY_OF, is_confirm, is_finished
-from hpo.record._attrs import (
+from hpo.experiment import ROLLBACK_LABELS, Space, SpaceError
+from hpo.record import (
+    ATTR_RETRY_HISTORY,
+    ATTR_RETRY_OF,
     PBT,
     PBT_ACTION,
     PBT_CHECKPOINT,
@@ -77,9 +78,11 @@ from hpo.record._attrs import (
     PBT_SOURCE,
     PBT_START,
     PBT_WHY,
+    is_confirm,
+    is_finished,
     is_segment,
 )
-from hpo.samplers._pbt import Decision, Segment, decide, initial_population, latest, lineage, ranked, schedule
+from hpo.samplers import Decision, Segment, decide, initial_population, latest, lineage, ranked, schedule
 from hpo.study._checkpoints import (
     CHECKPOINTS,
     TRIAL_MARKER,

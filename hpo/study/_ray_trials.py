@@ -47,7 +47,7 @@ from hpo.execution.ray_jobs import (
     stop_and_wait,
     study_jobs,
 )
-from hpo.experiment._space import TrialSpec
+from hpo.experiment import TrialSpec
 from hpo.record import ATTR_RAY_CLAIM, ATTR_RETRY_HISTORY
 
 ATTR_CLAIM = ATTR_RAY_CLAIM

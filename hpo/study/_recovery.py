@@ -38,9 +38,9 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.execution._identity import identity_alive
+from hpo.execution import identity_alive
 from hpo.record import ATTR_HEARTBEAT, ATTR_RECOVERING, ATTR_RESULT, ATTR_RETRY_HISTORY, ATTR_RETRY_OF
-from hpo.storages._retrying import storage_recovered_at
+from hpo.storages import storage_recovered_at
 from hpo.study._confirm import speed_block_retry
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.experiment._space import Space
+from hpo.experiment import Space
 from hpo.record import is_confirm
-from hpo.samplers._pbt import lineage, schedule
+from hpo.samplers import lineage, schedule
 from hpo.study._checkpoints import CHECKPOINTS, TRIAL_MARKER, CheckpointUnusable
 from hpo.study._population import (
     A_CHECKPOINT,

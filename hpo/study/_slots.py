@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.experiment._space import Space
+from hpo.experiment import Space
 from hpo.record import (
     ATTR_FIDELITY_CHECK,
     ATTR_RECOVERING,

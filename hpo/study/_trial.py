@@ -59,18 +59,21 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from hpo.analysis._diagnosis import Diagnoser
+from hpo.analysis import Diagnoser
 from hpo.backends import Attempt, Backend, Launch, backend_of
-from hpo.execution import TrialRun
-from hpo.execution._devices import DevicePool
-from hpo.execution._executor import TrialExecutor
-from hpo.execution._logs import knob_problem, max_dropped_rows
-from hpo.execution._runner import RunResult, TrialProcess, read_tail
-from hpo.experiment import speed_value_ok, speed_value_problem
-from hpo.experiment._objective import Scored
-from hpo.experiment._space import Space, SpaceError
+from hpo.execution import (
+    DevicePool,
+    RunResult,
+    TrialExecutor,
+    TrialProcess,
+    TrialRun,
+    knob_problem,
+    max_dropped_rows,
+    read_tail,
+)
+from hpo.experiment import Scored, Space, SpaceError, speed_value_ok, speed_value_problem
 from hpo.record import ATTR_PROMOTE_STEPS, ATTR_RETRY_HISTORY, ATTR_RETRY_OF, is_failed, runs_steps
-from hpo.storages._retrying import STORAGE_ERRORS
+from hpo.storages import STORAGE_ERRORS
 from hpo.study._checkpoints import clean_after
 from hpo.study._confirm import (
     ATTR_BASELINE,

@@ -19,9 +19,11 @@ from typing import Any
 
 from hpo.backends import TrialConfig, backend_of, proxy_space
 from hpo.execution import ENV_DRIVER, ENV_STUDY, ENV_TRIAL, TrialProcess, TrialRun
-from hpo.experiment._secrets import (
+from hpo.experiment import (
     ENV_REF,
     MASK,
+    Space,
+    SpaceError,
     baseline_secrets,
     env_ref,
     is_env_ref,
@@ -29,7 +31,6 @@ from hpo.experiment._secrets import (
     secret_env_name,
     secret_overrides,
 )
-from hpo.experiment._space import Space, SpaceError
 from hpo.study._checkpoints import TRIAL_MARKER
 from hpo.study._errors import DriverError, TrialInterrupted
 from hpo.study._progress import Progress

@@ -12,11 +12,9 @@ from typing import Any
 
 from optuna.trial import Trial, TrialState
 
-from hpo.analysis._diagnosis import Diagnoser
-from hpo.execution._runner import is_finite
-from hpo.experiment._objective import Scored
-from hpo.experiment._space import EarlyStopping, Space
-from hpo.experiment._throughput import SPEED_MAX, SPEED_MIN, speed_value_ok
+from hpo.analysis import Diagnoser
+from hpo.execution import is_finite
+from hpo.experiment import SPEED_MAX, SPEED_MIN, EarlyStopping, Scored, Space, speed_value_ok
 
 TIMEOUT_MARGIN = 1e-3  # a timed-out throughput trial is told this much slower than the slowest finished one
 

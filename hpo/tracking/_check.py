@@ -19,8 +19,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from hpo.analysis import ARTIFACTS_DIR
-from hpo.experiment._space import SpaceError
-from hpo.experiment._tracking import TrackingSpec, redact_uri
+from hpo.experiment import SpaceError, TrackingSpec, redact_uri
 
 HEALTH_TIMEOUT_S = 5.0
 INSTALL = "pip install -e '.[tracking]'"

@@ -30,8 +30,7 @@ from hpo.record import (
     is_segment,
     retry_history,
 )
-from hpo.reporting._figures import plottable_copy
-from hpo.reporting._report import best_trial, outcome
+from hpo.reporting import best_trial, outcome, plottable_copy
 
 ATTR_KEY = ATTR_TRACKING_KEY  # study system attr: the study's tracking key (run ids derive from it)
 ATTR_RUN = ATTR_TRACKING_RUN  # study system attr: {"mlflow": run id, "wandb": run id} of a chain

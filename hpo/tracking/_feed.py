@@ -19,8 +19,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from hpo.experiment._tracking import TrackingSpec, redact_uri
-from hpo.study._progress import Progress
+from hpo.experiment import TrackingSpec, redact_uri
+from hpo.study import Progress
 from hpo.tracking._check import artifact_root, mlflow_uri
 from hpo.tracking._spool import SPOOL_GLOB, SpoolWriter, is_locked, sidecar, spool_path, tracking_dir
 

@@ -29,13 +29,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.backends import DEFAULT_BACKEND, BackendError, CommandBackend, backend_named, known_backends
-from hpo.execution._metrics import MetricsFileError, MetricsTail
-from hpo.execution.ray_jobs._job import JOB_METRICS
-from hpo.experiment import uri_secrets
-from hpo.experiment._tracking import TrackingSpec, redact_uri
+from hpo.execution import MetricsFileError, MetricsTail
+from hpo.execution.ray_jobs import JOB_METRICS
+from hpo.experiment import TrackingSpec, redact_uri, uri_secrets
 from hpo.record import ATTR_SPACE, retry_history
-from hpo.storages._storage import open_storage, scrub
-from hpo.study._optuna import quiet_optuna
+from hpo.storages import open_storage, scrub
+from hpo.study import quiet_optuna
 from hpo.tracking._check import artifact_root, mlflow_uri
 from hpo.tracking._content import ATTR_KEY, ATTR_RUN, chain_info, finished, study_update
 from hpo.tracking._feed import ENV_SPEC, ENV_STORAGE, EXIT_PENDING

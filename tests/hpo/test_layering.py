@@ -427,3 +427,22 @@ def test_the_room_check_sees_each_crossing(tmp_path: Path) -> None:
         "hpo/backends/a/_x.py:2 imports the backend hpo.backends.b",
         "hpo/backends/a/_z.py:1 imports the backend hpo.backends.b",
         "hpo/backends/a/_z.py:2 imports verl_core, not stated in hpo/backends/a/__init__.py's USES"]
+
+
+def test_no_module_reaches_into_another_package_s_private_module() -> None:
+    """Issue 55 item 2: one face per package. A module of ``hpo/`` imports another package's names from that
+    package (``from hpo.experiment import Space``), never from one of its ``_modules`` (``hpo.experiment._space``);
+    a package's own modules and its subpackages' may. Lazy imports count too."""
+    found = []
+    for path in _modules():
+        me = _name(path)
+        home = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+        for line, target in _imports(path):
+            parts = target.split(".")
+            private = next((i for i, part in enumerate(parts) if part.startswith("_")), None)
+            if private is None:
+                continue
+            owner = ".".join(parts[:private])
+            if home != owner and not home.startswith(owner + "."):
+                found.append(f"{path.relative_to(REPO)}:{line} imports {target} (use {owner})")
+    assert found == [], "\n".join(found)

@@ -59,8 +59,7 @@ from hpo.backends.trl._keys import (
     load_mapping,
     load_value,
 )
-from hpo.experiment._objective import check_metrics
-from hpo.experiment._space import Space, SpaceError, format_value, located_error
+from hpo.experiment import Space, SpaceError, check_metrics, format_value, located_error
 
 LAUNCHER = Path(__file__).with_name("_train.py")
 INSTALL_HINT = (f"run `make install` (trl=={TRL_VERSION} into .venv), or set trial.python to an interpreter with "

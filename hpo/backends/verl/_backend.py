@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
-from hpo.analysis._vocabulary import MetricNames
+from hpo.analysis import MetricNames
 from hpo.backends._attempt import Attempt, Command, TrialConfig
 from hpo.backends._base import Backend, config_text, int_override
 from hpo.backends._code_files import code_files
@@ -43,8 +43,7 @@ from hpo.backends.verl._memory import corner_predictions, predict_verl, validate
 from hpo.backends.verl._ray import job_checkpoints
 from hpo.backends.verl._rehearsal import VerlRehearsal
 from hpo.backends.verl._resume import LAYOUT
-from hpo.experiment._secrets import MASK, is_secret_key
-from hpo.experiment._space import Space, SpaceError, located_error
+from hpo.experiment import MASK, Space, SpaceError, is_secret_key, located_error
 
 # verl 0.9.1's defaults of its seed keys (verl/trainer/config/_generated_ppo_trainer.yaml); data.seed is null.
 SEED_DEFAULTS = {"actor_rollout_ref.rollout.seed": 42, "actor_rollout_ref.actor.data_loader_seed": 42,

@@ -45,7 +45,7 @@ from hpo.backends.verl._launch import DRIVER_KEYS, override_key
 from hpo.backends.verl._metric_names import val_core_metric, verl_metric_examples, verl_metric_ok
 
 if TYPE_CHECKING:
-    from hpo.experiment._space import Space
+    from hpo.experiment import Space
 
 __all__ = [
     "COMPOSE_SCRIPT", "COMPOSE_TIMEOUT_ENV", "COMPOSE_TIMEOUT_S", "SKIP_INTERPRETER_CHECK", "ComposeReport",
@@ -113,7 +113,7 @@ def check_verl_space(space: Space, python: str, n_gpus: int | None = None) -> Co
 def check_verl_metrics(space: Space, info: ComposedConfig) -> None:
     """The objective's and constraints' metrics, and the early-stopping metric when enabled, must be ones verl
     logs for this config (``val_kwargs.n``, the validation data's sources when known)."""
-    from hpo.experiment._objective import check_metrics
+    from hpo.experiment import check_metrics
 
     def ok(metric: str) -> bool:
         return verl_metric_ok(metric, info.val_n, info.data_sources, info.val_core_var)

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpo.backends.verl._launch import INSTALL_HINT, format_override, is_config_path, verl_overrides
-from hpo.experiment._space import SpaceError
+from hpo.experiment import SpaceError
 
 if TYPE_CHECKING:
-    from hpo.experiment._space import Space
+    from hpo.experiment import Space
 
 COMPOSE_SCRIPT = Path(__file__).with_name("_compose.py")  # run in verl's interpreter: request on stdin, JSON out
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from hpo.execution.ray_jobs._isolate import PRIVATE_NAMESPACES_ENV
+from hpo.execution.ray_jobs import PRIVATE_NAMESPACES_ENV
 
 PLUGIN_MODULE = "verl_cpu_platform"  # plugins/verl-cpu
 PLATFORM_ENV = "VERL_PLATFORM"

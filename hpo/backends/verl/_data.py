@@ -269,7 +269,7 @@ def bad_rows(key: str, value: str | Sequence[str] | None, prompt_key: str = "pro
     data file (parquet, json, jsonl: as verl reads them, ``_compose_data.iter_batches``) is read, three columns at a
     time in batches of :data:`ROW_BATCH` (a file of millions of rows is never loaded whole); a path that is not a
     regular file, or not readable as its name says, is left to verl's own data path (``validate``)."""
-    from hpo.analysis._files import FileRefused, check_regular
+    from hpo.analysis import FileRefused, check_regular
     from hpo.backends.verl._compose_data import data_format
 
     for text in split_list(value):

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from hpo.backends.verl._composer import ComposedConfig, VerlConfigError, compose_corners, space_corners
 from hpo.backends.verl._cpu import PLUGIN_MODULE, cpu_overrides, transfer_queue_overrides
 from hpo.backends.verl._launch import GPU_INSTALL_HINT, INSTALL_HINT, default_python
-from hpo.execution._devices import detect_devices
+from hpo.execution import detect_devices
 
 if TYPE_CHECKING:
-    from hpo.experiment._space import Space
+    from hpo.experiment import Space
 
 # In a trial's environment (trial.env): trials run a stand-in for main_ppo on the CPU (the tests), so the
 # interpreter is not required to have CUDA torch, vLLM or flash-attn.

@@ -34,7 +34,7 @@ from hpo.backends.verl._launch import INSTALL_HINT, default_python, format_overr
 from hpo.backends.verl._memory_model import VERL_MEMORY_KEYS, judge_verl
 from hpo.backends.verl._model_config import ModelConfigUnavailable
 from hpo.backends.verl._resume import retry_note
-from hpo.experiment._space import Space, SpaceError
+from hpo.experiment import Space, SpaceError
 
 ASSUMED_GPU_GB = 80  # an A100/H100 80 GB: the GPU a verl estimate assumes when none is visible
 MEASURED_PROMPTS = 256  # verl: training prompts tokenized for the expected prompt length

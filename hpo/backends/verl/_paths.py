@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpo.backends.verl._launch import override_key
-from hpo.experiment._space import located_error
+from hpo.experiment import located_error
 
 if TYPE_CHECKING:
-    from hpo.experiment._space import Space
+    from hpo.experiment import Space
 
 FILE_KEYS = ("data.train_files", "data.val_files", "data.custom_cls.path", "reward.custom_reward_function.path",
              "custom_reward_function.path")

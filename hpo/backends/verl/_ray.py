@@ -23,7 +23,7 @@ from typing import Any
 from hpo.backends._attempt import Attempt
 from hpo.backends.verl._cpu import PLUGIN_MODULE
 from hpo.execution.ray_jobs import TERMINAL, RayClusterError, job_client, stop_and_wait
-from hpo.experiment._ray_spec import RaySpec
+from hpo.experiment import RaySpec
 from hpo.record import TRIAL_MARKER
 
 PROBE_TIMEOUT_S = 180.0  # the probe job: Ray starts a worker per node (~5-20 s on a busy host)

@@ -10,7 +10,7 @@ import math
 import sys
 from pathlib import Path
 
-from hpo.experiment._space import Space, SpaceError
+from hpo.experiment import Space, SpaceError
 
 # Ranges of the numeric flags, checked before any corner is composed (a minute, more on a busy host).
 MAX_PARALLEL = 16  # corners at once (a rehearsal has three; each is a trainer run of ~7 GB of host memory)

@@ -55,10 +55,10 @@ from hpo.backends.verl._rehearse_state import MARKER, load_state, save_state
 from hpo.backends.verl._rehearse_steps import ONE_DEVICE_KEYS, _Rehearsal
 from hpo.backends.verl._rehearse_stop import Stopped, stop_on_signals, sweep_scratch
 from hpo.execution import TrialProcess, TrialRun
-from hpo.experiment._space import SpaceError
+from hpo.experiment import SpaceError
 
 if TYPE_CHECKING:
-    from hpo.experiment._space import Space
+    from hpo.experiment import Space
 
 RESPONSE_TOKENS = 16  # data.max_response_length of the rehearsal
 

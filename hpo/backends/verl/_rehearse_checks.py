@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpo.analysis._files import FileRefused, read_bounded
+from hpo.analysis import FileRefused, read_bounded
 from hpo.backends.verl._launch import override_key
 from hpo.backends.verl._resume import retry_note
-from hpo.execution._runner import RunResult
+from hpo.execution import RunResult
 
 if TYPE_CHECKING:
-    from hpo.experiment._space import Space
+    from hpo.experiment import Space
 
 # A tuned key and the metric verl 0.9.1 logs it back as (the value of the corner must reach the trainer).
 ECHOES = {

@@ -30,10 +30,10 @@ from hpo.backends.verl._launch import (
 from hpo.backends.verl._rehearse_checks import CornerOutcome, RehearsalCorner, read_records, values_text
 from hpo.backends.verl._resume import checkpoint_step
 from hpo.execution import RunResult, TrialProcess, TrialRun
-from hpo.experiment._secrets import baseline_secrets, secret_overrides
+from hpo.experiment import baseline_secrets, secret_overrides
 
 if TYPE_CHECKING:
-    from hpo.experiment._space import Space
+    from hpo.experiment import Space
 
 STEPS = 2  # training steps of each corner (validation before the first and after every step)
 CORNER_TIMEOUT_S = 1800.0  # a corner's limit when neither --corner-timeout nor trial.timeout_s sets one

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpo.analysis._files import FileRefused, read_bounded
+from hpo.analysis import FileRefused, read_bounded
 from hpo.backends.verl._launch import verl_metrics_path
 from hpo.backends.verl._rehearse_checks import LEVELS, CornerOutcome, Finding, RehearsalCorner, read_records
-from hpo.execution._runner import RunResult
-from hpo.experiment._space import SpaceError
+from hpo.execution import RunResult
+from hpo.experiment import SpaceError
 
 if TYPE_CHECKING:
-    from hpo.experiment._space import Space
+    from hpo.experiment import Space
 
 MARKER = ".verl-hpo-rehearsal"  # in a rehearsal directory: what the driver made and may replace
 STATE = "rehearsal.json"  # what --recheck reads: the experiment's fingerprint, the swaps, each corner's attempts

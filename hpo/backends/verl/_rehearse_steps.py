@@ -31,10 +31,10 @@ from hpo.backends.verl._check import (
 from hpo.backends.verl._cpu import cpu_overrides, transfer_queue_overrides
 from hpo.backends.verl._rehearse_checks import CornerOutcome, Finding, RehearsalCorner, exit_code, render
 from hpo.backends.verl._rehearse_corners import STEPS, _Runner, corner_parallelism
-from hpo.experiment._space import SpaceError
+from hpo.experiment import SpaceError
 
 if TYPE_CHECKING:
-    from hpo.experiment._space import Space
+    from hpo.experiment import Space
 
 SHRINK_SCRIPT = Path(__file__).parent / "_shrink.py"
 VAL_ROWS = 8  # validation rows kept (every one is scored by the reward function)

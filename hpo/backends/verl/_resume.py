@@ -27,7 +27,7 @@ from hpo.backends._replay import (
 )
 from hpo.backends._replay import resume_point as chain_resume_point
 from hpo.backends.verl._launch import verl_metrics_path
-from hpo.experiment._space import Space
+from hpo.experiment import Space
 
 CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"  # verl writes it after each checkpoint; never read here
 _STEP_DIR = "global_step_"  # global_step_<step> (hpo.backends._replay.step_number)

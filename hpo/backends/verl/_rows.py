@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 from hpo.backends.verl._compose_datapath import ROWS_BUDGET_S
 from hpo.backends.verl._compose_reward import BUDGET_S, CALL_S, STEP_MARKER
 from hpo.backends.verl._launch import override_key
-from hpo.experiment._space import SpaceError
+from hpo.experiment import SpaceError
 
 if TYPE_CHECKING:
-    from hpo.experiment._space import Space
+    from hpo.experiment import Space
 
 ROWS_ENV = "VERL_HPO_ROWS_TIMEOUT_S"
 REWARD_CALL_ENV = "VERL_HPO_REWARD_CALL_TIMEOUT_S"

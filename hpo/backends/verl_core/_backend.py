@@ -21,7 +21,7 @@ from hpo.backends.verl_core._check import accepted_values, check_driver_keys, ch
 from hpo.backends.verl_core._memory import corner_predictions, predict, validate_corners
 from hpo.backends.verl_core._names import TEST_KEY
 from hpo.backends.verl_core._resume import LAYOUT, resume_overrides, segment_overrides
-from hpo.experiment._space import Space, format_value
+from hpo.experiment import Space, format_value
 
 SEED_KEY = "trainer.seed"
 # micro-batches are pre-scaled to sum to the mini-batch loss (verl_core/workers.py), so their size moves only

@@ -9,10 +9,17 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from hpo.experiment import shown_value
-from hpo.experiment._combos import MAX_COMBINATIONS, candidates, check_combinations
-from hpo.experiment._objective import check_metrics
-from hpo.experiment._space import Space, SpaceError, format_value, located_error
+from hpo.experiment import (
+    MAX_COMBINATIONS,
+    Space,
+    SpaceError,
+    candidates,
+    check_combinations,
+    check_metrics,
+    format_value,
+    located_error,
+    shown_value,
+)
 
 # the memory metrics verl_core logs every step (perf/max_memory_allocated_gb on CUDA only)
 VERL_CORE_MEMORY_METRICS = ("perf/cpu_memory_used_gb", "perf/max_memory_allocated_gb")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from hpo.backends._preflight import GiB, Prediction, corners, gpu_budget, report_corners, shown
-from hpo.experiment._space import Space, SpaceError
+from hpo.experiment import Space, SpaceError
 
 
 def predict(space: Space, overrides: Sequence[str], devices: Sequence[str] = (), loaded: Any = None) -> Prediction:

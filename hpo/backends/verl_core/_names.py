@@ -4,7 +4,7 @@ A custom ``trial.command`` under ``trial.backend: verl_core`` is taken to speak 
 
 from __future__ import annotations
 
-from hpo.analysis._vocabulary import MetricNames
+from hpo.analysis import MetricNames
 from hpo.backends._models import ModelFacts, builtin_facts_from
 
 COMMAND = ("python", "-m", "verl_core", "train")

@@ -19,7 +19,7 @@ from hpo.backends._replay import (
     regular_file,
     step_number,
 )
-from hpo.experiment._space import Space
+from hpo.experiment import Space
 
 STEP_DIR = "global_step_"  # global_step_<step> (hpo.backends._replay.step_number)
 RESUME_MODE, RESUME_PATH = "trainer.resume_mode", "trainer.resume_from_path"

@@ -26,10 +26,8 @@ from hpo.execution.ray_jobs._cluster import (
     study_jobs,
 )
 from hpo.execution.ray_jobs._isolate import PRIVATE_NAMESPACES_ENV
-from hpo.execution.ray_jobs._job import ENTRY_PACKAGE, JobLog, RayJob, entry_package, job_env
+from hpo.execution.ray_jobs._job import ENTRY_PACKAGE, JOB_METRICS, JobLog, RayJob, entry_package, job_env
 
-__all__ = ["ENTRY_PACKAGE", "META_STUDY", "META_TRIAL", "PRIVATE_NAMESPACES_ENV", "TERMINAL", "JobLog",
-           "JobResources", "NodeView",
-           "RayClusterError", "RayJob", "entry_package",
-           "cluster_view", "dashboard_url", "fits_now", "job_client", "job_env", "packs", "stop_and_wait",
-           "study_jobs"]
+__all__ = ["ENTRY_PACKAGE", "JOB_METRICS", "JobLog", "JobResources", "META_STUDY", "META_TRIAL", "NodeView",
+           "PRIVATE_NAMESPACES_ENV", "RayClusterError", "RayJob", "TERMINAL", "cluster_view", "dashboard_url",
+           "entry_package", "fits_now", "job_client", "job_env", "packs", "stop_and_wait", "study_jobs"]

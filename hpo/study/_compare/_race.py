@@ -16,9 +16,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.experiment._space import Space
-from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, ATTR_RACE, is_confirm, study_cost
-from hpo.record._attrs import PBT_INDEX
+from hpo.experiment import Space
+from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, ATTR_RACE, PBT_INDEX, is_confirm, study_cost
 from hpo.study._compare._intervals import Difference, improvement, paired
 from hpo.study._confirm import (
     Confirmed,

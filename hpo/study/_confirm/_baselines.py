@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpo.analysis import BASELINES_DIR
 from hpo.backends import backend_of
-from hpo.experiment._space import Space
+from hpo.experiment import Space
 from hpo.record import (
     ATTR_BASELINE,
     ATTR_CONFIRM_OF,

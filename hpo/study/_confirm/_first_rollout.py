@@ -28,7 +28,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.backends._first_rollout import RECORD_ENV, REPLAY_ENV, REPORT_ENV
+from hpo.backends import RECORD_ENV, REPLAY_ENV, REPORT_ENV
 from hpo.record import ATTR_CONFIRM_SEED, is_confirm
 
 ATTR = "first_rollout"  # user attr: {"mode", "source", "recorded", "replayed", "missed"}

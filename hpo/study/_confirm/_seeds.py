@@ -10,7 +10,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.backends import backend_of
-from hpo.experiment._space import Space, SpaceError
+from hpo.experiment import Space, SpaceError
 from hpo.record import (
     ATTR_CONFIRM_OF,
     ATTR_CONFIRM_SEED,

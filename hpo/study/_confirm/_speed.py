@@ -8,7 +8,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.experiment._space import Space
+from hpo.experiment import Space
 from hpo.record import (
     ATTR_BASELINE,
     ATTR_CONFIRM_OF,
