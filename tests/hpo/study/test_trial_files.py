@@ -1,7 +1,7 @@
 """What a trial is launched with beyond its backend's part (``hpo/study/_trial_files.py``): its own fresh directory
 (never one the driver did not make), the driver's environment with every secret in it (never on argv), the files
-recording the launch with secrets masked, and the experiment's one-off prepare step (exit 2: the experiment's fault, one line;
-another failure: the driver's, naming its log)."""
+recording the launch with secrets masked, and the experiment's one-off prepare step (exit 2: the experiment's fault,
+one line; another failure: the driver's, naming its log)."""
 
 from __future__ import annotations
 
