@@ -4,7 +4,7 @@ adds confirmation and resumable). The checks that launch nothing run for all of 
 do ``search``, ``confirm`` and ``best`` of the toy plugin. Slow (``make test-slow``): the toy plugin's PBT study,
 verl_core's runs (its trainer a stand-in that speaks its contract without torch, ``tests/hpo/pbt_trainer.py``), TRL's
 (real TRL trials) and verl's ``best`` of the session's real-verl study (``conftest.py``'s ``verl_study``, which
-starts verl once for this file and ``test_verl_real.py``)."""
+starts verl once for this file and ``verl/test_real.py``)."""
 
 from __future__ import annotations
 
