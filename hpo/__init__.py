@@ -1,12 +1,16 @@
-"""verl-hpo: an Optuna driver for verl_core and verl trainer runs.
+"""verl-hpo: an Optuna driver for trainer runs (verl_core, real verl, TRL's GRPOTrainer, or an installed plugin).
 
-The driver never imports torch: it talks to a trial only through argv (config + dotted overrides), the
-environment (``CUDA_VISIBLE_DEVICES``) and a JSONL metrics file in verl's ``file`` logger format.
+The driver never imports torch (the GP sampler, ``study.sampler.type: gp``, aside: Optuna's imports it): it talks to
+a trial only through argv (config + dotted overrides), the environment (``CUDA_VISIBLE_DEVICES``) and a JSONL metrics
+file in verl's ``file`` logger format.
 
-Layers, each importing only those below it (``tests/hpo/test_layering.py``): ``analysis`` (run diagnosis) <
-``experiment`` (the experiment file) and ``execution`` (one trial process) < ``backends`` (verl_core, verl) <
-``study`` (the loop, storage, recovery) < ``reporting`` (tables, dashboard) < ``tracking`` (MLflow, W&B) <
-``commands`` (one module per subcommand) < ``_cli`` (the parser and its dispatch table).
+Layers, each importing only those below it (``tests/hpo/test_layering.py``): ``analysis`` (run diagnosis, bounded file
+reads) and ``record`` (the stored attributes) < ``experiment`` (the experiment file) and ``execution`` (one trial
+process) < ``backends`` (the trainer contract; verl_core, verl, trl), ``storages`` (where a study lives) and
+``samplers`` (GP, Latin-hypercube start, PBT, halving, fidelity) < ``study`` (the loop, recovery, confirmation) <
+``reporting`` (tables, dashboard) < ``tracking`` (MLflow, W&B) < ``commands`` (one module per subcommand) < ``_cli``
+(the parser and its dispatch table). Another package's names come from the package (``hpo.experiment``), never from
+one of its ``_modules``.
 """
 
 from hpo.analysis import Diagnoser, DiagnosisSpec

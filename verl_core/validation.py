@@ -46,7 +46,8 @@ TEST_PREFIXES = {"eval/": "test/", "val-core/": "test-core/", "val-aux/": "test-
 
 def heldout_metric_name(name: str) -> str:
     """The name a validation metric has when measured on the test split (``eval/reward_mean`` ->
-    ``test/reward_mean``); the driver's copy is ``hpo.experiment.test_metric``."""
+    ``test/reward_mean``); the driver's copy is ``hpo.experiment.heldout_metric`` with the verl_core backend's
+    ``TEST_PREFIXES`` (``hpo/backends/verl_core/_names.py``)."""
     for old, new in TEST_PREFIXES.items():
         if name.startswith(old):
             return new + name[len(old):]

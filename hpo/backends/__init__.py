@@ -15,7 +15,7 @@ override (``_code_files``, by each backend's keys), and a proxy model against th
 imports another (``tests/hpo/test_layering.py``). ``testing``: the contract suite a backend
 passes (importable by a plugin's tests).
 
-May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``."""
+May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.record``, ``hpo.analysis``."""
 
 from hpo.backends._base import Attempt, Backend, Command, CommandBackend, Launch, TrialConfig
 from hpo.backends._check import load_space, rehearsal_of, stored_space

@@ -8,9 +8,11 @@ memory and enforces the cap, the timeout and the stop event; ``_trial_wrapper``:
 ``_cgroup``: the memory cgroup; ``_metrics``: the metrics file tail; ``_executor``: :class:`TrialExecutor`, the
 interface a local process and a Ray job (``ray_jobs/``, imported only by Ray-executor studies) share; ``_logpump``:
 the process that writes a trial's stdout/stderr capped (head and tail kept) and counts the rows the trainer dropped;
-``_logs``: its driver side and the two settings (``$VERL_HPO_LOG_CAP_MIB``, ``$VERL_HPO_MAX_DROPPED_ROWS``).
+``_logs``: its driver side and the two settings (``$VERL_HPO_LOG_CAP_MIB``, ``$VERL_HPO_MAX_DROPPED_ROWS``);
+``_devices``: GPU locks across drivers; ``_identity``: the driver's identity; ``_hostload``: how busy the host was
+while a trial ran.
 
-May import: nothing of ``hpo`` but itself (a peer of ``hpo.experiment``)."""
+May import: ``hpo.analysis`` (its bounded file reads); nothing else of ``hpo`` (a peer of ``hpo.experiment``)."""
 
 from hpo.execution._devices import DevicePool, detect_devices
 from hpo.execution._executor import TrialExecutor

@@ -13,7 +13,8 @@ Trial system attributes (set before a trial runs, by whoever queued it):
 * a retry chain: ``failed_trial`` (:data:`ATTR_RETRY_OF`, the trial this one retries; Optuna's own key) and
   ``retry_history`` (:data:`ATTR_RETRY_HISTORY`, the chain's earlier trial numbers, oldest first: the chain's root
   is the first);
-* a confirmation run: :data:`ATTR_CONFIRM_OF` (the confirmed trial, ``"baseline"`` shown for baseline runs),
+* a confirmation run: :data:`ATTR_CONFIRM_OF` (the confirmed trial's number; -1 a baseline run, -2 a throughput
+  study's control; the trial's user attr ``confirm_of`` shows ``"baseline"`` / ``"control"``),
   :data:`ATTR_CONFIRM_SEED`, :data:`ATTR_BASELINE`; a throughput study's re-measurement, :data:`ATTR_SPEED_BLOCK`;
 * the driver's liveness: :data:`ATTR_HEARTBEAT`, :data:`ATTR_RESULT` (the result its driver recorded before telling),
   :data:`ATTR_RECOVERING`, :data:`ATTR_RAY_CLAIM`;

@@ -7,7 +7,7 @@ successive_halving``), and model-size fidelity (``study.fidelity.proxy``): a sam
 (``_fidelity``) and the promotion of the proxy's best settings to the target with the check of its ranking
 (``_promotion``).
 
-May import: ``hpo.experiment``, ``hpo.analysis``."""
+May import: ``hpo.experiment``, ``hpo.record``, ``hpo.analysis``."""
 
 from hpo.samplers._fidelity import FidelityPruner, FidelitySampler, FidelityView, search_fidelity, with_fidelity
 from hpo.samplers._gp import PrunedAwareGPSampler

@@ -9,8 +9,8 @@ built-in models and tasks (``builtin:<name>``) and scores with its rewards (``ve
 ``verl_core.rewards``, ``verl_core.config``), and the backend asks it the built-in models' facts
 (``verl_core.resolve``, torch-free). No other backend's code.
 
-May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``, ``verl_core`` (torch-free modules only in the
-driver)."""
+May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``, ``hpo.backends``' contract modules, ``verl_core``
+(torch-free modules only in the driver)."""
 
 from hpo.backends.trl._backend import EVAL_METRICS, LAUNCHER, ResumePoint, TrlBackend, checkpoint_complete, resume_point
 from hpo.backends.trl._keys import DRIVER_KEYS, GRPO_FIELDS, LAUNCHER_KEYS, TRL_VERSION

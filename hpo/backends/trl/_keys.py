@@ -3,7 +3,7 @@ which imports this file as its sibling in TRL's interpreter): the standard libra
 
 * :data:`GRPO_FIELDS`: the field names of ``trl.GRPOConfig`` (trl==1.16.0, with its ``transformers.TrainingArguments``
   base), the flat keys an experiment may set, checked by the driver without importing trl. Written by
-  ``python hpo/backends/trl/_train.py --keys`` in TRL's interpreter; ``tests/hpo/backends/trl/test_check.py`` fails
+  ``python hpo/backends/trl/_train.py --keys`` in TRL's interpreter; ``tests/hpo/backends/trl/test_keys.py`` fails
   when the installed TRL's fields differ (regenerate the list then). The launcher itself checks against the
   installed ``GRPOConfig``.
 * :data:`LAUNCHER_KEYS`: the launcher's own keys (dotted: a section and a name) and their defaults.

@@ -17,8 +17,8 @@ back, ``_rehearse_stop`` the stop on a signal.
 
 Nothing of ``verl_core`` (a subprocess of it builds the arith task's model and data), nor another backend.
 
-May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.analysis``, ``hpo.backends`` (its base, registry,
-pre-flight and the shared shapes, ``_shapes``)."""
+May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.record``, ``hpo.analysis``, ``hpo.backends``' contract modules
+(the base, the attempt, the features, the loader, the pre-flight, the shared shapes ``_shapes``, the replay, ...)."""
 
 from hpo.backends._replay import replay_records
 from hpo.backends.verl._backend import SEED_DEFAULTS, VerlBackend

@@ -252,7 +252,7 @@ def verl_command_env(env: Mapping[str, str], cpu: bool, ray_job: bool = False) -
 # step. Loading the weights only (checkpoint.load_contents=[model]; the data position in data.pt is restored by the
 # trainer either way) leaves the optimizer and scheduler as the config built them: the new learning rate is used
 # from the first step, and Adam's moments (and a warm-up) start afresh. Checked with verl's own checkpoint manager
-# in tests/hpo/backends/test_verl_pbt.py.
+# in tests/hpo/backends/verl/test_launch.py.
 WEIGHTS_ONLY_KEYS = ("actor_rollout_ref.actor.checkpoint.load_contents", "critic.checkpoint.load_contents")
 
 

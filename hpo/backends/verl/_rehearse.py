@@ -212,10 +212,11 @@ def rehearse(space: Space, studies_dir: Path, *, tokenizer: Path | None = None, 
     """Run the rehearsal (see the module docstring) and print its report; the exit code. ``quick``: the default
     point only, without the resume (the objective, the reward and the keys are still checked). ``reward_timeout_s``:
     what the reward check's calls of the user's function may take in all. ``timeout_s``: each corner attempt's
-    limit (None: :func:`corner_timeout`); ``parallel``: corners at once (None: :func:`corner_parallelism`).
-    ``gpus``, ``gpu_bytes``: the real study's GPUs per trial and GPU size for the memory estimate (None:
-    ``trial.gpus_per_trial``; this host's GPU, else an 80 GiB one). A stop signal (SIGTERM, SIGINT, SIGHUP) stops
-    the runs, removes their scratch and returns 128 + its number (:func:`stop_on_signals`)."""
+    limit (None: :func:`corner_timeout`); ``parallel``: corners at once (None:
+    :func:`~hpo.backends.verl._rehearse_corners.corner_parallelism`). ``gpus``, ``gpu_bytes``: the real study's GPUs
+    per trial and GPU size for the memory estimate (None: ``trial.gpus_per_trial``; this host's GPU, else an 80 GiB
+    one). A stop signal (SIGTERM, SIGINT, SIGHUP) stops the runs, removes their scratch and returns 128 + its number
+    (:func:`stop_on_signals`)."""
     from hpo.backends.verl._launch import default_python
 
     started = time.monotonic()
