@@ -87,8 +87,6 @@ else
 	for rc in $$rest $$heavy_rc; do test $$rc -eq 0 -o $$rc -eq 5 || exit 1; done  # 5: PYTEST_ARGS chose none of a run
 endif
 
-# Real verl trials as Ray jobs on a local two-node cluster of logical GPUs (issue 45; ~5 min on 2 cores), alone (it is
-# also part of make test-slow).
 # Benchmark parts' own smoke runs whose product paths other tests already cover (search_cost: racing, confirmation and
 # baseline reuse are tested in tests/hpo/study): not in CI, to keep it under an hour; run before changing a benchmark.
 test-bench: $(STAMP)
@@ -112,7 +110,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# Benchmarks (not part of `make test`; its smoke mode is). TRL lives only in these venvs: PPO is in
+# Benchmarks (not part of `make test`; their smoke mode is `make test-bench`'s, not CI's). TRL lives only in these venvs: PPO is in
 # trl==1.12.0 (trl.experimental.ppo), GRPO is measured against trl==1.16.0, and they cannot share one env.
 BENCH_PIP := torch==2.13.0 transformers==5.19.0 pyarrow psutil py-spy
 .venv-bench-trl112/.installed:

@@ -1,4 +1,4 @@
-"""The GP sampler told about pruned trials (hpo/study/_gp.py), against Optuna's own GPSampler on one study."""
+"""The GP sampler told about pruned trials (hpo/samplers/_gp.py), against Optuna's own GPSampler on one study."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Latin-hypercube start of TPE and GP (hpo/study/_startup.py): on one study, across a resume, and with two
+"""The Latin-hypercube start of TPE and GP (hpo/samplers/_startup.py): on one study, across a resume, and with two
 drivers at once on the real PostgreSQL server (the design is shared by trial number, not drawn per driver)."""
 
 from __future__ import annotations
