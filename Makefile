@@ -98,6 +98,8 @@ test-bench: $(STAMP)
 test-extended: $(STAMP)
 	$(PY) -m pytest -v -p no:cacheprovider -m extended $(PYTEST_ARGS)
 
+# Real verl trials as Ray jobs on a local two-node cluster of logical GPUs (issue 45; ~5 min on 2 cores), alone (it is
+# also part of make test-slow).
 test-ray-verl: $(STAMP)
 	$(PY) -m pytest -v -p no:cacheprovider tests/hpo/backends/verl/test_ray_jobs.py $(PYTEST_ARGS)
 
@@ -110,7 +112,8 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# Benchmarks (not part of `make test`; their smoke mode is `make test-bench`'s, not CI's). TRL lives only in these venvs: PPO is in
+# Benchmarks (not part of `make test`; their smoke mode is `make test-bench`'s, not CI's).
+# TRL lives only in these venvs: PPO is in
 # trl==1.12.0 (trl.experimental.ppo), GRPO is measured against trl==1.16.0, and they cannot share one env.
 BENCH_PIP := torch==2.13.0 transformers==5.19.0 pyarrow psutil py-spy
 .venv-bench-trl112/.installed:
