@@ -77,9 +77,10 @@ def _load() -> dict[tuple[str, int], list[dict]]:
     global _RECORDS
     if _RECORDS is None:
         out: dict[tuple[str, int], list[dict]] = {}
-        names = sorted(os.listdir(_REPLAY)) if _REPLAY and os.path.isdir(_REPLAY) else []
+        root = _REPLAY or ""
+        names = sorted(os.listdir(root)) if root and os.path.isdir(root) else []
         for name in names:
-            path = os.path.join(_REPLAY, name)
+            path = os.path.join(root, name)
             if not name.endswith(".jsonl") or not os.path.isfile(path) or os.path.islink(path):
                 continue
             with open(path, "rb") as f:
