@@ -100,9 +100,9 @@ def test_a_trial_needing_both_nodes_waits_until_both_are_free(ray_cluster: RayCl
     then for each other (the study's own claims: Ray does not see a two-node trial's GPUs until its trainer takes
     them); early stopping stops each job, and the driver waits until Ray reports it STOPPED."""
     studies = tmp_path / "studies"
+    # 40 steps of 0.4 s: the big study's driver starts and asks for its nodes while this job runs (a host loaded ~9)
     small = start(ray_space(tmp_path, ray_cluster, "small", {"resources": {"node_a": 1}}, study={"n_trials": 1},
-                            overrides={"trainer.total_training_steps": 40, "fake.step_s": 0.4}), studies)  # 16 s: the big
-    # study's driver starts and asks for its nodes while this job runs, even on a host loaded ~9
+                            overrides={"trainer.total_training_steps": 40, "fake.step_s": 0.4}), studies)
     wait_for(lambda: gpus_used(ray_cluster) >= 2 or small.poll() is not None, 120, "the small trial's job")
     assert small.poll() is None, small.communicate()
     big = start(ray_space(tmp_path, ray_cluster, "big", {"nodes": 2}, trial={"n_jobs": 2},
