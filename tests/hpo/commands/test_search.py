@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from optuna.trial import TrialState
 
+import hpo.reporting as reporting
 import hpo.reporting._speed_from as reporting_speed_from
 from hpo._cli import main
 from hpo.backends import _check
@@ -37,6 +38,7 @@ def _search_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, space: Path) -
 
     real_checked = _check._checked
     monkeypatch.setattr(reporting_speed_from, "speed_from", speed_from)
+    monkeypatch.setattr(reporting, "speed_from", speed_from)  # what the command imports (the package's face)
     monkeypatch.setattr(commands_speed_from, "speed_url", lambda space, storage, studies_dir: "sqlite:///speedy.db")
     monkeypatch.setattr(_check, "_checked", lambda s, origin: checked.append(s) or real_checked(s, origin))
     monkeypatch.setattr(_search, "run_study", lambda run, inv: runs.append(run) or 0)

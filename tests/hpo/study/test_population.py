@@ -28,10 +28,10 @@ from hpo.study._population import (
     A_SOURCE,
     Population,
     best_final,
-    queue_schedule_confirmations,
     schedule_of,
     segment_overrides,
 )
+from hpo.study._schedules import queue_schedule_confirmations
 from tests.hpo.conftest import write
 
 SPACE = """\
