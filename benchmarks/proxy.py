@@ -112,8 +112,11 @@ def one_study(method: str, seed: int, studies: Path, smoke: bool) -> dict[str, A
             "check": study.user_attrs.get(ATTR_FIDELITY_CHECK)}
 
 
-def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("agreement", "cost")
-          ) -> tuple[list[Row], dict[str, Any]]:
+METHODS = ("proxy", "racing", "today")
+
+
+def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("agreement", "cost"),
+          methods: tuple[str, ...] = METHODS) -> tuple[list[Row], dict[str, Any]]:
     seeds = SEEDS[:1] if smoke else SEEDS
     details: dict[str, Any] = {"seeds": list(seeds)}
     rows: list[Row] = []
@@ -137,7 +140,7 @@ def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("a
             # method last (the quality reference, ~3x the racing method's time). A host's baseline runs are kept
             # (studies/.baselines): the first study pays them, the others reuse them, and each row counts them as a
             # fresh host would (runs_fresh_host).
-            for s in seeds:
+            for s in seeds if "proxy" in methods else ():
                 details[f"proxy/{s}"] = cached(f"proxy/{s}", lambda s=s: one_study("proxy", s, studies, smoke))
         if "agreement" in parts:
             details["agreement"] = a = cached("agreement", lambda: agreement(root / "runs", smoke))
@@ -148,11 +151,12 @@ def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("a
                                       f"{[round(x, 3) for x in a['proxy']]}, target "
                                       f"{[round(x, 3) for x in a['target']]}"))
         if "cost" in parts:
-            for method in ("racing", "today"):
+            for method in [m for m in ("racing", "today") if m in methods]:
                 for s in seeds:
                     details[f"{method}/{s}"] = cached(f"{method}/{s}", lambda m=method, s=s: one_study(m, s, studies,
                                                                                                      smoke))
-            rows += _cost_rows(seeds, details)
+            if all(f"{m}/{s}" in details for m in METHODS for s in seeds):
+                rows += _cost_rows(seeds, details)
     return rows, details
 
 
@@ -185,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="one seed, 3 settings, studies of 3 trials of 4 steps")
     p.add_argument("--workdir", type=Path, default=None, help="keep the runs and studies here")
     p.add_argument("--only", nargs="+", choices=("agreement", "cost"), default=("agreement", "cost"))
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS,
+                   help="the cost part's studies to run (each kept in --workdir: a later run adds the others)")
     args = p.parse_args(argv)
-    rows, details = bench(args.smoke, args.workdir, tuple(args.only))
+    rows, details = bench(args.smoke, args.workdir, tuple(args.only), tuple(args.methods))
     for r in rows:
         print(f"{r.name}: {r.ours} vs {r.baseline} {r.unit} [{r.note}]")
     print(json.dumps({"rows": [r.to_json() for r in rows], "details": details}, default=str))
