@@ -104,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
             resolve_data_path(cfg.data.val_files, "data.val_files", "val")
             if cfg.data.test_files:
                 resolve_data_path(cfg.data.test_files, "data.test_files", "test")
+            tox = cfg.evaluation.toxicity
+            if tox.enable and tox.model is None:  # the default classifier's arrays (trials then skip scikit-learn)
+                from verl_core.profanity import load_predictor
+
+                try:
+                    load_predictor()
+                except ImportError:
+                    pass  # not installed: the trial says so in one line
             print("ready", flush=True)
             return 0
         # Importing torch and transformers creates ~0.35M objects that live to the end, and the cyclic garbage

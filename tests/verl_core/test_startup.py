@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, read_metrics
+from tests.conftest import REPO, read_metrics, run_trainer
 
 UNUSED = ("sklearn", "scipy", "pandas")
 PROBE = """
@@ -112,3 +112,14 @@ def test_a_pipeline_of_another_shape_is_scored_by_scikit_learn(tmp_path: Path,
     assert profanity.load_predictor() is predict_prob
     assert "CountVectorizer" in (profanity.cache_dir() / "UNSUPPORTED").read_text()
     assert profanity.load_predictor() is predict_prob  # remembered
+
+
+def test_prepare_extracts_the_toxicity_arrays(tiny_model_dir: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from verl_core.profanity import cache_dir
+
+    monkeypatch.setenv("VERL_HPO_CACHE", str(tmp_path / "cache"))
+    out = run_trainer(["prepare", f"actor_rollout_ref.model.path={tiny_model_dir}"], tmp_path,
+                      env={"VERL_HPO_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 0 and out.stdout.strip().endswith("ready"), out.stderr[-2000:]
+    assert (cache_dir() / "linear.npz").is_file()
