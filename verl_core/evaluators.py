@@ -4,7 +4,8 @@ Each evaluator sees the validation prompts, the generated responses and their
 examples, and returns ``{metric_name: value}`` logged under ``eval/``:
 
 * toxicity: ``eval/toxicity_mean``, ``eval/toxicity_max``. The default classifier is
-  ``alt-profanity-check`` (a linear model shipped in the package: offline, fast);
+  ``alt-profanity-check`` (a linear model shipped in the package: offline, fast; scored by
+  :mod:`verl_core.profanity` without importing scikit-learn);
   ``evaluation.toxicity.model=DIR`` takes a local HF sequence-classification model
   instead and scores the toxic class probability (softmax, or sigmoid for multi-label
   models such as toxic-bert).
@@ -36,12 +37,13 @@ class ToxicityEvaluator:
         self.cfg, self.device = cfg, device
         self.model: Any = None
         if cfg.model is None:
+            from verl_core.profanity import load_predictor  # predict_prob without importing scikit-learn
+
             try:
-                from profanity_check import predict_prob
+                self._predict: Callable[[list[str]], Any] = load_predictor()
             except ImportError:
                 raise ConfigError("evaluation.toxicity.enable=true needs alt-profanity-check "
                                   "(pip install alt-profanity-check) or evaluation.toxicity.model=DIR") from None
-            self._predict: Callable[[list[str]], Any] = predict_prob
             return
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

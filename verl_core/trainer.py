@@ -15,6 +15,7 @@ import contextlib
 import math
 import os
 import random
+import sys
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -73,7 +74,46 @@ class Timer:
         self.times[f"timing_s/{name}"] = self.times.get(f"timing_s/{name}", 0.0) + time.perf_counter() - t0
 
 
+# Optional packages that importing transformers' models pulls in when they are installed, for features a trial never
+# uses: scikit-learn (``sklearn.metrics`` in ``transformers.generation``, for assisted decoding) and SciPy
+# (``scipy.optimize`` in ``transformers.loss``, for object-detection matching). About 2.5 s of start-up on 2 CPU
+# cores with what they import in turn (SciPy's statistics, pandas).
+UNUSED_OPTIONAL = ("sklearn", "scipy")
+
+
+def import_transformers() -> None:
+    """Import transformers' auto classes and model code without :data:`UNUSED_OPTIONAL`: those marked absent in
+    ``sys.modules`` while transformers loads (``import`` and ``find_spec`` then report them missing, and transformers
+    leaves out what needs them), the marks removed at once, so a later ``import scipy`` (a user's reward) works as
+    usual. A trial decodes with :mod:`verl_core.decode` or vLLM and trains causal LMs and value heads, none of which
+    read them. Call it before anything else imports transformers: transformers caches whether a package is installed
+    at its first question, and a process where it already said yes imports transformers as usual (the import is
+    retried without the marks). A no-op once transformers' model code is imported."""
+    if "transformers.modeling_utils" in sys.modules:
+        return
+    blocked = [name for name in UNUSED_OPTIONAL if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        _import_model_code()
+    except ImportError as err:  # transformers knew them installed before the marks: import as usual
+        if (err.name or "").split(".")[0] not in blocked:
+            raise
+    finally:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+    _import_model_code()
+
+
+def _import_model_code() -> None:
+    import transformers.generation.utils  # noqa: F401  (imports sklearn.metrics when available)
+    import transformers.modeling_utils  # noqa: F401  (imports transformers.loss: scipy.optimize)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+
 def load_tokenizer(path: str) -> Any:
+    import_transformers()
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
@@ -86,6 +126,7 @@ def load_tokenizer(path: str) -> Any:
 
 
 def load_lm(path: str, device: torch.device, train: bool, gradient_checkpointing: bool) -> torch.nn.Module:
+    import_transformers()
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
@@ -98,6 +139,7 @@ def load_lm(path: str, device: torch.device, train: bool, gradient_checkpointing
 
 
 def load_critic(path: str, device: torch.device, gradient_checkpointing: bool) -> torch.nn.Module:
+    import_transformers()
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     config = AutoConfig.from_pretrained(path, num_labels=1)
