@@ -17,6 +17,7 @@ passes (importable by a plugin's tests).
 
 May import: ``hpo.experiment``, ``hpo.execution``, ``hpo.record``, ``hpo.analysis``."""
 
+from hpo.backends._attempt import ResumePointLike
 from hpo.backends._base import Attempt, Backend, Command, CommandBackend, Launch, TrialConfig
 from hpo.backends._check import load_space, rehearsal_of, stored_space
 from hpo.backends._features import Confirmation, MemoryModel, PredictionLike, Rehearsal, Resumable, Speed
@@ -36,12 +37,12 @@ from hpo.backends._registry import (
     trial_backend,
     unregister,
 )
-from hpo.backends._replay import CheckpointLayout
+from hpo.backends._replay import CheckpointLayout, lost_checkpoints
 from hpo.experiment import CodeRules
 
 __all__ = ["Attempt", "Backend", "BackendError", "CheckpointLayout", "CodeRules", "Command", "CommandBackend",
            "Confirmation", "DEFAULT_BACKEND", "ENTRY_POINT_GROUP", "Launch", "MemoryModel", "PredictionLike",
-           "RECORD_ENV", "REPLAY_ENV", "REPORT_ENV", "Rehearsal", "Resumable", "Speed", "TrialConfig",
-           "backend_label", "backend_named", "backend_of", "backends_that", "check_space_fits", "known_backends",
-           "load_space", "proxy_space", "register", "rehearsal_of", "stored_space", "transfer_factors",
-           "trial_backend", "unregister", "validate_space"]
+           "RECORD_ENV", "REPLAY_ENV", "REPORT_ENV", "Rehearsal", "ResumePointLike", "Resumable", "Speed",
+           "TrialConfig", "backend_label", "backend_named", "backend_of", "backends_that", "check_space_fits",
+           "known_backends", "load_space", "lost_checkpoints", "proxy_space", "register", "rehearsal_of",
+           "stored_space", "transfer_factors", "trial_backend", "unregister", "validate_space"]

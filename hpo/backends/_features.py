@@ -104,11 +104,16 @@ class Resumable:
     ``resume_overrides(checkpoint)``: the trainer's own overrides that continue a run from ``checkpoint`` (what
     ``verl-hpo best --format command`` of a PBT study adds to continue its best checkpoint);
     ``segments``: a PBT segment's overrides (:data:`SegmentOverrides`); None: the trainer resumes retries but cannot
-    take new hyperparameters at a checkpoint, and ``study.strategy: pbt`` is refused."""
+    take new hyperparameters at a checkpoint, and ``study.strategy: pbt`` is refused;
+    ``save_at(step)``: the trainer's own overrides that make a run also save a complete checkpoint at ``step``,
+    changing neither its length nor its math (a proxy search's promoted run, which a confirmation run on the same seed
+    then continues: :mod:`hpo.study._continuation`); the checkpoint must be complete before that step's metrics line
+    is written, since the driver stops the run right after it. None: a confirmation never continues a promoted run."""
 
     layout: CheckpointLayout
     resume_overrides: Callable[[Path], list[str]]
     segments: SegmentOverrides | None = None
+    save_at: Callable[[int], list[str]] | None = None
 
     def resume_point(self, trials_dir: Path, history: Sequence[int],
                      metrics_path: Callable[[Path, int], Path]) -> ResumePointLike | None:

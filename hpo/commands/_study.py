@@ -175,7 +175,7 @@ def _with_budget(space: Space, study: Any, budget: float | None) -> Space:
 def _queue_confirm(study: Any, space: Space, study_name: str, studies_dir: Path, want: Confirmation,
                    reporter: Any) -> int | None:
     """``confirm``: queue the top configurations' runs and say so; the exit code when there is nothing to confirm."""
-    from hpo.study import NoHealthyMember, pending, queue_confirm
+    from hpo.study import NoHealthyMember, pending, proxy_race_line, queue_confirm
 
     speed = space.study.kind == "throughput"  # re-measured against the user's config (hpo.reporting._speed)
     top_k = want.top or (space.study.throughput.top_k if speed else space.study.confirm.top_k)
@@ -191,11 +191,23 @@ def _queue_confirm(study: Any, space: Space, study_name: str, studies_dir: Path,
     how = (f"re-measuring the {top_k} fastest configuration(s) against your config, interleaved, {n_seeds} "
            f"time(s) each (up to {repeat_cap(space.study.throughput, n_seeds)} while the fastest is not separated "
            "from yours), one run at a time" if speed else
-           f"racing the top {top_k} configuration(s) seed by seed (at most {n_seeds} fresh seeds each)"
+           f"racing the top {_raced(study, top_k)} configuration(s) seed by seed (at most {n_seeds} fresh seeds each)"
            if space.study.confirm.race else
            f"confirming the top {top_k} configuration(s) with {n_seeds} fresh seed(s) each")
     reporter.note(f"study {study_name}: {how}: {len(queued)} run(s) queued, {pending(study)} pending")
+    proxy = None if speed else proxy_race_line(study, space)
+    if proxy:  # a proxy search: the race's field and the promoted runs its first seeds continue
+        reporter.note(proxy)
     return None
+
+
+def _raced(study: Any, top_k: int) -> int:
+    """The race's candidates (a proxy search whose proxy held races its own field: ``confirm_top``), else ``top_k``."""
+    from hpo.record import ATTR_RACE
+
+    race = study._storage.get_study_system_attrs(study._study_id).get(ATTR_RACE)
+    candidates = race.get("candidates") if isinstance(race, dict) else None
+    return len(candidates) if isinstance(candidates, list) and candidates else top_k
 
 
 def _speed_more(study: Any, space: Space, want: Confirmation, reporter: Any) -> Callable[[], bool] | None:
@@ -235,11 +247,13 @@ def _search_notes(study: Any, space: Space, studies_dir: Path, speed_info: dict[
 
         conf, reserve = space.study.confirm, confirm_reserve(space, baseline_cache(studies_dir))
         left = space.study.budget - reserve
+        proxy = space.study.fidelity.proxy
+        top = f"the proxy's {proxy.confirm_top}" if proxy is not None and conf.race else f"the top {conf.top_k}"
         if left < 1:
             reporter.note(f"warning: a budget of {space.study.budget:g} full runs leaves the search "
-                          f"{max(0.0, left):g} after the confirmation's least ({reserve} runs: the top "
-                          f"{conf.top_k} and the baseline on {conf.min_seeds if conf.race else conf.seeds} "
-                          "seeds); the search may run no trial")
+                          f"{max(0.0, left):.3g} after the confirmation's least ({reserve:.3g} runs: {top} and the "
+                          f"baseline on {conf.min_seeds if conf.race else conf.seeds} seeds); the search may run no "
+                          "trial")
     if speed_info is not None:  # study.speed_from: what each learning trial saves
         from hpo.reporting import speed_from_note
 

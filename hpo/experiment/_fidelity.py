@@ -45,6 +45,9 @@ class ProxySpec:
     promote: int = 4
     promote_steps: int | None = None
     transfer: dict[str, TransferRule] = field(default_factory=dict)
+    # when the proxy holds, the confirmation races this many promoted settings on the target (the proxy's best
+    # first, only those within the race's resolution of the target's best promoted value)
+    confirm_top: int = 1
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class Param(Protocol):  # hpo.experiment._schema.Param, as far as it is read her
 
 Error = Callable[[str, str], Exception]
 WHERE = "study.fidelity.proxy"
-PROXY_FIELDS = ("overrides", "promote", "promote_steps", "transfer")
+PROXY_FIELDS = ("overrides", "promote", "promote_steps", "transfer", "confirm_top")
 
 
 def parse_fidelity(raw: Any, params: Sequence[Param], error: Error) -> FidelitySpec:
@@ -89,7 +92,11 @@ def parse_fidelity(raw: Any, params: Sequence[Param], error: Error) -> FidelityS
     promote = _count(proxy, "promote", 4, 2, error)
     steps = _count(proxy, "promote_steps", None, 1, error)
     transfer = _transfer(proxy.get("transfer"), params, error)
-    return FidelitySpec(ProxySpec(overrides, int(promote or 4), steps, transfer))
+    top = int(_count(proxy, "confirm_top", 1, 1, error) or 1)
+    if top > int(promote or 4):
+        raise error(f"{WHERE}.confirm_top", f"{top} is more than promote={promote} (the race's field is taken from "
+                    "the promoted settings)")
+    return FidelitySpec(ProxySpec(overrides, int(promote or 4), steps, transfer, top))
 
 
 def _overrides(raw: Any, params: Sequence[Param], error: Error) -> dict[str, Any]:

@@ -20,7 +20,8 @@ Trial system attributes (set before a trial runs, by whoever queued it):
   :data:`ATTR_RECOVERING`, :data:`ATTR_RAY_CLAIM`;
 * a PBT segment: the ``pbt:`` keys (:data:`PBT_MEMBER` ... :data:`PBT_INTERMEDIATE`); :data:`ATTR_JOB_TYPE`;
 * ``study.fidelity.proxy``: :data:`ATTR_FIDELITY` (``proxy`` or ``target``), a promoted run's
-  :data:`ATTR_PROMOTED_FROM` and :data:`ATTR_PROMOTE_STEPS`.
+  :data:`ATTR_PROMOTED_FROM` and :data:`ATTR_PROMOTE_STEPS`; a confirmation run's :data:`ATTR_CONTINUES` (the promoted
+  run whose checkpoint its first seed continues).
 
 Trial user attributes (what happened): see :data:`USER_ATTRS`.
 """
@@ -66,6 +67,7 @@ ATTR_JOB_TYPE = "hpo:job_type"  # a trial's job type (e.g. "pbt"); else tune or 
 ATTR_FIDELITY = "hpo:fidelity"
 ATTR_PROMOTED_FROM = "hpo:promoted_from"
 ATTR_PROMOTE_STEPS = "hpo:promote_steps"
+ATTR_CONTINUES = "hpo:continues"  # a confirmation run that continues this promoted run's checkpoint (hpo.study)
 PROXY, TARGET = "proxy", "target"
 
 PBT = "pbt:"
@@ -112,10 +114,14 @@ USER_ATTRS: dict[str, str] = {
     "dropped_rows": "rows of its data its trainer said it dropped and went on without (Backend.dropped_row_patterns)",
     "dropped_rows_error": "the first dropped row's exception line (else the trainer's line about it)",
     "logs_cut": "a log that went over its cap ($VERL_HPO_LOG_CAP_MIB) -> bytes cut from its middle",
-    "resumed_from_step": "a retry: the checkpoint step it continued from",
+    "resumed_from_step": "a retry, or a confirmation run continuing a promoted run: the checkpoint step it continued "
+                         "from",
     "interrupted": "stopped by the user or its driver's death (queued again)",
     "fidelity": "study.fidelity.proxy: proxy (ran on the proxy model) or target",
     "promoted_from": "a promoted target run: the proxy trial whose setting it runs",
+    "promote_seed": "a promoted target run: the seed it ran on (the race's first confirmation seed)",
+    "continued_from": "a confirmation run that continued a promoted run: {run, step} of the checkpoint",
+    "continue_refused": "a confirmation run that was to continue a promoted run and started afresh: why",
 }
 
 

@@ -20,6 +20,7 @@ from hpo.study import (
     confirmed,
     heldout_note,
     improvement,
+    proxy_race_line,
     race_state,
     verdict,
 )
@@ -67,13 +68,15 @@ def race_lines(study: optuna.Study, space: Space) -> list[str]:
     race = race_state(study, space)
     if race is None:
         return []
+    proxy = proxy_race_line(study, space)  # a proxy search: the race's field, and the promoted runs it continued
     shown = {None: "goes on", "separated": "ended: the leader is separated from every other candidate",
              "tied": f"ended: the candidates left are tied at the resolution {race.resolution:.4g}",
              "seed cap": f"ended at the seed cap ({len(race.seeds)}): the candidates left are not separated",
              "budget": "ended at the budget (study.budget: the next round would pass it): the candidates left are "
                        "not separated"}
-    out = [f"racing confirmation {shown.get(race.end, race.end)} after {race.rounds} seed(s); leader trial "
-           f"{race.leader}"]
+    out = [] if proxy is None else [proxy]
+    out.append(f"racing confirmation {shown.get(race.end, race.end)} after {race.rounds} seed(s); leader trial "
+               f"{race.leader}")
     for c, (seeds, gap) in sorted(race.dropped.items()):
         why = "a run failed" if gap is None else f"behind the leader by {gap.text()} (paired 95%)"
         out.append(f"racing confirmation dropped trial {c} after {seeds} seed(s): {why}")

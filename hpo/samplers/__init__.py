@@ -15,6 +15,7 @@ from hpo.samplers._halving import ChainHalvingPruner
 from hpo.samplers._pbt import Decision, Segment, decide, initial_population, latest, lineage, ranked, schedule
 from hpo.samplers._promotion import (
     check_line,
+    promote_steps,
     promotion,
     promotion_pending,
     promotion_twin,
@@ -25,5 +26,5 @@ from hpo.samplers._startup import LatinStartSampler
 
 __all__ = ["ChainHalvingPruner", "Decision", "FidelityPruner", "FidelitySampler", "FidelityView", "LatinStartSampler",
            "PrunedAwareGPSampler", "Segment", "check_line", "decide", "initial_population", "latest", "lineage",
-           "promotion", "promotion_pending", "promotion_twin", "ranked", "record_check", "schedule",
+           "promote_steps", "promotion", "promotion_pending", "promotion_twin", "ranked", "record_check", "schedule",
            "search_fidelity", "start_promotion", "with_fidelity"]

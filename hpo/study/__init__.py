@@ -6,8 +6,9 @@ attributes mean :mod:`hpo.record`.
 Modules: ``_driver`` (the loop), ``_slots`` (claiming the target), ``_trial`` (one trial to its outcome),
 ``_trial_files`` (its directory, environment and files), ``_watch`` (reporting, pruning and early stopping per
 metrics line), ``_optuna`` (sampler, pruner, creating and loading the study), ``_recovery``, ``_confirm``,
-``_compare``, ``_checkpoints``, ``_ray_trials``, ``_population`` (PBT's segments as trials), ``_schedules`` (a PBT
-study's confirmation), ``_errors``, ``_progress``.
+``_compare``, ``_continuation`` (a proxy search's race: its field, promoted runs continued), ``_checkpoints``,
+``_ray_trials``, ``_population`` (PBT's segments as trials), ``_schedules`` (a PBT study's confirmation),
+``_errors``, ``_progress``.
 
 May import: ``hpo.backends``, ``hpo.storages``, ``hpo.samplers``, ``hpo.record``, ``hpo.execution``,
 ``hpo.experiment``, ``hpo.analysis``; never ``hpo.reporting`` (progress goes to a ``Progress`` the caller hands in)."""
@@ -38,6 +39,7 @@ from hpo.study._confirm import (
            seed_keys,
            strict_pair,
 )
+from hpo.study._continuation import proxy_race_line
 from hpo.study._driver import Driver, check_search, open_stored, queue_confirm, resolve_devices, study_target
 from hpo.study._errors import DriverError, TrialInterrupted
 from hpo.study._optuna import load_stored, make_pruner, make_sampler, open_study, quiet_optuna
@@ -52,5 +54,6 @@ __all__ = ["BASELINE_OF", "CHECKPOINTS", "CONTROL_OF", "Confirmed", "Difference"
            "confirm_reserve", "confirm_seeds", "confirmed", "disk_usage", "heldout_metric_of", "heldout_note",
            "heldout_overrides", "improvement", "lineage_of", "load_stored", "make_pruner", "make_sampler",
            "n_finished", "no_healthy_line", "open_storage", "open_stored", "open_study", "pbt_total", "pending",
-           "queue_confirm", "queue_confirmations", "queue_speed_check", "quiet_optuna", "race_state",
-           "resolve_devices", "seed_keys", "step_name", "strict_pair", "study_target", "t_quantile", "verdict"]
+           "proxy_race_line", "queue_confirm", "queue_confirmations", "queue_speed_check", "quiet_optuna",
+           "race_state", "resolve_devices", "seed_keys", "step_name", "strict_pair", "study_target", "t_quantile",
+           "verdict"]

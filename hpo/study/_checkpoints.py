@@ -23,7 +23,7 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 import optuna
@@ -213,13 +213,16 @@ def checkpoint_dirs(trials_dir: Path, numbers: Iterable[int], shared: Path | Non
 
 
 def clean_after(study: optuna.Study, trial: FrozenTrial, value: float | None, trials_dir: Path, keep: int,
-                finished: Iterable[FrozenTrial], shared: Path | None = None) -> tuple[float, bool, float]:
+                finished: Iterable[FrozenTrial], shared: Path | None = None, held: Collection[int] = (),
+                released: Iterable[FrozenTrial] = ()) -> tuple[float, bool, float]:
     """``trial`` has just finished with ``value`` (None: no finite value) and is about to be told: delete the
     checkpoints of its chain unless it is among the ``keep`` best of itself and ``finished`` (the study's other
     finished search trials), and those of a trial it pushed out of the best ``keep``. Returns (GB its checkpoints
     held, whether they are kept, GB freed in all). ``shared``: see :func:`checkpoint_dirs`. A proxy search's
     (``study.fidelity.proxy``) proxy and target runs are ranked apart, the best ``keep`` of each: a proxy value is not
-    a target value."""
+    a target value. ``held``: trial numbers whose checkpoints stay whatever ``keep`` says (a proxy search's promoted
+    runs the race may still continue: :func:`hpo.study._continuation.held_checkpoints`); ``released``: trials whose
+    checkpoints go now unless they are among the best ``keep`` (promoted runs the race will not continue)."""
     maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     proxy = is_proxy(trial)
     scored = [(t.values[0], t) for t in finished if t.number != trial.number and t.state == TrialState.COMPLETE
@@ -231,11 +234,14 @@ def clean_after(study: optuna.Study, trial: FrozenTrial, value: float | None, tr
     kept_numbers = {n for t in best for n in chain(t)}
     mine = checkpoint_dirs(trials_dir, chain(trial), shared)
     size = sum(dir_bytes(d) for d in mine)
-    kept = trial.number in {t.number for t in best}
+    kept = trial.number in {t.number for t in best} or trial.number in held
+    stay = kept_numbers | set(held)
     drop = [] if kept else mine
     if keep > 0:  # a trial that fell out of the best K loses its checkpoints now
         drop += [d for _, t in scored if t.number != trial.number for d in checkpoint_dirs(trials_dir, chain(t), shared)
-                 if int(d.parent.name) not in kept_numbers]
+                 if int(d.parent.name) not in stay]
+    drop += [d for t in released if t.number != trial.number for d in checkpoint_dirs(trials_dir, chain(t), shared)
+             if int(d.parent.name) not in stay and d not in drop]
     freed = 0
     for d in drop:
         freed += dir_bytes(d)

@@ -373,7 +373,8 @@ class Driver:
 
     def _budget_spent(self, trials: list[FrozenTrial]) -> bool:
         """``study.budget``: no room for a new search trial (:func:`search_over_budget`; said once)."""
-        over = search_over_budget(trials, self.space, self.cache, starting=1)
+        over = search_over_budget(trials, self.space, self.cache, starting=1,
+                                  check=self.study.user_attrs.get(ATTR_FIDELITY_CHECK))
         if over is None:
             return False
         self._say_budget(*over)
@@ -431,16 +432,17 @@ class Driver:
         (:func:`search_over_budget`), so it stops (``stop_reason=budget``)."""
         if self.confirming:
             return False
-        over = search_over_budget(self.study.get_trials(deepcopy=False), self.space, self.cache)
+        over = search_over_budget(self.study.get_trials(deepcopy=False), self.space, self.cache,
+                                  check=self.study.user_attrs.get(ATTR_FIDELITY_CHECK))
         if over is not None:
             self._say_budget(*over)
         return over is not None
 
-    def _say_budget(self, spent: float, reserve: int) -> None:
+    def _say_budget(self, spent: float, reserve: float) -> None:
         if not self._said_budget:
             self._said_budget = True
             self.reporter.note(f"budget: {spent:.1f} of {self.space.study.budget:g} full-run equivalents spent and "
-                               f"{reserve} kept for confirmation: no new search trial")
+                               f"{reserve:.3g} kept for confirmation: no new search trial")
 
     def _one_trial(self, trial: Trial, target: int) -> FrozenTrial | None:
         """Check the slot of an asked trial (another driver may have taken it), run, record and tell it; None when

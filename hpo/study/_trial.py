@@ -60,7 +60,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from hpo.analysis import Diagnoser
-from hpo.backends import Attempt, Backend, Launch, backend_of
+from hpo.backends import Attempt, Backend, Launch, ResumePointLike, backend_of
 from hpo.execution import (
     DevicePool,
     RunResult,
@@ -72,7 +72,7 @@ from hpo.execution import (
     read_tail,
 )
 from hpo.experiment import Scored, Space, SpaceError, speed_value_ok, speed_value_problem
-from hpo.record import ATTR_PROMOTE_STEPS, ATTR_RETRY_HISTORY, ATTR_RETRY_OF, is_failed, runs_steps
+from hpo.record import ATTR_PROMOTE_STEPS, ATTR_RETRY_HISTORY, ATTR_RETRY_OF, is_failed, is_promoted, runs_steps
 from hpo.storages import STORAGE_ERRORS
 from hpo.study._checkpoints import clean_after
 from hpo.study._confirm import (
@@ -87,6 +87,7 @@ from hpo.study._confirm import (
     heldout_metric_of,
     is_confirm,
 )
+from hpo.study._continuation import continue_setup, held_checkpoints, promoted_setup, trim_promoted
 from hpo.study._errors import DriverError, TrialFailed, TrialInterrupted, TrialLost, TrialRetried
 from hpo.study._population import segment_overrides
 from hpo.study._progress import Progress
@@ -152,6 +153,7 @@ class _TrialSetup:
     tail: list[str]  # a PBT segment's step range
     start: Path | None  # a PBT segment's start checkpoint
     stop_at: int | None = None  # a promoted target run's steps (study.fidelity.proxy)
+    continues: ResumePointLike | None = None  # a confirmation run's start: its promoted run's checkpoint
 
 
 class TrialRunner:
@@ -218,7 +220,10 @@ class TrialRunner:
                 env={**trial_env(self.space, self.study.study_name, trial.number, self.identity, devices, setup.extra),
                      **rollout_env},
                 devices=len(devices), ray_job=job is not None, extra=launch_extra(setup.extra), tail=tuple(setup.tail),
-                start=setup.start))  # secrets of setup.extra: in the environment, references on argv
+                start=setup.start if setup.continues is None else setup.continues.checkpoint))  # secrets of
+            # setup.extra: in the environment, references on argv; a continuation starts at its promoted run's step
+            if setup.continues is not None and launch.resume is None:  # its own retry chain's checkpoint wins
+                launch = dataclasses.replace(launch, resume=setup.continues)  # the promoted run's curve, replayed
         except BaseException:
             self.pool.release(devices)
             raise
@@ -282,7 +287,13 @@ class TrialRunner:
             trial.set_user_attr("retry_of", retry_of)
         stop_at = system.get(ATTR_PROMOTE_STEPS)  # a promoted setting's short run on the target
         stop_at = stop_at if isinstance(stop_at, int) and not isinstance(stop_at, bool) else None
-        return _TrialSetup(values, retry_of, trial_dir, history, confirm_seed, dict(extra), tail, resume_from, stop_at)
+        if stop_at is not None:  # on the race's first seed, saving where it stops (hpo.study._continuation)
+            extra, save = promoted_setup(trial, self.space, self.backend, stop_at)
+            tail += save
+        continues = None if confirm_seed is None else continue_setup(
+            trial, self.study, self.trials_dir, self.backend, system, self.reporter.note)  # a promoted run's checkpoint
+        return _TrialSetup(values, retry_of, trial_dir, history, confirm_seed, dict(extra), tail, resume_from, stop_at,
+                           continues)
 
     def _launch(self, trial: Trial, setup: _TrialSetup, launch: Launch, lost: threading.Event,
                 job: tuple[str, bool] | None = None, gpus: int = 0) -> tuple[RunResult, TrialExecutor, Watch]:
@@ -365,8 +376,11 @@ class TrialRunner:
         ray = self.space.trial.ray  # a Ray-job trial's checkpoints in trial.ray.shared_dir (docs/ray.md)
         shared = Path(ray.shared_dir).expanduser() / self.study.study_name \
             if self.space.trial.executor == "ray" and ray.shared_dir else None
-        size_gb, kept, _ = clean_after(self.study, frozen_trial(self.study, trial.number), value, self.trials_dir,
-                                       keep, finished, shared)
+        if is_promoted(me):  # continued by the race from where it stopped (hpo.study._continuation)
+            trim_promoted(me, self.trials_dir, self.backend)
+        held, released = held_checkpoints(self.study, self.space, self.study.get_trials(deepcopy=False), trial.number)
+        size_gb, kept, _ = clean_after(self.study, me, value, self.trials_dir, keep, finished, shared, held,
+                                       released)  # a promoted run's checkpoint stays while the race may continue it
         if size_gb > 0:
             trial.set_user_attr("checkpoint_gb", round(size_gb, 6))
             trial.set_user_attr("checkpoint_kept", kept)

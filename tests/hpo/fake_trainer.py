@@ -46,6 +46,12 @@ Behaviour keys (all optional):
     fake.small_reverse  true: the small model ranks every x the other way round (default false)
     data.test_files     when set (not null): test/reward_mean = the final value + fake.test_offset (default -0.05) at
                         the last step, as verl_core logs its held-out split
+Checkpoints, as verl_core keeps them (a resumable backend of the tests drives them; the custom command ignores them):
+    trainer.save_freq   > 0: at every multiple of it (and the last step) save <trainer.default_local_dir>/global_step_N
+                        (state.pt: {"step": N}; written under a temporary name and renamed) before the step's line
+    trainer.resume_mode resume_path: continue from trainer.resume_from_path (its state.pt read as JSON; exit 1 when it
+                        is not there) at its step + 1; the curve is a function of the step, so a continued run logs
+                        what an uninterrupted one would; fake.log_file's line gets "from": the step it continued
 """
 
 from __future__ import annotations
@@ -136,8 +142,17 @@ def main(argv: list[str]) -> int:
     hog: list[bytearray] = []
     started = time.time()
     path = metrics or os.environ.get("VERL_FILE_LOGGER_PATH", "metrics.jsonl")
+    first = 0 if val0 else 1
+    if opts.get("trainer.resume_mode") == "resume_path":
+        try:
+            with open(os.path.join(opts["trainer.resume_from_path"], "state.pt")) as state:
+                first = int(json.load(state)["step"]) + 1
+        except (OSError, ValueError, KeyError) as err:
+            print(f"error: cannot resume from {opts.get('trainer.resume_from_path')}: {err}", file=sys.stderr)
+            return 1
+    save_freq = int(opts.get("trainer.save_freq", -1))
     with open(path, "a") as fh:
-        for step in range(0 if val0 else 1, total + 1):
+        for step in range(first, total + 1):
             if step:
                 time.sleep(step_s)
             if str(step) == opts.get("fake.crash_at"):
@@ -172,13 +187,25 @@ def main(argv: list[str]) -> int:
                 data["eval/latency_p95"] = float(opts.get("fake.lat", 0.5))
             if step == total and opts.get("data.test_files", "null") != "null":
                 data["test/reward_mean"] = final + float(opts.get("fake.test_offset", -0.05))
+            if step and save_freq > 0 and (step % save_freq == 0 or step == total):
+                _save(opts["trainer.default_local_dir"], step)
             fh.write(json.dumps({"step": step, "data": data}) + "\n")
             fh.flush()
     if "fake.log_file" in opts:
         with open(opts["fake.log_file"], "a") as log:
             log.write(json.dumps({"trial": os.environ.get("VERL_HPO_TRIAL"), "cuda": os.environ.get(
-                "CUDA_VISIBLE_DEVICES"), "x": x, "seed": seed, "start": started, "end": time.time()}) + "\n")
+                "CUDA_VISIBLE_DEVICES"), "x": x, "seed": seed, "start": started, "end": time.time(),
+                "from": first}) + "\n")
     return int(opts.get("fake.exit_code", 0))
+
+
+def _save(root: str, step: int) -> None:
+    """A checkpoint of ``step`` under ``root``, whole or not at all (a temporary directory renamed into place)."""
+    tmp, final = os.path.join(root, f".global_step_{step}.tmp"), os.path.join(root, f"global_step_{step}")
+    os.makedirs(tmp, exist_ok=True)
+    with open(os.path.join(tmp, "state.pt"), "w") as fh:
+        fh.write(json.dumps({"step": step}))
+    os.rename(tmp, final)
 
 
 def _runs_logged(opts: dict[str, str]) -> int:

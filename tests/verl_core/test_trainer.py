@@ -116,6 +116,49 @@ def test_resume_after_kill_matches_uninterrupted_run(tiny_model_dir: Path, tmp_p
     assert (tmp_path / "ck_int" / "global_step_6" / "actor" / "huggingface" / "config.json").is_file()
 
 
+@pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
+def test_a_promoted_run_continued_from_its_step_n_checkpoint_ends_as_an_uninterrupted_run(tiny_model_dir: Path,
+                                                                                         tmp_path: Path) -> None:
+    """A proxy search's continuation (hpo/study/_continuation.py): the promoted run trains on the confirmation seed
+    with trainer.save_freq=N and no held-out split, and the driver stops it after step N's metrics line; the
+    confirmation run continues its global_step_N (resume_mode=resume_path, this config's hyperparameters: the same
+    ones) with the held-out split. Its steps after N log what an uninterrupted confirmation run on that seed logs,
+    the held-out test included, and the stopped run's steps up to N are that run's own (saving changes nothing)."""
+    seed, n = "trainer.seed=1000", 2
+    common = ["trainer.total_training_steps=4", "trainer.test_freq=2", *FAST, seed]
+    held = "data.test_files=builtin:arith"
+    ref = run_trainer(["train", "--metrics-file", "ref.jsonl", "trainer.default_local_dir=ck_ref", held, *common],
+                      tmp_path)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    expected = {r["step"]: _non_timing(r) for r in read_metrics(tmp_path / "ref.jsonl")}
+
+    # the promoted run: stopped (SIGKILL) once step N's line is written, as the driver stops it
+    cmd = [sys.executable, "-m", "verl_core", "train", "--metrics-file", "promoted.jsonl",
+           "trainer.default_local_dir=ck_promoted", f"trainer.save_freq={n}", *common]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics, deadline = tmp_path / "promoted.jsonl", time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not (
+            metrics.is_file() and any(r["step"] == n for r in read_metrics(metrics))):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    promoted = {r["step"]: _non_timing(r) for r in read_metrics(metrics)}
+    assert all(promoted[s] == expected[s] for s in range(1, n + 1))  # the save and no held-out split change nothing
+    checkpoint = tmp_path / "ck_promoted" / f"global_step_{n}"
+    assert (checkpoint / "state.pt").is_file()  # whole before the line that stopped it
+
+    out = run_trainer(["train", "--metrics-file", "continued.jsonl", "trainer.default_local_dir=ck_continued", held,
+                       "trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}", *common], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    continued = {r["step"]: _non_timing(r) for r in read_metrics(tmp_path / "continued.jsonl")}
+    assert sorted(continued) == [3, 4]
+    for step, row in continued.items():
+        assert row.keys() == expected[step].keys()
+        assert row == pytest.approx(expected[step], rel=1e-6, abs=1e-9), step
+    assert "test/reward_mean" in continued[4]
+
+
 def test_grpo_with_kl_loss_and_filter(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = run_trainer(["train", "--metrics-file", "m.jsonl", "trainer.total_training_steps=3", *FAST,
                        "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",

@@ -89,6 +89,12 @@ def resume_overrides(checkpoint: Path) -> list[str]:
             format_override("trainer.resume_from_path", str(checkpoint))]
 
 
+def save_overrides(step: int) -> list[str]:
+    """A run that also saves at ``step`` (its multiples and the last step too): ``trainer.save_freq``. verl 0.9.1's
+    ``RayPPOTrainer.fit`` saves (``_save_checkpoint``, synchronous) before it logs the step's metrics."""
+    return [f"trainer.save_freq={int(step)}"]
+
+
 def segment_overrides(space: Space, end: int, checkpoint: str | None) -> tuple[list[str], Path | None]:
     """A PBT segment: trains to step ``end`` and saves there; :func:`verl_argv` adds resume_mode=resume_path and
     resume_from_path; the weights only, so that the config's learning rate wins over the restored optimizer's
@@ -203,7 +209,8 @@ class VerlBackend(Backend):
         response_length="response_length/mean", step_time="timing_s/step", gen_time="timing_s/gen",
         sync_time="timing_s/update_weights", gpu_util="perf/gpu_util", mfu="perf/mfu/actor")
     memory = VerlMemory()
-    resumable = Resumable(LAYOUT, resume_overrides, segment_overrides)  # global_step_N under default_local_dir
+    resumable = Resumable(LAYOUT, resume_overrides, segment_overrides,  # global_step_N under default_local_dir
+                          save_at=save_overrides)
     confirmation = VerlConfirmation(tuple(SEED_KEYS))
     speed = Speed(SPEED_KEYS, {"perf/throughput": "maximize", "perf/time_per_step": "minimize",
                                "timing_s/step": "minimize"},

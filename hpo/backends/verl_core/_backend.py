@@ -20,7 +20,7 @@ from hpo.backends.verl_core import _names
 from hpo.backends.verl_core._check import accepted_values, check_driver_keys, check_trainer, fixed_config, rejected
 from hpo.backends.verl_core._memory import corner_predictions, predict, validate_corners
 from hpo.backends.verl_core._names import TEST_KEY
-from hpo.backends.verl_core._resume import LAYOUT, resume_overrides, segment_overrides
+from hpo.backends.verl_core._resume import LAYOUT, resume_overrides, save_overrides, segment_overrides
 from hpo.experiment import Space, format_value
 
 SEED_KEY = "trainer.seed"
@@ -135,7 +135,7 @@ class VerlCoreBackend(VerlCoreCommand):
     name: ClassVar[str] = "verl_core"
     default_prepare_command = _names.PREPARE_COMMAND
     memory = VerlCoreMemory()
-    resumable = Resumable(LAYOUT, resume_overrides, segment_overrides)
+    resumable = Resumable(LAYOUT, resume_overrides, segment_overrides, save_at=save_overrides)
     confirmation = VerlCoreConfirmation((SEED_KEY,), (TEST_KEY,), _names.TEST_PREFIXES)
     speed = Speed(SPEED_KEYS, _names.SPEED_METRICS, _names.MEMORY_METRICS, _names.MATH_METRICS)
 

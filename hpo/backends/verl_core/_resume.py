@@ -67,6 +67,15 @@ def resume_overrides(checkpoint: Path) -> list[str]:
     return [f"{RESUME_MODE}=resume_path", f"{RESUME_PATH}={checkpoint}"]
 
 
+def save_overrides(step: int) -> list[str]:
+    """A run that also saves at ``step`` (and its multiples, and its last step): ``trainer.save_freq``. verl_core's
+    loop (``verl_core/trainer.py`` ``fit``) saves a step's checkpoint (written under a temporary name, renamed into
+    place, the tracker last) before it logs that step's metrics line, and a save reads the state without changing
+    it (no random draw: every step reseeds from the seed and its number), so a run stopped right after the line
+    leaves the checkpoint whole and trains as it would have without the save."""
+    return [f"trainer.save_freq={int(step)}"]
+
+
 def segment_overrides(space: Space, end: int, checkpoint: str | None) -> tuple[list[str], Path | None]:
     """A PBT segment: trains to step ``end`` and saves there; from ``checkpoint`` (the command adds
     :func:`resume_overrides`), else afresh (no resume of an earlier run's own checkpoints)."""

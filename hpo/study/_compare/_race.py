@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.experiment import Space
-from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, ATTR_RACE, PBT_INDEX, is_confirm, study_cost
+from hpo.record import ATTR_CONFIRM_OF, ATTR_CONFIRM_SEED, ATTR_CONTINUES, ATTR_RACE, PBT_INDEX, is_confirm, study_cost
 from hpo.study._compare._intervals import Difference, improvement, paired
 from hpo.study._confirm import (
     Confirmed,
@@ -28,6 +28,7 @@ from hpo.study._confirm import (
     speed_generation,
     top_trials,
 )
+from hpo.study._continuation import PROXY_RACE, proxy_race
 
 
 @dataclass(frozen=True)
@@ -98,15 +99,18 @@ def start_race(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
     """``confirm`` with ``study.confirm.race``: keep the race's candidates (the top ``top_k``) and seed cap in the
     study (:data:`~hpo.record.ATTR_RACE`, once: every driver and a later ``confirm`` go on with the same race, whatever
     ``--top`` / ``--seeds`` it is given), then queue its next round (:func:`advance_race`; the first seed of every
-    candidate on the first call)."""
+    candidate on the first call). A proxy search whose proxy held races its field instead of the top ``top_k``
+    (:func:`hpo.study._continuation.proxy_race`: ``confirm_top`` promoted runs), each candidate's first seed
+    continuing its promoted run (system attr :data:`~hpo.record.ATTR_CONTINUES`)."""
     if ATTR_RACE not in study._storage.get_study_system_attrs(study._study_id):
         conf = space.study.confirm
-        candidates = [t.number for t in top_trials(study, top_k)]
+        proxy = proxy_race(study, space)  # the proxy held: its field, first seeds continuing the promoted runs
+        candidates = list(proxy["field"]) if proxy else [t.number for t in top_trials(study, top_k)]
         if not candidates:  # nothing finished with a finite value yet: no race (and no baseline) to run
             return []
         study._storage.set_study_system_attr(study._study_id, ATTR_RACE, {
             "candidates": candidates, "max_seeds": int(n_seeds), "min_seeds": min(conf.min_seeds, int(n_seeds)),
-            "resolution": conf.resolution})
+            "resolution": conf.resolution, **({PROXY_RACE: proxy} if proxy else {})})
     return advance_race(study, space, cache, note)
 
 
@@ -221,7 +225,11 @@ def advance_race(study: optuna.Study, space: Space, cache: Path | None = None,
         runs += [(trials[c], race.seeds[race.rounds]) for c in race.alive if c in trials]
     if race.baseline_more and race.baseline_runs < len(race.seeds):
         runs.append((None, race.seeds[race.baseline_runs]))
-    return queue_runs(study, runs, space, cache, note)
+    settings = study._storage.get_study_system_attrs(study._study_id).get(ATTR_RACE)
+    proxy = settings.get(PROXY_RACE) if isinstance(settings, dict) else None
+    continues = proxy.get("continues") if isinstance(proxy, dict) else None
+    attrs = {(c, race.seeds[0]): {ATTR_CONTINUES: c} for c in continues or [] if isinstance(c, int)}
+    return queue_runs(study, runs, space, cache, note, attrs)
 
 
 def twin_of(study: optuna.Study, run: FrozenTrial) -> int | None:

@@ -49,6 +49,25 @@ def test_proxy_and_target_runs_keep_their_best_apart(tmp_path: Path) -> None:
     assert (trials_dir / str(target.number) / CHECKPOINTS).is_dir()
 
 
+def test_a_held_run_keeps_its_checkpoints_past_the_best_k_and_a_released_one_loses_them(tmp_path: Path) -> None:
+    """A proxy search's promoted run the race may still continue is held (hpo.study._continuation): neither its own
+    end nor a better target run pushing it out of the best keep_checkpoints deletes its checkpoints; once released
+    they go at the next trial's end (unless among the best K)."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
+    trials_dir = tmp_path / "trials"
+    promoted = _trial(study, trials_dir, 0.60, "target")
+    _, kept, _ = clean_after(study, promoted, 0.60, trials_dir, 0, [], held={promoted.number})
+    assert kept and (trials_dir / str(promoted.number) / CHECKPOINTS).is_dir()  # keep_checkpoints 0: held anyway
+    better = _trial(study, trials_dir, 0.90, "target")
+    clean_after(study, better, 0.90, trials_dir, 1, [promoted], held={promoted.number})
+    assert (trials_dir / str(promoted.number) / CHECKPOINTS).is_dir()  # out of the best 1, still held
+    other = _trial(study, trials_dir, 0.50, "target")
+    clean_after(study, other, 0.50, trials_dir, 1, [promoted, better], released=[promoted])
+    assert not (trials_dir / str(promoted.number) / CHECKPOINTS).exists()
+    assert (trials_dir / str(better.number) / CHECKPOINTS).is_dir()  # the best 1 keeps its own
+
+
 def test_only_a_directory_the_driver_made_holds_checkpoints_it_may_delete(tmp_path: Path) -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction="maximize")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
@@ -54,3 +55,30 @@ def test_the_budget_keeps_the_confirmation_s_least_runs(tmp_path: Path) -> None:
     assert confirm_reserve(space_of(tmp_path, confirm={"top_k": 2, "seeds": 3}, baseline={"fake.x": 0.9})) == 9
     racing = space_of(tmp_path, confirm={"top_k": 3, "seeds": 5, "race": True, "min_seeds": 2})
     assert confirm_reserve(racing) == 6  # the least a race runs: every candidate on its first min_seeds seeds
+
+
+def test_a_proxy_search_keeps_its_field_and_the_continued_first_seed(tmp_path: Path) -> None:
+    """A racing proxy search keeps confirm_top settings on min_seeds seeds, the first seed of each continuing its
+    promoted run (here 50 of 60 steps) where the trainer continues runs (verl_core), plus the baseline; after a
+    failed check, the usual top_k; a trainer that cannot continue runs pays the first seed in full."""
+    import yaml
+
+    from hpo.experiment import read_space
+
+    def space(command: bool = False) -> Space:
+        path = tmp_path / "proxy.yaml"
+        path.write_text(yaml.safe_dump({
+            "config": "tiny_arith", "overrides": {"trainer.seed": 1001},
+            "params": {"x": {"key": "fake.x", "type": "float", "low": 0.0, "high": 1.0}},
+            "study": {"n_trials": 4, "baseline": {"fake.x": 0.9},
+                      "confirm": {"race": True, "top_k": 2, "min_seeds": 2, "seeds": 3},
+                      "fidelity": {"proxy": {"overrides": {"m": "small"}, "promote": 3, "promote_steps": 10}}},
+            **({"trial": {"command": ["python", "train.py"]}} if command else {})}))
+        return read_space(str(path))[0]
+
+    ran = [create_trial(value=0.5, params={}, distributions={}, user_attrs={"total_steps": 60})]
+    assert confirm_reserve(space(), None, ran) == pytest.approx(1 * (1 + 50 / 60) + 2)
+    assert confirm_reserve(space(), None, ran, {"holds": True}) == pytest.approx(1 + 50 / 60 + 2)
+    assert confirm_reserve(space(), None, ran, {"holds": False}) == 2 * 2 + 2  # the fallback: top_k, from scratch
+    assert confirm_reserve(space(), None, []) == 1 * 2 + 2  # no full run's length yet: the first seed in full
+    assert confirm_reserve(space(command=True), None, ran) == 1 * 2 + 2  # a custom command cannot continue

@@ -1,0 +1,252 @@
+"""A proxy search's target confirmation that uses the proxy's evidence (``study.fidelity.proxy``).
+
+* **Promoted runs on the race's seed** (:func:`promoted_setup`): a promoted setting's short target run trains on the
+  race's first confirmation seed (every seed key: :func:`hpo.study._confirm.seed_overrides`; not the held-out split,
+  not the baseline; user attr ``promote_seed``) and, where the trainer can continue a run
+  (``Backend.resumable.save_at``), also saves a checkpoint at ``promote_steps`` (verl_core ``trainer.save_freq``),
+  which changes neither the run's length nor its math.
+* **The race's field** (:func:`proxy_field`): when the proxy's check holds, ``study.fidelity.proxy.confirm_top``
+  promoted settings in the proxy's order, only those whose target value is within the check's resolution of the best
+  promoted value (the check's own figures: ``pairs``, ``resolution``). When it does not hold, the race takes the top
+  ``confirm.top_k`` target runs from scratch, as before.
+* **The continuation** (:func:`continue_setup`): a race candidate's first-seed run carries
+  :data:`~hpo.record.ATTR_CONTINUES` (its promoted run) and continues that run's checkpoint through the backend's own
+  resume path (``resume_overrides``, the earlier curve replayed as a retry's: the walk of
+  :func:`hpo.backends._replay.resume_point`, which refuses links and special files and passes over a lost
+  checkpoint), with the confirmation's own extras (the held-out split, no early stop). Its cost is then
+  ``(full - step) / full`` of a run (:func:`hpo.record.steps_run` subtracts ``resumed_from_step``). Anything unusable
+  (no checkpoint, a lost or refused file, another seed, a trainer that cannot continue) starts the run afresh with
+  one line saying why (user attr ``continue_refused``).
+* **Keeping the checkpoints** (:func:`held_checkpoints`): a promoted run's checkpoint at its stop stays (those its
+  trainer saved after the stop reached it go: :func:`trim_promoted`) while the race may still continue it (before the
+  check; after it, the field's runs until their continuation finished), whatever
+  ``trial.keep_checkpoints`` says, and go at the next trial's end once they cannot be used.
+* :func:`proxy_race_line`: what happened, in one line, for ``confirm`` and ``best``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from hpo.backends import Backend, ResumePointLike, backend_of, lost_checkpoints
+from hpo.experiment import Space, SpaceError
+from hpo.record import (
+    ATTR_CONFIRM_OF,
+    ATTR_CONFIRM_SEED,
+    ATTR_CONTINUES,
+    ATTR_FIDELITY_CHECK,
+    ATTR_RACE,
+    is_confirm,
+    is_promoted,
+)
+from hpo.study._checkpoints import chain, checkpoint_dirs
+from hpo.study._confirm import confirm_seeds, seed_overrides
+
+PROXY_RACE = "proxy"  # ATTR_RACE's entry of a race whose field the proxy chose: {confirm_top, field, continues}
+
+
+def can_continue(backend: Backend) -> bool:
+    """The trainer saves at a given step and continues a run from a checkpoint."""
+    return backend.resumable is not None and backend.resumable.save_at is not None
+
+
+def first_seed(space: Space) -> int | None:
+    """The race's first confirmation seed (None: the study has no fresh seed to give, e.g. no seed key)."""
+    try:
+        return confirm_seeds(space, 1)[0]
+    except (SpaceError, ValueError):
+        return None
+
+
+def promoted_setup(trial: Trial, space: Space, backend: Backend, stop_at: int) -> tuple[dict[str, Any], list[str]]:
+    """A promoted run's extras (the race's first seed on every seed key) and tail (the trainer's overrides that save
+    a checkpoint at ``stop_at``; none where it cannot continue a run)."""
+    seed = first_seed(space)
+    extra: dict[str, Any] = {} if seed is None else dict(seed_overrides(space, seed))
+    if seed is not None:
+        trial.set_user_attr("promote_seed", seed)
+    resumable = backend.resumable
+    tail = list(resumable.save_at(stop_at)) if resumable is not None and resumable.save_at is not None else []
+    return extra, tail
+
+
+# ----------------------------------------------------------------------------- the race's field
+def _sign(study: optuna.Study) -> float:
+    return 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
+
+
+def proxy_field(study: optuna.Study, space: Space, check: dict[str, Any]) -> list[int]:
+    """The promoted runs the race takes when the proxy held: the proxy's order (the check's ``pairs``: proxy trial,
+    target run, proxy value, target value), those within the check's resolution of the best target value, at most
+    ``confirm_top``; only runs still COMPLETE with a finite value."""
+    proxy = space.study.fidelity.proxy
+    pairs, res = check.get("pairs"), check.get("resolution")
+    if proxy is None or not isinstance(pairs, list) or not isinstance(res, (int, float)):
+        return []
+    sign = _sign(study)
+    runs = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    rows = [(int(p[1]), sign * float(p[3])) for p in pairs if isinstance(p, list) and len(p) == 4
+            and isinstance(p[1], int) and isinstance(p[3], (int, float)) and math.isfinite(p[3])]
+    rows = [r for r in rows if r[0] in runs]
+    if not rows:
+        return []
+    best = max(v for _, v in rows)
+    return [n for n, v in rows if best - v <= float(res) + 1e-12][:proxy.confirm_top]
+
+
+def proxy_race(study: optuna.Study, space: Space) -> dict[str, Any] | None:
+    """The race's field when the proxy held (``{confirm_top, field, continues}``: continues, the candidates whose
+    first seed continues their promoted run), None otherwise (no proxy, no check yet, a failed check)."""
+    check = study.user_attrs.get(ATTR_FIDELITY_CHECK)
+    proxy = space.study.fidelity.proxy
+    if proxy is None or not isinstance(check, dict) or check.get("holds") is not True:
+        return None
+    field = proxy_field(study, space, check)
+    if not field:
+        return None
+    continues = field if can_continue(backend_of(space)) else []
+    return {"confirm_top": proxy.confirm_top, "field": field, "continues": continues}
+
+
+# ----------------------------------------------------------------------------- the continuation
+def _promoted_run(study: optuna.Study, number: Any) -> FrozenTrial | None:
+    if not isinstance(number, int) or isinstance(number, bool):
+        return None
+    return next((t for t in study.get_trials(deepcopy=False) if t.number == number and is_promoted(t)), None)
+
+
+def continuation(study: optuna.Study, trials_dir: Path, backend: Backend, system: dict[str, Any]
+                 ) -> tuple[ResumePointLike | None, str | None]:
+    """Where a confirmation run that continues a promoted run (``system``: its system attrs) starts: (the promoted
+    run's checkpoint and the curve up to it, None) or (None, why it starts afresh)."""
+    number = system.get(ATTR_CONTINUES)
+    resumable = backend.resumable
+    if resumable is None or resumable.save_at is None:
+        return None, f"trial.backend {backend.name} cannot continue a run from a checkpoint"
+    run = _promoted_run(study, number)
+    if run is None:
+        return None, f"promoted run {number!r} is not in the study"
+    seed, ran = system.get(ATTR_CONFIRM_SEED), run.user_attrs.get("promote_seed")
+    if ran != seed:
+        return None, f"promoted run {run.number} ran on seed {ran}, not {seed}"
+    with lost_checkpoints() as lost:
+        point = resumable.resume_point(trials_dir, chain(run), backend.metrics_path)
+    if point is None:
+        why = lost[0].rsplit("; the retry ", 1)[0] if lost else f"promoted run {run.number} left no checkpoint"
+        return None, why
+    if point.step <= 0:
+        return None, f"promoted run {run.number}'s checkpoint is at step {point.step}"
+    return point, None
+
+
+def continue_setup(trial: Trial, study: optuna.Study, trials_dir: Path, backend: Backend, system: dict[str, Any],
+                   note: Callable[[str], None]) -> ResumePointLike | None:
+    """A confirmation run's continuation of its promoted run (:func:`continuation`), recorded on the trial (user attr
+    ``continued_from``, or ``continue_refused`` and one line); None when it starts afresh."""
+    if ATTR_CONTINUES not in system:
+        return None
+    point, why = continuation(study, trials_dir, backend, system)
+    if point is not None:
+        trial.set_user_attr("continued_from", {"run": system[ATTR_CONTINUES], "step": point.step})
+        return point
+    trial.set_user_attr("continue_refused", why)
+    note(f"trial {trial.number}: seed {system.get(ATTR_CONFIRM_SEED)} of trial {system.get(ATTR_CONFIRM_OF)} starts "
+         f"afresh instead of continuing its promoted run: {why}")
+    return None
+
+
+# ----------------------------------------------------------------------------- keeping the checkpoints
+def trim_promoted(run: FrozenTrial, trials_dir: Path, backend: Backend) -> None:
+    """A promoted run's checkpoints after the step it stopped at go (its trainer went on training, and saving at each
+    multiple of ``promote_steps``, until the stop reached it): the race continues the run where it was measured, the
+    newest checkpoint at or before its last reported evaluation. Only inside a trial directory the driver made; a
+    symbolic link is removed, never followed."""
+    resumable = backend.resumable
+    if resumable is None or not run.intermediate_values:
+        return
+    stop = max(run.intermediate_values)
+    for ckpts in checkpoint_dirs(trials_dir, chain(run)):
+        try:
+            entries = list(os.scandir(ckpts))
+        except OSError:
+            continue
+        for entry in entries:
+            step = resumable.layout.step_of(Path(entry.path))
+            if step is None or step <= stop:
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                continue
+
+
+def held_checkpoints(study: optuna.Study, space: Space, trials: Sequence[FrozenTrial], finishing: int
+                     ) -> tuple[set[int], list[FrozenTrial]]:
+    """(trial numbers whose checkpoints stay: the promoted runs the race may still continue, with their retry chains;
+    the promoted runs whose checkpoints may go now). ``finishing``: the trial about to be told (its state is still
+    RUNNING in the storage)."""
+    promoted = [t for t in trials if is_promoted(t)]
+    if space.study.fidelity.proxy is None or not promoted:
+        return set(), []
+    check = study.user_attrs.get(ATTR_FIDELITY_CHECK)
+    if not can_continue(backend_of(space)) or isinstance(check, dict) and check.get("holds") is not True:
+        return set(), promoted
+    if not isinstance(check, dict):  # before the check: any of them may be in the field
+        wanted = {t.number for t in promoted}
+    else:
+        race = study._storage.get_study_system_attrs(study._study_id).get(ATTR_RACE)
+        entry = race.get(PROXY_RACE) if isinstance(race, dict) else None
+        chosen = entry.get("continues") if isinstance(entry, dict) else None
+        wanted = set(chosen) if isinstance(chosen, list) else set(proxy_field(study, space, check))
+        wanted -= {t.system_attrs.get(ATTR_CONTINUES) for t in trials if is_confirm(t) and (
+            t.number == finishing or t.state in (TrialState.COMPLETE, TrialState.PRUNED))}
+    held = [t for t in promoted if t.number in wanted]
+    return {n for t in held for n in chain(t)}, [t for t in promoted if t.number not in wanted]
+
+
+# ----------------------------------------------------------------------------- what happened, in one line
+def proxy_race_line(study: optuna.Study, space: Space) -> str | None:
+    """How the proxy shaped the race, one line (None: no proxy, or no race yet)."""
+    if space.study.fidelity.proxy is None:
+        return None
+    race = study._storage.get_study_system_attrs(study._study_id).get(ATTR_RACE)
+    if not isinstance(race, dict):
+        return None
+    entry = race.get(PROXY_RACE)
+    if not isinstance(entry, dict):
+        return (f"proxy race: the proxy did not hold: the target race runs the top {len(race.get('candidates') or [])} "
+                "target setting(s) from scratch (study.confirm.top_k)")
+    field, top = entry.get("field") or [], entry.get("confirm_top")
+    who = "its best setting alone" if len(field) == 1 else \
+        f"{len(field)} promoted settings within the resolution of the target's best"
+    out = f"proxy race: the proxy held: the target race runs {who} (confirm_top {top})"
+    runs = {t.system_attrs.get(ATTR_CONTINUES): t for t in sorted(study.get_trials(deepcopy=False),
+                                                                   key=lambda t: t.number)
+            if is_confirm(t) and ATTR_CONTINUES in t.system_attrs}
+    seed = first_seed(space)
+    for n in entry.get("continues") or []:
+        run = runs.get(n)
+        who = "" if len(field) == 1 else f" of trial {n}"
+        done = run.user_attrs.get("continued_from") if run is not None else None
+        refused = run.user_attrs.get("continue_refused") if run is not None else None
+        if isinstance(refused, str):
+            out += f"; seed {seed}{who} started afresh: {refused}"
+        else:
+            step = done.get("step") if isinstance(done, dict) else study.user_attrs.get(ATTR_FIDELITY_CHECK, {}).get(
+                "steps")
+            verb = "continues" if run is None or run.state in (TrialState.WAITING, TrialState.RUNNING) else "continued"
+            out += f"; seed {seed}{who} {verb} its promoted run (trial {n}) from step {step}"
+    if not entry.get("continues"):
+        out += f"; every seed runs in full (trial.backend {space.trial.backend} cannot continue a run)"
+    return out

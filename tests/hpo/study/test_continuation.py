@@ -1,0 +1,262 @@
+"""A proxy search's target confirmation that uses the proxy's evidence (``hpo/study/_continuation.py``), driven as a
+user runs it (``search``, ``confirm``, ``best``) with a real SQLite study, in-process so that a trainer that continues
+runs can be registered: tests/hpo/fake_trainer.py with verl_core's checkpoint layout and resume keys. The promoted runs
+train on the race's first seed and save at ``promote_steps``; a held proxy races its best setting alone and that
+setting's first seed continues its promoted run from the checkpoint (60 steps, promote_steps 10: the run costs
+50/60); a checkpoint that is missing or refused starts the run afresh with one line; a failed check races
+``confirm.top_k`` target settings from scratch, as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+import hpo.reporting._dashboard as dashboard
+from hpo._cli import main
+from hpo.backends import Attempt, Command, Resumable, TrialConfig, register, unregister
+from hpo.backends.verl_core._backend import VerlCoreCommand
+from hpo.backends.verl_core._resume import LAYOUT, resume_overrides, save_overrides
+from hpo.record import (
+    ATTR_CONFIRM_OF,
+    ATTR_CONFIRM_SEED,
+    ATTR_CONTINUES,
+    ATTR_FIDELITY_CHECK,
+    ATTR_RACE,
+    is_confirm,
+    is_promoted,
+    steps_run,
+    study_cost,
+)
+from hpo.study._continuation import proxy_field
+from tests.hpo.conftest import FAKE_TRAINER, PY, load
+from tests.hpo.study.test_proxy_fidelity import argv_of, models, value_in
+
+STEPS, PROMOTE = 60, 10
+
+
+class _Done:
+    """A page process that has already finished."""
+
+    returncode = 0
+
+    def poll(self) -> int:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        return "", ""
+
+
+class ResumableFake(VerlCoreCommand):
+    """The fake trainer as a trainer that continues runs: checkpoints into the trial directory, verl_core's layout
+    (``global_step_N/state.pt``), ``trainer.save_freq`` to save at a step and ``resume_path`` to continue one."""
+
+    name = "fake_resumable"
+    resumable = Resumable(LAYOUT, resume_overrides, save_at=save_overrides)
+
+    def configure(self, attempt: Attempt) -> TrialConfig:
+        config = super().configure(attempt)
+        config.overrides.append(f"trainer.default_local_dir={attempt.trial_dir / 'checkpoints'}")
+        return config
+
+    def command(self, attempt: Attempt, config: TrialConfig) -> Command:
+        process = super().command(attempt, config)
+        if attempt.resume_from is not None:
+            process.argv += resume_overrides(attempt.resume_from)
+        return process
+
+
+@pytest.fixture(autouse=True)
+def resumable_backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The trainer registered in this process; the dashboard page (a process of its own, ~20 s on a busy host, not
+    what these tests check) not written."""
+    monkeypatch.setattr(dashboard, "write_page_apart", lambda *args, **kwargs: None)
+    monkeypatch.setattr(dashboard, "page_process", lambda *args, **kwargs: _Done())
+    register(ResumableFake.name, ResumableFake)
+    try:
+        yield
+    finally:
+        unregister(ResumableFake.name)
+
+
+def experiment(tmp_path: Path, reverse: bool = False) -> Path:
+    large, small = models(tmp_path)
+    space = {
+        "config": "tiny_arith",
+        "overrides": {"trainer.total_training_steps": STEPS, "trainer.test_freq": 10, "fake.step_s": 0.001,
+                      "actor_rollout_ref.model.path": str(large), "fake.model": "large"},
+        "params": {"x": {"key": "fake.x", "type": "float", "low": 0.0, "high": 1.0}},
+        "objective": {"metric": "eval/reward_mean", "direction": "maximize"},
+        "early_stopping": {"enabled": False},
+        "study": {"n_trials": 3, "pruner": {"type": "none"}, "heartbeat_interval": 1, "grace_period": 3,
+                  "confirm": {"race": True, "top_k": 2, "min_seeds": 2, "seeds": 2,
+                              "test_files": "heldout.parquet"},
+                  "fidelity": {"proxy": {"overrides": {"actor_rollout_ref.model.path": str(small),
+                                                       "fake.model": "small", "fake.small_step_s": 0.0005,
+                                                       **({"fake.small_reverse": True} if reverse else {})},
+                                         "promote": 3, "promote_steps": PROMOTE}}},
+        "trial": {"backend": ResumableFake.name, "command": [PY, str(FAKE_TRAINER), "train"], "n_jobs": 2},
+    }
+    path = tmp_path / "proxy.yaml"
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path
+
+
+def run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[str, str]:
+    """``verl-hpo ARGS`` in this process from the user's directory; (stdout, stderr)."""
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code = main([*args, "--studies-dir", str(tmp_path / "studies")])
+    finally:
+        os.chdir(here)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out, err
+
+
+def checkpoint(t: optuna.trial.FrozenTrial) -> Path:
+    return Path(t.user_attrs["trial_dir"]) / "checkpoints" / f"global_step_{PROMOTE}"
+
+
+def searched(tmp_path: Path, capsys: pytest.CaptureFixture[str], reverse: bool = False
+             ) -> tuple[optuna.Study, list[optuna.trial.FrozenTrial], int]:
+    """The proxy search run: the study, its promoted runs and the race's first seed."""
+    run(tmp_path, capsys, "search", "--space", str(experiment(tmp_path, reverse)))
+    study = load(tmp_path / "studies", "proxy")
+    promoted = [t for t in study.get_trials(deepcopy=False) if is_promoted(t)]
+    assert len(promoted) == 3
+    return study, promoted, int(promoted[0].user_attrs["promote_seed"])
+
+
+def race_of(study: optuna.Study) -> dict[str, Any]:
+    return dict(study._storage.get_study_system_attrs(study._study_id)[ATTR_RACE])
+
+
+def confirmations(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False) if is_confirm(t) and t.state == TrialState.COMPLETE]
+
+
+def test_a_held_proxy_races_its_best_setting_alone_and_its_first_seed_continues_the_promoted_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    study, promoted, seed = searched(tmp_path, capsys)
+    check = study.user_attrs[ATTR_FIDELITY_CHECK]
+    assert check["holds"] is True
+    # the promoted runs trained on the race's first seed and saved where they stopped; the checkpoints are kept
+    for t in promoted:
+        argv = argv_of(t)
+        assert value_in(argv, "trainer.seed") == str(seed) and value_in(argv, "trainer.save_freq") == str(PROMOTE)
+        assert not any(a.startswith("data.test_files=") for a in argv)  # never the held-out split
+        assert t.user_attrs["stop_reason"] == "promote_steps" and max(t.intermediate_values) == PROMOTE
+        assert json.loads((checkpoint(t) / "state.pt").read_text()) == {"step": PROMOTE}
+        assert t.user_attrs.get("checkpoint_kept") is True  # keep_checkpoints 0: held for the race all the same
+        saved = {p.name for p in checkpoint(t).parent.iterdir() if p.name.startswith("global_step_")}
+        assert saved == {f"global_step_{PROMOTE}"}  # what its trainer saved after the stop reached it is gone
+    assert all("trainer.seed" not in " ".join(argv_of(t)) for t in study.get_trials(deepcopy=False)
+               if not is_promoted(t))  # the proxy's trials keep the tuning seed
+
+    best = check["pairs"][0][1]  # the proxy's best setting's promoted run
+    out, _ = run(tmp_path, capsys, "confirm", "--study", "proxy")
+    said = [line for line in out.splitlines() if "proxy race: the proxy held" in line]
+    assert said and said[0].endswith(f"the target race runs its best setting alone (confirm_top 1); seed {seed} "
+                                     f"continues its promoted run (trial {best}) from step {PROMOTE}")
+    study = load(tmp_path / "studies", "proxy")
+    race = race_of(study)
+    assert race["candidates"] == [best] and race["proxy"] == {"confirm_top": 1, "field": [best], "continues": [best]}
+    runs = confirmations(study)
+    assert [(t.system_attrs[ATTR_CONFIRM_OF], t.system_attrs[ATTR_CONFIRM_SEED]) for t in runs] == [
+        (best, seed), (best, seed + 1)]
+    first, second = runs
+    assert first.system_attrs[ATTR_CONTINUES] == best and ATTR_CONTINUES not in second.system_attrs
+    assert first.user_attrs["resumed_from_step"] == PROMOTE and first.user_attrs["continued_from"] == {
+        "run": best, "step": PROMOTE}
+    argv = argv_of(first)
+    assert value_in(argv, "trainer.resume_mode") == "resume_path"
+    assert value_in(argv, "trainer.resume_from_path") == str(checkpoint(study.trials[best]))
+    assert value_in(argv, "trainer.seed") == str(seed) and value_in(argv, "data.test_files") == "heldout.parquet"
+    logged = [json.loads(line)["step"] for line in (Path(first.user_attrs["trial_dir"]) / "metrics.jsonl").open()]
+    assert logged[0] == PROMOTE + 1 and logged[-1] == STEPS  # the trainer ran steps 11..60 only
+    assert sorted(first.intermediate_values) == list(range(0, STEPS + 1, 10))  # 0 and 10 replayed from the run
+    assert first.intermediate_values[PROMOTE] == study.trials[best].intermediate_values[PROMOTE]
+    assert first.values == second.values and "test_value" in first.user_attrs  # the same run as from scratch
+    # the cost: 50 of 60 steps for the continued seed, a full run for the next
+    assert steps_run(first) == STEPS - PROMOTE and steps_run(second) == STEPS
+    assert study_cost(study.get_trials(deepcopy=False)).confirm_runs == pytest.approx((50 + 60) / 60)
+    # the race used the checkpoints: none is left
+    assert not any(checkpoint(t).exists() for t in promoted)
+
+    _, err = run(tmp_path, capsys, "best", "--study", "proxy")
+    assert (f"seed {seed} continued its promoted run (trial {best}) from step {PROMOTE}" in err
+            and "its best setting alone (confirm_top 1)" in err)
+
+
+@pytest.mark.parametrize("damage", ["missing", "symlink"])
+def test_a_missing_or_refused_checkpoint_starts_the_run_afresh_with_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str) -> None:
+    study, promoted, seed = searched(tmp_path, capsys)
+    for t in promoted:
+        if damage == "missing":
+            shutil.rmtree(checkpoint(t).parent)
+        else:  # a trial's file swapped for a link to a file of its choosing: never read through
+            outside = tmp_path / f"elsewhere-{t.number}.pt"
+            outside.write_text(json.dumps({"step": 50}))
+            (checkpoint(t) / "state.pt").unlink()
+            (checkpoint(t) / "state.pt").symlink_to(outside)
+    out, _ = run(tmp_path, capsys, "confirm", "--study", "proxy")
+    said = [line for line in out.splitlines() if "starts afresh instead of continuing its promoted run" in line]
+    assert len(said) == 1
+    why = "left no checkpoint" if damage == "missing" else "symbolic link"
+    assert why in said[0] and "the retry" not in said[0]
+    first = confirmations(load(tmp_path / "studies", "proxy"))[0]
+    assert first.system_attrs[ATTR_CONFIRM_SEED] == seed and why in first.user_attrs["continue_refused"]
+    assert "resumed_from_step" not in first.user_attrs and steps_run(first) == STEPS
+    assert "trainer.resume_mode=resume_path" not in argv_of(first)
+    assert f"seed {seed} started afresh: " in out
+
+
+def test_a_failed_check_races_the_top_k_target_settings_from_scratch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    study, promoted, _ = searched(tmp_path, capsys, reverse=True)
+    assert study.user_attrs[ATTR_FIDELITY_CHECK]["holds"] is False
+    assert not any(checkpoint(t).exists() for t in promoted)  # no race will continue them: gone with the next trial
+    out, _ = run(tmp_path, capsys, "confirm", "--study", "proxy")
+    assert ("proxy race: the proxy did not hold: the target race runs the top 2 target setting(s) from scratch "
+            "(study.confirm.top_k)") in out
+    study = load(tmp_path / "studies", "proxy")
+    assert len(race_of(study)["candidates"]) == 2 and "proxy" not in race_of(study)
+    runs = confirmations(study)
+    assert len(runs) == 4 and all(ATTR_CONTINUES not in t.system_attrs and "resumed_from_step" not in t.user_attrs
+                                  and steps_run(t) == STEPS for t in runs)
+
+
+def test_the_field_keeps_the_proxy_s_order_within_the_resolution_of_the_target_s_best(tmp_path: Path) -> None:
+    from hpo.experiment import read_space
+
+    def space(top: int) -> Any:
+        path = tmp_path / f"p{top}.yaml"
+        path.write_text(yaml.safe_dump({
+            "config": "tiny_arith", "params": {"x": {"key": "fake.x", "type": "float", "low": 0.0, "high": 1.0}},
+            "study": {"n_trials": 4, "fidelity": {"proxy": {"overrides": {"m": "small"}, "promote": 4,
+                                                            "confirm_top": top}}}}))
+        return read_space(str(path))[0]
+
+    study = optuna.create_study(direction="maximize")
+    for v in (0.80, 0.795, 0.70, 0.805):  # the target runs 0..3 at promote_steps
+        study.add_trial(optuna.trial.create_trial(value=v, params={}, distributions={}))
+    # the proxy's order: run 1, run 0, run 2, run 3; resolution 0.01 of the best (0.805)
+    check = {"holds": True, "resolution": 0.01,
+             "pairs": [[10, 1, 0.9, 0.795], [11, 0, 0.8, 0.80], [12, 2, 0.7, 0.70], [13, 3, 0.6, 0.805]]}
+    assert proxy_field(study, space(1), check) == [1]  # the proxy's best alone (0.01 below the best: within)
+    assert proxy_field(study, space(4), check) == [1, 0, 3]  # 0.70 is 0.105 below: out
+    assert proxy_field(study, space(2), check) == [1, 0]
