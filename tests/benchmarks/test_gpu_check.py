@@ -39,16 +39,29 @@ def run_py(code: str, *args: str, timeout: float = 120) -> Any:
 
 
 # ----------------------------------------------------------------------------- the whole plan on CPU
-@pytest.mark.timeout(1500)
-@pytest.mark.slow  # ~2-6 min on 2 busy cores (the throughput part's 6 trainer runs: 1.5-4 min): make test-slow
-def test_dry_run_prints_the_table(tmp_path: Path) -> None:
+def _dry_run(tmp_path: Path, *only: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``gpu_check.py --dry-run`` (``--only`` those parts when given): the process and its rows by name."""
     out = tmp_path / "rows.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--json", str(out)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=1480)
+    parts = ["--only", *only] if only else []
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", *parts, "--json", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1480)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {r["name"]: r for r in json.loads(out.read_text())}
-    assert list(rows) == NAMES
+    return proc, {r["name"]: r for r in json.loads(out.read_text())}
+
+
+THROUGHPUT_ROWS = ["throughput ratio", "speed health"]
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.slow  # ~1-2 min on 2 busy cores: make test-slow
+def test_dry_run_prints_the_table(tmp_path: Path) -> None:
+    """Every part but the throughput one (its search + confirm of 6 trainer runs runs in CI through
+    tests/hpo/reporting/test_speed.py::test_a_throughput_study_measures_after_warmup_confirms_and_recommends, its rows'
+    arithmetic through test_the_throughput_ratio_row and test_the_speed_health_row_..., and the whole dry run through
+    test_dry_run_of_the_throughput_part in make test-extended)."""
+    proc, rows = _dry_run(tmp_path, "trainer", "reward", "verl")
+    assert list(rows) == [n for n in NAMES if n not in THROUGHPUT_ROWS]
     for name in ("device", "train (grad checkpointing, fp32)", "memory estimate", "checkpoint resume"):
         assert rows[name]["status"] == "ok", rows[name]
     assert rows["4-bit reward model"]["status"] == "skipped" and "CUDA" in rows["4-bit reward model"]["detail"]
@@ -72,7 +85,15 @@ def test_dry_run_prints_the_table(tmp_path: Path) -> None:
     assert "--study gpu-check-verl-pair" in pair["detail"]
     assert rows["verl memory estimate"]["status"] == "skipped"
     assert "would run: -m hpo search" in proc.stderr  # the plan is printed as it goes
-    # the throughput part ran through the driver: search, then confirm's ABBA re-measurement with its control
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.slow
+@pytest.mark.extended  # ~2-4 min on 2 busy cores (6 trainer runs); CI runs its path: see test_dry_run_prints_the_table
+def test_dry_run_of_the_throughput_part(tmp_path: Path) -> None:
+    """The throughput part ran through the driver: search, then confirm's ABBA re-measurement with its control."""
+    proc, rows = _dry_run(tmp_path, "throughput")
+    assert list(rows) == ["device", *THROUGHPUT_ROWS]
     ratio, health = rows["throughput ratio"], rows["speed health"]
     assert ratio["status"] == "ok", ratio
     assert ratio["detail"].startswith("pick (micro-batch 16, checkpointing off) vs poor (micro-batch 2, "
