@@ -61,21 +61,37 @@ def _finite(t: FrozenTrial) -> bool:
         v <= 0 for v in t.constraints.values())
 
 
+def _value_at(t: FrozenTrial, step: int) -> float | None:
+    """``t``'s reported value at its last evaluation at or before ``step`` (None: it reported none by then)."""
+    steps = [s for s in t.intermediate_values if s <= step]
+    return float(t.intermediate_values[max(steps)]) if steps else None
+
+
 def proxy_ranking(trials: Sequence[FrozenTrial], sign: float) -> list[FrozenTrial]:
-    """The proxy's distinct settings, best first: completed trials by value, then pruned ones by the steps they
-    reached (a later rung first) and their value there."""
+    """The proxy's distinct settings, best first: completed trials by value (a plateau stop at step 40 is as complete
+    as step 60), pruned ones by the steps they reached (a later rung first) and their value there, each pruned trial
+    placed before the first completed one it beat where both were measured (the completed trial's value at the
+    pruned one's rung is lower: a trial that passed its rungs alone, or collapsed after them, is not better than one
+    pruned at 0.93 for lack of room at a rung)."""
     done = [t for t in trials if is_proxy(t) and not is_confirm(t) and _finite(t)
             and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
 
-    def key(t: FrozenTrial) -> tuple[int, int, float, int]:
-        if t.state == TrialState.COMPLETE:  # by value alone: a plateau stop at step 40 is as complete as step 60
-            return (0, 0, -sign * float(t.values[0]), t.number)
+    def steps(t: FrozenTrial) -> int:
         last = t.user_attrs.get("last_step")
-        steps = last if isinstance(last, int) and not isinstance(last, bool) else max(t.intermediate_values, default=0)
-        return (1, -steps, -sign * float(t.values[0]), t.number)
+        return last if isinstance(last, int) and not isinstance(last, bool) else max(t.intermediate_values, default=0)
 
+    order = sorted((t for t in done if t.state == TrialState.COMPLETE), key=lambda t: (-sign * float(t.values[0]),
+                                                                                       t.number))
+    floor = 0  # pruned trials keep their own order: each goes after the one placed before it
+    for p in sorted((t for t in done if t.state == TrialState.PRUNED),
+                    key=lambda t: (-steps(t), -sign * float(t.values[0]), t.number)):
+        rung, value = steps(p), sign * float(p.values[0])
+        at = next((i for i in range(floor, len(order)) if order[i].state == TrialState.COMPLETE
+                   and (v := _value_at(order[i], rung)) is not None and sign * v < value), len(order))
+        order.insert(at, p)
+        floor = at + 1
     out: list[FrozenTrial] = []
-    for t in sorted(done, key=key):
+    for t in order:
         if all(t.params != o.params for o in out):
             out.append(t)
     return out

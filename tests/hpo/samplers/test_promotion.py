@@ -19,6 +19,7 @@ from hpo.samplers._promotion import (
     agreement,
     kendall_tau,
     promotion_twin,
+    proxy_ranking,
     record_check,
     start_promotion,
     tau_p_value,
@@ -118,3 +119,23 @@ def test_completed_proxy_trials_rank_by_value_whatever_step_they_stopped_at(tmp_
                                      intermediate_values={steps: v}, params={"x": i / 10}, distributions=DIST,
                                      system_attrs={ATTR_FIDELITY: PROXY}, user_attrs={"last_step": steps}))
     assert start_promotion(study, space) == [1, 2, 0]
+
+
+def test_a_pruned_trial_ranks_above_a_completed_one_it_beat_at_its_rung(tmp_path: Path) -> None:
+    """Seeds 0 and 2 of the proxy benchmark (2026-12-05) promoted a trial that completed at 0.307 because it passed
+    its rungs alone, and one that collapsed at step 2 (0.018), over trials pruned at step 30 with 0.93: a pruned
+    trial now goes before the first completed one whose value at its rung was lower; one that beat it there (or has
+    no value there) stays ahead, and the pruned trials keep their own order (later rung, then value)."""
+    space = _space(tmp_path)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
+    for i, (value, curve, state) in enumerate([
+            (0.966, {10: 0.92, 30: 0.95, 50: 0.966}, TrialState.COMPLETE),  # 0: the best, beat everyone at each rung
+            (0.307, {10: 0.1, 30: 0.2, 60: 0.307}, TrialState.COMPLETE),  # 1: passed its rungs alone
+            (0.018, {0: 0.018, 2: 0.018}, TrialState.COMPLETE),  # 2: collapsed at step 2
+            (0.929, {10: 0.90, 30: 0.929}, TrialState.PRUNED),  # 3: pruned at 30 for lack of room
+            (0.4, {10: 0.4}, TrialState.PRUNED)]):  # 4: pruned at 10
+        study.add_trial(create_trial(state=state, value=value, intermediate_values=curve, params={"x": i / 10},
+                                     distributions=DIST, system_attrs={ATTR_FIDELITY: PROXY},
+                                     user_attrs={"last_step": max(curve)}))
+    assert [t.number for t in proxy_ranking(study.get_trials(), 1.0)] == [0, 3, 4, 1, 2]
+    assert start_promotion(study, space) == [0, 3, 4]
