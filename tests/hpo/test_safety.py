@@ -31,10 +31,11 @@ def one_line_exit(res: subprocess.CompletedProcess[str], code: int = 2) -> str:
 
 def in_process(args: list[str], capsys: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess[str]:
     """``verl-hpo ARGS`` through the CLI's own ``main`` in this process: its exit code and what it printed. For input
-    refused before any study or trial exists (no process to stop, nothing that blocks): a driver start each costs
-    seconds on a busy host. A traceback would be an exception here, and fail the test as it would the command line's
-    one-line check; ``python -m hpo`` itself refusing in one line is checked in subprocesses below (the YAML bomb, the
-    FIFOs, the user code)."""
+    refused before any study or trial exists (no process to stop, nothing that blocks, no storage or Optuna call whose
+    log handler could write past ``capsys``; hpo itself logs nothing there): a driver start each costs seconds on a
+    busy host. A traceback would be an exception here, and fail the test as it would the command line's one-line
+    check; ``python -m hpo`` itself refusing in one line is checked in subprocesses (a study name once, the YAML bomb,
+    the FIFOs, the user code)."""
     from hpo._cli import main
 
     capsys.readouterr()
