@@ -75,11 +75,13 @@ def test_small_study_with_real_values(tmp_path: Path, studies: Path) -> None:
 
 def test_early_stopping_with_the_real_trainer(tmp_path: Path, studies: Path) -> None:
     """Built to stop: a threshold above any reward std means a stop after `patience` evaluations; a floor of 0
-    makes it 'converged' (test_driver.py covers 'collapsed')."""
+    makes it 'converged' (test_driver.py covers 'collapsed'). One trial: each trial stops the same way."""
     space = real_space(tmp_path, steps=40, early_stopping={"enabled": True, "threshold": 1.0, "patience": 2,
-                                                                     "min_value": 0.0})
+                                                                     "min_value": 0.0}, study={"n_trials": 1})
     assert run_cli(["search", "--space", str(space)], studies).returncode == 0
-    for t in load(studies, "real").trials:
+    trials = load(studies, "real").trials
+    assert len(trials) == 1
+    for t in trials:
         assert t.state == TrialState.COMPLETE and t.user_attrs["stop_reason"] == "converged"
         assert t.user_attrs["last_step"] == 2 and t.value == t.intermediate_values[2]
         assert t.user_attrs["compute_saved_s"] > 0
