@@ -48,33 +48,54 @@ SMOKE_STUDY = [*SMOKE_STEPS, "study.n_trials=3", "study.pruner.min_resource=2", 
                "study.fidelity.proxy.promote=2"]
 
 
+def shipped_transfer() -> dict[str, float]:
+    """kl_lr_proxy's transfer factors by parameter name (the target runs factor x the proxy's value)."""
+    from hpo.backends import backend_of, load_space, transfer_factors
+
+    space = load_space(SPACE)
+    return transfer_factors(space, backend_of(space))
+
+
 def agreement(runs_dir: Path, smoke: bool) -> dict[str, Any]:
-    """(a): each setting's mean recorded value on the proxy and on the target, and tau between them."""
+    """(a): each setting's mean recorded value on the proxy and on the target, and tau between them: the proxy at the
+    same values (no transfer), and at the values kl_lr_proxy's transfer rules give it (the target's value / factor)."""
     from benchmarks.noise import recorded, run_one
     from hpo.samplers._promotion import kendall_tau, tau_interval, tau_p_value
 
     settings = SETTINGS[:3] if smoke else SETTINGS
     seeds = TRAINER_SEEDS[:1] if smoke else TRAINER_SEEDS
     extra = SMOKE_STEPS if smoke else []
-    jobs = [(model, path, label, kl, lr, s) for model, path in (("proxy", PROXY), ("target", TARGET))
+    factors = shipped_transfer()
+    kl_f, lr_f = factors.get("kl_coef", 1.0), factors.get("actor_lr", 1.0)
+    # (column, model path, label suffix, kl divisor, lr divisor)
+    columns = [("proxy", PROXY, "", 1.0, 1.0), ("target", TARGET, "", 1.0, 1.0)]
+    if factors:
+        columns.append(("proxy_transfer", PROXY, f"_t{kl_f:g}_{lr_f:g}", kl_f, lr_f))
+    jobs = [(col, path, label + sfx, kl / kf, lr / lf, s) for col, path, sfx, kf, lf in columns
             for label, kl, lr in settings for s in seeds]
-    for model, _path in (("proxy", PROXY), ("target", TARGET)):
-        (runs_dir / model).mkdir(parents=True, exist_ok=True)
+    for col, *_ in columns:
+        (runs_dir / ("proxy" if col.startswith("proxy") else col)).mkdir(parents=True, exist_ok=True)
 
     def one(job: tuple[str, str, str, float, float, int]) -> float:
-        model, path, label, kl, lr, s = job
-        return recorded(run_one(label, kl, lr, s, [*extra, f"{MODEL_KEY}={path}"], runs_dir / model), SHIPPED_RULE)[0]
+        col, path, label, kl, lr, s = job
+        where = runs_dir / ("proxy" if col.startswith("proxy") else col)
+        return recorded(run_one(label, kl, lr, s, [*extra, f"{MODEL_KEY}={path}"], where), SHIPPED_RULE)[0]
 
     # Two runs at a time (each one torch thread: the two cores), as the studies run their trials.
     with ThreadPoolExecutor(max_workers=2) as pool:
         values = dict(zip(jobs, pool.map(one, jobs), strict=True))
-    means: dict[str, list[float]] = {
-        model: [statistics.fmean(values[(model, path, label, kl, lr, s)] for s in seeds) for label, kl, lr in settings]
-        for model, path in (("proxy", PROXY), ("target", TARGET))}
-    tau = kendall_tau(means["proxy"], means["target"])
-    return {"settings": [s[0] for s in settings], "seeds": list(seeds), **means, "tau": tau,
-            "interval": tau_interval(means["proxy"], means["target"]),
-            "p_value": None if tau is None else tau_p_value(means["proxy"], means["target"], tau)}
+    means: dict[str, list[float]] = {}
+    for col, path, sfx, kf, lf in columns:
+        means[col] = [statistics.fmean(values[(col, path, label + sfx, kl / kf, lr / lf, s)] for s in seeds)
+                      for label, kl, lr in settings]
+    out: dict[str, Any] = {"settings": [s[0] for s in settings], "seeds": list(seeds), "transfer": factors, **means}
+    for col, key in (("proxy", ""), ("proxy_transfer", "_transfer")):
+        if col not in means:
+            continue
+        tau = kendall_tau(means[col], means["target"])
+        out.update({f"tau{key}": tau, f"interval{key}": tau_interval(means[col], means["target"]),
+                    f"p_value{key}": None if tau is None else tau_p_value(means[col], means["target"], tau)})
+    return out
 
 
 def one_study(method: str, seed: int, studies: Path, smoke: bool) -> dict[str, Any]:
@@ -154,6 +175,13 @@ def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("a
                                       f" 95% interval {a['interval']}, p {a['p_value']}; proxy "
                                       f"{[round(x, 3) for x in a['proxy']]}, target "
                                       f"{[round(x, 3) for x in a['target']]}"))
+            if a.get("tau_transfer") is not None:
+                rows.append(make_row("the same with kl_lr_proxy's transfer rules (the proxy at the target's value / "
+                                     "factor)", "tau", [a["tau_transfer"]], [a["tau"]] if a["tau"] is not None else
+                                     None, group=GROUP,
+                                     note=f"factors {a['transfer']}; 95% interval {a['interval_transfer']}, p "
+                                          f"{a['p_value_transfer']}; proxy "
+                                          f"{[round(x, 3) for x in a['proxy_transfer']]}"))
         if "cost" in parts:
             for method in [m for m in ("racing", "today") if m in methods]:
                 for s in seeds:

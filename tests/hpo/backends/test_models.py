@@ -37,7 +37,7 @@ def test_the_tiny_arith_family_shares_a_tokenizer_and_gives_its_hidden_sizes() -
     b = backend_named("verl_core")
     s, l_ = b.model_facts("builtin:tiny_arith_s"), b.model_facts("builtin:tiny_arith_l")
     assert s.tokenizer == l_.tokenizer == ("family", "tiny_arith") and (s.hidden, l_.hidden) == (64, 256)
-    space = load_space("kl_lr_proxy", ["study.fidelity.proxy.transfer.actor_lr.scale_by=hidden_ratio"])
+    space = load_space("kl_lr_proxy", ["study.fidelity.proxy.transfer={actor_lr: {scale_by: hidden_ratio}}"])
     assert transfer_factors(space, b) == {"actor_lr": 0.25}  # the target runs a quarter of the proxy's rate
 
 
@@ -45,4 +45,4 @@ def test_a_hidden_ratio_needs_both_hidden_sizes(tmp_path: Path) -> None:
     d = _dir(tmp_path, "noconfig", {})
     with pytest.raises(SpaceError, match=r"transfer\.actor_lr\.scale_by: hidden_ratio needs both models' hidden "):
         load_space("kl_lr_proxy", [f"study.fidelity.proxy.overrides.actor_rollout_ref.model.path={d}",
-                                   "study.fidelity.proxy.transfer.actor_lr.scale_by=hidden_ratio"])
+                                   "study.fidelity.proxy.transfer={actor_lr: {scale_by: hidden_ratio}}"])
