@@ -14,7 +14,9 @@ Two ways to resume (``trainer.resume_mode``):
   population-based training), with **this run's config winning** over what the checkpoint restores
   (:func:`apply_config_hyperparameters`): the optimizers' learning rates (the LR schedule's base rate; its
   position, the warm-up step, stays the checkpoint's), weight decay and betas, and the KL controller's current
-  coefficient. Everything else read from the config at each step (entropy coefficient, clip ratios, KL loss
+  coefficient when the config's ``algorithm.kl_ctrl.kl_coef`` differs from the one the checkpoint's run started
+  from (the same one: an adaptive controller goes on from the checkpoint's value, so a run continued from another
+  run's checkpoint with that run's config, as a proxy search's confirmation does, is that run). Everything else read from the config at each step (entropy coefficient, clip ratios, KL loss
   coefficient, ...) is not in a checkpoint and wins anyway. The weights, Adam moments, data position, RNG states
   and step number are the checkpoint's: the run continues at step N + 1 and logs into its own metrics file.
 """
@@ -70,8 +72,9 @@ def load_checkpoint(trainer: Any, path: Path) -> int:
 
 
 def apply_config_hyperparameters(trainer: Any) -> None:
-    """After a ``resume_path`` restore: the config's optimizer hyperparameters and KL coefficient replace the
-    restored ones (see the module docstring). ``actor/lr`` logged at the next step is the new rate."""
+    """After a ``resume_path`` restore: the config's optimizer hyperparameters replace the restored ones, and its KL
+    coefficient the controller's when it is not the one the checkpoint's run started from (see the module
+    docstring). ``actor/lr`` logged at the next step is the new rate."""
     cfg = trainer.cfg
     workers = [(trainer.actor, cfg.actor_rollout_ref.actor.optim)]
     if trainer.critic is not None:
@@ -86,7 +89,10 @@ def apply_config_hyperparameters(trainer: Any) -> None:
             group["weight_decay"] = float(optim.weight_decay)
             group["betas"] = tuple(float(b) for b in optim.betas)
         sched._last_lr = [g["lr"] for g in worker.optimizer.param_groups]
-    trainer.kl_ctrl.value = float(cfg.algorithm.kl_ctrl.kl_coef)
+    coef = float(cfg.algorithm.kl_ctrl.kl_coef)
+    if trainer.kl_coef_init != coef:  # a new coefficient (PBT's explore); the same one continues the controller
+        trainer.kl_ctrl.value = coef
+        trainer.kl_coef_init = coef
 
 
 def truncate_metrics(path: Path, step: int) -> None:

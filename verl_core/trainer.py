@@ -241,6 +241,9 @@ class PPOTrainer:
                                     latency=False)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = algos.get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
+        # the coefficient the controller started from (saved in checkpoints: a resume_path run with the same one
+        # continues an adaptive controller where it was; see checkpoint.apply_config_hyperparameters)
+        self.kl_coef_init: float | None = float(kc.kl_coef)
         self.reward_vars: deque[float] = deque(maxlen=cfg.algorithm.dynamic_gamma.window)
         self.metrics_file = metrics_file or default_metrics_path(cfg.trainer.project_name, cfg.trainer.experiment_name)
         self.global_step = 0
@@ -360,6 +363,7 @@ class PPOTrainer:
             "global_step": self.global_step,
             **worker_state("actor", self.actor),
             "kl_coef": self.kl_ctrl.value,
+            "kl_coef_init": self.kl_coef_init,
             "reward_vars": list(self.reward_vars),
             "sampler": self.sampler.state_dict(),
             "rng": rng_state(self.cuda),
@@ -374,6 +378,8 @@ class PPOTrainer:
         if self.critic is not None:
             load_worker_state("critic", self.critic, state)
         self.kl_ctrl.value = float(state["kl_coef"])
+        init = state.get("kl_coef_init")  # absent from checkpoints saved before it was kept
+        self.kl_coef_init = None if init is None else float(init)
         self.reward_vars.clear()
         self.reward_vars.extend(state["reward_vars"])
         self.sampler.load_state_dict(state["sampler"])

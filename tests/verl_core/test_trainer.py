@@ -123,9 +123,12 @@ def test_a_promoted_run_continued_from_its_step_n_checkpoint_ends_as_an_uninterr
     with trainer.save_freq=N and no held-out split, and the driver stops it after step N's metrics line; the
     confirmation run continues its global_step_N (resume_mode=resume_path, this config's hyperparameters: the same
     ones) with the held-out split. Its steps after N log what an uninterrupted confirmation run on that seed logs,
-    the held-out test included, and the stopped run's steps up to N are that run's own (saving changes nothing)."""
+    the held-out test included, and the stopped run's steps up to N are that run's own (saving changes nothing).
+    Under the adaptive KL controller, whose coefficient moves every step: the continuation goes on from the
+    checkpoint's coefficient, not the config's starting one."""
     seed, n = "trainer.seed=1000", 2
-    common = ["trainer.total_training_steps=4", "trainer.test_freq=2", *FAST, seed]
+    common = ["trainer.total_training_steps=4", "trainer.test_freq=2", *FAST, seed, "algorithm.kl_ctrl.type=adaptive",
+              "algorithm.kl_ctrl.target_kl=0.001", "algorithm.kl_ctrl.horizon=64"]
     held = "data.test_files=builtin:arith"
     ref = run_trainer(["train", "--metrics-file", "ref.jsonl", "trainer.default_local_dir=ck_ref", held, *common],
                       tmp_path)
@@ -157,6 +160,8 @@ def test_a_promoted_run_continued_from_its_step_n_checkpoint_ends_as_an_uninterr
         assert row.keys() == expected[step].keys()
         assert row == pytest.approx(expected[step], rel=1e-6, abs=1e-9), step
     assert "test/reward_mean" in continued[4]
+    coefs = [expected[s]["actor/reward_kl_penalty_coeff"] for s in (1, 3, 4)]
+    assert len(set(coefs)) == 3  # the adaptive controller moved: the continuation matched a moving coefficient
 
 
 def test_grpo_with_kl_loss_and_filter(tiny_model_dir: Path, tmp_path: Path) -> None:
