@@ -16,8 +16,9 @@ Two ways to resume (``trainer.resume_mode``):
   position, the warm-up step, stays the checkpoint's), weight decay and betas, and the KL controller's current
   coefficient when the config's ``algorithm.kl_ctrl.kl_coef`` differs from the one the checkpoint's run started
   from (the same one: an adaptive controller goes on from the checkpoint's value, so a run continued from another
-  run's checkpoint with that run's config, as a proxy search's confirmation does, is that run). Everything else read from the config at each step (entropy coefficient, clip ratios, KL loss
-  coefficient, ...) is not in a checkpoint and wins anyway. The weights, Adam moments, data position, RNG states
+  run's checkpoint with that run's config, as a proxy search's confirmation does, is that run). Everything else
+  read from the config at each step (entropy coefficient, clip ratios, KL loss coefficient, ...) is not in a
+  checkpoint and wins anyway. The weights, Adam moments, data position, RNG states
   and step number are the checkpoint's: the run continues at step N + 1 and logs into its own metrics file.
 """
 
