@@ -1,8 +1,9 @@
 """``--override key=value``: a command line's changes to an experiment, applied to its raw mapping before parsing.
 
 A key whose first part is a field of the file (``study.n_trials=4``, ``params.lr.high=1e-3``) sets that field; any
-other dotted key (or ``overrides.<key>``) is a fixed trainer override; past ``study.fidelity.proxy.overrides.`` the
-rest is one trainer key (``...overrides.actor_rollout_ref.model.path=DIR``). The value is YAML (read by the hardened
+other dotted key (or ``overrides.<key>``) is a fixed trainer override; past ``study.fidelity.proxy.overrides.`` or
+``study.baseline.`` the rest is one trainer key (``...overrides.actor_rollout_ref.model.path=DIR``,
+``study.baseline.actor_rollout_ref.actor.optim.lr=1e-6``). The value is YAML (read by the hardened
 reader, :mod:`hpo.experiment._yaml`; text that is not YAML stays text). :func:`apply_overrides` returns which field
 each text set, so that a later error about that field names the ``--override`` rather than the file
 (:class:`~hpo.experiment._errors.ErrorContext`).
@@ -20,7 +21,7 @@ from hpo.experiment._schema import TOP_FIELDS
 from hpo.experiment._yaml import YamlTooComplex, load_yaml_text, yaml_problem
 
 # fields that are mappings of dotted trainer keys: past the prefix, a key is one trainer key, not a path
-KEYED_BY_TRAINER_KEYS = ("study.fidelity.proxy.overrides.",)
+KEYED_BY_TRAINER_KEYS = ("study.fidelity.proxy.overrides.", "study.baseline.")
 
 
 def _set_path(raw: dict[str, Any], path: list[str], value: Any) -> None:

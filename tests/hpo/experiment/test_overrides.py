@@ -30,6 +30,17 @@ def test_past_the_proxy_s_overrides_the_rest_is_one_trainer_key() -> None:
                                                               "actor_rollout_ref.model.path": "/models/tiny"}
 
 
+def test_past_the_baseline_the_rest_is_one_trainer_key() -> None:
+    """study.baseline maps dotted trainer keys to values: an override of one of them must not nest it."""
+    raw: dict[str, Any] = {"study": {"baseline": {"algorithm.kl_ctrl.kl_coef": 0.001}}}
+    origin = apply_overrides(raw, ["study.baseline.actor_rollout_ref.actor.optim.lr=1e-6"])
+    assert raw["study"]["baseline"] == {"algorithm.kl_ctrl.kl_coef": 0.001, "actor_rollout_ref.actor.optim.lr": 1e-6}
+    assert origin == {"study.baseline.actor_rollout_ref.actor.optim.lr":
+                      "study.baseline.actor_rollout_ref.actor.optim.lr=1e-6"}
+    apply_overrides(raw, ["study.baseline=null"])  # the field itself is still a field
+    assert raw["study"]["baseline"] is None
+
+
 def test_values_are_yaml_and_text_that_is_not_yaml_stays_text() -> None:
     raw: dict[str, Any] = {"overrides": None}
     apply_overrides(raw, ["a=[1, 2]", "b=true", "c=", "d=: not yaml [", "e=1.0e-3", "f=null"])
