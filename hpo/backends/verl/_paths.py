@@ -11,7 +11,8 @@ Which values are paths: the data files (``data.train_files``, ``data.val_files``
 ``data.custom_cls.path``, the reward function's file (``reward.custom_reward_function.path``, and the older
 ``custom_reward_function.path``), a relative ``trial.python`` with a slash; model and tokenizer paths
 (``*.model.path``, ``*.model.tokenizer_path``) only when they start with ``./`` or ``../`` or name a directory that
-exists there, since ``Qwen/Qwen2.5-0.5B-Instruct`` is a hub id. A leading ``~`` or ``~user`` of any of these is
+exists there, since ``Qwen/Qwen2.5-0.5B-Instruct`` is a hub id. A leading ``~`` or ``~user`` of any of these (and of
+``trial.python``: a subprocess does not expand it as a shell would) is
 expanded to that home directory here (hydra's override syntax reads a leading ``~`` as a deletion and verl expands none;
 the user meant their home); a ``~user`` with no home on this host is refused, naming the key. ``${oc.env:...}`` and
 absolute paths are left as they are. The stored experiment holds the absolute paths, so ``resume`` does not depend on
@@ -96,7 +97,12 @@ def resolve_user_paths(space: Space, origin: Mapping[str, str]) -> Space:
             changed = True
     trial = space.trial
     python = trial.python
-    if python and _relative(python) and "/" in python:
+    if python and python.strip().startswith("~"):  # the shell would have expanded it; a subprocess does not
+        try:
+            python = _resolve(python, file_dir, False)
+        except NoHome as err:
+            raise located_error(space, dict(origin), "trial.python", str(err)) from None
+    elif python and _relative(python) and "/" in python:
         base = cwd if "trial.python" in origin else file_dir
         python = os.path.normpath(base / python)
     confirm = space.study.confirm

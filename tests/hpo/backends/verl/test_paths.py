@@ -59,7 +59,9 @@ def test_command_line_paths_are_relative_to_the_current_directory_and_others_sta
                                    "critic.model.path=${oc.env:HOME}/m", "trial.python=~/venv/bin/python"])
     assert space.overrides["data.train_files"] == str(tmp_path / "mine.parquet")
     assert space.overrides["actor_rollout_ref.model.path"] == "Qwen/Qwen2.5-0.5B"  # a hub id, not a directory here
-    assert space.overrides["critic.model.path"] == "${oc.env:HOME}/m" and space.trial.python == "~/venv/bin/python"
+    assert space.overrides["critic.model.path"] == "${oc.env:HOME}/m"
+    # a subprocess does not expand ~ as the shell would: the interpreter is the user's home's
+    assert space.trial.python == str(Path.home() / "venv" / "bin" / "python") == space.raw["trial"]["python"]
 
 
 def test_a_leading_tilde_is_the_user_s_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,7 +76,8 @@ def test_a_leading_tilde_is_the_user_s_home(tmp_path: Path, monkeypatch: pytest.
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(tmp_path)
-    space = load_space(str(path), ["reward.custom_reward_function.path=~/reward.py"])
+    space = load_space(str(path), ["reward.custom_reward_function.path=~/reward.py", "trial.python=~/v/bin/python"])
+    assert space.trial.python == str(home / "v" / "bin" / "python")
     assert space.overrides["data.train_files"] == str(home / "data" / "train.parquet")
     assert space.overrides["data.val_files"] == [str(home / "a.parquet"), str(path.parent / "b.parquet")]
     assert space.overrides["actor_rollout_ref.model.path"] == str(home / "models" / "qwen")
