@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpo.experiment._secrets import is_secret_key
+
 EXECUTORS = ("local", "ray")
 _RESERVED = ("CPU", "GPU", "memory", "object_store_memory")
 _RESOURCE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_:.-]*$")
@@ -100,6 +102,10 @@ def parse_ray(raw: Any, error: Callable[[str, str], Exception]) -> RaySpec:
     if not isinstance(runtime_env, dict) or not all(isinstance(k, str) for k in runtime_env):
         raise error("trial.ray.runtime_env", f"expected a mapping (Ray's runtime_env), got {runtime_env!r}")
     env_vars = runtime_env.get("env_vars", {})
+    for name in env_vars if isinstance(env_vars, dict) else ():
+        if isinstance(name, str) and is_secret_key(name):  # Ray's runtime_env is stored and shown as it is
+            raise error(f"trial.ray.runtime_env.env_vars.{name}", "names a secret, and the study stores and shows "
+                        "trial.ray as written: set it in trial.env instead (masked in the record, passed to the job)")
     if not isinstance(env_vars, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                  for k, v in env_vars.items()):
         raise error("trial.ray.runtime_env.env_vars", f"expected a mapping of names to strings, got {env_vars!r}")

@@ -42,6 +42,8 @@ def test_the_ray_section_parses_and_defaults_to_local() -> None:
     ({"address": "ray://head:10001"}, "exp.yaml: trial.ray.address: 'ray://head:10001': expected the dashboard's"),
     ({"runtime_env": {"env_vars": {"A": 1}}}, "exp.yaml: trial.ray.runtime_env.env_vars: expected a mapping of"),
     ({"runtime_env": ["x"]}, "exp.yaml: trial.ray.runtime_env: expected a mapping (Ray's runtime_env)"),
+    ({"runtime_env": {"env_vars": {"HF_TOKEN": "hf_s3cr3t"}}}, "exp.yaml: trial.ray.runtime_env.env_vars.HF_TOKEN: "
+     "names a secret, and the study stores and shows trial.ray as written: set it in trial.env instead"),
     ({"gpus": 1}, "exp.yaml: trial.ray.gpus: unknown field (value 1); known: address, nodes, num_gpus"),
     ({"stop_timeout_s": 0}, "exp.yaml: trial.ray.stop_timeout_s: expected a positive number of seconds, got 0"),
     ({"device": "gpu"}, "exp.yaml: trial.ray.device: expected one of cuda, cpu (cpu: the cluster's GPUs are logical"),
@@ -51,7 +53,7 @@ def test_the_ray_section_parses_and_defaults_to_local() -> None:
 def test_a_bad_ray_field_is_one_line_naming_it(ray: dict[str, Any], message: str) -> None:
     with pytest.raises(SpaceError) as err:
         space({"executor": "ray", "ray": ray})
-    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value) and "s3cr3t" not in str(err.value)
 
 
 def test_an_unknown_executor_is_refused() -> None:
