@@ -14,6 +14,7 @@ from typing import Any
 
 MAX_LINE_BYTES = 16 * 2**20  # a longer metrics line is a bad line (the driver's memory is every trial's)
 READ_CHUNK_BYTES = 2**20
+FINGERPRINT_BYTES = 64  # the last bytes read, checked at each read: a file rewritten in place is read again
 MAX_STEP = 2**31  # a step outside 0..2^31 is a bad line (Optuna stores steps as 32-bit integers)
 
 
@@ -64,8 +65,9 @@ class MetricsTail:
     Only complete lines are parsed; a bad line (:func:`parse_line`) or one over :data:`MAX_LINE_BYTES` is counted
     in ``bad_lines`` and skipped, and a partial line never grows past that cap. The file is opened without
     blocking and must be a regular file (a FIFO would hang ``open()`` for ever): otherwise :class:`MetricsFileError`.
-    A file that shrinks or is replaced (a restarted trainer truncating it) is read again from the start
-    (``rewinds`` counts it); the reader of the records decides what a repeated step means."""
+    A file that shrinks, is replaced (a restarted trainer truncating it) or is rewritten in place past the point
+    read (its bytes just before that point changed: :data:`FINGERPRINT_BYTES` of them are kept) is read again from
+    the start (``rewinds`` counts it); the reader of the records decides what a repeated step means."""
 
     def __init__(self, path: Path, max_line_bytes: int = MAX_LINE_BYTES, follow: bool = True) -> None:
         self.path = path
@@ -74,6 +76,7 @@ class MetricsTail:
         self._offset = 0
         self._ino: tuple[int, int] | None = None
         self._partial = bytearray()
+        self._seen = b""  # the last FINGERPRINT_BYTES read, ending at _offset
         self._skipping = False  # inside a line already counted as too long: drop bytes up to its newline
         self.bad_lines = 0
         self.rewinds = 0
@@ -92,8 +95,9 @@ class MetricsTail:
             os.close(fd)
             raise MetricsFileError(f"metrics file {self.path} is not a regular file (a FIFO, device or directory)")
         ino = (st.st_dev, st.st_ino)
-        if (self._ino is not None and ino != self._ino) or st.st_size < self._offset:
-            self._offset, self._skipping, self.rewinds = 0, False, self.rewinds + 1
+        if ((self._ino is not None and ino != self._ino) or st.st_size < self._offset
+                or (self._seen and os.pread(fd, len(self._seen), self._offset - len(self._seen)) != self._seen)):
+            self._offset, self._skipping, self.rewinds, self._seen = 0, False, self.rewinds + 1, b""
             self._partial.clear()
         self._ino = ino
         return fd
@@ -109,6 +113,7 @@ class MetricsTail:
                 if not chunk:
                     break
                 self._offset += len(chunk)
+                self._seen = (self._seen + chunk[-FINGERPRINT_BYTES:])[-FINGERPRINT_BYTES:]
                 self._feed(chunk, out)
         finally:
             os.close(fd)

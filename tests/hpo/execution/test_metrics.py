@@ -71,6 +71,25 @@ def test_metrics_tail_rewinds_on_a_shrunk_or_replaced_file(tmp_path: Path) -> No
     assert tail.rewinds == 2
 
 
+def test_metrics_tail_rewinds_on_a_file_rewritten_in_place_past_its_offset(tmp_path: Path) -> None:
+    """Truncated and rewritten longer between two reads (same inode, larger size): read from the start again, not
+    from the middle of a line of the new content."""
+    path = tmp_path / "m.jsonl"
+    tail = MetricsTail(path)
+    path.write_text("".join(json.dumps({"step": s, "data": {"v": s}}) + "\n" for s in range(3)))
+    assert [s for s, _ in tail.read()] == [0, 1, 2]
+    ino = path.stat().st_ino
+    with path.open("r+") as fh:  # in place: the same file
+        fh.truncate(0)
+        fh.write("".join(json.dumps({"step": s, "data": {"value": s * 10}}) + "\n" for s in range(10, 16)))
+    assert path.stat().st_ino == ino
+    assert tail.read() == [(s, {"value": s * 10.0}) for s in range(10, 16)]
+    assert tail.rewinds == 1 and tail.bad_lines == 0
+    with path.open("a") as fh:  # appended as usual: no rewind
+        fh.write(json.dumps({"step": 16, "data": {"value": 160}}) + "\n")
+    assert tail.read() == [(16, {"value": 160.0})] and tail.rewinds == 1
+
+
 def test_a_logged_value_is_a_number_nan_or_dropped() -> None:
     assert metric_value(3) == 3.0 and isinstance(metric_value(3), float)
     assert math.isnan(metric_value(None))  # type: ignore[arg-type]
