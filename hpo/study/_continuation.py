@@ -8,19 +8,28 @@
 * **The race's field** (:func:`proxy_field`): when the proxy's check holds, ``study.fidelity.proxy.confirm_top``
   promoted settings in the proxy's order, only those whose target value is within the check's resolution of the best
   promoted value (the check's own figures: ``pairs``, ``resolution``). When it does not hold, the race takes the top
-  ``confirm.top_k`` target runs from scratch, as before.
-* **The continuation** (:func:`continue_setup`): a race candidate's first-seed run carries
-  :data:`~hpo.record.ATTR_CONTINUES` (its promoted run) and continues that run's checkpoint through the backend's own
-  resume path (``resume_overrides``, the earlier curve replayed as a retry's: the walk of
+  ``confirm.top_k`` target runs (:func:`top_k_race`), as a study without a proxy does.
+* **Which candidates continue** (:func:`continued_runs`, the one rule for both fields): a candidate's first seed
+  continues a promoted run when the candidate is that run, or (a failed check's field) has exactly its parameters
+  (the target search sampled a promoted setting again). The race keeps them in its :data:`PROXY_RACE` entry
+  (``continues``: a candidate that is its own promoted run as its number, another as ``[candidate, run]``;
+  :func:`continued` reads it).
+* **The continuation** (:func:`continue_setup`): such a first-seed run carries :data:`~hpo.record.ATTR_CONTINUES`
+  (its promoted run) and continues that run's checkpoint through the backend's own resume path
+  (``resume_overrides``, the earlier curve replayed as a retry's: the walk of
   :func:`hpo.backends._replay.resume_point`, which refuses links and special files and passes over a lost
   checkpoint), with the confirmation's own extras (the held-out split, no early stop). Its cost is then
   ``(full - step) / full`` of a run (:func:`hpo.record.steps_run` subtracts ``resumed_from_step``). Anything unusable
   (no checkpoint, a lost or refused file, another seed, a trainer that cannot continue) starts the run afresh with
   one line saying why (user attr ``continue_refused``).
 * **Keeping the checkpoints** (:func:`held_checkpoints`): a promoted run's checkpoint at its stop stays (those its
-  trainer saved after the stop reached it go: :func:`trim_promoted`) while the race may still continue it (before the
-  check; after it, the field's runs until their continuation finished), whatever
+  trainer saved after the stop reached it go: :func:`trim_promoted`) while a racing confirmation may still continue
+  it (until the race's field is known: every promoted run after a failed check, the proxy's field after one that
+  holds; then the runs its candidates continue, until their continuation finished), whatever
   ``trial.keep_checkpoints`` says, and go at the next trial's end once they cannot be used.
+* **The budget** (:func:`hpo.study._confirm.confirm_reserve`): a held check's reserve counts the first seeds' shorter
+  runs; a failed check's counts ``top_k`` full runs per seed, not knowing which candidates will continue (a
+  continuation only costs less: the reserve stays on the safe side).
 * :func:`proxy_race_line`: what happened, in one line, for ``confirm`` and ``best``.
 """
 
@@ -48,9 +57,9 @@ from hpo.record import (
     is_promoted,
 )
 from hpo.study._checkpoints import chain, checkpoint_dirs
-from hpo.study._confirm import confirm_seeds, seed_overrides
+from hpo.study._confirm import confirm_seeds, seed_overrides, top_trials
 
-PROXY_RACE = "proxy"  # ATTR_RACE's entry of a race whose field the proxy chose: {confirm_top, field, continues}
+PROXY_RACE = "proxy"  # ATTR_RACE's entry: {confirm_top, field, continues} (the proxy held), {continues} (not)
 
 
 def can_continue(backend: Backend) -> bool:
@@ -102,6 +111,44 @@ def proxy_field(study: optuna.Study, space: Space, check: dict[str, Any]) -> lis
     return [n for n, v in rows if best - v <= float(res) + 1e-12][:proxy.confirm_top]
 
 
+def continued_runs(study: optuna.Study, space: Space, candidates: Sequence[int]) -> dict[int, int]:
+    """The promoted run each race candidate's first seed continues (candidate -> promoted run, the candidates' order):
+    the candidate itself when it is a promoted run, else a promoted run with exactly its parameters; only promoted runs
+    still COMPLETE, none where the trainer cannot continue a run. The run's seed and checkpoint are checked when the
+    continuation starts (:func:`continuation`: a refusal starts the run afresh with one line)."""
+    if not can_continue(backend_of(space)):
+        return {}
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    promoted = sorted((t for t in trials.values() if is_promoted(t) and t.state == TrialState.COMPLETE),
+                      key=lambda t: t.number)
+    numbers = {t.number for t in promoted}
+    out: dict[int, int] = {}
+    for c in candidates:
+        t = trials.get(c)
+        run = None if t is None else c if c in numbers else next(
+            (p.number for p in promoted if p.params == t.params), None)
+        if run is not None:
+            out[c] = run
+    return out
+
+
+def continued(entry: Any) -> dict[int, int]:
+    """The race's :data:`PROXY_RACE` entry's ``continues`` as candidate -> promoted run ({} for anything else: the
+    study's record is read, never trusted)."""
+    found = entry.get("continues") if isinstance(entry, dict) else None
+    out: dict[int, int] = {}
+    for item in found if isinstance(found, list) else []:
+        pair = [item, item] if not isinstance(item, list) else item
+        if len(pair) == 2 and all(isinstance(n, int) and not isinstance(n, bool) for n in pair):
+            out[pair[0]] = pair[1]
+    return out
+
+
+def _continues(runs: dict[int, int]) -> list[Any]:
+    """:func:`continued`'s stored form."""
+    return [c if r == c else [c, r] for c, r in runs.items()]
+
+
 def proxy_race(study: optuna.Study, space: Space) -> dict[str, Any] | None:
     """The race's field when the proxy held (``{confirm_top, field, continues}``: continues, the candidates whose
     first seed continues their promoted run), None otherwise (no proxy, no check yet, a failed check)."""
@@ -112,8 +159,17 @@ def proxy_race(study: optuna.Study, space: Space) -> dict[str, Any] | None:
     field = proxy_field(study, space, check)
     if not field:
         return None
-    continues = field if can_continue(backend_of(space)) else []
-    return {"confirm_top": proxy.confirm_top, "field": field, "continues": continues}
+    return {"confirm_top": proxy.confirm_top, "field": field,
+            "continues": _continues(continued_runs(study, space, field))}
+
+
+def top_k_race(study: optuna.Study, space: Space, top_k: int) -> tuple[list[int], dict[str, Any] | None]:
+    """A race the proxy did not choose (a failed check's fallback, or a study without a proxy): its field, the top
+    ``top_k`` target runs, and for a proxy search whose field holds promoted settings (:func:`continued_runs`) its
+    :data:`PROXY_RACE` entry (``{continues}``; None when none continues: every seed runs from scratch)."""
+    field = [t.number for t in top_trials(study, top_k)]
+    runs = continued_runs(study, space, field) if space.study.fidelity.proxy is not None else {}
+    return field, ({"continues": _continues(runs)} if runs else None)
 
 
 # ----------------------------------------------------------------------------- the continuation
@@ -193,51 +249,61 @@ def trim_promoted(run: FrozenTrial, trials_dir: Path, backend: Backend) -> None:
 
 def held_checkpoints(study: optuna.Study, space: Space, trials: Sequence[FrozenTrial], finishing: int
                      ) -> tuple[set[int], list[FrozenTrial]]:
-    """(trial numbers whose checkpoints stay: the promoted runs the race may still continue, with their retry chains;
-    the promoted runs whose checkpoints may go now). ``finishing``: the trial about to be told (its state is still
-    RUNNING in the storage)."""
+    """(trial numbers whose checkpoints stay: the promoted runs a racing confirmation may still continue, with their
+    retry chains; the promoted runs whose checkpoints may go now). Until the race's field is known: the proxy's field
+    after a check that holds, every promoted run before the check and after one that fails (a target search may rank
+    any promoted setting in its top ``top_k``); then the runs its candidates continue, until their continuation
+    finished. ``finishing``: the trial about to be told (its state is still RUNNING in the storage)."""
     promoted = [t for t in trials if is_promoted(t)]
     if space.study.fidelity.proxy is None or not promoted:
         return set(), []
-    check = study.user_attrs.get(ATTR_FIDELITY_CHECK)
-    if not can_continue(backend_of(space)) or isinstance(check, dict) and check.get("holds") is not True:
+    if not can_continue(backend_of(space)) or not space.study.confirm.race:  # nothing will continue them
         return set(), promoted
-    if not isinstance(check, dict):  # before the check: any of them may be in the field
+    check = study.user_attrs.get(ATTR_FIDELITY_CHECK)
+    race = study._storage.get_study_system_attrs(study._study_id).get(ATTR_RACE)
+    if isinstance(race, dict):  # the field is known: the promoted runs its first seeds continue
+        wanted = set(continued(race.get(PROXY_RACE)).values())
+    elif isinstance(check, dict) and check.get("holds") is True:  # the proxy's field, to be raced
+        wanted = set(proxy_field(study, space, check))
+    else:  # before the check, or a failed check's target search: any of them may be in the field
         wanted = {t.number for t in promoted}
-    else:
-        race = study._storage.get_study_system_attrs(study._study_id).get(ATTR_RACE)
-        entry = race.get(PROXY_RACE) if isinstance(race, dict) else None
-        chosen = entry.get("continues") if isinstance(entry, dict) else None
-        wanted = set(chosen) if isinstance(chosen, list) else set(proxy_field(study, space, check))
-        wanted -= {t.system_attrs.get(ATTR_CONTINUES) for t in trials if is_confirm(t) and (
-            t.number == finishing or t.state in (TrialState.COMPLETE, TrialState.PRUNED))}
+    wanted -= {t.system_attrs.get(ATTR_CONTINUES) for t in trials if is_confirm(t) and (
+        t.number == finishing or t.state in (TrialState.COMPLETE, TrialState.PRUNED))}
     held = [t for t in promoted if t.number in wanted]
     return {n for t in held for n in chain(t)}, [t for t in promoted if t.number not in wanted]
 
 
 # ----------------------------------------------------------------------------- what happened, in one line
 def proxy_race_line(study: optuna.Study, space: Space) -> str | None:
-    """How the proxy shaped the race, one line (None: no proxy, or no race yet)."""
+    """How the proxy shaped the race, one line (None: no proxy, or no race yet): the field (the proxy's, or a failed
+    check's top ``top_k``) and what became of each first seed that continues a promoted run."""
     if space.study.fidelity.proxy is None:
         return None
     race = study._storage.get_study_system_attrs(study._study_id).get(ATTR_RACE)
     if not isinstance(race, dict):
         return None
     entry = race.get(PROXY_RACE)
-    if not isinstance(entry, dict):
-        return (f"proxy race: the proxy did not hold: the target race runs the top {len(race.get('candidates') or [])} "
-                "target setting(s) from scratch (study.confirm.top_k)")
-    field, top = entry.get("field") or [], entry.get("confirm_top")
-    who = "its best setting alone" if len(field) == 1 else \
-        f"{len(field)} promoted settings within the resolution of the target's best"
-    out = f"proxy race: the proxy held: the target race runs {who} (confirm_top {top})"
-    runs = {t.system_attrs.get(ATTR_CONTINUES): t for t in sorted(study.get_trials(deepcopy=False),
-                                                                   key=lambda t: t.number)
-            if is_confirm(t) and ATTR_CONTINUES in t.system_attrs}
+    entry = entry if isinstance(entry, dict) else {}
+    runs = continued(entry)
+    field = entry.get("field")
+    if not isinstance(field, list) or not field:  # a failed check: the top_k target settings
+        field = race.get("candidates")
+        field = field if isinstance(field, list) else []
+        out = (f"proxy race: the proxy did not hold: the target race runs the top {len(field)} target setting(s)"
+               f"{'' if runs else ' from scratch'} (study.confirm.top_k)")
+    else:
+        who = "its best setting alone" if len(field) == 1 else \
+            f"{len(field)} promoted settings within the resolution of the target's best"
+        out = f"proxy race: the proxy held: the target race runs {who} (confirm_top {entry.get('confirm_top')})"
+        if not runs:
+            out += f"; every seed runs in full (trial.backend {space.trial.backend} cannot continue a run)"
+    firsts = {t.system_attrs.get(ATTR_CONFIRM_OF): t for t in sorted(study.get_trials(deepcopy=False),
+                                                                      key=lambda t: t.number)
+              if is_confirm(t) and ATTR_CONTINUES in t.system_attrs}
     seed = first_seed(space)
-    for n in entry.get("continues") or []:
-        run = runs.get(n)
-        who = "" if len(field) == 1 else f" of trial {n}"
+    for c, n in runs.items():
+        run = firsts.get(c)
+        who = "" if len(field) == 1 else f" of trial {c}"
         done = run.user_attrs.get("continued_from") if run is not None else None
         refused = run.user_attrs.get("continue_refused") if run is not None else None
         if isinstance(refused, str):
@@ -246,7 +312,6 @@ def proxy_race_line(study: optuna.Study, space: Space) -> str | None:
             step = done.get("step") if isinstance(done, dict) else study.user_attrs.get(ATTR_FIDELITY_CHECK, {}).get(
                 "steps")
             verb = "continues" if run is None or run.state in (TrialState.WAITING, TrialState.RUNNING) else "continued"
-            out += f"; seed {seed}{who} {verb} its promoted run (trial {n}) from step {step}"
-    if not entry.get("continues"):
-        out += f"; every seed runs in full (trial.backend {space.trial.backend} cannot continue a run)"
+            whose = "its" if n == c else "its setting's"
+            out += f"; seed {seed}{who} {verb} {whose} promoted run (trial {n}) from step {step}"
     return out

@@ -26,9 +26,8 @@ from hpo.study._confirm import (
     confirmed,
     queue_runs,
     speed_generation,
-    top_trials,
 )
-from hpo.study._continuation import PROXY_RACE, proxy_race
+from hpo.study._continuation import PROXY_RACE, continued, proxy_race, top_k_race
 
 
 @dataclass(frozen=True)
@@ -100,12 +99,16 @@ def start_race(study: optuna.Study, space: Space, top_k: int, n_seeds: int,
     study (:data:`~hpo.record.ATTR_RACE`, once: every driver and a later ``confirm`` go on with the same race, whatever
     ``--top`` / ``--seeds`` it is given), then queue its next round (:func:`advance_race`; the first seed of every
     candidate on the first call). A proxy search whose proxy held races its field instead of the top ``top_k``
-    (:func:`hpo.study._continuation.proxy_race`: ``confirm_top`` promoted runs), each candidate's first seed
-    continuing its promoted run (system attr :data:`~hpo.record.ATTR_CONTINUES`)."""
+    (:func:`hpo.study._continuation.proxy_race`: ``confirm_top`` promoted runs); in both fields a candidate whose
+    setting was promoted (:func:`hpo.study._continuation.continued_runs`) has its first seed continue the promoted
+    run (system attr :data:`~hpo.record.ATTR_CONTINUES`)."""
     if ATTR_RACE not in study._storage.get_study_system_attrs(study._study_id):
         conf = space.study.confirm
         proxy = proxy_race(study, space)  # the proxy held: its field, first seeds continuing the promoted runs
-        candidates = list(proxy["field"]) if proxy else [t.number for t in top_trials(study, top_k)]
+        if proxy:
+            candidates = list(proxy["field"])
+        else:  # the top_k, first seeds of promoted settings among them continuing their promoted runs
+            candidates, proxy = top_k_race(study, space, top_k)
         if not candidates:  # nothing finished with a finite value yet: no race (and no baseline) to run
             return []
         study._storage.set_study_system_attr(study._study_id, ATTR_RACE, {
@@ -227,8 +230,7 @@ def advance_race(study: optuna.Study, space: Space, cache: Path | None = None,
         runs.append((None, race.seeds[race.baseline_runs]))
     settings = study._storage.get_study_system_attrs(study._study_id).get(ATTR_RACE)
     proxy = settings.get(PROXY_RACE) if isinstance(settings, dict) else None
-    continues = proxy.get("continues") if isinstance(proxy, dict) else None
-    attrs = {(c, race.seeds[0]): {ATTR_CONTINUES: c} for c in continues or [] if isinstance(c, int)}
+    attrs = {(c, race.seeds[0]): {ATTR_CONTINUES: n} for c, n in continued(proxy).items()}
     return queue_runs(study, runs, space, cache, note, attrs)
 
 

@@ -65,7 +65,9 @@ def confirm_reserve(space: Space, cache: Path | None = None, trials: Sequence[Fr
     A racing proxy search (``study.fidelity.proxy``) whose check has not failed (``check``: the study's
     :data:`~hpo.record.ATTR_FIDELITY_CHECK`, None before it is made) races ``confirm_top`` settings instead, the first
     seed of each continuing its promoted run: ``(full - promote_steps) / full`` of a run where the trainer continues
-    runs and a full run's length is known from ``trials`` (else a whole run)."""
+    runs and a full run's length is known from ``trials`` (else a whole run). After a failed check the race takes the
+    top ``top_k`` target runs and only those of promoted settings continue (:mod:`hpo.study._continuation`), which
+    the search cannot know: they count as whole runs (a continuation only costs less)."""
     conf = space.study.confirm
     n = conf.min_seeds if conf.race else conf.seeds
     base = 0

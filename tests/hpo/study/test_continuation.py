@@ -4,7 +4,9 @@ runs can be registered: tests/hpo/fake_trainer.py with verl_core's checkpoint la
 train on the race's first seed and save at ``promote_steps``; a held proxy races its best setting alone and that
 setting's first seed continues its promoted run from the checkpoint (60 steps, promote_steps 10: the run costs
 50/60); a checkpoint that is missing or refused starts the run afresh with one line; a failed check races
-``confirm.top_k`` target settings from scratch, as before."""
+``confirm.top_k`` target settings, and those among them whose setting was promoted continue their promoted run in
+the same way while the others run from scratch; the promoted runs' checkpoints are held until the race's field is
+known and go once no candidate can continue them."""
 
 from __future__ import annotations
 
@@ -29,14 +31,17 @@ from hpo.record import (
     ATTR_CONFIRM_OF,
     ATTR_CONFIRM_SEED,
     ATTR_CONTINUES,
+    ATTR_FIDELITY,
     ATTR_FIDELITY_CHECK,
+    ATTR_PROMOTED_FROM,
     ATTR_RACE,
+    TARGET,
     is_confirm,
     is_promoted,
     steps_run,
     study_cost,
 )
-from hpo.study._continuation import proxy_field
+from hpo.study._continuation import continued, continued_runs, proxy_field
 from tests.hpo.conftest import FAKE_TRAINER, PY, load
 from tests.hpo.study.test_proxy_fidelity import argv_of, models, value_in
 
@@ -90,7 +95,7 @@ def resumable_backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         unregister(ResumableFake.name)
 
 
-def experiment(tmp_path: Path, reverse: bool = False) -> Path:
+def experiment(tmp_path: Path, reverse: bool = False, top_k: int = 2) -> Path:
     large, small = models(tmp_path)
     space = {
         "config": "tiny_arith",
@@ -100,7 +105,7 @@ def experiment(tmp_path: Path, reverse: bool = False) -> Path:
         "objective": {"metric": "eval/reward_mean", "direction": "maximize"},
         "early_stopping": {"enabled": False},
         "study": {"n_trials": 3, "pruner": {"type": "none"}, "heartbeat_interval": 1, "grace_period": 3,
-                  "confirm": {"race": True, "top_k": 2, "min_seeds": 2, "seeds": 2,
+                  "confirm": {"race": True, "top_k": top_k, "min_seeds": 2, "seeds": 2,
                               "test_files": "heldout.parquet"},
                   "fidelity": {"proxy": {"overrides": {"actor_rollout_ref.model.path": str(small),
                                                        "fake.model": "small", "fake.small_step_s": 0.0005,
@@ -130,10 +135,10 @@ def checkpoint(t: optuna.trial.FrozenTrial) -> Path:
     return Path(t.user_attrs["trial_dir"]) / "checkpoints" / f"global_step_{PROMOTE}"
 
 
-def searched(tmp_path: Path, capsys: pytest.CaptureFixture[str], reverse: bool = False
+def searched(tmp_path: Path, capsys: pytest.CaptureFixture[str], reverse: bool = False, top_k: int = 2
              ) -> tuple[optuna.Study, list[optuna.trial.FrozenTrial], int]:
     """The proxy search run: the study, its promoted runs and the race's first seed."""
-    run(tmp_path, capsys, "search", "--space", str(experiment(tmp_path, reverse)))
+    run(tmp_path, capsys, "search", "--space", str(experiment(tmp_path, reverse, top_k)))
     study = load(tmp_path / "studies", "proxy")
     promoted = [t for t in study.get_trials(deepcopy=False) if is_promoted(t)]
     assert len(promoted) == 3
@@ -229,15 +234,70 @@ def test_a_failed_check_races_the_top_k_target_settings_from_scratch(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     study, promoted, _ = searched(tmp_path, capsys, reverse=True)
     assert study.user_attrs[ATTR_FIDELITY_CHECK]["holds"] is False
-    assert not any(checkpoint(t).exists() for t in promoted)  # no race will continue them: gone with the next trial
+    assert all(checkpoint(t).exists() for t in promoted)  # held: the target search may rank any in its top_k
     out, _ = run(tmp_path, capsys, "confirm", "--study", "proxy")
     assert ("proxy race: the proxy did not hold: the target race runs the top 2 target setting(s) from scratch "
             "(study.confirm.top_k)") in out
     study = load(tmp_path / "studies", "proxy")
     assert len(race_of(study)["candidates"]) == 2 and "proxy" not in race_of(study)
+    assert not any(is_promoted(study.trials[c]) for c in race_of(study)["candidates"])  # the full target runs
     runs = confirmations(study)
     assert len(runs) == 4 and all(ATTR_CONTINUES not in t.system_attrs and "resumed_from_step" not in t.user_attrs
                                   and steps_run(t) == STEPS for t in runs)
+    assert not any(checkpoint(t).exists() for t in promoted)  # no candidate continues them: gone once it was known
+
+
+def test_a_failed_check_s_candidates_of_promoted_settings_continue_their_promoted_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """top_k 5 of 7 target runs: the 3 target search trials (full runs, ~0.5-1.0), a target trial that sampled a
+    promoted setting again (planted: a float search samples none) and the best promoted run (its value at step 10,
+    <= 0.18: ranked below every full run); the other promoted runs are not in the field."""
+    study, promoted, seed = searched(tmp_path, capsys, reverse=True, top_k=5)
+    assert study.user_attrs[ATTR_FIDELITY_CHECK]["holds"] is False
+    assert all(checkpoint(t).exists() for t in promoted)  # held until the race's field is known
+    best, out_of_field, resampled = sorted(promoted, key=lambda t: -float(t.values[0]))
+    study.add_trial(optuna.trial.create_trial(value=1.5, params=resampled.params,
+                                              distributions=resampled.distributions,
+                                              system_attrs={ATTR_FIDELITY: TARGET}))
+    again = study.trials[-1].number
+    search = [t.number for t in study.trials if t.system_attrs.get(ATTR_FIDELITY) == TARGET
+              and ATTR_PROMOTED_FROM not in t.system_attrs and t.number != again]
+    assert len(search) == 3
+
+    out, _ = run(tmp_path, capsys, "confirm", "--study", "proxy")
+    said = [line for line in out.splitlines() if line.startswith("proxy race: ")]
+    assert said[0] == (f"proxy race: the proxy did not hold: the target race runs the top 5 target setting(s) "
+                       f"(study.confirm.top_k); seed {seed} of trial {again} continues its setting's promoted run "
+                       f"(trial {resampled.number}) from step {PROMOTE}; seed {seed} of trial {best.number} continues "
+                       f"its promoted run (trial {best.number}) from step {PROMOTE}")  # as the race starts
+    assert said[-1] == said[0].replace("continues", "continued")  # and at its end
+    study = load(tmp_path / "studies", "proxy")
+    race = race_of(study)
+    assert race["candidates"][0] == again and sorted(race["candidates"][1:4]) == search
+    assert race["candidates"][4] == best.number
+    assert race["proxy"] == {"continues": [[again, resampled.number], best.number]}
+    runs = confirmations(study)
+    assert len(runs) == 10
+    firsts = {t.system_attrs[ATTR_CONFIRM_OF]: t for t in runs if t.system_attrs[ATTR_CONFIRM_SEED] == seed}
+    for number, source in ((again, resampled), (best.number, best)):
+        first = firsts[number]
+        assert first.system_attrs[ATTR_CONTINUES] == source.number
+        assert first.user_attrs["resumed_from_step"] == PROMOTE and first.user_attrs["continued_from"] == {
+            "run": source.number, "step": PROMOTE}
+        argv = argv_of(first)
+        assert value_in(argv, "trainer.resume_from_path") == str(checkpoint(source))
+        assert value_in(argv, "trainer.seed") == str(seed) and value_in(argv, "data.test_files") == "heldout.parquet"
+        assert first.intermediate_values[PROMOTE] == source.intermediate_values[PROMOTE]  # replayed from the run
+        assert steps_run(first) == STEPS - PROMOTE
+    assert all(ATTR_CONTINUES not in t.system_attrs and "resumed_from_step" not in t.user_attrs
+               and steps_run(t) == STEPS for t in runs if t is not firsts[again] and t is not firsts[best.number])
+    assert study_cost(study.get_trials(deepcopy=False)).confirm_runs == pytest.approx((2 * 50 + 8 * 60) / 60)
+    # the continued runs' checkpoints went after their continuation, the one not in the field once it was known
+    assert not any(checkpoint(t).exists() for t in promoted) and out_of_field.number not in race["candidates"]
+
+    _, err = run(tmp_path, capsys, "best", "--study", "proxy")
+    assert (f"seed {seed} of trial {again} continued its setting's promoted run (trial {resampled.number}) from step "
+            f"{PROMOTE}; seed {seed} of trial {best.number} continued its promoted run" in err)
 
 
 def test_the_field_keeps_the_proxy_s_order_within_the_resolution_of_the_target_s_best(tmp_path: Path) -> None:
@@ -260,3 +320,33 @@ def test_the_field_keeps_the_proxy_s_order_within_the_resolution_of_the_target_s
     assert proxy_field(study, space(1), check) == [1]  # the proxy's best alone (0.01 below the best: within)
     assert proxy_field(study, space(4), check) == [1, 0, 3]  # 0.70 is 0.105 below: out
     assert proxy_field(study, space(2), check) == [1, 0]
+
+
+def test_a_candidate_continues_its_own_promoted_run_or_one_with_exactly_its_params(tmp_path: Path) -> None:
+    from hpo.experiment import read_space
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({
+        "config": "tiny_arith", "params": {"x": {"key": "fake.x", "type": "float", "low": 0.0, "high": 1.0}},
+        "study": {"n_trials": 4, "confirm": {"race": True},
+                  "fidelity": {"proxy": {"overrides": {"m": "small"}, "promote": 2}}},
+        "trial": {"backend": ResumableFake.name, "command": [PY, str(FAKE_TRAINER), "train"]}}))
+    space = read_space(str(path))[0]
+    dist = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+    study = optuna.create_study(direction="maximize")
+
+    def add(x: float, promoted: bool, state: TrialState = TrialState.COMPLETE) -> int:
+        study.add_trial(optuna.trial.create_trial(
+            state=state, value=0.5 if state == TrialState.COMPLETE else None, params={"x": x}, distributions=dist,
+            system_attrs={ATTR_FIDELITY: TARGET, **({ATTR_PROMOTED_FROM: 0} if promoted else {})}))
+        return study.trials[-1].number
+
+    p1, p2 = add(0.1, True), add(0.2, True)
+    add(0.3, True, TrialState.FAIL)
+    same, other, after_failed = add(0.2, False), add(0.4, False), add(0.3, False)
+    # a promoted candidate: itself; a target trial with a promoted run's exact params: that run; a promoted run that
+    # failed (no checkpoint at its step) or other params: none
+    assert continued_runs(study, space, [same, p1, other, after_failed, 99]) == {same: p2, p1: p1}
+    # the study's record read back, never trusted
+    assert continued({"continues": [p1, [same, p2], [True, 1], "x", [1, 2, 3], None]}) == {p1: p1, same: p2}
+    assert continued({"continues": "all"}) == {} and continued(None) == {}
