@@ -3,7 +3,8 @@ trial's argv, environment and scratch directory; ``_resume`` finds the checkpoin
 its attempts logged; ``_check`` checks a space's configs with verl's own code, on ``_composer`` (which runs ``_compose``
 in verl's interpreter), ``_metric_names`` (what verl logs) and ``_interpreter`` (can it run the trials where they run);
 ``_compose`` is the script that runs inside verl's interpreter for it (with its neighbours ``_compose_checks``, the
-checks verl lacks and what the driver needs to know, and ``_compose_data``, the data files and prompt lengths); ``_cpu``
+checks verl lacks and what the driver needs to know, and ``_compose_data``, the data files and prompt lengths);
+``_batch`` tells which tuned values verl refuses together without verl (``Backend.infeasible``); ``_cpu``
 is what a trial that gets no GPU adds to run verl on the CPU (the plugin ``plugins/verl-cpu``, its overrides and
 environment) and TransferQueue's size on every host; ``_data`` and ``_arith`` are the shipped tasks' prepare steps
 (GSM8K-format data; the arith task with its model and reward for ``search_spaces/verl_grpo_cpu.yaml``); ``_memory`` is

@@ -261,6 +261,14 @@ class VerlBackend(Backend):
             raise located_error(space, dict(origin), "study.confirm.test_metric", "needs data.val_files among the "
                                 "overrides: confirmation runs validate on it and study.confirm.test_files together")
 
+    def infeasible(self, space: Space, values: Mapping[str, Any]) -> str | None:
+        """verl 0.9.1's batch rules over what the driver knows of the trial's config (a micro-batch that does not
+        divide a GPU's share of the mini-batch, a mini-batch larger than the batch, sizes the GPUs do not divide, ...:
+        :func:`~hpo.backends.verl._batch.verl_infeasible`); None when accepted or not known without verl."""
+        from hpo.backends.verl._batch import verl_infeasible
+
+        return verl_infeasible(space, values)
+
     def verify(self, space: Space, origin: Mapping[str, str]) -> None:
         from hpo.backends.verl._check import ComposeTimeout, VerlConfigError, check_verl_space
 

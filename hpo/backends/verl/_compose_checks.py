@@ -4,7 +4,9 @@ lets through) and what the driver needs to know of the config (:func:`describe`,
 reward function's core variable, :func:`core_variable`).
 
 Run in verl's interpreter it imports nothing of the project (its neighbour ``_compose_data`` is on ``sys.path``);
-the driver imports it as ``hpo.backends.verl._compose_checks`` for :data:`SEED_KEYS`.
+the driver imports it as ``hpo.backends.verl._compose_checks`` for :data:`SEED_KEYS` and for the batch rules
+(:func:`batch_rules`), which it runs itself over the values it knows before a trial is launched
+(``hpo.backends.verl._batch``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 if __package__:  # imported by the driver (hpo.backends.verl._compose_checks)
@@ -46,23 +49,41 @@ class ReasonedLoadError(ValueError):
 
 
 # ----------------------------------------------------------------------------- checks verl does not make
-def _batch_checks(cfg: Any, section: str, n_gpus: int, mini_key: str | None, micro_key: str, legacy_micro: str,
+# The batch rules read the config through ``get`` (a dotted key -> its composed value): here ``_get`` of the composed
+# config; in the driver, the values it knows before anything is composed (``hpo.backends.verl._batch``), whose ``get``
+# raises :class:`UnknownValue` for a value it cannot know. Each rule stands alone (none assumes another passed), so a
+# rule that reads an unknown value is skipped and the others still answer (:func:`first_problem`).
+Get = Callable[[str], Any]
+Rule = Callable[[Get], "Problem | None"]
+AR = "actor_rollout_ref"
+
+
+class UnknownValue(LookupError):
+    """A value the driver cannot know without composing the config (``get`` of ``hpo.backends.verl._batch``)."""
+
+
+def _n_gpus(get: Get) -> int:
+    return int(get("trainer.n_gpus_per_node")) * int(get("trainer.nnodes"))
+
+
+def _batch_checks(get: Get, section: str, mini_key: str | None, micro_key: str, legacy_micro: str,
                   dyn_key: str, max_len_key: str, sp_key: str) -> Problem | None:
     """One pass's batch arithmetic: an update (``mini_key`` set: actor, critic) or a log-prob pass over the whole
     batch (rollout, ref). Without dynamic batching the mini-batch divides the batch and splits evenly over the
-    data-parallel GPUs (``n_gpus`` / sequence parallelism ``sp_key``), and the micro-batch divides each GPU's
+    data-parallel GPUs (the trial's GPUs / sequence parallelism ``sp_key``), and the micro-batch divides each GPU's
     share, as verl's ``prepare_micro_batches`` asserts at run time; with dynamic batching the token budget
     holds at least one full sequence."""
-    bs = int(_get(cfg, "data.train_batch_size"))
-    n = int(_get(cfg, "actor_rollout_ref.rollout.n"))
-    sp = int(_get(cfg, sp_key) or 1)
+    n_gpus = _n_gpus(get)
+    bs = int(get("data.train_batch_size"))
+    n = int(get(f"{AR}.rollout.n"))
+    sp = int(get(sp_key) or 1)
     if n_gpus % sp:
         return (sp_key, sp, f"{sp_key}={sp} does not divide the trial's {n_gpus} GPU(s) "
                 f"(trainer.n_gpus_per_node x trainer.nnodes)")
     dp = n_gpus // sp
     share = bs * n // dp  # a log-prob pass sees the whole batch
     if mini_key is not None:
-        mini = int(_get(cfg, f"{section}.{mini_key}"))
+        mini = int(get(f"{section}.{mini_key}"))
         key = f"{section}.{mini_key}"
         if mini < 1:
             return key, mini, f"{key}={mini} must be at least 1"
@@ -72,19 +93,19 @@ def _batch_checks(cfg: Any, section: str, n_gpus: int, mini_key: str | None, mic
             return key, mini, (f"{key}={mini} does not divide data.train_batch_size={bs}: verl would pad every batch "
                                f"with dummy sequences up to a multiple of {mini} prompts")
         if (mini * n) % dp:
-            return key, mini, (f"{key}={mini} x actor_rollout_ref.rollout.n={n} = {mini * n} samples cannot be split "
+            return key, mini, (f"{key}={mini} x {AR}.rollout.n={n} = {mini * n} samples cannot be split "
                                f"evenly over {dp} data-parallel GPU(s)")
         share = mini * n // dp
-    if _get(cfg, f"{section}.{dyn_key}"):
-        budget = _get(cfg, f"{section}.{max_len_key}")
-        longest = int(_get(cfg, "data.max_prompt_length")) + int(_get(cfg, "data.max_response_length"))
+    if get(f"{section}.{dyn_key}"):
+        budget = get(f"{section}.{max_len_key}")
+        longest = int(get("data.max_prompt_length")) + int(get("data.max_response_length"))
         if budget is not None and int(budget) < longest:
             return (f"{section}.{max_len_key}", budget, f"{section}.{max_len_key}={budget} is below one full "
                     f"sequence (data.max_prompt_length + data.max_response_length = {longest}) with {dyn_key}=true")
         return None
-    micro, legacy = _get(cfg, f"{section}.{micro_key}"), _get(cfg, f"{section}.{legacy_micro}")
+    micro, legacy = get(f"{section}.{micro_key}"), get(f"{section}.{legacy_micro}")
     key = f"{section}.{micro_key}"
-    if micro is None and (legacy is None or section.startswith("actor_rollout_ref.")):
+    if micro is None and (legacy is None or section.startswith(f"{AR}.")):
         # verl 0.9.1's actor/rollout/ref workers read only the _per_gpu key (engine_workers.py init_model)
         also = f" (the deprecated {section}.{legacy_micro} is not read by verl's workers)" if legacy is not None else ""
         return key, None, f"{key}=null: set a micro-batch size per GPU (or {section}.{dyn_key}=true){also}"
@@ -93,6 +114,118 @@ def _batch_checks(cfg: Any, section: str, n_gpus: int, mini_key: str | None, mic
             return key, micro, f"{key}={micro} must be at least 1"
         if share % int(micro):
             return key, micro, f"{key}={micro} does not divide the {share} samples each GPU gets per pass"
+    return None
+
+
+def _positive(key: str) -> Rule:
+    def rule(get: Get) -> Problem | None:
+        v = get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            return key, v, f"{key}={v!r} must be a positive integer"
+        return None
+    return rule
+
+
+def _samples_per_gpu(get: Get) -> Problem | None:
+    """Every GPU gets as many samples of a step (``verl/utils/config.py`` asserts it without dynamic batching; its
+    data-parallel dispatch needs it always)."""
+    n_gpus = _n_gpus(get)
+    bs, n = int(get("data.train_batch_size")), int(get(f"{AR}.rollout.n"))
+    if (bs * n) % n_gpus:
+        return ("data.train_batch_size", bs, f"data.train_batch_size={bs} x {AR}.rollout.n={n} = {bs * n} samples "
+                f"is not divisible by the trial's {n_gpus} GPU(s)")
+    return None
+
+
+def _group_size(get: Get) -> Problem | None:
+    adv, n = str(get("algorithm.adv_estimator")), int(get(f"{AR}.rollout.n"))
+    if adv in ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized", "opo") and n < 2:
+        return (f"{AR}.rollout.n", n, f"{AR}.rollout.n={n} with algorithm.adv_estimator={adv}: a group of one "
+                "sample per prompt has advantage 0; use n >= 2")
+    return None
+
+
+def _rollout_tp(get: Get) -> Problem | None:
+    n_gpus = _n_gpus(get)
+    tp = int(get(f"{AR}.rollout.tensor_model_parallel_size") or 1)
+    if tp > n_gpus or n_gpus % tp:
+        return (f"{AR}.rollout.tensor_model_parallel_size", tp, f"{AR}.rollout.tensor_model_parallel_size={tp} does "
+                f"not divide the trial's {n_gpus} GPU(s) (trial.gpus_per_trial)")
+    return None
+
+
+def _same_dynamic_bsz(get: Get) -> Problem | None:
+    """verl 0.9.1's actor worker asserts at start-up (``verl/workers/engine_workers.py``
+    ``ActorRolloutRefWorker.init_model``), minutes into a trial, after Ray, the model and vLLM have loaded, that the
+    actor and the rollout batch alike and that the keys of that batching are set."""
+    actor_dyn = bool(get(f"{AR}.actor.use_dynamic_bsz"))
+    rollout_dyn = bool(get(f"{AR}.rollout.log_prob_use_dynamic_bsz"))
+    if actor_dyn != rollout_dyn:
+        return (f"{AR}.actor.use_dynamic_bsz", actor_dyn, f"{AR}.actor.use_dynamic_bsz={str(actor_dyn).lower()} but "
+                f"{AR}.rollout.log_prob_use_dynamic_bsz={str(rollout_dyn).lower()}: verl's actor worker asserts "
+                "they are equal at start-up; set both")
+    if actor_dyn:
+        needed = [f"{AR}.actor.ppo_max_token_len_per_gpu", f"{AR}.rollout.log_prob_max_token_len_per_gpu"]
+        why = "with use_dynamic_bsz=true"
+    else:
+        needed = [f"{AR}.actor.ppo_micro_batch_size_per_gpu", f"{AR}.rollout.log_prob_micro_batch_size_per_gpu"]
+        why = "(the deprecated key without _per_gpu passes validate_config but the workers read only this one)"
+    for key in needed:
+        if get(key) is None:
+            return key, None, f"{key}=null: verl's actor worker asserts it is set at start-up {why}"
+    return None
+
+
+def _rollout_replica(get: Get) -> Problem | None:
+    n_gpus = _n_gpus(get)
+    rollout = f"{AR}.rollout"
+    sizes = {k: int(get(f"{rollout}.{k}") or 1)
+             for k in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")}
+    infer = sizes["tensor_model_parallel_size"] * sizes["data_parallel_size"] * sizes["pipeline_model_parallel_size"]
+    if n_gpus % infer:
+        shown = " x ".join(f"{rollout}.{k}={v}" for k, v in sizes.items())
+        return (f"{rollout}.tensor_model_parallel_size", sizes["tensor_model_parallel_size"],
+                f"{shown} = {infer} GPUs per rollout replica does not divide the trial's {n_gpus} GPU(s)")
+    return None
+
+
+def _pass(section: str, mini_key: str | None, prefix: str, sp_key: str) -> Rule:
+    """The batch arithmetic of one pass (:func:`_batch_checks`): an update's keys (``ppo_``) or a log-prob pass's."""
+    keys = (("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu")
+            if prefix == "ppo" else ("log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size",
+                                     "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"))
+    return lambda get: _batch_checks(get, section, mini_key, *keys, sp_key)
+
+
+def batch_rules(use_critic: bool, use_ref: bool) -> list[Rule]:
+    """verl 0.9.1's batch arithmetic that ``validate_config`` lets through (it fails later, or pads silently), in the
+    order :func:`extra_checks` asks: the sizes are positive integers, every GPU gets as many samples, a GRPO-like
+    group has two samples or more, the rollout's tensor parallelism and replicas divide the GPUs, the actor and rollout
+    batch alike (:func:`_same_dynamic_bsz`), and each pass's batches divide (:func:`_batch_checks`: the actor's
+    update, the rollout's and the reference's log-prob passes, the critic's update)."""
+    actor_sp = f"{AR}.actor.ulysses_sequence_parallel_size"
+    rules = [*(_positive(k) for k in ("trainer.n_gpus_per_node", "trainer.nnodes", "data.train_batch_size",
+                                      f"{AR}.rollout.n")),
+             _samples_per_gpu, _group_size, _rollout_tp, _same_dynamic_bsz, _rollout_replica,
+             _pass(f"{AR}.actor", "ppo_mini_batch_size", "ppo", actor_sp),
+             _pass(f"{AR}.rollout", None, "log_prob", actor_sp)]
+    if use_ref:
+        rules.append(_pass(f"{AR}.ref", None, "log_prob", f"{AR}.ref.ulysses_sequence_parallel_size"))
+    if use_critic:
+        rules.append(_pass("critic", "ppo_mini_batch_size", "ppo", "critic.ulysses_sequence_parallel_size"))
+    return rules
+
+
+def first_problem(rules: list[Rule], get: Get, unsure: tuple[type[Exception], ...] = (UnknownValue,)
+                  ) -> Problem | None:
+    """The first rule's problem; a rule that raises one of ``unsure`` (a value not known) says nothing."""
+    for rule in rules:
+        try:
+            problem = rule(get)
+        except unsure:
+            continue
+        if problem is not None:
+            return problem
     return None
 
 
@@ -134,45 +267,18 @@ def _legacy_reward_keys(cfg: Any) -> Problem | None:
     return None
 
 
-def _worker_start_checks(cfg: Any, n_gpus: int) -> Problem | None:
-    """What verl 0.9.1's workers assert when they start (``verl/workers/engine_workers.py``
-    ``ActorRolloutRefWorker.init_model``), minutes into a trial, after Ray, the model and vLLM have loaded."""
-    ar = "actor_rollout_ref"
-    actor_dyn = bool(_get(cfg, f"{ar}.actor.use_dynamic_bsz"))
-    rollout_dyn = bool(_get(cfg, f"{ar}.rollout.log_prob_use_dynamic_bsz"))
-    if actor_dyn != rollout_dyn:
-        return (f"{ar}.actor.use_dynamic_bsz", actor_dyn, f"{ar}.actor.use_dynamic_bsz={str(actor_dyn).lower()} but "
-                f"{ar}.rollout.log_prob_use_dynamic_bsz={str(rollout_dyn).lower()}: verl's actor worker asserts "
-                "they are equal at start-up; set both")
-    if actor_dyn:
-        needed = [f"{ar}.actor.ppo_max_token_len_per_gpu", f"{ar}.rollout.log_prob_max_token_len_per_gpu"]
-        why = "with use_dynamic_bsz=true"
-    else:
-        needed = [f"{ar}.actor.ppo_micro_batch_size_per_gpu", f"{ar}.rollout.log_prob_micro_batch_size_per_gpu"]
-        why = "(the deprecated key without _per_gpu passes validate_config but the workers read only this one)"
-    for key in needed:
-        if _get(cfg, key) is None:
-            return key, None, f"{key}=null: verl's actor worker asserts it is set at start-up {why}"
-    rollout = f"{ar}.rollout"
-    sizes = {k: int(_get(cfg, f"{rollout}.{k}") or 1)
-             for k in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")}
-    infer = sizes["tensor_model_parallel_size"] * sizes["data_parallel_size"] * sizes["pipeline_model_parallel_size"]
-    if n_gpus % infer:
-        shown = " x ".join(f"{rollout}.{k}={v}" for k, v in sizes.items())
-        return (f"{rollout}.tensor_model_parallel_size", sizes["tensor_model_parallel_size"],
-                f"{shown} = {infer} GPUs per rollout replica does not divide the trial's {n_gpus} GPU(s)")
-    return None
-
-
 def extra_checks(cfg: Any, use_critic: bool, use_ref: bool) -> Problem | None:
-    """What a verl 0.9.1 run would trip over later (or silently pad) that ``validate_config`` lets through."""
+    """What a verl 0.9.1 run would trip over later (or silently pad) that ``validate_config`` lets through: a required
+    value left ``???``, a legacy reward key main_ppo never reads, the batch arithmetic (:func:`batch_rules`) and
+    the learning rates."""
     from omegaconf import OmegaConf
 
-    ar = "actor_rollout_ref"
-    for key in ("trainer.n_gpus_per_node", "trainer.nnodes", "data.train_batch_size", f"{ar}.rollout.n"):
-        v = _get(cfg, key)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            return key, v, f"{key}={v!r} must be a positive integer"
+    def get(key: str) -> Any:
+        return _get(cfg, key)
+
+    problem = first_problem(batch_rules(False, False)[:4], get)  # positive sizes: what the rest divides by
+    if problem:
+        return problem
     skip = ["reward.reward_model."] if not _get(cfg, "reward.reward_model.enable") else []
     skip += [] if use_critic else ["critic."]
     skip += [] if _get(cfg, "reward_model.enable") else ["reward_model."]
@@ -180,42 +286,13 @@ def extra_checks(cfg: Any, use_critic: bool, use_ref: bool) -> Problem | None:
         if not any(key.startswith(s) for s in skip):
             example = "vllm" if key.endswith("rollout.name") else "<value>"
             return key, "???", f"{key} has no value (??? in verl's config): set it, e.g. {key}={example}"
-    n_gpus = int(_get(cfg, "trainer.n_gpus_per_node")) * int(_get(cfg, "trainer.nnodes"))
-    bs, n = int(_get(cfg, "data.train_batch_size")), int(_get(cfg, f"{ar}.rollout.n"))
-    if (bs * n) % n_gpus:
-        return ("data.train_batch_size", bs, f"data.train_batch_size={bs} x {ar}.rollout.n={n} = {bs * n} samples "
-                f"is not divisible by the trial's {n_gpus} GPU(s)")
     legacy = _legacy_reward_keys(cfg)
     if legacy is not None:
         return legacy
-    adv = str(_get(cfg, "algorithm.adv_estimator"))
-    if adv in ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized", "opo") and n < 2:
-        return (f"{ar}.rollout.n", n, f"{ar}.rollout.n={n} with algorithm.adv_estimator={adv}: a group of one "
-                "sample per prompt has advantage 0; use n >= 2")
-    tp = int(_get(cfg, f"{ar}.rollout.tensor_model_parallel_size") or 1)
-    if tp > n_gpus or n_gpus % tp:
-        return (f"{ar}.rollout.tensor_model_parallel_size", tp, f"{ar}.rollout.tensor_model_parallel_size={tp} does "
-                f"not divide the trial's {n_gpus} GPU(s) (trial.gpus_per_trial)")
-    problem = _worker_start_checks(cfg, n_gpus)
+    problem = first_problem(batch_rules(use_critic, use_ref)[4:], get)
     if problem:
         return problem
-    actor, sp = f"{ar}.actor", f"{ar}.actor.ulysses_sequence_parallel_size"
-    passes = [(actor, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
-               "use_dynamic_bsz", "ppo_max_token_len_per_gpu", sp),
-              (f"{ar}.rollout", None, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size",
-               "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu", sp)]
-    if use_ref:
-        passes.append((f"{ar}.ref", None, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size",
-                       "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
-                       f"{ar}.ref.ulysses_sequence_parallel_size"))
-    if use_critic:
-        passes.append(("critic", "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size",
-                       "use_dynamic_bsz", "ppo_max_token_len_per_gpu", "critic.ulysses_sequence_parallel_size"))
-    for p in passes:
-        problem = _batch_checks(cfg, p[0], n_gpus, *p[1:])
-        if problem:
-            return problem
-    for key in [f"{ar}.actor.optim.lr", *(["critic.optim.lr"] if use_critic else [])]:
+    for key in [f"{AR}.actor.optim.lr", *(["critic.optim.lr"] if use_critic else [])]:
         v = _get(cfg, key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             return key, v, f"{key}={v!r} must be a finite number >= 0"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpo.backends.verl._batch import feasible_corners
 from hpo.backends.verl._launch import INSTALL_HINT, format_override, is_config_path, verl_overrides
 from hpo.experiment import SpaceError
 
@@ -204,11 +205,12 @@ def space_corners(space: Space, max_corners: int = 64) -> list[Corner]:
     """The joint corners of a space (every parameter at its ends or choices; at most ``max_corners``, as
     ``experiment's check_trainer`` for ``verl_core``), each with the fixed overrides. Unlike ``verl_core``, verl's
     own defaults are often invalid together with a space (``ppo_mini_batch_size=256`` and a batch of 32), so
-    no parameter is ever left at verl's default: there is no check of the fixed overrides alone."""
+    no parameter is ever left at verl's default: there is no check of the fixed overrides alone. A corner whose
+    values verl refuses together while each of them is in a corner it accepts is left out (a trial drawing it is not
+    launched: :func:`~hpo.backends.verl._batch.feasible_corners`)."""
     import itertools
 
-    out = []
-    for combo in itertools.islice(itertools.product(*(p.corner_values() for p in space.params)), max_corners):
-        values = {p.name: v for p, v in zip(space.params, combo, strict=True)}
-        out.append(Corner(values, verl_overrides(space.overrides, {p.key: values[p.name] for p in space.params})))
-    return out
+    combos = itertools.islice(itertools.product(*(p.corner_values() for p in space.params)), max_corners)
+    kept, _ = feasible_corners(space, [{p.name: v for p, v in zip(space.params, c, strict=True)} for c in combos])
+    return [Corner(values, verl_overrides(space.overrides, {p.key: values[p.name] for p in space.params}))
+            for values in kept]

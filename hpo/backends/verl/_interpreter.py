@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpo.backends.verl._composer import ComposedConfig, VerlConfigError, compose_corners, space_corners
 from hpo.backends.verl._cpu import PLUGIN_MODULE, cpu_overrides, transfer_queue_overrides
-from hpo.backends.verl._launch import GPU_INSTALL_HINT, INSTALL_HINT, default_python
+from hpo.backends.verl._launch import GPU_INSTALL_HINT, INSTALL_HINT, default_python, trial_gpus, trial_nodes
 from hpo.execution import detect_devices
 
 if TYPE_CHECKING:
@@ -70,16 +70,6 @@ def interpreter_problem(interpreter: Mapping[str, Any], info: ComposedConfig, py
                     f"flash_attention_2 whatever its override_config says, and {shown} has no flash_attn: "
                     "pip install flash-attn into it")
     return None
-
-
-def trial_gpus(space: Space) -> int:
-    """GPUs per node of a trial: ``trial.ray.num_gpus`` for a Ray-job study, else ``trial.gpus_per_trial``."""
-    return space.trial.ray.num_gpus if space.trial.executor == "ray" else space.trial.gpus_per_trial
-
-
-def trial_nodes(space: Space) -> int:
-    """Nodes of a trial: ``trial.ray.nodes`` for a Ray-job study (``trainer.nnodes``), else 1."""
-    return space.trial.ray.nodes if space.trial.executor == "ray" else 1
 
 
 def trial_base_env(space: Space) -> dict[str, str]:

@@ -59,10 +59,13 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpo.backends._first_rollout import first_rollout_asked
 from hpo.backends.verl._cpu import EXTERNAL_MODULES_ENV, JOB_ENV, cpu_env, cpu_overrides, transfer_queue_overrides
+
+if TYPE_CHECKING:
+    from hpo.experiment import Space
 
 DEFAULT_CONFIG = "ppo_trainer"
 MAIN_MODULE = "verl.trainer.main_ppo"
@@ -140,6 +143,16 @@ def override_key(key_or_override: str) -> str:
 def verl_overrides(fixed: Mapping[str, Any], values: Mapping[str, Any]) -> list[str]:
     """Fixed overrides then the sampled values, both ``{trainer key: value}``, as hydra overrides."""
     return [format_override(k, v) for k, v in fixed.items()] + [format_override(k, v) for k, v in values.items()]
+
+
+def trial_gpus(space: Space) -> int:
+    """GPUs per node of a trial: ``trial.ray.num_gpus`` for a Ray-job study, else ``trial.gpus_per_trial``."""
+    return space.trial.ray.num_gpus if space.trial.executor == "ray" else space.trial.gpus_per_trial
+
+
+def trial_nodes(space: Space) -> int:
+    """Nodes of a trial: ``trial.ray.nodes`` for a Ray-job study (``trainer.nnodes``), else 1."""
+    return space.trial.ray.nodes if space.trial.executor == "ray" else 1
 
 
 # ----------------------------------------------------------------------------- the command

@@ -26,8 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpo.backends._preflight import GiB, Prediction, corners, gpu_budget, report_corners
+from hpo.backends._preflight import GiB, Prediction, corners, gpu_budget, report_corners, shown
 from hpo.backends._shapes import EstimateError, SequenceLengths
+from hpo.backends.verl._batch import feasible_corners
 from hpo.backends.verl._check import COMPOSE_SCRIPT, ComposeTimeout, compose_timed_out, compose_timeout
 from hpo.backends.verl._data import overlong_verdict
 from hpo.backends.verl._launch import INSTALL_HINT, default_python, format_override, is_config_path, verl_overrides
@@ -201,8 +202,10 @@ def corner_predictions(space: Space, devices: Sequence[str],
                        lengths: SequenceLengths | None = None) -> list[tuple[dict[str, Any], Prediction]] | None:
     """Each corner of the space with its verdict on one trial's ``devices`` (one verl subprocess for all), at the
     expected ``lengths`` when given; None when the model's ``config.json`` cannot be read here without a download
-    (the trial downloads the model; nothing to estimate it from here)."""
-    cs = corners(space)
+    (the trial downloads the model; nothing to estimate it from here). A corner verl refuses while each of its values
+    runs in another is left out: a trial drawing it is not launched
+    (:func:`~hpo.backends.verl._batch.feasible_corners`)."""
+    cs, _ = feasible_corners(space, corners(space))
     try:
         verl = predict_verl_corners(space, [corner_overrides_of(space, c) for c in cs], devices, lengths=lengths)
     except ModelConfigUnavailable:
@@ -222,7 +225,9 @@ def validate_verl(space: Space, devices: Sequence[str], out: TextIO, lengths: Se
     from hpo.backends.verl._rows import field_of, row_check_request, row_lines
 
     per_trial = list(devices)
-    values = corners(space)
+    values, skipped = feasible_corners(space, corners(space))
+    for corner, why in skipped:  # each of its values runs in another corner (hpo.experiment._combos)
+        print(f"corner {shown(corner)}: infeasible, skipped (a trial drawing it is not launched): {why}", file=out)
     # every row of the data through verl's own data path, the reward on every distinct ground truth, every prompt
     # against data.max_prompt_length: in the same verl subprocess as the estimate
     inputs = verl_memory_inputs(space, [corner_overrides_of(space, c) for c in values],

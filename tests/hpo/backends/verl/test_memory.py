@@ -16,7 +16,7 @@ import pytest
 from hpo.backends import _preflight, load_space
 from hpo.backends._preflight import validate_space
 from hpo.backends._shapes import SequenceLengths
-from hpo.backends.verl import _memory
+from hpo.backends.verl import _memory, space_corners
 from hpo.backends.verl._memory import (
     MEASURED_PROMPTS,
     _verl_budget,
@@ -68,6 +68,25 @@ def test_validate_prints_every_corner_and_fails_when_one_does_not_fit(monkeypatc
     text = out.getvalue()
     assert text.count("DOES NOT FIT") == len(_preflight.corners(load_verl_space()))
     assert "vllm weights + KV cache (awake)" in text and "TOTAL (peak)" in text
+
+
+def test_validate_skips_a_corner_verl_refuses_whose_values_each_run_in_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    small = {**BASE, f"{AR}.rollout.gpu_memory_utilization": 0.1}
+    monkeypatch.setattr(_memory, "verl_memory_inputs", _fake_inputs(small))
+    monkeypatch.setattr("hpo.backends._shapes.gpu_memory", lambda: [])
+    shipped = load_verl_space()
+    micro = f"{AR}.actor.ppo_micro_batch_size_per_gpu"
+    space = load_verl_space(overrides={k: v for k, v in shipped.overrides.items() if k != micro}, params={
+        "mini": {"key": f"{AR}.actor.ppo_mini_batch_size", "type": "categorical", "choices": [1, 8]},
+        "micro": {"key": micro, "type": "categorical", "choices": [4, 8]}})
+    out = io.StringIO()
+    assert validate_space(space, [], out) == 0
+    text = out.getvalue()
+    assert text.count("infeasible, skipped") == 1 and "corner mini=1, micro=8: infeasible, skipped" in text
+    assert f"{micro}=8 does not divide the 4 samples each GPU gets per pass" in text
+    assert text.count(": fits") == 3 and "All checks passed" in text
+    assert [c.values for c in space_corners(space)] == [{"mini": 1, "micro": 4}, {"mini": 8, "micro": 4},
+                                                        {"mini": 8, "micro": 8}]  # what verl composes at load
 
 
 def test_validate_with_expected_lengths_passes_with_a_warning_when_only_the_worst_case_does_not_fit(
