@@ -272,7 +272,8 @@ def random_grid(count: int, seed: int = 0) -> list[tuple[int, dict[str, Any]]]:
 
 
 @needs_verl
-@pytest.mark.slow  # ~1 s a combination on 2 busy cores (hydra's compose): make test-slow / CI
+@pytest.mark.slow  # ~1 s a combination on 2 busy cores (240 combinations): make test-extended; each rule is
+@pytest.mark.extended  # checked against real verl by the test above, in make test
 def test_the_driver_agrees_with_verl_on_a_grid_of_combinations(user_models: Path) -> None:
     _agree(random_grid(240), user_models / "model")
 
