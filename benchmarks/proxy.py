@@ -45,7 +45,7 @@ SETTINGS: tuple[tuple[str, float, float], ...] = (
 SHIPPED_RULE = ("objective.aggregate=mean_last_k", "objective.k=3", "early_stopping.plateau_evals=3")
 SMOKE_STEPS = ["trainer.total_training_steps=4", "trainer.test_freq=2"]
 SMOKE_STUDY = [*SMOKE_STEPS, "study.n_trials=3", "study.pruner.min_resource=2", "study.confirm.seeds=2",
-               "study.fidelity.proxy.promote=2", "study.fidelity.proxy.overrides.trainer.total_training_steps=4"]
+               "study.fidelity.proxy.promote=2"]
 
 
 def shipped_transfer() -> dict[str, float]:
