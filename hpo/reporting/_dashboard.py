@@ -151,6 +151,11 @@ def _main(argv: list[str]) -> int:
     studies_dir = Path(argv[2]) if len(argv) > 2 else None
     url = os.environ.get(ENV_STORAGE, "")
     quiet_optuna()
+    # The page draws with plotly; ``optuna.visualization`` also imports its matplotlib plots, which load
+    # matplotlib.pyplot and its fonts when installed (MLflow brings it): about as long again as the rest of the
+    # page's imports. This process never draws with matplotlib, so that import fails here and Optuna marks its
+    # matplotlib plots unavailable.
+    sys.modules.setdefault("matplotlib", None)  # type: ignore[arg-type]
     try:
         study = optuna.load_study(study_name=study_name, storage=open_storage(url, StudySpec()))
         write_dashboard(study, out, storage_url=url, studies_dir=studies_dir)
