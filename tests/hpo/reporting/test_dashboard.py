@@ -391,9 +391,10 @@ def test_the_driver_never_loads_the_page_s_libraries(tmp_path: Path) -> None:
     assert "dashboard not written" not in res.stderr
 
 
-def test_the_page_process_draws_with_plotly_and_loads_no_matplotlib(tmp_path: Path) -> None:
-    """``optuna.visualization`` imports Optuna's matplotlib plots, which would load matplotlib.pyplot and its fonts
-    in every page process (once per search and every 5 trials); the page draws with plotly only, and is the same."""
+def test_the_page_process_draws_with_plotly_and_loads_no_matplotlib_or_scikit_learn(tmp_path: Path) -> None:
+    """``optuna.visualization`` and ``optuna.importance`` import Optuna's matplotlib plots and its fANOVA evaluator,
+    which would load matplotlib.pyplot and scikit-learn in every page process (once per search and every 5 trials);
+    the page draws with plotly, and its importances are PED-ANOVA's."""
     import subprocess
 
     from tests.hpo.conftest import PY, cli_env
@@ -402,7 +403,7 @@ def test_the_page_process_draws_with_plotly_and_loads_no_matplotlib(tmp_path: Pa
     out, loaded = tmp_path / "page.html", tmp_path / "loaded.txt"
     probe = ("import runpy, sys\nloaded = sys.argv.pop()\n"
              "try:\n    runpy.run_module('hpo.reporting._dashboard', run_name='__main__')\n"
-             "finally:\n    open(loaded, 'w').write(' '.join(m for m in ('plotly', 'matplotlib')"
+             "finally:\n    open(loaded, 'w').write(' '.join(m for m in ('plotly', 'matplotlib', 'sklearn')"
              " if sys.modules.get(m) is not None))\n")
     res = subprocess.run([PY, "-c", probe, "small3", str(out), str(tmp_path), str(loaded)], cwd=ROOT,
                          env=cli_env(VERL_HPO_PAGE_STORAGE=f"sqlite:///{tmp_path / 'small3.db'}"), capture_output=True,
