@@ -55,10 +55,8 @@ def _timed(fn: Callable[[], Any]) -> float:
 def config_checks(overrides: list[str]) -> dict[str, float]:
     """Seconds of the verl checks ``search`` runs before a study: the space's corners composed by verl
     (``load_space(..., thorough=True)``), the launch check (``check_verl_launch``) and the memory pre-flight."""
-    from hpo.backends import load_space
-    from hpo.backends._preflight import check_space_fits
+    from hpo.backends import check_space_fits, load_space, resolve_devices
     from hpo.backends.verl import check_verl_launch
-    from hpo.study._driver import resolve_devices
 
     t0 = time.perf_counter()
     space = load_space(SPACE, overrides, thorough=True)

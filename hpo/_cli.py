@@ -53,19 +53,27 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of ``verl-hpo``: every subcommand with its help; with ``only`` (the subcommand this run names), the
+    flags of that one alone (each subcommand's module is imported to add its flags: the others are not loaded)."""
     p = _Parser(prog="verl-hpo", description="Hyperparameter search over RL post-training runs of LLMs (Optuna).")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     for command in COMMANDS.values():
-        command.add_arguments(sub.add_parser(command.name, help=command.help))
+        parser = sub.add_parser(command.name, help=command.help)
+        if only is None or only == command.name:
+            command.add_arguments(parser)
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    inv = Invocation(default_studies_dir(getattr(args, "studies_dir", None)), getattr(args, "storage", None) or "")
-    from hpo.storages import STORAGE_ERRORS, scrub, storage_error_line
+def _named(argv: Sequence[str]) -> str:
+    """The subcommand ``argv`` names: its first word that is not a flag (``verl-hpo`` itself takes only ``-h``)."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(_named(argv)).parse_args(argv)
+    inv = Invocation(default_studies_dir(getattr(args, "studies_dir", None)), getattr(args, "storage", None) or "")
     try:
         refused = check_numbers(args)  # before any study exists
         if refused is not None:
@@ -74,18 +82,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_studies_dir(inv.studies_dir)
         return COMMANDS[args.cmd].run(args, inv)
     except SpaceError as err:
-        return fail(scrub(str(err), inv.storage_url) if inv.storage_url else str(err))
-    except STORAGE_ERRORS as err:  # StorageUnavailable (past study.storage_retry_s), StorageInternalError, ...
-        return fail(storage_error_line(err, inv.storage_url), 1)
-    except RuntimeError as err:
-        from hpo.execution.ray_jobs import RayClusterError
+        if not inv.storage_url:
+            return fail(str(err))
+        from hpo.storages import scrub
 
-        if not isinstance(err, RayClusterError):
-            raise
-        return fail(str(err), 1)
+        return fail(scrub(str(err), inv.storage_url))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        code = _runtime_error(err, inv)
+        if code is None:
+            raise
+        return code
+
+
+def _runtime_error(err: Exception, inv: Invocation) -> int | None:
+    """A storage that cannot be used (past ``study.storage_retry_s``) or a Ray cluster that refuses the job: one
+    line, exit 1; None for anything else (raised again). Their modules are imported here, once an error is there: a
+    run that never opened a storage or a cluster does not load them."""
+    from hpo.storages import STORAGE_ERRORS, storage_error_line
+
+    if isinstance(err, STORAGE_ERRORS):  # StorageUnavailable, StorageInternalError, ...
+        return fail(storage_error_line(err, inv.storage_url), 1)
+    if isinstance(err, RuntimeError):
+        from hpo.execution.ray_jobs import RayClusterError
+
+        if isinstance(err, RayClusterError):
+            return fail(str(err), 1)
+    return None
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from hpo.backends._check import load_space, rehearsal_of, stored_space
 from hpo.backends._features import Confirmation, MemoryModel, PredictionLike, Rehearsal, Resumable, Speed
 from hpo.backends._fidelity import proxy_space, transfer_factors
 from hpo.backends._first_rollout import RECORD_ENV, REPLAY_ENV, REPORT_ENV
-from hpo.backends._preflight import check_space_fits, validate_space
+from hpo.backends._preflight import check_space_fits, resolve_devices, validate_space
 from hpo.backends._registry import (
     DEFAULT_BACKEND,
     ENTRY_POINT_GROUP,
@@ -45,4 +45,4 @@ __all__ = ["Attempt", "Backend", "BackendError", "CheckpointLayout", "CodeRules"
            "RECORD_ENV", "REPLAY_ENV", "REPORT_ENV", "Rehearsal", "ResumePointLike", "Resumable", "Speed",
            "TrialConfig", "backend_label", "backend_named", "backend_of", "backends_that", "check_space_fits",
            "known_backends", "load_space", "lost_checkpoints", "proxy_space", "register", "rehearsal_of",
-           "stored_space", "transfer_factors", "trial_backend", "unregister", "validate_space"]
+           "resolve_devices", "stored_space", "transfer_factors", "trial_backend", "unregister", "validate_space"]

@@ -12,8 +12,9 @@ custom command or TRL: no estimate, their keys and corners are checked by the tr
 * ``verl-hpo validate --space`` (:func:`validate_space`, :meth:`~hpo.backends.MemoryModel.validate`): every
   corner's checks, warnings and estimate, exit 0 / 2; a backend without a memory model: what was checked, exit 0.
 
-Here: what every estimate shares: :class:`Prediction`, the space's :func:`corners`, the free memory of a trial's GPUs
-(:func:`gpu_budget`) and the report of every corner's verdict (:func:`report_corners`).
+Here: what every estimate shares: :class:`Prediction`, the space's :func:`corners`, the devices trials may use
+(:func:`resolve_devices`), the free memory of a trial's GPUs (:func:`gpu_budget`) and the report of every corner's
+verdict (:func:`report_corners`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from hpo.backends._base import CommandBackend
 from hpo.backends._registry import backend_of
-from hpo.experiment import Space, SpaceError
+from hpo.execution import detect_devices
+from hpo.experiment import Space, SpaceError, TrialSpec
 
 if TYPE_CHECKING:
     from hpo.backends._shapes import SequenceLengths
@@ -53,6 +55,17 @@ class Prediction:
     @property
     def fits(self) -> bool:
         return self.problem is None
+
+
+def resolve_devices(spec: TrialSpec, override: Sequence[str] | None = None) -> list[str]:
+    """The devices trials may use (``--devices``, else ``trial.devices``, else detected); SpaceError when a
+    trial needs more than there are."""
+    devices = list(override) if override is not None else (
+        list(spec.devices) if spec.devices is not None else detect_devices())
+    if devices and spec.gpus_per_trial > len(devices):
+        raise SpaceError(f"trial.gpus_per_trial={spec.gpus_per_trial} but only {len(devices)} device(s) are "
+                         f"available ({','.join(devices)})")
+    return devices
 
 
 def gpu_budget(devices: Sequence[str]) -> tuple[int, str] | None:

@@ -5,18 +5,18 @@ the command line that goes on with a study (:func:`follow_up`), and the exit cod
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import os
 import shlex
 import signal
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from hpo.analysis import OutputRefused, check_dir_creatable, make_output_dir
 from hpo.experiment import SPACES_DIR, SpaceError
-from hpo.storages import mask_url
 
 EXIT_SIGNAL: dict[int, int] = {int(signal.SIGINT): 130, int(signal.SIGTERM): 143, int(signal.SIGHUP): 129}
 ENV_STUDIES_DIR = "VERL_HPO_STUDIES_DIR"
@@ -35,12 +35,24 @@ class Invocation:
 
 @dataclass(frozen=True)
 class Subcommand:
-    """A subcommand: its name and one-line help (``verl-hpo --help``), its flags, and what it runs (the exit code)."""
+    """A subcommand: its name and one-line help (``verl-hpo --help``), and the module of :mod:`hpo.commands` that
+    holds its flags (``add_arguments(parser)``) and what it runs (``run(args, inv)``, the exit code). The module is
+    imported when the subcommand is parsed: ``verl-hpo --help`` or a refused ``best`` loads no trainer backend, no
+    study loop and no Optuna that it does not use."""
 
     name: str
     help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace, Invocation], int]
+    module: str  # e.g. "_search": hpo.commands._search
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        self._module().add_arguments(parser)
+
+    def run(self, args: argparse.Namespace, inv: Invocation) -> int:
+        code: int = self._module().run(args, inv)
+        return code
+
+    def _module(self) -> ModuleType:
+        return importlib.import_module(f"hpo.commands.{self.module}")
 
 
 def default_studies_dir(arg: Path | None = None) -> Path:
@@ -80,7 +92,7 @@ def make_studies_dir(path: Path) -> None:
 def follow_up(cmd: str, study_name: str, storage_url: str, studies_dir: Path) -> str:
     """A complete command line to go on with this study: ``--studies-dir`` unless it is the default, ``--storage``
     (its password masked) unless it is the study's default SQLite file there (issue 43: a hint that finds nothing)."""
-    from hpo.storages import default_storage_url
+    from hpo.storages import default_storage_url, mask_url
 
     line = f"verl-hpo {cmd} --study {study_name}"
     if studies_dir.resolve() != default_studies_dir().resolve():

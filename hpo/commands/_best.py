@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hpo.commands._args import storage_args
-from hpo.commands._base import Invocation, Subcommand, fail, follow_up, open_existing
+from hpo.commands._base import Invocation, fail, follow_up, open_existing
 
 
 def add_arguments(b: argparse.ArgumentParser) -> None:
@@ -30,7 +30,3 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
                           lambda cmd: follow_up(cmd, args.study, inv.storage_url, inv.studies_dir))
     except NoBest as err:
         return fail(str(err), err.code)
-
-
-BEST = Subcommand("best", "print the best trial as trainer overrides (pareto studies: the front); after confirm, the "
-                          "best confirmed mean", add_arguments, run)

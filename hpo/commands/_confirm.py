@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hpo.commands._args import budget_arg, storage_args, tracking_args, trust_args
-from hpo.commands._base import Invocation, Subcommand
+from hpo.commands._base import Invocation
 from hpo.commands._study import Confirmation, run_stored
 
 
@@ -27,7 +27,3 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, inv: Invocation) -> int:
     return run_stored(args, inv, confirm=Confirmation(args.top, args.seeds, tuple(args.baseline_runs)))
-
-
-CONFIRM = Subcommand("confirm", "re-run the top trials with fresh seeds (as tagged trials of the study); best then "
-                                "ranks by the confirmed mean", add_arguments, run)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hpo.analysis import OutputRefused, check_output_path
 from hpo.commands._args import storage_args
-from hpo.commands._base import Invocation, Subcommand, fail, open_existing
+from hpo.commands._base import Invocation, fail, open_existing
 
 
 def add_arguments(d: argparse.ArgumentParser) -> None:
@@ -48,7 +48,3 @@ def _is_about(err: OSError, out: Path) -> bool:
         return False
     where = Path(err.filename)
     return where.parent == out.parent or where in (out.parent, *out.parent.parents)
-
-
-DASHBOARD = Subcommand("dashboard", "write <studies-dir>/<study>/dashboard.html (one self-contained page)",
-                       add_arguments, run)

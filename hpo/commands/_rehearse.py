@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from hpo.backends import backend_named, backends_that, load_space
-from hpo.commands._base import ENV_STUDIES_DIR, Invocation, Subcommand, spaces_dir
+from hpo.commands._base import ENV_STUDIES_DIR, Invocation, spaces_dir
 
 
 def add_arguments(rh: argparse.ArgumentParser) -> None:
@@ -34,9 +34,3 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
     tool = rehearsal_of(space)  # SpaceError: a trainer without a rehearsal
     return tool.run(space, argparse.Namespace(**{**vars(args), "spaces_dir": spaces_dir(),
                                                  "studies_dir": inv.studies_dir.resolve()}))
-
-
-REHEARSE = Subcommand("rehearse", "an experiment of a trainer that has a rehearsal: run its own pipeline (config, "
-                                  "data, reward, objective, corners, a resume) shrunk to a small model on this CPU, "
-                                  "and report what would fail a real study; exit 0 it would run, 1 it would fail, 3 a "
-                                  "corner could not finish on this machine (not a failure)", add_arguments, run)

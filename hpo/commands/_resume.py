@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hpo.commands._args import budget_arg, ray_arg, storage_args, tracking_args, trust_args
-from hpo.commands._base import Invocation, Subcommand
+from hpo.commands._base import Invocation
 from hpo.commands._study import run_stored
 
 
@@ -21,6 +21,3 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, inv: Invocation) -> int:
     return run_stored(args, inv, n_trials=args.n_trials, ray_address=args.ray_address)
-
-
-RESUME = Subcommand("resume", "continue a study until it has n_trials finished trials", add_arguments, run)

@@ -6,7 +6,7 @@ import argparse
 
 from hpo.backends import load_space
 from hpo.commands._args import budget_arg, ray_arg, storage_args, tracking_args
-from hpo.commands._base import Invocation, Subcommand, make_studies_dir, spaces_dir
+from hpo.commands._base import Invocation, make_studies_dir, spaces_dir
 from hpo.commands._speed_from import SpeedFrom
 from hpo.commands._study import StudyRun, run_study
 
@@ -40,6 +40,3 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
     return run_study(StudyRun(study_name, space, storage=args.storage, budget=args.budget,
                               tracking=tuple(args.tracking), tracking_optional=args.tracking_optional,
                               ray_address=args.ray_address, speed_info=speed.info), inv)
-
-
-SEARCH = Subcommand("search", "run (or continue) a study of an experiment file", add_arguments, run)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from hpo.commands._args import storage_args
-from hpo.commands._base import Invocation, Subcommand, fail, open_existing
+from hpo.commands._base import Invocation, fail, open_existing
 from hpo.experiment import TRACKING_FLAG_HELP, SpaceError
 
 
@@ -32,7 +32,3 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
                     "or --tracking wandb")
     spec = checked_tracking(spec, space.source, False, lambda line: None)
     return catch_up(spec, args.study, inv.storage_url, inv.studies_dir)
-
-
-TRACK = Subcommand("track", "log to MLflow / W&B what this host's drivers of a study could not (a tracking server that "
-                            "was down past tracking.flush_s)", add_arguments, run)

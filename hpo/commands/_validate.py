@@ -11,7 +11,7 @@ from typing import Any
 from hpo.analysis import FileRefused, check_regular
 from hpo.backends import load_space
 from hpo.commands._args import storage_args
-from hpo.commands._base import Invocation, Subcommand, fail, spaces_dir
+from hpo.commands._base import Invocation, fail, spaces_dir
 from hpo.commands._speed_from import SpeedFrom
 from hpo.experiment import Space, SpaceError
 
@@ -29,8 +29,7 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, inv: Invocation) -> int:
-    from hpo.backends import validate_space
-    from hpo.study import resolve_devices
+    from hpo.backends import resolve_devices, validate_space
 
     # study.speed_from checked as search checks it (a complete confirmation), its settings said and applied
     speed = SpeedFrom(args.storage, inv.studies_dir, say=print)
@@ -59,7 +58,3 @@ def _sequence_lengths(space: Space, path: Path) -> Any:
     if backend.memory is None:
         raise SpaceError(f"--metrics {path}: trial.backend {backend.name} has no memory estimate to read lengths for")
     return backend.memory.sequence_lengths(path)
-
-
-VALIDATE = Subcommand("validate", "check an experiment file without running it: the space, every corner against the "
-                                  "trainer config, and each corner's memory estimate", add_arguments, run)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from hpo.commands._args import budget_arg, ray_arg, storage_args, tracking_args, trust_args
-from hpo.commands._base import Invocation, Subcommand, fail
+from hpo.commands._base import Invocation, fail
 from hpo.commands._study import run_stored
 from hpo.experiment import MAX_N_JOBS, StudySpec
 
@@ -34,7 +34,3 @@ def run(args: argparse.Namespace, inv: Invocation) -> int:
     # a worker (often started by a scheduler) waits for a database that is starting or restarting
     return run_stored(args, inv, n_jobs=args.n_jobs, devices=args.devices, ray_address=args.ray_address,
                       wait_s=StudySpec().storage_retry_s)
-
-
-WORKER = Subcommand("worker", "join an existing study (its stored experiment) and run trials until the study's target "
-                              "is reached; run one per host or GPU box", add_arguments, run)

@@ -44,8 +44,8 @@ PAGE_TIMEOUT_S = 300.0
 
 
 def page_process(study_name: str, storage_url: str, studies_dir: Path | None, out: Path) -> subprocess.Popen[str]:
-    """Start ``python -m hpo.reporting._dashboard`` writing ``out``: the page's imports (plotly, scikit-learn for
-    the importances, ~150 MB) and its seconds of work stay out of the driver's process. The storage URL goes in
+    """Start ``python -m hpo.reporting._dashboard`` writing ``out``: the page's imports (plotly, Optuna's plots and
+    importances) and its seconds of work stay out of the driver's process. The storage URL goes in
     the environment (argv is world-readable in ``ps``); stderr is the caller's to read."""
     env = dict(os.environ)
     env[ENV_STORAGE] = storage_url
@@ -151,6 +151,13 @@ def _main(argv: list[str]) -> int:
     studies_dir = Path(argv[2]) if len(argv) > 2 else None
     url = os.environ.get(ENV_STORAGE, "")
     quiet_optuna()
+    # The page draws with plotly, and its importances are PED-ANOVA's (Optuna's default evaluator: numpy only). Yet
+    # importing optuna.visualization and optuna.importance also imports Optuna's matplotlib plots and its fANOVA and
+    # MDI evaluators, which load matplotlib.pyplot and scikit-learn (with SciPy) wherever they are installed (MLflow
+    # brings matplotlib): more than half of this process's time. It uses neither, so they fail to import here and
+    # Optuna marks those plots and evaluators unavailable.
+    for unused in ("matplotlib", "sklearn"):
+        sys.modules.setdefault(unused, None)  # type: ignore[arg-type]
     try:
         study = optuna.load_study(study_name=study_name, storage=open_storage(url, StudySpec()))
         write_dashboard(study, out, storage_url=url, studies_dir=studies_dir)

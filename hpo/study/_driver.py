@@ -30,9 +30,9 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from hpo.analysis import OutputRefused, make_output_dir
-from hpo.backends import DEFAULT_BACKEND, backend_named, backend_of
-from hpo.execution import DevicePool, detect_devices, driver_identity, sweep_orphans
-from hpo.experiment import Space, SpaceError, TrialSpec
+from hpo.backends import DEFAULT_BACKEND, backend_named, backend_of, resolve_devices
+from hpo.execution import DevicePool, driver_identity, sweep_orphans
+from hpo.experiment import Space, SpaceError
 from hpo.record import (
     ATTR_FIDELITY_CHECK,
     ATTR_PROMOTED_FROM,
@@ -57,18 +57,6 @@ from hpo.study._trial_files import prepare
 
 WAIT_S = 1.0  # poll period of a driver waiting for others' trials to finish or die
 Callback = Callable[[optuna.Study, FrozenTrial], None]
-
-
-# ----------------------------------------------------------------------------- devices
-def resolve_devices(spec: TrialSpec, override: Sequence[str] | None = None) -> list[str]:
-    """The devices trials may use (``--devices``, else ``trial.devices``, else detected); SpaceError when a
-    trial needs more than there are."""
-    devices = list(override) if override is not None else (
-        list(spec.devices) if spec.devices is not None else detect_devices())
-    if devices and spec.gpus_per_trial > len(devices):
-        raise SpaceError(f"trial.gpus_per_trial={spec.gpus_per_trial} but only {len(devices)} device(s) are "
-                         f"available ({','.join(devices)})")
-    return devices
 
 
 # ----------------------------------------------------------------------------- opening a run

@@ -391,6 +391,29 @@ def test_the_driver_never_loads_the_page_s_libraries(tmp_path: Path) -> None:
     assert "dashboard not written" not in res.stderr
 
 
+def test_the_page_process_draws_with_plotly_and_loads_no_matplotlib_or_scikit_learn(tmp_path: Path) -> None:
+    """``optuna.visualization`` and ``optuna.importance`` import Optuna's matplotlib plots and its fANOVA evaluator,
+    which would load matplotlib.pyplot and scikit-learn in every page process (once per search and every 5 trials);
+    the page draws with plotly, and its importances are PED-ANOVA's."""
+    import subprocess
+
+    from tests.hpo.conftest import PY, cli_env
+
+    small_study(tmp_path, 3)
+    out, loaded = tmp_path / "page.html", tmp_path / "loaded.txt"
+    probe = ("import runpy, sys\nloaded = sys.argv.pop()\n"
+             "try:\n    runpy.run_module('hpo.reporting._dashboard', run_name='__main__')\n"
+             "finally:\n    open(loaded, 'w').write(' '.join(m for m in ('plotly', 'matplotlib', 'sklearn')"
+             " if sys.modules.get(m) is not None))\n")
+    res = subprocess.run([PY, "-c", probe, "small3", str(out), str(tmp_path), str(loaded)], cwd=ROOT,
+                         env=cli_env(VERL_HPO_PAGE_STORAGE=f"sqlite:///{tmp_path / 'small3.db'}"), capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert loaded.read_text() == "plotly"
+    page = out.read_text()
+    assert "Plotly.newPlot" in page and "Parameter importances" in page and "Cannot be drawn yet" not in page
+
+
 def test_successive_halving_rungs_steps_and_spending_are_shown(tmp_path: Path) -> None:
     """A study run by successive halving: each trial's rungs and steps in the table, what it spent in the header."""
     from hpo.samplers import ChainHalvingPruner

@@ -86,12 +86,10 @@ def test_resume_passes_over_checkpoints_a_trial_replaced(died: Path) -> None:
     zero = checkpoints / "checkpoint-4" / "trainer_state.json"
     zero.unlink()
     zero.symlink_to("/dev/zero")  # before: read until MemoryError, a traceback
-    started = time.monotonic()
     res = _hpo(died, "resume", "--study", "exp", "--space", "exp.yaml", "--studies-dir", str(died / "studies"),
                timeout=200)
     out = res.stdout + res.stderr
-    assert res.returncode == 0 and "Traceback" not in out, out[-4000:]
-    assert time.monotonic() - started < 150
+    assert res.returncode == 0 and "Traceback" not in out, out[-4000:]  # no hang (the timeout), no MemoryError
     study = optuna.load_study(study_name="exp", storage=f"sqlite:///{died / 'studies' / 'exp.db'}")
     retry = next(t for t in study.trials if t.user_attrs.get("retry_of") == 0)
     assert retry.state.name == "COMPLETE"

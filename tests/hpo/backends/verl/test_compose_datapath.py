@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -65,7 +64,6 @@ def test_no_chat_template_and_a_reward_that_hangs_on_one_ground_truth(user_model
             time.sleep(0.1)
             return float(ground_truth in solution_str)
     """
-    started = time.monotonic()
     res = validate(user_experiment(tmp_path / "mine", user_models / "model_no_template", reward=slow),
                    VERL_HPO_REWARD_CALL_TIMEOUT_S="3")
     assert res.returncode == 2, (res.stdout, res.stderr)
@@ -77,7 +75,7 @@ def test_no_chat_template_and_a_reward_that_hangs_on_one_ground_truth(user_model
     note = next(ln for ln in res.stdout.splitlines() if ln.startswith("note: reward: "))
     assert "s a call" in note and "128 calls a training step (data.train_batch_size=16 x " \
         "actor_rollout_ref.rollout.n=8)" in note, note
-    assert "All checks passed" not in res.stdout and time.monotonic() - started < 300
+    assert "All checks passed" not in res.stdout
 
 
 @needs_verl
