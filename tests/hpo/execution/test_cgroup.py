@@ -89,7 +89,7 @@ def test_peak_and_oom_counter_of_a_cgroup() -> None:
         (cg.path / "cgroup.procs").write_text(str(proc.pid))
         t = time.monotonic()
         proc.communicate(b"x")
-        assert proc.returncode == -9 and cg.oom_killed() and time.monotonic() - t < 5
+        assert proc.returncode == -9 and cg.oom_killed()  # killed by the kernel, where it would have exited 0
         if os.access("/dev/kmsg", os.R_OK):  # the confirmation used where a trial has no cgroup of its own
             assert kernel_oom_killed({proc.pid}, since=t)
             assert not kernel_oom_killed({proc.pid}, since=time.monotonic() + 5)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -68,14 +67,12 @@ def check_cut(log: bytes, lines: int, cap: int) -> tuple[int, int]:
     return cut_bytes, cut_lines
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120)  # a hang guard only (~2 s on a loaded 2-core host); the cap's cost: test_logpump.py
 def test_a_trainer_that_prints_50_mb_to_stderr_leaves_its_head_its_tail_and_the_cut(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VERL_HPO_LOG_CAP_MIB", raising=False)
     lines = 500_000  # 50 MB
-    start = time.monotonic()
     result, log_dir = run_chatty(tmp_path, lines)
-    took = time.monotonic() - start
     assert result.exit_code == 0 and result.failure is None and result.last_step == 1  # the trial still finishes
     log = (log_dir / "stderr.log").read_bytes()
     cut_bytes, _ = check_cut(log, lines, 16 * MIB)  # the default cap: 16 MiB
@@ -84,7 +81,6 @@ def test_a_trainer_that_prints_50_mb_to_stderr_leaves_its_head_its_tail_and_the_
     assert (log_dir / "stdout.log").read_text() == "stdout: trained 1 step\n"
     notes = [n for n in result.log_notes if n.startswith("stderr.log went over its cap of 16 MiB")]
     assert len(notes) == 1 and str(log_dir / "stderr.log") in notes[0] and f"{cut_bytes / 1e6:.1f} MB" in notes[0]
-    assert took < 60, took
 
 
 @pytest.mark.timeout(120)

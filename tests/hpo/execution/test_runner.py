@@ -33,6 +33,7 @@ from tests.hpo.conftest import FAKE_TRAINER, PY, ROOT, cli_env
 
 # every mechanism this machine offers: polling always, a cgroup where the kernel lets us create one
 MECHANISMS = ["poll"] + [m for m in ("cgroup-v2", "cgroup-v1") if _cgroup.mechanism(m) is not None]
+WAIT_S = 60.0  # waits on a state end when it holds: this long only guards against a hang (a busy machine is slow)
 
 
 def tagged(tag: str) -> list[psutil.Process]:
@@ -60,7 +61,7 @@ def trainers(tag: str) -> list[psutil.Process]:
     return out
 
 
-def wait_gone(tag: str, timeout: float = 5.0) -> list[psutil.Process]:
+def wait_gone(tag: str, timeout: float = WAIT_S) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         left = tagged(tag)
@@ -112,7 +113,7 @@ def test_clean_run_reports_every_step_and_peak_memory(tmp_path: Path, mechanism:
     assert result.memory_mechanism == mechanism
     assert (result.cgroup_peak_gb is not None) == mechanism.startswith("cgroup")
     assert not (tmp_path / ".wrapper-status.json").exists()
-    assert wait_gone(tag, 1) == []
+    assert wait_gone(tag) == []
 
 
 @pytest.mark.parametrize("child", ["group", "session"])
@@ -122,12 +123,11 @@ def test_stop_kills_the_whole_tree(tmp_path: Path, child: str) -> None:
     def stop_at_2(step: int, data: dict[str, object]) -> str | None:
         return "pruned" if step == 2 else None
 
-    start = time.monotonic()
     result, tag = run_fake(tmp_path, "trainer.total_training_steps=1000", "fake.step_s=0.05", f"fake.child={child}",
                            "fake.ignore_sigterm=true", on_metrics=stop_at_2)
     assert result.stop == "pruned" and result.last_step == 2 and result.failure is None
+    assert result.exit_code == -signal.SIGKILL  # killed: not the 1,000 steps' end of a trainer deaf to SIGTERM
     assert wait_gone(tag) == []
-    assert time.monotonic() - start < 15
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
@@ -136,27 +136,30 @@ def test_escaped_grandchild_is_killed_after_a_clean_exit(tmp_path: Path, mechani
     result, tag = run_fake(tmp_path, "trainer.total_training_steps=2", "fake.child=session",
                            memory_mechanism=mechanism)
     assert result.exit_code == 0 and result.failure is None
-    assert wait_gone(tag, 2) == []
+    assert wait_gone(tag) == []
     assert result.leftovers_killed == 1
 
 
+@pytest.mark.timeout(300)  # a timeout that never fires fails here, not after the trainer's hour
 def test_timeout(tmp_path: Path) -> None:
     result, tag = run_fake(tmp_path, "fake.hang_at=1", "fake.child=group", timeout_s=1.5)
     assert result.stop == "timeout" and result.failure == "timeout"
-    assert 1.5 <= result.wall_time_s < 8
+    assert result.exit_code == -signal.SIGTERM  # stopped by the driver, where it would have slept an hour
+    assert result.wall_time_s >= 1.5  # not before its time (a slow machine only takes longer)
     assert wait_gone(tag) == []
 
 
 def test_timeout_is_not_delayed_by_a_blocked_metrics_callback(tmp_path: Path) -> None:
-    """The callback (a storage write on a busy database) blocks for 6 s; the 1 s timeout still kills on time."""
+    """The callback (a storage write on a busy database) blocks until the trainer is gone: the 1 s timeout kills
+    the trainer meanwhile, without waiting for the callback to return."""
     tag_box: list[str] = []
-    gone_after: list[float] = []
-    start = time.monotonic()
+    gone_while_blocked: list[bool] = []
 
     def blocked(step: int, data: dict[str, object]) -> str | None:
-        while time.monotonic() - start < 6 and trainers(tag_box[0]):
+        deadline = time.monotonic() + WAIT_S  # a hang guard: the timeout kills the trainer long before
+        while time.monotonic() < deadline and trainers(tag_box[0]):
             time.sleep(0.05)
-        gone_after.append(time.monotonic() - start)
+        gone_while_blocked.append(not trainers(tag_box[0]))
         return None
 
     tag_box.append(uuid.uuid4().hex)
@@ -165,7 +168,7 @@ def test_timeout_is_not_delayed_by_a_blocked_metrics_callback(tmp_path: Path) ->
                                    {**os.environ, "TEST_TAG": tag_box[0]}, tmp_path, metrics,
                                    timeout_s=1.0, on_metrics=blocked)).run()
     assert result.stop == "timeout"
-    assert gone_after and gone_after[0] < 4.5, gone_after
+    assert gone_while_blocked[:1] == [True], gone_while_blocked  # killed while the first call still blocked
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
@@ -274,7 +277,7 @@ def test_sigkill_by_someone_else_is_killed_not_oom(tmp_path: Path, mechanism: st
     tag = uuid.uuid4().hex
 
     def killer() -> None:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             found = trainers(tag)
             if found:
@@ -386,12 +389,12 @@ DRIVER = textwrap.dedent("""
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 @pytest.mark.parametrize("child", ["none", "group", "session"])
 def test_whole_trial_dies_with_a_sigkilled_driver(tmp_path: Path, child: str, mechanism: str) -> None:
-    """After a SIGKILL of the driver, the trainer and its grandchildren (also one in its own session) die
-    within a couple of seconds, without waiting for a later driver to sweep them; the trial's cgroup goes too."""
+    """After a SIGKILL of the driver, the trainer and its grandchildren (also one in its own session) die with it,
+    without waiting for a later driver to sweep them; the trial's cgroup goes too."""
     tag, study = uuid.uuid4().hex, f"s-{uuid.uuid4().hex[:8]}"
     args = [PY, "-c", DRIVER, str(tmp_path), study, str(FAKE_TRAINER), child, mechanism]
     driver = subprocess.Popen(args, cwd=ROOT, env=cli_env(TEST_TAG=tag))
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + WAIT_S
     while not (tmp_path / "m.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     want = 2 if child == "none" else 3
@@ -402,7 +405,7 @@ def test_whole_trial_dies_with_a_sigkilled_driver(tmp_path: Path, child: str, me
     assert len(procs) == want, "wrapper, trainer (and grandchild) did not start"
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    assert psutil.wait_procs(procs, timeout=15)[1] == [], "part of the trial survived its driver"
+    assert psutil.wait_procs(procs, timeout=WAIT_S)[1] == [], "part of the trial survived its driver"
     found = _cgroup.mechanism(mechanism) if mechanism != "poll" else None
     if found is not None:
         assert not list(found.parent.glob(f"{_cgroup.PREFIX}{driver.pid}.*"))
@@ -445,7 +448,7 @@ sys.exit(3)
 def test_a_trial_that_puts_fifos_in_place_of_its_logs_cannot_hang_the_driver(tmp_path: Path) -> None:
     """The driver reads the stderr tail and the wrapper's status from the trial's directory: a FIFO there used to
     block the wrapper's write (until the driver killed it) and then the driver's own read, for ever."""
-    start = time.monotonic()
     result, _ = run_argv(tmp_path, [PY, "-c", REPLACES_ITS_LOGS, str(tmp_path)])
+    # exit 3: the wrapper wrote its status and exited with the trainer's code; one blocked on the FIFO would have
+    # been SIGKILLed by the driver (after KILL_GRACE_S + 10 s); a driver's read that blocks: the timeout above
     assert result.exit_code == 3 and result.stderr_tail == "" and result.failure == "crash"
-    assert time.monotonic() - start < 10

@@ -5,14 +5,13 @@ page's 300 s), says so in a caption, and keeps every parameter in the trials tab
 from __future__ import annotations
 
 import random
-import time
 import warnings
 
 import optuna
 from optuna.distributions import FloatDistribution
 from optuna.trial import create_trial
 
-from hpo.reporting._figures import MAX_PLOT_PARAMS, build_panels
+from hpo.reporting._figures import MAX_CONTOUR_PARAMS, MAX_PLOT_PARAMS, build_panels
 from hpo.reporting._page import build_html
 from hpo.study._optuna import ATTR_SPACE
 
@@ -35,13 +34,13 @@ def _study() -> optuna.Study:
     return study
 
 
-def test_a_large_space_draws_its_most_important_parameters_in_seconds(tmp_path: object) -> None:
+def test_a_large_space_draws_its_most_important_parameters(tmp_path: object) -> None:
+    """What keeps the page's cost bounded: the plots draw MAX_PLOT_PARAMS parameters, not the 400 (the plots' time
+    is a benchmark's matter)."""
     study = _study()
-    start = time.monotonic()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         panels = {p.key: p for p in build_panels(study)}
-    took = time.monotonic() - start
     importances = panels["importances"].figure
     assert importances is not None, panels["importances"].reason
     shown = list(importances.data[0].y)
@@ -52,7 +51,8 @@ def test_a_large_space_draws_its_most_important_parameters_in_seconds(tmp_path: 
     assert len({t.xaxis for t in slice_.data}) == MAX_PLOT_PARAMS
     for key in ("importances", "parallel", "slice"):
         assert f"most important of {N_PARAMS} parameters" in panels[key].caption
-    assert took < 60, f"{took:.0f} s for {N_PARAMS} parameters"  # today's code: minutes (quadratic)
+    contour = panels["contour"].figure.layout.to_plotly_json()  # every pair: MAX_CONTOUR_PARAMS^2 panels, not 400^2
+    assert len([k for k in contour if k.startswith("xaxis")]) == MAX_CONTOUR_PARAMS ** 2
 
 
 def test_a_small_space_draws_every_parameter() -> None:

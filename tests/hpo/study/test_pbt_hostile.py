@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -52,19 +51,18 @@ def inodes(root: Path) -> set[tuple[int, int]]:
     return out
 
 
-def search(tmp_path: Path, studies: Path, hostile: str, **space: float) -> tuple[Any, float]:
+def search(tmp_path: Path, studies: Path, hostile: str, **space: float) -> Any:
+    """The study (a stalled one fails at run_cli's timeout: several times what it takes on a loaded machine)."""
     env = stand_in_env(tmp_path / "site", hostile)
-    started = time.monotonic()
-    res = run_cli(["search", "--space", str(pbt_space(tmp_path, **space)), "--study", "s"], studies, timeout=240,
-                  **env)
-    return res, time.monotonic() - started
+    return run_cli(["search", "--space", str(pbt_space(tmp_path, **space)), "--study", "s"], studies, timeout=240,
+                   **env)
 
 
 @pytest.mark.slow  # a study through the driver and its dashboard: ~15 s each on 2 cores
 @pytest.mark.parametrize("hostile", ["delete", "symlink", "etc"])
 def test_a_study_whose_checkpoints_vanish_ends_with_a_line_per_lost_one(tmp_path: Path, studies: Path,
                                                                          hostile: str) -> None:
-    res, took = search(tmp_path, studies, hostile)
+    res = search(tmp_path, studies, hostile)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
     trials = load(studies, "s").trials
@@ -79,7 +77,7 @@ def test_a_study_whose_checkpoints_vanish_ends_with_a_line_per_lost_one(tmp_path
     want = "is gone" if hostile == "delete" else "is a symbolic link"
     assert all(want in line for line in lost), lost
     assert sum("stops at step 0" in line for line in out.splitlines()) == POPULATION, out[-3000:]
-    assert "deciding again" not in out and took < 200
+    assert "deciding again" not in out
 
     if hostile == "symlink":  # nothing of the trial's choosing is linked into the studies directory
         assert inodes(tmp_path / "outside") and not inodes(tmp_path / "outside") & inodes(studies)
@@ -92,7 +90,7 @@ def test_a_study_whose_checkpoints_vanish_ends_with_a_line_per_lost_one(tmp_path
 
 @pytest.mark.slow  # a population of 3 over 3 intervals through the driver: ~15 s on 2 cores
 def test_a_trainer_that_rewrites_its_resume_checkpoint_changes_no_other(tmp_path: Path, studies: Path) -> None:
-    res, _ = search(tmp_path, studies, "write")
+    res = search(tmp_path, studies, "write")
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     rewrites = [json.loads(line) for line in (tmp_path / "rewrites.jsonl").read_text().splitlines()]
     assert len(rewrites) == NORMAL - POPULATION  # every segment after the first resumed, and rewrote its copy
@@ -106,7 +104,7 @@ def test_a_trainer_that_rewrites_its_resume_checkpoint_changes_no_other(tmp_path
 
 @pytest.mark.slow  # 6 collapsing segments through the driver, then best and confirm: ~20 s on 2 cores
 def test_every_member_collapsed_best_and_confirm_say_so(tmp_path: Path, studies: Path) -> None:
-    res, _ = search(tmp_path, studies, "", low=1e-2, high=1.0)  # every lr collapses, halved once: still too high
+    res = search(tmp_path, studies, "", low=1e-2, high=1.0)  # every lr collapses, halved once: still too high
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     trials = load(studies, "s").trials
     assert all(t.user_attrs.get("stop_reason") == "collapsed:nan" for t in trials if "pbt:member" in t.system_attrs)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,7 +63,10 @@ def test_a_submission_without_job_agent_is_retried_then_one_line(agentless: RayC
     assert len(said) == 1 and "job agent does not answer" in said[0], said
 
 
+@pytest.mark.timeout(900)  # a hang guard: a driver that neither says it nor ends
 def test_a_head_killed_mid_trial_is_said_at_once(tmp_path: Path) -> None:
+    """The driver says the cluster stopped answering while it still waits for it, before it gives up on it
+    (DASHBOARD_GONE_S) or the trial ends: not silence until then. How soon (SILENT_S) is a constant, not timed here."""
     studies = tmp_path / "studies"
     with head_only() as cluster:
         cluster_view(cluster.address)
@@ -75,14 +77,16 @@ def test_a_head_killed_mid_trial_is_said_at_once(tmp_path: Path) -> None:
             metrics = studies / "fake" / "trials" / "0" / "metrics.jsonl"
             wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), 240, "trial 0's first metrics")
             cluster.stop()
-            killed = time.monotonic()
             assert proc.stdout is not None
+            before: list[str] = []  # what the driver printed until it said so
             for line in proc.stdout:
                 if "stopped answering" in line:
                     break
-            took = time.monotonic() - killed
-            assert took < 60, f"{took:.0f} s of silence"  # was 108-300 s; a loaded 2-core host needs ~5-40 s
+                before.append(line)
+            else:
+                raise AssertionError("the driver never said the cluster stopped answering:\n" + "".join(before[-20:]))
             assert cluster.address in line and "waiting up to" in line
+            assert proc.poll() is None and not [b for b in before if "has not answered for" in b], before[-20:]
         finally:
             proc.kill()
             proc.wait()
