@@ -38,6 +38,7 @@ from verl_core.config import Config, ConfigError, derive_sizes
 from verl_core.data import PromptSampler, load_examples
 from verl_core.evaluators import build_text_evaluators
 from verl_core.gpu_metrics import UtilizationSampler
+from verl_core.import_cache import cached_transformers_import
 from verl_core.resolve import resolve_data_path, resolve_model_path
 from verl_core.rewards import build_reward, token_level_scores
 from verl_core.rollout import SamplingParams, build_rollout
@@ -88,14 +89,16 @@ def import_transformers() -> None:
     usual. A trial decodes with :mod:`verl_core.decode` or vLLM and trains causal LMs and value heads, none of which
     read them. Call it before anything else imports transformers: transformers caches whether a package is installed
     at its first question, and a process where it already said yes imports transformers as usual (the import is
-    retried without the marks). A no-op once transformers' model code is imported."""
+    retried without the marks). Two of its start-up computations come from disk (:mod:`verl_core.import_cache`). A
+    no-op once transformers' model code is imported."""
     if "transformers.modeling_utils" in sys.modules:
         return
     blocked = [name for name in UNUSED_OPTIONAL if name not in sys.modules]
     for name in blocked:
         sys.modules[name] = None  # type: ignore[assignment]
     try:
-        _import_model_code()
+        with cached_transformers_import():
+            _import_model_code()
     except ImportError as err:  # transformers knew them installed before the marks: import as usual
         if (err.name or "").split(".")[0] not in blocked:
             raise
