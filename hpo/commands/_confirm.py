@@ -12,7 +12,8 @@ from hpo.commands._study import Confirmation, run_stored
 def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--study", required=True)
     c.add_argument("--top", type=int, default=None, metavar="K",
-                   help="configurations to confirm, best first (default: the experiment's study.confirm.top_k)")
+                   help="configurations to confirm, best first (default: the experiment's study.confirm.top_k; "
+                        "not used when a proxy search's check held: its race takes study.fidelity.proxy.confirm_top)")
     c.add_argument("--seeds", type=int, default=None, metavar="S",
                    help="fresh seeds per configuration (default: study.confirm.seeds); never a tuning seed")
     c.add_argument("--baseline-runs", nargs="+", action="extend", default=[], metavar="PATH[:seed=N]",

@@ -175,7 +175,7 @@ def _with_budget(space: Space, study: Any, budget: float | None) -> Space:
 def _queue_confirm(study: Any, space: Space, study_name: str, studies_dir: Path, want: Confirmation,
                    reporter: Any) -> int | None:
     """``confirm``: queue the top configurations' runs and say so; the exit code when there is nothing to confirm."""
-    from hpo.study import NoHealthyMember, pending, proxy_race_line, queue_confirm
+    from hpo.study import NoHealthyMember, pending, proxy_race_line, queue_confirm, unused_top_line
 
     speed = space.study.kind == "throughput"  # re-measured against the user's config (hpo.reporting._speed)
     top_k = want.top or (space.study.throughput.top_k if speed else space.study.confirm.top_k)
@@ -195,6 +195,9 @@ def _queue_confirm(study: Any, space: Space, study_name: str, studies_dir: Path,
            if space.study.confirm.race else
            f"confirming the top {top_k} configuration(s) with {n_seeds} fresh seed(s) each")
     reporter.note(f"study {study_name}: {how}: {len(queued)} run(s) queued, {pending(study)} pending")
+    unused = None if speed or want.top is None else unused_top_line(study, want.top)
+    if unused:  # a held proxy races its own field: --top chose nothing
+        print(f"note: {unused}", file=sys.stderr)
     proxy = None if speed else proxy_race_line(study, space)
     if proxy:  # a proxy search: the race's field and the promoted runs its first seeds continue
         reporter.note(proxy)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,19 +90,24 @@ def is_default(part: dict[str, Any], rules: CodeRules) -> bool:
             and not part["trial.env"] and part["config"] is None and not part["code keys"])
 
 
-def _local_space(path: Path) -> Space | None:
+def _parsed(path: str) -> Space:
+    return read_space(path)[0]
+
+
+def _local_space(path: Path, read: Callable[[str], Space]) -> Space | None:
     try:
-        return read_space(str(path))[0]
+        return read(str(path))
     except SpaceError:
         return None
 
 
 def check_stored_experiment(stored: Space, study_name: str, local_path: str | None, stored_source: str | None,
                             trusted: bool, stored_digest: str | None = None, rules: CodeRules = CodeRules(),
-                            default_backend: str = "") -> str:
+                            default_backend: str = "", read_local: Callable[[str], Space] = _parsed) -> str:
     """Raise SpaceError unless the stored experiment may run here; returns how it was accepted (``rules``: the stored
     experiment's trainer's, see :func:`executable_part`; ``default_backend``: the trainer of a local file that names
-    none)."""
+    none; ``read_local``: a local experiment file read as ``stored`` was, e.g. its relative ``config`` resolved beside
+    it, so that the two compare alike)."""
     part = executable_part(stored, rules, default_backend)
     if is_default(part, rules):
         return "default trainer"
@@ -117,7 +123,7 @@ def check_stored_experiment(stored: Space, study_name: str, local_path: str | No
     elif stored_source and stored_source.endswith((".yaml", ".yml")) and Path(stored_source).is_file():
         candidates.append(Path(stored_source))
     for path in candidates:
-        local = _local_space(path)
+        local = _local_space(path, read_local)
         if local is not None and executable_part(local, rules, default_backend) == part:
             return str(path)
     differs = [k for k in part if part[k] not in (None, {}, []) and (k != "trial.backend" or

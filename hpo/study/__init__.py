@@ -39,7 +39,7 @@ from hpo.study._confirm import (
            seed_keys,
            strict_pair,
 )
-from hpo.study._continuation import proxy_race_line
+from hpo.study._continuation import proxy_race_line, unused_top_line
 from hpo.study._driver import Driver, check_search, open_stored, queue_confirm, study_target
 from hpo.study._errors import DriverError, TrialInterrupted
 from hpo.study._optuna import load_stored, make_pruner, make_sampler, open_study, quiet_optuna
@@ -56,4 +56,4 @@ __all__ = ["BASELINE_OF", "CHECKPOINTS", "CONTROL_OF", "Confirmed", "Difference"
            "n_finished", "no_healthy_line", "open_storage", "open_stored", "open_study", "pbt_total", "pending",
            "proxy_race_line", "queue_confirm", "queue_confirmations", "queue_speed_check", "quiet_optuna",
            "race_state", "seed_keys", "step_name", "strict_pair", "study_target", "t_quantile",
-           "verdict"]
+           "unused_top_line", "verdict"]

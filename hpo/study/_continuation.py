@@ -30,7 +30,8 @@
 * **The budget** (:func:`hpo.study._confirm.confirm_reserve`): a held check's reserve counts the first seeds' shorter
   runs; a failed check's counts ``top_k`` full runs per seed, not knowing which candidates will continue (a
   continuation only costs less: the reserve stays on the safe side).
-* :func:`proxy_race_line`: what happened, in one line, for ``confirm`` and ``best``.
+* :func:`proxy_race_line`: what happened, in one line, for ``confirm`` and ``best``; :func:`unused_top_line`: why
+  ``confirm --top`` did not choose a held proxy's field.
 """
 
 from __future__ import annotations
@@ -274,6 +275,19 @@ def held_checkpoints(study: optuna.Study, space: Space, trials: Sequence[FrozenT
 
 
 # ----------------------------------------------------------------------------- what happened, in one line
+def unused_top_line(study: optuna.Study, top: int) -> str | None:
+    """Why ``confirm --top TOP`` is not used, one line: the race is the held proxy's (:func:`proxy_race`), whose field
+    ``study.fidelity.proxy.confirm_top`` bounds; None when the race took ``--top`` (or there is no race)."""
+    race = study._storage.get_study_system_attrs(study._study_id).get(ATTR_RACE)
+    entry = race.get(PROXY_RACE) if isinstance(race, dict) else None
+    if not isinstance(entry, dict) or not isinstance(entry.get("field"), list) or not entry["field"]:
+        return None
+    field = entry["field"]
+    return (f"--top {top} is not used: the proxy's check held, so the race takes the proxy's field (its promoted "
+            "settings within the check's resolution of the target's best, in the proxy's order, at most "
+            f"study.fidelity.proxy.confirm_top = {entry.get('confirm_top')}): {len(field)} setting(s)")
+
+
 def proxy_race_line(study: optuna.Study, space: Space) -> str | None:
     """How the proxy shaped the race, one line (None: no proxy, or no race yet): the field (the proxy's, or a failed
     check's top ``top_k``) and what became of each first seed that continues a promoted run."""

@@ -30,9 +30,9 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from hpo.analysis import OutputRefused, make_output_dir
-from hpo.backends import DEFAULT_BACKEND, backend_named, backend_of, resolve_devices
+from hpo.backends import DEFAULT_BACKEND, backend_named, backend_of, resolve_devices, stored_space
 from hpo.execution import DevicePool, driver_identity, sweep_orphans
-from hpo.experiment import Space, SpaceError
+from hpo.experiment import Space, SpaceError, read_space
 from hpo.record import (
     ATTR_FIDELITY_CHECK,
     ATTR_PROMOTED_FROM,
@@ -116,20 +116,28 @@ def make_trials_dir(trials_dir: Path) -> None:
         raise SpaceError(str(err)) from None
 
 
+def read_as_stored(path: str) -> Space:
+    """A local experiment file read as a study's stored copy is (its trainer's defaults, its relative paths beside
+    it), for comparing the two."""
+    local = read_space(path)[0]
+    return stored_space(local.raw, local.source, local.name)
+
+
 def open_stored(study_name: str, storage_url: str, *, local_space: str | None = None, trust: bool = False,
                 n_trials: int | None = None, n_jobs: int | None = None, devices: Sequence[str] | None = None,
                 ray_address: str | None = None, wait_s: float = 0.0, studies_dir: Path | None = None,
                 confirming: bool = False) -> tuple[Space, optuna.Study, list[str]]:
     """The stored study for ``resume``, ``worker`` and ``confirm``: its experiment may run here
     (:mod:`hpo.experiment._trust`), with this driver's ``n_jobs``, Ray address and devices, and the backend's launch
-    check. ``wait_s``: ride out a database that is (re)starting this long (a worker started by a scheduler).
-    ``confirming``: the baseline's secrets are needed too (its runs are queued here), so a missing one is refused
-    before any run."""
+    check. ``local_space`` (``--space``): the local experiment file, beside which its relative paths are read (as
+    ``search`` reads its file's). ``wait_s``: ride out a database that is (re)starting this long (a worker started by
+    a scheduler). ``confirming``: the baseline's secrets are needed too (its runs are queued here), so a missing one
+    is refused before any run."""
     from hpo.experiment import check_stored_experiment, missing_secrets
     from hpo.record import ATTR_DIGEST, ATTR_SOURCE
     from hpo.study._optuna import load_stored
 
-    space, study = load_stored(study_name, storage_url, n_trials, wait_s)
+    space, study = load_stored(study_name, storage_url, n_trials, wait_s, source=local_space)
     missing = missing_secrets(space.overrides, space.trial.env, os.environ,
                               baseline=space.study.baseline if confirming else None)
     if missing:  # a secret is never stored: this driver's environment must carry it
@@ -137,7 +145,7 @@ def open_stored(study_name: str, storage_url: str, *, local_space: str | None = 
                          f"{', '.join(missing)} in this driver's environment")
     check_stored_experiment(space, study_name, local_space, study.user_attrs.get(ATTR_SOURCE), trust,
                             study.user_attrs.get(ATTR_DIGEST), backend_named(space.trial.backend).code_rules(),
-                            DEFAULT_BACKEND)
+                            DEFAULT_BACKEND, read_local=read_as_stored)
     if n_jobs is not None:
         space = dataclasses.replace(space, trial=dataclasses.replace(space.trial, n_jobs=n_jobs))
     space = with_ray_address(space, ray_address)

@@ -137,9 +137,11 @@ def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:
 
 
 def load_stored(study_name: str, storage_url: str, n_trials: int | None,
-                wait_s: float = 0.0) -> tuple[Space, optuna.Study]:
+                wait_s: float = 0.0, source: str | None = None) -> tuple[Space, optuna.Study]:
     """The space a study was made from, and the study opened with a sampler reseeded for resume (the storage
-    waited for up to ``wait_s`` seconds when it cannot be reached: ``verl-hpo worker``)."""
+    waited for up to ``wait_s`` seconds when it cannot be reached: ``verl-hpo worker``). Its relative paths (a TRL
+    ``config``) are read beside ``source``, the local experiment file (``--space``), as ``search`` reads them beside
+    its own; by default beside the file the study was made from."""
     from hpo.experiment import StudySpec
 
     storage = open_storage(storage_url, StudySpec(), wait_s)
@@ -149,7 +151,7 @@ def load_stored(study_name: str, storage_url: str, n_trials: int | None,
     raw = old.user_attrs.get(ATTR_SPACE)
     if not isinstance(raw, dict):
         raise SpaceError(f"study {study_name!r} in {mask_url(storage_url)} was not made by verl-hpo (no stored space)")
-    space = stored_space(raw, str(old.user_attrs.get(ATTR_SOURCE, "stored space")), study_name)
+    space = stored_space(raw, source or str(old.user_attrs.get(ATTR_SOURCE, "stored space")), study_name)
     target = n_trials or int(old.user_attrs.get(ATTR_TARGET, space.study.n_trials))
     space = dataclasses.replace(space, study=dataclasses.replace(space.study, n_trials=target))
     storage = open_storage(storage_url, space.study)

@@ -103,20 +103,23 @@ class TrackingFeed:
 
 def catch_up(spec: TrackingSpec, study_name: str, storage_url: str, studies_dir: Path) -> int:
     """``verl-hpo track``: run a tracking process over each spool of the study on this host that none works on
-    (its driver gone), until everything in it is logged. 0 when all are, else 1 with one line per spool left."""
+    (its driver gone), until everything in it is logged. 0 when all are (a skipped spool, one a live driver's
+    tracking process works on, is counted as skipped, not logged), else 1 with one line per spool left."""
     spools = sorted(tracking_dir(studies_dir, study_name).glob(SPOOL_GLOB))
-    left = []
+    left, skipped = [], 0
     for spool in spools:
         if is_locked(spool):  # a live driver's tracking process
             print(f"{spool.name}: its tracking process is still running; skipped")
+            skipped += 1
             continue
         proc = tracker_process(spool, spec, storage_url, studies_dir, study_name, None)
         if proc.wait() != 0:
             left.append(f"{spool.name}: {_last_line(sidecar(spool, '.log'))}")
     for line in left:
         print(f"error: {line}", file=sys.stderr)
-    print(f"tracking: {len(spools) - len(left)} of {len(spools)} spool(s) of study {study_name} fully logged to "
-          f"{describe(spec)}")
+    print(f"tracking: {len(spools) - len(left) - skipped} of {len(spools)} spool(s) of study {study_name} fully "
+          f"logged to {describe(spec)}" + (f"; {skipped} skipped (still being logged by a running driver)"
+                                           if skipped else ""))
     return 1 if left else 0
 
 

@@ -172,7 +172,8 @@ def test_a_held_proxy_races_its_best_setting_alone_and_its_first_seed_continues_
                if not is_promoted(t))  # the proxy's trials keep the tuning seed
 
     best = check["pairs"][0][1]  # the proxy's best setting's promoted run
-    out, _ = run(tmp_path, capsys, "confirm", "--study", "proxy")
+    out, err = run(tmp_path, capsys, "confirm", "--study", "proxy")
+    assert "--top" not in err  # not given: nothing to say about it
     said = [line for line in out.splitlines() if "proxy race: the proxy held" in line]
     assert said and said[0].endswith(f"the target race runs its best setting alone (confirm_top 1); seed {seed} "
                                      f"continues its promoted run (trial {best}) from step {PROMOTE}")
@@ -206,6 +207,22 @@ def test_a_held_proxy_races_its_best_setting_alone_and_its_first_seed_continues_
             and "its best setting alone (confirm_top 1)" in err)
 
 
+def test_confirm_top_with_a_held_proxy_says_in_one_line_that_the_proxy_s_field_is_raced(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--top`` chooses the field of a race the proxy did not choose; a held proxy races its own field (at most
+    ``confirm_top`` promoted settings): ``--top`` is not used, and one line on stderr says so and why."""
+    study, _, _ = searched(tmp_path, capsys)
+    assert study.user_attrs[ATTR_FIDELITY_CHECK]["holds"] is True
+    best = study.user_attrs[ATTR_FIDELITY_CHECK]["pairs"][0][1]
+    _, err = run(tmp_path, capsys, "confirm", "--study", "proxy", "--top", "3")
+    said = [line for line in err.splitlines() if "--top" in line]
+    assert len(said) == 1, err
+    assert said[0] == ("note: --top 3 is not used: the proxy's check held, so the race takes the proxy's field (its "
+                       "promoted settings within the check's resolution of the target's best, in the proxy's order, "
+                       "at most study.fidelity.proxy.confirm_top = 1): 1 setting(s)"), said
+    assert race_of(load(tmp_path / "studies", "proxy"))["candidates"] == [best]
+
+
 @pytest.mark.parametrize("damage", ["missing", "symlink"])
 def test_a_missing_or_refused_checkpoint_starts_the_run_afresh_with_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str) -> None:
@@ -235,7 +252,8 @@ def test_a_failed_check_races_the_top_k_target_settings_from_scratch(
     study, promoted, _ = searched(tmp_path, capsys, reverse=True)
     assert study.user_attrs[ATTR_FIDELITY_CHECK]["holds"] is False
     assert all(checkpoint(t).exists() for t in promoted)  # held: the target search may rank any in its top_k
-    out, _ = run(tmp_path, capsys, "confirm", "--study", "proxy")
+    out, err = run(tmp_path, capsys, "confirm", "--study", "proxy", "--top", "2")
+    assert "--top" not in err  # the race's field is the top --top target settings: nothing to say
     assert ("proxy race: the proxy did not hold: the target race runs the top 2 target setting(s) from scratch "
             "(study.confirm.top_k)") in out
     study = load(tmp_path / "studies", "proxy")

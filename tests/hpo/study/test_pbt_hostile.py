@@ -76,8 +76,12 @@ def test_a_study_whose_checkpoints_vanish_ends_with_a_line_per_lost_one(tmp_path
     assert sorted(int(line.split("trial ")[1].split()[0]) for line in lost) == sorted(t.number for t in ran), lost
     want = "is gone" if hostile == "delete" else "is a symbolic link"
     assert all(want in line for line in lost), lost
+    # each was found by the audit before deciding (its line names the step), none by a decision that failed to
+    # queue and decided again (its line names the action: "... for its continue is lost")
+    audited = {f"pbt: member {t.system_attrs['pbt:member']}: the checkpoint of trial {t.number} "
+               f"(step {t.system_attrs['pbt:end']}) is lost: " for t in ran}
+    assert sorted(line[:line.index("is lost: ") + 9] for line in lost) == sorted(audited), lost
     assert sum("stops at step 0" in line for line in out.splitlines()) == POPULATION, out[-3000:]
-    assert "deciding again" not in out
 
     if hostile == "symlink":  # nothing of the trial's choosing is linked into the studies directory
         assert inodes(tmp_path / "outside") and not inodes(tmp_path / "outside") & inodes(studies)

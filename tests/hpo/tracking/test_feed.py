@@ -118,5 +118,8 @@ def test_track_finishes_a_dead_driver_s_spool_and_skips_one_still_worked_on(stud
         assert catch_up(TrackingSpec(), "s", url, studies) == 0
     out = capsys.readouterr().out
     assert "spool-h-2-0.jsonl: its tracking process is still running; skipped" in out
+    summary = out.strip().splitlines()[-1]  # the skipped one is counted as skipped, not as logged
+    assert summary.startswith("tracking: 1 of 2 spool(s) of study s fully logged to "), summary
+    assert summary.endswith("; 1 skipped (still being logged by a running driver)"), summary
     assert "everything logged" in sidecar(dead, ".log").read_text()
     assert not sidecar(live, ".log").exists()

@@ -5,10 +5,13 @@
   before those, with one line naming them (``command.json`` and the other files of a trial's directory:
   tests/hpo/backends/test_replay.py);
 * the experiment's ``config:`` as a FIFO, ``/dev/zero``, a link to it or a huge file: one line naming it, exit 2;
-* an experiment file that is a symbolic link reads its relative ``config:`` beside the real file, as verl does."""
+* an experiment file that is a symbolic link reads its relative ``config:`` beside the real file, as verl does;
+* a worker given the experiment file (``--space``) reads its relative ``config:`` beside that file, as ``search``
+  does, from any working directory."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +24,8 @@ import optuna
 import pytest
 import yaml
 
+from hpo.backends import load_space
+from hpo.study._optuna import open_study
 from tests.hpo.conftest import ROOT, cli_env
 
 CONFIG = ROOT / "search_spaces" / "trl_configs" / "grpo_arith.yaml"
@@ -59,7 +64,7 @@ def died(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path
     """A study of one real TRL trial (6 steps, a checkpoint every 2) whose driver was stopped while it ran and killed
     once it had saved checkpoint-6: the trial RUNNING with checkpoint-2, -4 and -6, a retry due."""
     cwd = tmp_path_factory.mktemp("user")
-    _experiment(cwd, config=str(cwd / "grpo.yaml"))  # absolute: resume --space takes a relative one as different
+    _experiment(cwd)  # a relative config: resume --space exp.yaml reads it beside exp.yaml, as search did
     trials = cwd / "studies" / "exp" / "trials"
     with (cwd / "search.log").open("wb") as log:
         driver = subprocess.Popen([sys.executable, "-m", "hpo", "search", "--space", "exp.yaml", "--studies-dir",
@@ -151,3 +156,30 @@ def test_a_linked_experiment_reads_its_config_beside_the_real_file(tmp_path: Pat
     assert f"config: {real.parent / 'grpo.yaml'}: unknown GRPOConfig field" in res.stderr, res.stderr
     assert "'real_marker'" in res.stderr
 
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # open_study: set_metric_names
+def test_a_worker_reads_a_relative_config_beside_its_space_file(tmp_path: Path, tiny_model_dir: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The study as ``search --space exp/exp.yaml`` stores it from user/ (``config: grpo.yaml`` as written, the file's
+    path as given). A worker given the file by its absolute path from another directory runs its trial on the
+    grpo.yaml beside it (before: the one under its own directory, so a worker was refused as a different experiment
+    there, or with none there its prepare step failed); one given it from beside the file is not refused either
+    (before: the stored config, resolved, was compared with the local one as written)."""
+    user, elsewhere, studies = tmp_path / "user", tmp_path / "elsewhere", tmp_path / "studies"
+    space_file = _experiment(user / "exp")
+    space_file.write_text(yaml.safe_dump({**EXPERIMENT, "overrides": {**EXPERIMENT["overrides"], "max_steps": 2}}))
+    elsewhere.mkdir()
+    (elsewhere / "grpo.yaml").write_text("not: a GRPO config\n")  # the wrong one, where the worker runs
+    monkeypatch.chdir(user)
+    open_study(load_space("exp/exp.yaml"), "exp", f"sqlite:///{studies / 'exp.db'}")  # what search stores
+    res = _hpo(elsewhere, "worker", "--study", "exp", "--space", str(space_file), "--studies-dir", str(studies),
+               timeout=200)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, (res.stdout + res.stderr)[-3000:]
+    argv = json.loads((studies / "exp" / "trials" / "0" / "command.json").read_text())["argv"]
+    assert argv[argv.index("--config") + 1] == str(user / "exp" / "grpo.yaml"), argv
+    study = optuna.load_study(study_name="exp", storage=f"sqlite:///{studies / 'exp.db'}")
+    assert [t.state.name for t in study.trials] == ["COMPLETE"]
+    for cwd, given in ((user, "exp/exp.yaml"), (user / "exp", "exp.yaml")):  # the study at its target: it stops
+        again = _hpo(cwd, "worker", "--study", "exp", "--space", given, "--studies-dir", str(studies))
+        assert again.returncode == 0, (given, again.stderr)
