@@ -179,21 +179,21 @@ class _PatchImportUtils(importlib.abc.MetaPathFinder):
         if name != IMPORT_UTILS:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
-        loader = spec.loader if spec is not None else None
+        loader: Any = spec.loader if spec is not None else None
         if spec is None or spec.origin is None or not hasattr(loader, "exec_module"):
             return spec
-        exec_module = loader.exec_module  # type: ignore[union-attr]
+        exec_module, origin = loader.exec_module, spec.origin
 
         def exec_then_patch(module: Any) -> None:
             exec_module(module)
             original = getattr(module, "create_import_structure_from_path", None)
             if callable(original):
-                models = os.path.realpath(os.path.join(os.path.dirname(spec.origin), "..", "models"))
+                models = os.path.realpath(os.path.join(os.path.dirname(origin), "..", "models"))
                 version = getattr(sys.modules.get("transformers"), "__version__", None)  # set before its imports
                 if isinstance(version, str) and os.path.isdir(models):
                     module.create_import_structure_from_path = structure_of(original, models, version)
 
-        loader.exec_module = exec_then_patch  # type: ignore[union-attr]
+        loader.exec_module = exec_then_patch
         return spec
 
 
