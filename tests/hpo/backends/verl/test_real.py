@@ -350,7 +350,8 @@ def test_a_recorded_first_rollout_replays_into_another_real_verl_run_and_a_plant
     micro-batch 8 for A's 64 (neutral) and the loss divided by 11 for A's 10 (a 9% change of the update declared
     neutral), replays it. B updates on A's samples in A's order: its score, response length and KL are A's, and the
     gradient norm, entropy and policy loss (each aggregated with the loss's scale) are 10/11 of A's: the strict
-    check names the first two (the policy loss, ~1e-3 here, is compared absolutely). On sampled rollouts the two
+    check names the first two (the policy loss, ~1e-3 here or ~1e-10 where every response has one length, is compared
+    absolutely). On sampled rollouts the two
     runs' scores and gradient norms differ by percents run to run, and the loose check lets a 9% change pass."""
     from hpo.reporting._same_math import math_disagreements
     from hpo.study._confirm._first_rollout import first_rollout, record_dir, report_dir
@@ -376,7 +377,9 @@ def test_a_recorded_first_rollout_replays_into_another_real_verl_run_and_a_plant
         found = {f.split(" ")[0] for f in math_disagreements(first_b, first_a, 1e-3, replayed=True)}
         assert {"actor/grad_norm", "actor/entropy"} <= found <= {"actor/grad_norm", "actor/entropy", "actor/pg_loss"}
         for m in ("actor/grad_norm", "actor/entropy", "actor/pg_loss"):  # each divided by loss_scale_factor
-            assert first_b[m] / first_a[m] == pytest.approx(10 / 11, rel=0.005), (m, first_a[m], first_b[m])
+            # absolute below 1e-6: where every response has one length, the policy loss is a cancellation of GRPO's
+            # zero-sum advantages (~1e-10, float noise), whose ratio means nothing (seen on CI's build of the model)
+            assert first_b[m] == pytest.approx(first_a[m] * 10 / 11, rel=0.005, abs=1e-6), (m, first_a[m], first_b[m])
         for m in ("critic/score/mean", "response_length/mean", "actor/kl_loss"):  # A's samples: the same
             assert first_b[m] == first_a[m], (m, first_a[m], first_b[m])
 
