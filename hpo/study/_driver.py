@@ -118,9 +118,12 @@ def make_trials_dir(trials_dir: Path) -> None:
 
 def read_as_stored(path: str) -> Space:
     """A local experiment file read as a study's stored copy is (its trainer's defaults, its relative paths beside
-    it), for comparing the two."""
-    local = read_space(path)[0]
-    return stored_space(local.raw, local.source, local.name)
+    it), for comparing the two: a path the trainer's backend makes absolute when ``search`` loads the file (a verl
+    experiment's reward function, data files, interpreter: ``Backend.resolve_paths``) is stored absolute, so it is
+    made absolute here too, beside this file."""
+    local, origin = read_space(path)
+    space = stored_space(local.raw, local.source, local.name)
+    return backend_of(space).resolve_paths(space, origin)
 
 
 def open_stored(study_name: str, storage_url: str, *, local_space: str | None = None, trust: bool = False,

@@ -2,7 +2,8 @@
 the file's own against the file's directory, ``--override`` ones against the current directory; hub ids,
 ``${oc.env:...}`` and absolute paths stay as they are; a leading ``~`` is the user's home (issue 53 item 11)
 (``hpo/backends/verl/_paths.py``); a user's experiment with its data and reward beside it validates from any
-directory with real verl's interpreter."""
+directory with real verl's interpreter; ``worker``/``resume --space`` compare that file with the stored study's
+experiment with its relative paths read beside it too, from any directory."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import optuna
 import pytest
 import yaml
 
 from hpo.backends import load_space
-from tests.hpo.backends.verl.conftest import ARITH, arith_experiment, arith_rows, needs_verl
+from hpo.record import ATTR_DIGEST, ATTR_SPACE
+from hpo.study._optuna import open_study
+from tests.hpo.backends.verl.conftest import ARITH, CPU_SPACE, arith_experiment, arith_rows, needs_verl
 from tests.hpo.conftest import ROOT, cli_env
 
 
@@ -147,3 +151,46 @@ def test_relative_paths_of_the_experiment_are_read_from_any_directory(tmp_path: 
     res = subprocess.run([sys.executable, "-m", "hpo", "validate", "--space", "mine/experiment.yaml"], cwd=tmp_path,
                          env=cli_env(), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "All checks passed" in res.stdout, (res.stdout, res.stderr)
+
+
+@needs_verl  # worker checks verl's interpreter before it looks at the study's progress
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # open_study: set_metric_names
+def test_a_worker_compares_its_space_file_s_relative_paths_beside_it(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The study as ``search --space exp/exp.yaml`` stores it from user/ (``reward.custom_reward_function.path:
+    ./my_reward.py`` stored absolute, beside the file). ``worker`` and ``resume`` given that file, from another
+    directory holding a decoy my_reward.py and from beside the file, read its relative path beside it and
+    run the stored experiment (before: the path as written was compared with the stored absolute one, and every one
+    was refused as a different experiment); a copy of the file elsewhere, whose ./my_reward.py is the decoy, is still
+    refused. The study is at its target, so no trial runs: the check is what is tested."""
+    user, elsewhere, studies = tmp_path / "user", tmp_path / "elsewhere", tmp_path / "studies"
+    exp = user / "exp"
+    exp.mkdir(parents=True)
+    elsewhere.mkdir()
+    raw = yaml.safe_load(CPU_SPACE.read_text())
+    raw["overrides"]["reward.custom_reward_function.path"] = "./my_reward.py"
+    raw["study"]["n_trials"] = 1
+    (exp / "exp.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (exp / "my_reward.py").write_text("def compute_score(*args, **kwargs):\n    return 0.0\n")
+    (elsewhere / "my_reward.py").write_text("raise SystemExit('the decoy')\n")
+    (elsewhere / "exp.yaml").write_text((exp / "exp.yaml").read_text())  # the same text, beside the decoy
+    monkeypatch.chdir(user)
+    study = open_study(load_space("exp/exp.yaml"), "exp", f"sqlite:///{studies / 'exp.db'}")  # what search stores
+    assert study.user_attrs[ATTR_SPACE]["overrides"]["reward.custom_reward_function.path"] == str(exp / "my_reward.py")
+    dists: dict[str, optuna.distributions.BaseDistribution] = {
+        "actor_lr": optuna.distributions.FloatDistribution(1e-5, 3e-3, log=True),
+        "kl_coef": optuna.distributions.FloatDistribution(0.0, 0.5)}
+    study.add_trial(optuna.trial.create_trial(params={"actor_lr": 1e-4, "kl_coef": 0.1}, distributions=dists,
+                                              value=0.5))  # the study at its target: an accepted worker stops
+    for cwd, command, given in ((elsewhere, "worker", str(exp / "exp.yaml")), (exp, "resume", "exp.yaml")):
+        res = subprocess.run([sys.executable, "-m", "hpo", command, "--study", "exp", "--space", given,
+                              "--studies-dir", str(studies)], cwd=cwd, env=cli_env(), capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0 and "already has 1 finished trials" in res.stdout, (cwd, given, res.stderr)
+    res = subprocess.run([sys.executable, "-m", "hpo", "worker", "--study", "exp", "--space", "exp.yaml",
+                          "--studies-dir", str(studies)], cwd=elsewhere, env=cli_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        f"error: study 'exp': its stored experiment (sha256 {study.user_attrs[ATTR_DIGEST][:12]}) sets "
+        "trial.backend, trial.prepare_command, code keys, which run code on this host, and exp.yaml differs; pass "
+        "--space FILE with the same experiment, or --trust-stored-experiment to run it anyway"], res.stderr
