@@ -74,7 +74,7 @@ test: $(STAMP)
 # every core, so they run one at a time) beside the rest, most of which wait on drivers, servers and clusters. The
 # heavy run prints a line per test as it ends ("[cpu_heavy] ..."), and its failures after the other run's report;
 # the target fails if either run does. TEST_WORKERS=1: the whole suite in one run. `test-slow-heavy` and
-# `test-slow-rest` are the two runs alone (.ci/run starts the heavy one beside make test, the lighter one after it).
+# `test-slow-rest` are the two runs alone (.ci/run runs test-vllm after the lighter one, beside the heavy one).
 SLOW_HEAVY = $(PY) -m pytest -v -p no:cacheprovider -m "slow and cpu_heavy and not extended" --durations=15 \
 	$(call junit,slow-heavy) $(PYTEST_ARGS)
 SLOW_REST = $(PY) -m pytest -q -m "slow and not cpu_heavy and not bench_smoke and not extended" --durations=15 \
