@@ -12,8 +12,14 @@ family (``builtin:tiny_arith_s``) for the largest (``builtin:tiny_arith_l``), ag
   row: target full-run equivalents to the confirmed pick (:func:`hpo.record.study_cost`, a proxy step at the study's
   measured ratio), without and with the baseline's runs of a fresh host, and the pick's held-out test mean. The proxy
   study's check (tau, its decision) is in the notes; when the proxy does not hold, the fallback's cost is its row.
+* **quality**: each study seed's picks (the proxy's and the 21-run method's, the racing method's where it ran) run
+  again on the target on :data:`QUALITY_SEEDS`, fresh trainer seeds that neither the search (seed 1) nor any
+  confirmation used, so no pick is scored on the draws that chose it; per seed the paired difference of the held-out
+  test values, proxy - 21-run, with its 95% paired-t interval. A confirmed pick's own test values are 2-3 draws of
+  the seeds that selected it (one setting's test values differ by up to 0.05 between seeds), too few to tell a 0.01
+  gap; this part measures the gap the goal names.
 
-Run alone: ``python -m benchmarks.proxy [--smoke] [--workdir DIR] [--only agreement|cost]``; from
+Run alone: ``python -m benchmarks.proxy [--smoke] [--workdir DIR] [--only agreement|cost|quality]``; from
 ``benchmarks/run.py`` call :func:`bench`. Slow: the target model's full runs (~1-2 min each on 2 cores) dominate.
 """
 
@@ -36,6 +42,8 @@ PROXY, TARGET = "builtin:tiny_arith_s", "builtin:tiny_arith_l"
 MODEL_KEY = "actor_rollout_ref.model.path"
 SEEDS = (0, 1, 2)
 TRAINER_SEEDS = (1, 2)
+# quality: fresh trainer seeds for re-running the picks (the search trains on seed 1, the confirmations on 2, 3, ...)
+QUALITY_SEEDS = (101, 102, 103, 104, 105, 106)
 # (label, kl_coef, lr): benchmarks/noise.py's six (the good region and both sides of it, verl's defaults) and two more
 SETTINGS: tuple[tuple[str, float, float], ...] = (
     ("kl0.05_lr1e-5", 0.05, 1e-5), ("kl0.02_lr3e-5", 0.02, 3e-5), ("kl0.2_lr1e-5", 0.2, 1e-5),
@@ -144,10 +152,43 @@ def one_study(method: str, seed: int, studies: Path, smoke: bool) -> dict[str, A
             "check": study.user_attrs.get(ATTR_FIDELITY_CHECK)}
 
 
+def quality(details: dict[str, Any], seeds: tuple[int, ...], runs_dir: Path, smoke: bool) -> dict[str, Any]:
+    """(c): each study seed's picks re-run on the target on :data:`QUALITY_SEEDS` (full runs, the held-out test value
+    at the last step, as a confirmation run records it); per seed each method's mean and the paired difference proxy -
+    21-run with its 95% interval. Picks shared by two methods run once."""
+    from benchmarks.noise import run_one
+    from hpo.study._compare._intervals import paired
+
+    trainer_seeds = QUALITY_SEEDS[:2] if smoke else QUALITY_SEEDS
+    extra = [*(SMOKE_STEPS if smoke else []), f"{MODEL_KEY}={TARGET}"]
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    picks = {(m, s): details[f"{m}/{s}"]["pick"]["params"] for m in METHODS for s in seeds if f"{m}/{s}" in details}
+    settings = sorted({(p["kl_coef"], p["actor_lr"]) for p in picks.values()})
+    jobs = [(kl, lr, t) for kl, lr in settings for t in trainer_seeds]
+
+    def one(job: tuple[float, float, int]) -> float:
+        kl, lr, t = job
+        return run_one(f"pick_kl{kl:.6g}_lr{lr:.6g}", kl, lr, t, extra, runs_dir).test
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two runs at a time, one torch thread each, as the studies run
+        tests = dict(zip(jobs, pool.map(one, jobs), strict=True))
+    out: dict[str, Any] = {"trainer_seeds": list(trainer_seeds)}
+    for s in seeds:
+        per = {m: [tests[(p["kl_coef"], p["actor_lr"], t)] for t in trainer_seeds]
+               for (m, s2), p in picks.items() if s2 == s}
+        row: dict[str, Any] = {m: {"params": picks[(m, s)], "tests": v, "mean": statistics.fmean(v)}
+                               for m, v in per.items()}
+        if "proxy" in per and "today" in per:
+            d = paired(per["proxy"], per["today"])
+            row["proxy_minus_today"] = None if d is None else {"diff": d.diff, "low": d.low, "high": d.high}
+        out[str(s)] = row
+    return out
+
+
 METHODS = ("proxy", "racing", "today")
 
 
-def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("agreement", "cost"),
+def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("agreement", "cost", "quality"),
           methods: tuple[str, ...] = METHODS) -> tuple[list[Row], dict[str, Any]]:
     seeds = SEEDS[:1] if smoke else SEEDS
     details: dict[str, Any] = {"seeds": list(seeds)}
@@ -196,7 +237,30 @@ def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("a
                                                                                                      smoke))
             if all(f"{m}/{s}" in details for m in METHODS for s in seeds):
                 rows += _cost_rows(seeds, details)
+        if "quality" in parts:
+            for key in [f"{m}/{s}" for m in METHODS for s in seeds]:  # the cost part's studies, this run's or kept
+                kept = done / f"{key.replace('/', '_')}.json"
+                if key not in details and kept.is_file():
+                    details[key] = json.loads(kept.read_text())
+            # the seeds whose proxy and 21-run studies have ended (each run is kept: a later call adds the others)
+            have = tuple(s for s in seeds if all(f"{m}/{s}" in details for m in ("proxy", "today")))
+            if have:
+                details["quality"] = q = cached(f"quality/{'_'.join(map(str, have))}",
+                                                lambda: quality(details, have, root / "quality", smoke))
+                rows.append(_quality_row(have, q))
     return rows, details
+
+
+def _quality_row(seeds: tuple[int, ...], q: dict[str, Any]) -> Row:
+    def paired_text(d: dict[str, float] | None) -> str:
+        return "-" if d is None else f"{d['diff']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"
+
+    diffs = [q[str(s)].get("proxy_minus_today") for s in seeds]
+    note = "; ".join(f"study seed {s}: proxy {q[str(s)]['proxy']['mean']:.4f}, 21-run {q[str(s)]['today']['mean']:.4f}"
+                     f", paired {paired_text(d)}" for s, d in zip(seeds, diffs, strict=True))
+    return make_row(f"the picks re-run on {len(q['trainer_seeds'])} fresh seeds: held-out test, proxy - 21-run method,"
+                    f" {SPACE}", "reward", [d["diff"] if d else float("nan") for d in diffs], None, group=GROUP,
+                    note=f"{note} (goal: within 0.01 on every seed)")
 
 
 def _cost_rows(seeds: tuple[int, ...], details: dict[str, Any]) -> list[Row]:
@@ -227,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.proxy", description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="one seed, 3 settings, studies of 3 trials of 4 steps")
     p.add_argument("--workdir", type=Path, default=None, help="keep the runs and studies here")
-    p.add_argument("--only", nargs="+", choices=("agreement", "cost"), default=("agreement", "cost"))
+    p.add_argument("--only", nargs="+", choices=("agreement", "cost", "quality"),
+                   default=("agreement", "cost", "quality"))
     p.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS,
                    help="the cost part's studies to run (each kept in --workdir: a later run adds the others)")
     args = p.parse_args(argv)
