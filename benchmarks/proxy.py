@@ -26,6 +26,7 @@ Run alone: ``python -m benchmarks.proxy [--smoke] [--workdir DIR] [--only agreem
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -42,7 +43,8 @@ PROXY, TARGET = "builtin:tiny_arith_s", "builtin:tiny_arith_l"
 MODEL_KEY = "actor_rollout_ref.model.path"
 SEEDS = (0, 1, 2)
 TRAINER_SEEDS = (1, 2)
-# quality: fresh trainer seeds for re-running the picks (the search trains on seed 1, the confirmations on 2, 3, ...)
+# quality: fresh trainer seeds for re-running the picks (the search trains on seed 1, the confirmations on
+# study.confirm.seed_base = 1000 upwards)
 QUALITY_SEEDS = (101, 102, 103, 104, 105, 106)
 # (label, kl_coef, lr): benchmarks/noise.py's six (the good region and both sides of it, verl's defaults) and two more
 SETTINGS: tuple[tuple[str, float, float], ...] = (
@@ -152,6 +154,19 @@ def one_study(method: str, seed: int, studies: Path, smoke: bool) -> dict[str, A
             "check": study.user_attrs.get(ATTR_FIDELITY_CHECK)}
 
 
+def family_build() -> dict[str, str | None]:
+    """Which build of the family this machine holds: each member's weights, sha256 (16 hex digits). The build's bits
+    follow the machine's CPU kernels (two machines of one kind have made two builds, whose target values and proxy
+    rankings differ: RESULTS.md), so figures from two builds are not one experiment."""
+    from verl_core.tiny_model import builtin_model_dir
+
+    out: dict[str, str | None] = {}
+    for name in (PROXY, TARGET):
+        weights = builtin_model_dir(name.removeprefix("builtin:")) / "model.safetensors"
+        out[name] = hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.is_file() else None
+    return out
+
+
 def quality(details: dict[str, Any], seeds: tuple[int, ...], runs_dir: Path, smoke: bool) -> dict[str, Any]:
     """(c): each study seed's picks re-run on the target on :data:`QUALITY_SEEDS` (full runs, the held-out test value
     at the last step, as a confirmation run records it); per seed each method's mean and the paired difference proxy -
@@ -191,7 +206,7 @@ METHODS = ("proxy", "racing", "today")
 def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("agreement", "cost", "quality"),
           methods: tuple[str, ...] = METHODS) -> tuple[list[Row], dict[str, Any]]:
     seeds = SEEDS[:1] if smoke else SEEDS
-    details: dict[str, Any] = {"seeds": list(seeds)}
+    details: dict[str, Any] = {"seeds": list(seeds), "family_build": family_build()}
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench_proxy_") as tmp:
         root = workdir or Path(tmp)
@@ -260,7 +275,7 @@ def _quality_row(seeds: tuple[int, ...], q: dict[str, Any]) -> Row:
                      f", paired {paired_text(d)}" for s, d in zip(seeds, diffs, strict=True))
     return make_row(f"the picks re-run on {len(q['trainer_seeds'])} fresh seeds: held-out test, proxy - 21-run method,"
                     f" {SPACE}", "reward", [d["diff"] if d else float("nan") for d in diffs], None, group=GROUP,
-                    note=f"{note} (goal: within 0.01 on every seed)")
+                    note=f"{note} (goal: within 0.01 on every seed); family build {family_build()}")
 
 
 def _cost_rows(seeds: tuple[int, ...], details: dict[str, Any]) -> list[Row]:
