@@ -213,12 +213,14 @@ def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("a
         done = root / "results"  # each part's result as it ends: a re-run with the same --workdir goes on from there
         done.mkdir(parents=True, exist_ok=True)
 
+        def kept(key: str) -> Path:
+            return done / f"{key.replace('/', '_')}.json"
+
         def cached(key: str, make: Any) -> Any:
-            path = done / f"{key.replace('/', '_')}.json"
-            if path.is_file():
-                return json.loads(path.read_text())
+            if kept(key).is_file():
+                return json.loads(kept(key).read_text())
             value = make()
-            path.write_text(json.dumps(value, default=str))
+            kept(key).write_text(json.dumps(value, default=str))
             return value
 
         if "cost" in parts:
@@ -254,19 +256,18 @@ def bench(smoke: bool, workdir: Path | None = None, parts: tuple[str, ...] = ("a
                 rows += _cost_rows(seeds, details)
         if "quality" in parts:
             for key in [f"{m}/{s}" for m in METHODS for s in seeds]:  # the cost part's studies, this run's or kept
-                kept = done / f"{key.replace('/', '_')}.json"
-                if key not in details and kept.is_file():
-                    details[key] = json.loads(kept.read_text())
+                if key not in details and kept(key).is_file():
+                    details[key] = json.loads(kept(key).read_text())
             # the seeds whose proxy and 21-run studies have ended (each run is kept: a later call adds the others)
             have = tuple(s for s in seeds if all(f"{m}/{s}" in details for m in ("proxy", "today")))
             if have:
                 details["quality"] = q = cached(f"quality/{'_'.join(map(str, have))}",
                                                 lambda: quality(details, have, root / "quality", smoke))
-                rows.append(_quality_row(have, q))
+                rows.append(_quality_row(have, q, details["family_build"]))
     return rows, details
 
 
-def _quality_row(seeds: tuple[int, ...], q: dict[str, Any]) -> Row:
+def _quality_row(seeds: tuple[int, ...], q: dict[str, Any], build: dict[str, str | None]) -> Row:
     def paired_text(d: dict[str, float] | None) -> str:
         return "-" if d is None else f"{d['diff']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"
 
@@ -275,7 +276,7 @@ def _quality_row(seeds: tuple[int, ...], q: dict[str, Any]) -> Row:
                      f", paired {paired_text(d)}" for s, d in zip(seeds, diffs, strict=True))
     return make_row(f"the picks re-run on {len(q['trainer_seeds'])} fresh seeds: held-out test, proxy - 21-run method,"
                     f" {SPACE}", "reward", [d["diff"] if d else float("nan") for d in diffs], None, group=GROUP,
-                    note=f"{note} (goal: within 0.01 on every seed); family build {family_build()}")
+                    note=f"{note} (goal: within 0.01 on every seed); family build {build}")
 
 
 def _cost_rows(seeds: tuple[int, ...], details: dict[str, Any]) -> list[Row]:
