@@ -39,7 +39,8 @@ def _search_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, space: Path) -
     real_checked = _check._checked
     monkeypatch.setattr(reporting_speed_from, "speed_from", speed_from)
     monkeypatch.setattr(reporting, "speed_from", speed_from)  # what the command imports (the package's face)
-    monkeypatch.setattr(commands_speed_from, "speed_url", lambda space, storage, studies_dir: "sqlite:///speedy.db")
+    monkeypatch.setattr(commands_speed_from, "speed_url",
+                        lambda space, storage, studies_dir: f"sqlite:///{tmp_path / 'speedy.db'}")
     monkeypatch.setattr(_check, "_checked", lambda s, origin: checked.append(s) or real_checked(s, origin))
     monkeypatch.setattr(_search, "run_study", lambda run, inv: runs.append(run) or 0)
     assert main(["search", "--space", str(space), "--studies-dir", str(tmp_path / "studies")]) == 0
