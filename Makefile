@@ -18,7 +18,7 @@ junit = $(if $(PYTEST_REPORT_DIR),--junitxml=$(PYTEST_REPORT_DIR)/$(1).xml)
 # servers) more than it computes, so 2 workers on 2 cores halve its wall time; 1 = serial.
 TEST_WORKERS ?= 2
 
-.PHONY: install install-vllm test-vllm search resume confirm best dashboard test test-slow test-slow-heavy test-slow-rest test-bench test-extended test-ray-verl test-fast lint typecheck \
+.PHONY: install install-vllm test-vllm search resume confirm best dashboard test test-slow test-slow-heavy test-slow-late test-slow-rest test-bench test-extended test-ray-verl test-fast lint typecheck \
 	bench bench-smoke bench-venvs gpu-check gpu-check-dry
 
 $(STAMP): pyproject.toml
@@ -70,13 +70,18 @@ test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" --durations=15 $(call junit,test) $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) \
 		--dist loadfile) $(PYTEST_ARGS)
 
-# The slow suite as two pytest runs at once: its `cpu_heavy` tests (real verl trials, the pretrained model: each takes
-# every core, so they run one at a time) beside the rest, most of which wait on drivers, servers and clusters. The
-# heavy run prints a line per test as it ends ("[cpu_heavy] ..."), and its failures after the other run's report;
-# the target fails if either run does. TEST_WORKERS=1: the whole suite in one run. `test-slow-heavy` and
-# `test-slow-rest` are the two runs alone (.ci/run runs test-vllm after the lighter one, beside the heavy one).
-SLOW_HEAVY = $(PY) -m pytest -v -p no:cacheprovider -m "slow and cpu_heavy and not extended" --durations=15 \
-	$(call junit,slow-heavy) $(PYTEST_ARGS)
+# The slow suite as pytest runs beside each other: its `cpu_heavy` tests (real verl trials, the pretrained model: each
+# takes most of the cores, so they run one at a time) beside the rest, most of which wait on drivers, servers and
+# clusters; once the rest has ended, the `cpu_heavy_late` tests (heavy ones that share no session fixture with the
+# others) in a second heavy run, on the cores the lighter run leaves (the first heavy run is the longest: it decides
+# the wall time). The heavy runs print a line per test as it ends ("[cpu_heavy] ...", "[cpu_heavy late] ..."), and
+# their failures after the other run's report; the target fails if any run does. TEST_WORKERS=1: the whole suite in
+# one run. `test-slow-heavy`, `test-slow-rest` and `test-slow-late` are the runs alone (.ci/run runs test-vllm after
+# the lighter one, beside the heavy ones).
+SLOW_HEAVY = $(PY) -m pytest -v -p no:cacheprovider -m "slow and cpu_heavy and not cpu_heavy_late and not extended" \
+	--durations=15 $(call junit,slow-heavy) $(PYTEST_ARGS)
+SLOW_LATE = $(PY) -m pytest -v -p no:cacheprovider -m "slow and cpu_heavy_late and not extended" --durations=15 \
+	$(call junit,slow-late) $(PYTEST_ARGS)
 SLOW_REST = $(PY) -m pytest -q -m "slow and not cpu_heavy and not bench_smoke and not extended" --durations=15 \
 	$(call junit,slow-rest) $(PYTEST_ARGS)
 test-slow: $(STAMP)
@@ -86,12 +91,17 @@ else
 	@set -o pipefail; \
 	{ $(SLOW_HEAVY) 2>&1 | sed -u 's/^/[cpu_heavy] /'; } & heavy=$$!; trap "kill $$heavy 2>/dev/null" EXIT; \
 	$(SLOW_REST); rest=$$?; \
-	wait $$heavy; heavy_rc=$$?; echo "make test-slow: exit $$rest (the others), $$heavy_rc (cpu_heavy)"; \
-	for rc in $$rest $$heavy_rc; do test $$rc -eq 0 -o $$rc -eq 5 || exit 1; done  # 5: PYTEST_ARGS chose none of a run
+	$(SLOW_LATE) 2>&1 | sed -u 's/^/[cpu_heavy late] /'; late=$$?; \
+	wait $$heavy; heavy_rc=$$?; \
+	echo "make test-slow: exit $$rest (the others), $$heavy_rc (cpu_heavy), $$late (cpu_heavy late)"; \
+	for rc in $$rest $$heavy_rc $$late; do test $$rc -eq 0 -o $$rc -eq 5 || exit 1; done  # 5: PYTEST_ARGS chose none
 endif
 
 test-slow-heavy: $(STAMP)
 	$(SLOW_HEAVY)
+
+test-slow-late: $(STAMP)
+	$(SLOW_LATE)
 
 test-slow-rest: $(STAMP)
 	$(SLOW_REST)

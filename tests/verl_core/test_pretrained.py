@@ -70,6 +70,7 @@ def test_shipped_config_loads() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
+@pytest.mark.cpu_heavy_late  # no session fixture: the second heavy run of make test-slow
 def test_grpo_raises_the_reward_of_smollm2(tmp_path: Path) -> None:
     """prepare --model smollm2 (download + convert once, ~1 min, cached), then 4 GRPO steps (~8 s each on 2 idle
     cores): the sampled validation reward on 32 held-out sums rises from step 0 (0.06) to step 4 (0.34 measured)."""

@@ -343,6 +343,7 @@ def _first_step_run(root: Path, name: str, extra: dict[str, Any], env: dict[str,
     return dict(MetricsTail(verl_metrics_path(trial_dir, 0)).read())[1]
 
 
+@pytest.mark.cpu_heavy_late  # no session fixture: the second heavy run of make test-slow
 def test_a_recorded_first_rollout_replays_into_another_real_verl_run_and_a_planted_change_shows(
         tmp_path: Path) -> None:
     """Issue 54 item 1 on real verl: run A records its first training step's rollout (the in-process module loaded

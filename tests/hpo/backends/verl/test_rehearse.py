@@ -201,6 +201,7 @@ def test_a_hub_model_without_a_local_tokenizer_says_which_files_to_fetch(tmp_pat
 @pytest.mark.slow
 @needs_verl
 @pytest.mark.timeout(1200)
+@pytest.mark.cpu_heavy_late  # no session fixture: the second heavy run of make test-slow
 def test_a_healthy_experiment_on_a_busy_machine_never_fails(tmp_path: Path) -> None:
     """issue 43: a user's own experiment (their parquet files, reward function and experiment file in a directory of
     their own, paths relative to it; SmolLM2-135M's config and tokenizer) rehearsed with a CPU-bound process
