@@ -72,14 +72,16 @@ test: $(STAMP)
 
 # The slow suite as pytest runs beside each other: its `cpu_heavy` tests (real verl trials, the pretrained model: each
 # takes most of the cores, so they run one at a time) beside the rest, most of which wait on drivers, servers and
-# clusters; once the rest has ended, the `cpu_heavy_late` tests (heavy ones that share no session fixture with the
-# others) in a second heavy run, on the cores the lighter run leaves (the first heavy run is the longest: it decides
-# the wall time). The heavy runs print a line per test as it ends ("[cpu_heavy] ...", "[cpu_heavy late] ..."), and
-# their failures after the other run's report; the target fails if any run does. TEST_WORKERS=1: the whole suite in
-# one run. `test-slow-heavy`, `test-slow-rest` and `test-slow-late` are the runs alone (.ci/run runs test-vllm after
-# the lighter one, beside the heavy ones).
-SLOW_HEAVY = $(PY) -m pytest -v -p no:cacheprovider -m "slow and cpu_heavy and not cpu_heavy_late and not extended" \
-	--durations=15 $(call junit,slow-heavy) $(PYTEST_ARGS)
+# clusters; once the rest has ended, a second heavy run of the `cpu_heavy_late` tests (heavy ones that share no session
+# fixture with the others), which the first heavy run takes last: each runs in the run that reaches it first (claims
+# in $VERL_HPO_HEAVY_CLAIMS, tests/conftest.py), so the two heavy runs end together whichever of the first heavy run
+# and the rest is the longer on a machine. The heavy runs print a line per test as it ends ("[cpu_heavy] ...",
+# "[cpu_heavy late] ..."), and their failures after the other run's report; the target fails if any run does.
+# TEST_WORKERS=1: the whole suite in one run. `test-slow-heavy`, `test-slow-rest` and `test-slow-late` are the runs
+# alone (without $VERL_HPO_HEAVY_CLAIMS the heavy run runs the late tests too; .ci/run runs test-vllm after the
+# lighter one, beside the heavy ones).
+SLOW_HEAVY = $(PY) -m pytest -v -p no:cacheprovider -m "slow and cpu_heavy and not extended" --durations=15 \
+	$(call junit,slow-heavy) $(PYTEST_ARGS)
 SLOW_LATE = $(PY) -m pytest -v -p no:cacheprovider -m "slow and cpu_heavy_late and not extended" --durations=15 \
 	$(call junit,slow-late) $(PYTEST_ARGS)
 SLOW_REST = $(PY) -m pytest -q -m "slow and not cpu_heavy and not bench_smoke and not extended" --durations=15 \
@@ -88,8 +90,8 @@ test-slow: $(STAMP)
 ifeq ($(TEST_WORKERS),1)
 	$(PY) -m pytest -q -m "slow and not bench_smoke and not extended" --durations=25 $(call junit,slow) $(PYTEST_ARGS)
 else
-	@set -o pipefail; \
-	{ $(SLOW_HEAVY) 2>&1 | sed -u 's/^/[cpu_heavy] /'; } & heavy=$$!; trap "kill $$heavy 2>/dev/null" EXIT; \
+	@set -o pipefail; claims=$$(mktemp -d); export VERL_HPO_HEAVY_CLAIMS=$$claims; \
+	{ $(SLOW_HEAVY) 2>&1 | sed -u 's/^/[cpu_heavy] /'; } & heavy=$$!; trap "kill $$heavy 2>/dev/null; rm -rf $$claims" EXIT; \
 	$(SLOW_REST); rest=$$?; \
 	$(SLOW_LATE) 2>&1 | sed -u 's/^/[cpu_heavy late] /'; late=$$?; \
 	wait $$heavy; heavy_rc=$$?; \
