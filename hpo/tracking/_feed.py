@@ -19,14 +19,25 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from hpo.execution import driver_identity, identity_alive
 from hpo.experiment import TrackingSpec, redact_uri
 from hpo.study import Progress
 from hpo.tracking._check import artifact_root, mlflow_uri
-from hpo.tracking._spool import SPOOL_GLOB, SpoolWriter, is_locked, sidecar, spool_path, tracking_dir
+from hpo.tracking._spool import (
+    SPOOL_GLOB,
+    SpoolWriter,
+    host_part,
+    is_locked,
+    sidecar,
+    spool_driver,
+    spool_path,
+    tracking_dir,
+)
 
 ENV_STORAGE = "VERL_HPO_TRACK_STORAGE"
 ENV_SPEC = "VERL_HPO_TRACK_SPEC"
 EXIT_PENDING = 3  # the tracker stopped with events not yet logged (verl-hpo track finishes them)
+EXIT_BUSY = 4  # another tracking process works on the spool (nothing was logged by this one)
 
 
 def describe(spec: TrackingSpec, studies_dir: Path | None = None) -> str:
@@ -102,25 +113,54 @@ class TrackingFeed:
 
 
 def catch_up(spec: TrackingSpec, study_name: str, storage_url: str, studies_dir: Path) -> int:
-    """``verl-hpo track``: run a tracking process over each spool of the study on this host that none works on
-    (its driver gone), until everything in it is logged. 0 when all are (a skipped spool, one a live driver's
-    tracking process works on, is counted as skipped, not logged), else 1 with one line per spool left."""
+    """``verl-hpo track``: run a tracking process over each spool of the study on this host whose driver has ended,
+    until everything in it is logged, and say what became of each spool on a line of its own: fully logged;
+    skipped, and why (another tracking process works on it; its driver still runs); not logged, with its tracking
+    process's last line (stderr). Then one summary line. 0 when every spool is logged or being logged by a tracking
+    process, else 1 (one not logged, or one a live driver left without its tracking process: run ``track`` again
+    once that driver has ended)."""
     spools = sorted(tracking_dir(studies_dir, study_name).glob(SPOOL_GLOB))
-    left, skipped = [], 0
+    logged, skipped, left = 0, 0, 0
     for spool in spools:
-        if is_locked(spool):  # a live driver's tracking process
-            print(f"{spool.name}: its tracking process is still running; skipped")
+        pid = _running_driver(spool)
+        if pid is not None:  # never end a live driver's spool: the study's run would end while it goes on
             skipped += 1
+            if is_locked(spool):
+                print(f"{spool.name}: skipped: its driver (pid {pid}) and its tracking process are still running")
+            else:
+                left += 1
+                print(f"{spool.name}: skipped: its driver (pid {pid}) is still running and its tracking process is "
+                      "not; run verl-hpo track again once the driver has ended")
             continue
-        proc = tracker_process(spool, spec, storage_url, studies_dir, study_name, None)
-        if proc.wait() != 0:
-            left.append(f"{spool.name}: {_last_line(sidecar(spool, '.log'))}")
-    for line in left:
-        print(f"error: {line}", file=sys.stderr)
-    print(f"tracking: {len(spools) - len(left) - skipped} of {len(spools)} spool(s) of study {study_name} fully "
-          f"logged to {describe(spec)}" + (f"; {skipped} skipped (still being logged by a running driver)"
-                                           if skipped else ""))
+        code = tracker_process(spool, spec, storage_url, studies_dir, study_name, None).wait()
+        if code == 0:
+            logged += 1
+            print(f"{spool.name}: fully logged")
+        elif code == EXIT_BUSY:  # e.g. a dead driver's tracking process, still flushing, or another track
+            skipped += 1
+            print(f"{spool.name}: skipped: another tracking process works on it")
+        else:
+            left += 1
+            print(f"error: {spool.name}: not logged: {_last_line(sidecar(spool, '.log'))}", file=sys.stderr)
+    failed = len(spools) - logged - skipped
+    print(f"tracking: {logged} of {len(spools)} spool(s) of study {study_name} fully logged to {describe(spec)}"
+          + (f"; {skipped} skipped" if skipped else "") + (f"; {failed} not logged" if failed else ""))
     return 1 if left else 0
+
+
+def _running_driver(spool: Path) -> int | None:
+    """The pid of the driver that writes ``spool`` when it is alive: the host, pid and start second in the spool's
+    name (:func:`._spool.spool_path`) are this host's and a live process's. The name keeps neither the boot nor the
+    pid namespace: a spool of this host's name is taken to be of this boot and namespace (the start time guards a
+    reused pid)."""
+    named = spool_driver(spool)
+    if named is None:
+        return None
+    host, pid, start = named
+    here = driver_identity()
+    if host != host_part(str(here["host"])):
+        return None
+    return pid if identity_alive({**here, "pid": pid, "started": start + 0.5}) else None  # start: a whole second
 
 
 def _last_line(path: Path) -> str:

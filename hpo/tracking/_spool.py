@@ -26,9 +26,23 @@ def tracking_dir(studies_dir: Path, study_name: str) -> Path:
     return studies_dir / study_name / "tracking"
 
 
+def host_part(host: str) -> str:
+    """A host name as a spool's name holds it."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in host)[:64]
+
+
 def spool_path(directory: Path, identity: dict[str, Any]) -> Path:
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(identity.get("host", "host")))[:64]
+    host = host_part(str(identity.get("host", "host")))
     return directory / f"spool-{host}-{identity.get('pid', os.getpid())}-{int(float(identity.get('started', 0)))}.jsonl"
+
+
+def spool_driver(spool: Path) -> tuple[str, int, int] | None:
+    """The host part, pid and start second that :func:`spool_path` put in ``spool``'s name; None for another name."""
+    head, _, start = spool.name.removeprefix("spool-").removesuffix(".jsonl").rpartition("-")
+    host, _, pid = head.rpartition("-")
+    if not host or not pid.isdigit() or not start.isdigit():
+        return None
+    return host, int(pid), int(start)
 
 
 def sidecar(spool: Path, suffix: str) -> Path:

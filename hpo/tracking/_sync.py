@@ -9,7 +9,8 @@ and, since every step is logged only past the chain's cursor, nothing is logged 
 are saved in ``<spool>.state.json`` (and run ids in the study's storage, :data:`._content.ATTR_RUN`).
 
 It exits when the driver has ended (or died) and every queue is empty: 0; on SIGTERM (the driver's
-``tracking.flush_s`` is over) it saves its cursors and exits 3 with a line saying what is left."""
+``tracking.flush_s`` is over) it saves its cursors and exits 3 with a line saying what is left; when another
+tracking process holds the spool's lock it logs nothing and exits 4."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from hpo.storages import open_storage, scrub
 from hpo.study import quiet_optuna
 from hpo.tracking._check import artifact_root, mlflow_uri
 from hpo.tracking._content import ATTR_KEY, ATTR_RUN, chain_info, finished, study_update
-from hpo.tracking._feed import ENV_SPEC, ENV_STORAGE, EXIT_PENDING
+from hpo.tracking._feed import ENV_SPEC, ENV_STORAGE, EXIT_BUSY, EXIT_PENDING
 from hpo.tracking._sink import Cursors, Sink
 from hpo.tracking._spool import SpoolReader, sidecar, spool_lock
 
@@ -285,7 +286,7 @@ def run(spool: Path, studies_dir: Path, study_name: str, driver_pid: int | None,
     with spool_lock(spool, wait=False) as got:
         if not got:
             log(f"another tracking process works on {spool}")
-            return 0
+            return EXIT_BUSY
         state_path = sidecar(spool, ".state.json")
         try:
             state: dict[str, Any] = json.loads(state_path.read_text())

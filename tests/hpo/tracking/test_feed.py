@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 import pytest
 
 from hpo.execution._identity import driver_identity
 from hpo.experiment._tracking import MlflowSpec, TrackingSpec, WandbSpec
 from hpo.tracking import TrackingFeed, catch_up, describe
-from hpo.tracking._feed import ENV_SPEC, ENV_STORAGE, _TrackedProgress, tracker_env
-from hpo.tracking._spool import SpoolReader, SpoolWriter, sidecar, spool_lock, tracking_dir
+from hpo.tracking._feed import ENV_SPEC, ENV_STORAGE, EXIT_BUSY, _TrackedProgress, tracker_env, tracker_process
+from hpo.tracking._spool import SpoolReader, SpoolWriter, sidecar, spool_lock, spool_path, tracking_dir
 
 
 def test_the_start_line_says_where_a_database_backend_s_artifacts_go(tmp_path: Path) -> None:
@@ -105,21 +110,80 @@ def test_a_driver_s_tracking_process_ends_when_told_and_leaves_its_state(study_d
     assert json.loads(sidecar(feed.spool, ".state.json").read_text()) == {"trackers": {}}
 
 
-@pytest.mark.timeout(120)
-def test_track_finishes_a_dead_driver_s_spool_and_skips_one_still_worked_on(study_db: tuple[Path, str],
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def _fates(out: str) -> list[str]:
+    """``track``'s lines but its summary (the last)."""
+    return out.splitlines()[:-1]
+
+
+@pytest.mark.timeout(180)
+def test_track_says_each_spool_s_fate_on_a_line_of_its_own(study_db: tuple[Path, str],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A dead driver's spool is logged; one a tracking process already works on (a dead driver's, still flushing)
+    is skipped, and said so; one that cannot be read is not logged, and said so on stderr."""
     studies, url = study_db
     directory = tracking_dir(studies, "s")
-    dead, live = directory / "spool-h-1-0.jsonl", directory / "spool-h-2-0.jsonl"
-    for path in (dead, live):
+    dead, busy, unreadable = (directory / f"spool-h-{pid}-0.jsonl" for pid in (1, 2, 3))
+    for path in (dead, busy):
         SpoolWriter(path).close()  # a driver that wrote nothing and died (no end line)
-    with spool_lock(live, wait=False) as got:  # a live driver's tracking process holds this one
+    unreadable.mkdir()  # not a file: its tracking process fails to read it
+    with spool_lock(busy, wait=False) as got:  # another tracking process holds this one
         assert got
-        assert catch_up(TrackingSpec(), "s", url, studies) == 0
-    out = capsys.readouterr().out
-    assert "spool-h-2-0.jsonl: its tracking process is still running; skipped" in out
-    summary = out.strip().splitlines()[-1]  # the skipped one is counted as skipped, not as logged
-    assert summary.startswith("tracking: 1 of 2 spool(s) of study s fully logged to "), summary
-    assert summary.endswith("; 1 skipped (still being logged by a running driver)"), summary
+        assert catch_up(TrackingSpec(), "s", url, studies) == 1
+    out, err = capsys.readouterr()
+    assert _fates(out) == ["spool-h-1-0.jsonl: fully logged",
+                           "spool-h-2-0.jsonl: skipped: another tracking process works on it"]
+    assert out.splitlines()[-1] == "tracking: 1 of 3 spool(s) of study s fully logged to ; 1 skipped; " \
+                                           "1 not logged"
+    [line] = err.strip().splitlines()
+    assert re.match(r"error: spool-h-3-0\.jsonl: not logged: \d\d:\d\d:\d\d IsADirectoryError: ", line), line
     assert "everything logged" in sidecar(dead, ".log").read_text()
-    assert not sidecar(live, ".log").exists()
+    assert "another tracking process works on" in sidecar(busy, ".log").read_text()
+
+
+@pytest.mark.timeout(180)
+def test_a_tracking_process_refused_its_spool_says_so_in_its_exit_code(study_db: tuple[Path, str]) -> None:
+    """The spool's lock taken by another tracking process (between ``track``'s look and its tracking process's
+    start, or by another ``track``): the process logs nothing, and exits EXIT_BUSY, not 0 (everything logged)."""
+    studies, url = study_db
+    spool = tracking_dir(studies, "s") / "spool-h-1-0.jsonl"
+    SpoolWriter(spool).close()
+    with spool_lock(spool, wait=False) as got:
+        assert got
+        proc = tracker_process(spool, TrackingSpec(), url, studies, "s", None)
+        assert proc.wait(120) == EXIT_BUSY
+    assert "another tracking process works on" in sidecar(spool, ".log").read_text()
+    assert not sidecar(spool, ".state.json").exists()
+
+
+@pytest.mark.timeout(180)
+def test_a_spool_whose_driver_still_runs_is_skipped_until_the_driver_has_ended(
+        study_db: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A live driver's spool is left to it: skipped while its tracking process runs (exit 0: it is being logged)
+    and, that process gone, skipped with a word to run ``track`` again later (exit 1: nobody logs it now; logging
+    it as a dead driver's would end the study's run while the driver goes on). Once the driver has ended, logged."""
+    studies, url = study_db
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        started = psutil.Process(driver.pid).create_time()
+        identity = {"host": socket.gethostname(), "pid": driver.pid, "started": started}
+        spool = spool_path(tracking_dir(studies, "s"), identity)
+        SpoolWriter(spool).close()  # as the driver writes it: no trial started yet
+        with spool_lock(spool, wait=False) as got:  # its tracking process
+            assert got
+            assert catch_up(TrackingSpec(), "s", url, studies) == 0
+        assert _fates(capsys.readouterr().out) == [
+            f"{spool.name}: skipped: its driver (pid {driver.pid}) and its tracking process are still running"]
+        assert catch_up(TrackingSpec(), "s", url, studies) == 1  # its tracking process died, its driver did not
+        out = capsys.readouterr().out
+        assert _fates(out) == [f"{spool.name}: skipped: its driver (pid {driver.pid}) is still running and its "
+                               "tracking process is not; run verl-hpo track again once the driver has ended"]
+        assert out.splitlines()[-1] == "tracking: 0 of 1 spool(s) of study s fully logged to ; 1 skipped"
+        assert not sidecar(spool, ".state.json").exists() and not sidecar(spool, ".log").exists()
+    finally:
+        driver.kill()
+        driver.wait()
+    assert catch_up(TrackingSpec(), "s", url, studies) == 0
+    out = capsys.readouterr().out
+    assert _fates(out) == [f"{spool.name}: fully logged"]
+    assert out.splitlines()[-1] == "tracking: 1 of 1 spool(s) of study s fully logged to "
+    assert "everything logged" in sidecar(spool, ".log").read_text()

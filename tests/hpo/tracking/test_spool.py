@@ -8,7 +8,16 @@ import sys
 import threading
 from pathlib import Path
 
-from hpo.tracking._spool import SpoolReader, SpoolWriter, is_locked, sidecar, spool_lock, spool_path, tracking_dir
+from hpo.tracking._spool import (
+    SpoolReader,
+    SpoolWriter,
+    is_locked,
+    sidecar,
+    spool_driver,
+    spool_lock,
+    spool_path,
+    tracking_dir,
+)
 
 
 def test_events_are_read_once_each_and_a_torn_line_waits_for_its_newline(tmp_path: Path) -> None:
@@ -56,6 +65,13 @@ def test_each_driver_has_a_spool_of_its_own_with_its_sidecars_beside_it(tmp_path
     assert spool_path(tmp_path, {"host": "node/1 a", "pid": 43, "started": 1700000000.9}) != one
     assert sidecar(one, ".state.json").name == "spool-node_1_a-42-1700000000.state.json"
     assert sidecar(one, ".lock").parent == tmp_path
+
+
+def test_a_spool_s_name_gives_back_its_driver_s_host_pid_and_start_second(tmp_path: Path) -> None:
+    one = spool_path(tmp_path, {"host": "gpu-node-3.lan", "pid": 42, "started": 1700000000.9})
+    assert spool_driver(one) == ("gpu-node-3.lan", 42, 1700000000)
+    for foreign in ("spool-x.jsonl", "spool-h-1.jsonl", "spool--1-0.jsonl", "spool-h-x-0.jsonl"):
+        assert spool_driver(tmp_path / foreign) is None, foreign
 
 
 def test_one_tracking_process_per_spool(tmp_path: Path) -> None:
