@@ -12,9 +12,9 @@ from hpo.experiment import TRACKING_FLAG_HELP
 
 def trust_args(sp: argparse.ArgumentParser) -> None:
     """``--space`` and ``--trust-stored-experiment``: may the stored experiment's code run here."""
-    sp.add_argument("--space", default=None, metavar="FILE",
-                    help="local experiment file to check the stored one against (default: the file the study "
-                         "was made from, if it is here)")
+    sp.add_argument("--space", default=None, metavar="NAME|PATH",
+                    help="local experiment file (a path, or a name as search takes it) to check the stored one "
+                         "against (default: the file the study was made from, if it is here)")
     sp.add_argument("--trust-stored-experiment", action="store_true",
                     help="run the stored experiment's commands, environment and user code even when no local "
                          "file matches (only for storages nobody else can write)")

@@ -21,7 +21,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from hpo.commands._base import EXIT_SIGNAL, Invocation, fail, follow_up, open_existing
+from hpo.commands._base import EXIT_SIGNAL, Invocation, fail, follow_up, open_existing, spaces_dir
 from hpo.commands._speed_from import recheck_speed
 from hpo.experiment import Space, SpaceError, repeat_cap
 
@@ -52,7 +52,7 @@ class StudyRun:
     ray_address: str | None = None  # --ray-address
     speed_info: dict[str, Any] | None = None  # search with study.speed_from: its settings, reported and kept
     # how resume, worker and confirm open the stored study (hpo.study._driver.open_stored)
-    local_space: str | None = None  # --space: a local file the stored experiment is checked against
+    local_space: str | None = None  # --space: a local file or name (found as search finds it) to check against
     trust: bool = False  # --trust-stored-experiment
     n_trials: int | None = None  # resume --n-trials: the study's new target
     n_jobs: int | None = None  # worker --n-jobs
@@ -152,7 +152,7 @@ def _open(run: StudyRun, storage_url: str, studies_dir: Path) -> tuple[Space, An
     space, study, devices = open_stored(
         run.study, storage_url, local_space=run.local_space, trust=run.trust, n_trials=run.n_trials,
         n_jobs=run.n_jobs, devices=_device_list(run.devices), ray_address=run.ray_address, studies_dir=studies_dir,
-        confirming=run.confirm is not None, wait_s=run.wait_s)
+        confirming=run.confirm is not None, wait_s=run.wait_s, spaces_dir=spaces_dir())
     space = recheck_speed(space, study, run.storage, studies_dir)
     return space, study, devices, _tracking_spec(space, run.tracking, run.tracking_optional)
 

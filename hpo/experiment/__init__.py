@@ -43,6 +43,7 @@ from hpo.experiment._space import (
     parse_space,
     read_space,
     read_yaml,
+    resolve_space_path,
 )
 from hpo.experiment._throughput import (
     SPEED_MAX,
@@ -65,5 +66,5 @@ __all__ = ["CodeRules", "ENV_REF", "EarlyStopping", "MASK", "MAX_COMBINATIONS", 
            "check_stored_experiment", "env_ref", "experiment_digest", "format_value", "heldout_metric", "is_env_ref",
            "is_secret_key", "load_yaml_text", "located_error", "mask_uri", "masked", "masked_raw", "missing_secrets",
            "parse_objective", "parse_ray", "parse_rollback_rule", "parse_space", "read_space", "read_yaml",
-           "redact_uri", "repeat_cap", "secret_env_name", "secret_overrides", "shown_value", "speed_value_ok",
-           "speed_value_problem", "uri_secrets"]
+           "redact_uri", "repeat_cap", "resolve_space_path", "secret_env_name", "secret_overrides", "shown_value",
+           "speed_value_ok", "speed_value_problem", "uri_secrets"]

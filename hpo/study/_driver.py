@@ -32,7 +32,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from hpo.analysis import OutputRefused, make_output_dir
 from hpo.backends import DEFAULT_BACKEND, backend_named, backend_of, resolve_devices, stored_space
 from hpo.execution import DevicePool, driver_identity, sweep_orphans
-from hpo.experiment import Space, SpaceError, read_space
+from hpo.experiment import SPACES_DIR, Space, SpaceError, read_space
 from hpo.record import (
     ATTR_FIDELITY_CHECK,
     ATTR_PROMOTED_FROM,
@@ -129,17 +129,20 @@ def read_as_stored(path: str) -> Space:
 def open_stored(study_name: str, storage_url: str, *, local_space: str | None = None, trust: bool = False,
                 n_trials: int | None = None, n_jobs: int | None = None, devices: Sequence[str] | None = None,
                 ray_address: str | None = None, wait_s: float = 0.0, studies_dir: Path | None = None,
-                confirming: bool = False) -> tuple[Space, optuna.Study, list[str]]:
+                confirming: bool = False, spaces_dir: Path = SPACES_DIR) -> tuple[Space, optuna.Study, list[str]]:
     """The stored study for ``resume``, ``worker`` and ``confirm``: its experiment may run here
     (:mod:`hpo.experiment._trust`), with this driver's ``n_jobs``, Ray address and devices, and the backend's launch
-    check. ``local_space`` (``--space``): the local experiment file, beside which its relative paths are read (as
-    ``search`` reads its file's). ``wait_s``: ride out a database that is (re)starting this long (a worker started by
-    a scheduler). ``confirming``: the baseline's secrets are needed too (its runs are queued here), so a missing one
-    is refused before any run."""
-    from hpo.experiment import check_stored_experiment, missing_secrets
+    check. ``local_space`` (``--space``): the local experiment file, found as ``search`` finds its own (a name in
+    ``spaces_dir``, else a shipped one, or a path: :func:`~hpo.experiment.resolve_space_path`), beside which its
+    relative paths are read (as ``search`` reads its file's). ``wait_s``: ride out a database that is (re)starting
+    this long (a worker started by a scheduler). ``confirming``: the baseline's secrets are needed too (its runs are
+    queued here), so a missing one is refused before any run."""
+    from hpo.experiment import check_stored_experiment, missing_secrets, resolve_space_path
     from hpo.record import ATTR_DIGEST, ATTR_SOURCE
     from hpo.study._optuna import load_stored
 
+    if local_space is not None:  # SpaceError, the line search gives, for a name that is in no place
+        local_space = str(resolve_space_path(local_space, spaces_dir))
     space, study = load_stored(study_name, storage_url, n_trials, wait_s, source=local_space)
     missing = missing_secrets(space.overrides, space.trial.env, os.environ,
                               baseline=space.study.baseline if confirming else None)

@@ -7,7 +7,9 @@
 * the experiment's ``config:`` as a FIFO, ``/dev/zero``, a link to it or a huge file: one line naming it, exit 2;
 * an experiment file that is a symbolic link reads its relative ``config:`` beside the real file, as verl does;
 * a worker given the experiment file (``--space``) reads its relative ``config:`` beside that file, as ``search``
-  does, from any working directory."""
+  does, from any working directory;
+* ``resume`` and ``worker`` find ``--space`` as ``search`` does: a name in ``$VERL_HPO_SPACES_DIR`` (else
+  ``./search_spaces``, then the shipped ones) as well as a path."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import pytest
 import yaml
 
 from hpo.backends import load_space
+from hpo.record import ATTR_SOURCE
 from hpo.study._optuna import open_study
 from tests.hpo.conftest import ROOT, cli_env
 
@@ -47,8 +50,8 @@ def _experiment(folder: Path, config: str = "grpo.yaml") -> Path:
     return folder / "exp.yaml"
 
 
-def _hpo(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpo", *args], cwd=cwd, env=cli_env(), capture_output=True,
+def _hpo(cwd: Path, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hpo", *args], cwd=cwd, env=cli_env(**env), capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -183,3 +186,33 @@ def test_a_worker_reads_a_relative_config_beside_its_space_file(tmp_path: Path, 
     for cwd, given in ((user, "exp/exp.yaml"), (user / "exp", "exp.yaml")):  # the study at its target: it stops
         again = _hpo(cwd, "worker", "--study", "exp", "--space", given, "--studies-dir", str(studies))
         assert again.returncode == 0, (given, again.stderr)
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # open_study: set_metric_names
+@pytest.mark.parametrize("command", ["resume", "worker"])
+def test_a_space_named_as_search_names_it_is_found_as_search_finds_it(tmp_path: Path, command: str) -> None:
+    """The study as ``search --space exp`` stores it with ``$VERL_HPO_SPACES_DIR`` at user/exp (``config: grpo.yaml``
+    beside the file). ``resume`` / ``worker --space exp`` with the same variable, from another directory holding a
+    decoy grpo.yaml, find user/exp/exp.yaml, read its config beside it and run the stored study (before: '--space
+    exp: no such experiment file', exit 2: the name was taken for a path under the working directory). The study is
+    at its target, so no trial runs: finding and comparing the file is what is tested. A name that is in no place is
+    the line ``search`` gives, exit 2."""
+    user, elsewhere, studies = tmp_path / "user", tmp_path / "elsewhere", tmp_path / "studies"
+    space_file = _experiment(user / "exp")
+    elsewhere.mkdir()
+    (elsewhere / "grpo.yaml").write_text("not: a GRPO config\n")  # where the command runs: not the study's config
+    spaces = {"VERL_HPO_SPACES_DIR": str(space_file.parent)}
+    study = open_study(load_space("exp", spaces_dir=space_file.parent), "exp", f"sqlite:///{studies / 'exp.db'}")
+    assert study.user_attrs[ATTR_SOURCE] == str(space_file)  # what search stores
+    study.add_trial(optuna.trial.create_trial(  # the study at its target: an accepted command stops
+        params={"learning_rate": 1.5e-4},
+        distributions={"learning_rate": optuna.distributions.FloatDistribution(1.0e-4, 2.0e-4)}, value=0.5))
+    res = _hpo(elsewhere, command, "--study", "exp", "--space", "exp", "--studies-dir", str(studies), timeout=200,
+               **spaces)
+    assert res.returncode == 0 and "already has 1 finished trials" in res.stdout, (res.stdout + res.stderr)[-3000:]
+    assert "Traceback" not in res.stderr, res.stderr
+    nowhere = _hpo(elsewhere, command, "--study", "exp", "--space", "nope", "--studies-dir", str(studies), **spaces)
+    said = _hpo(elsewhere, "search", "--space", "nope", "--studies-dir", str(studies), **spaces)
+    assert (nowhere.returncode, nowhere.stdout) == (2, ""), nowhere.stderr
+    assert nowhere.stderr.strip().splitlines() == said.stderr.strip().splitlines(), (nowhere.stderr, said.stderr)
+    assert said.stderr.startswith("error: --space nope: no experiment file nope.yaml in "), said.stderr
