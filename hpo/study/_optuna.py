@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -128,8 +129,9 @@ def open_study(space: Space, study_name: str, storage_url: str) -> optuna.Study:
         study.set_metric_names(space.objective.names)
     if ATTR_SPACE not in attrs:
         study.set_user_attr(ATTR_SPACE, _jsonable(space.raw))
-    if ATTR_SOURCE not in attrs:
-        study.set_user_attr(ATTR_SOURCE, space.source)
+    if ATTR_SOURCE not in attrs:  # absolute: resume and worker find it, and read its relative paths, from anywhere
+        study.set_user_attr(ATTR_SOURCE, os.path.abspath(space.source) if os.path.isfile(space.source)
+                            else space.source)
     if ATTR_DIGEST not in attrs:
         study.set_user_attr(ATTR_DIGEST, experiment_digest(_jsonable(space.raw)))
     study.set_user_attr(ATTR_TARGET, space.study.n_trials)

@@ -216,3 +216,25 @@ def test_a_space_named_as_search_names_it_is_found_as_search_finds_it(tmp_path: 
     assert (nowhere.returncode, nowhere.stdout) == (2, ""), nowhere.stderr
     assert nowhere.stderr.strip().splitlines() == said.stderr.strip().splitlines(), (nowhere.stderr, said.stderr)
     assert said.stderr.startswith("error: --space nope: no experiment file nope.yaml in "), said.stderr
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # open_study: set_metric_names
+def test_a_study_searched_from_beside_its_file_resumes_from_anywhere_without_space(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``search --space exp.yaml`` typed beside the file stores the file's absolute path: ``resume`` with no
+    ``--space``, from another directory holding a decoy grpo.yaml, finds the file the study was made from, reads its
+    relative ``config`` beside it and runs the stored study (before: the relative name was stored, and the command
+    refused the TRL trainer's code with 'no local experiment file to compare with', or compared a same-named file of
+    the working directory)."""
+    user, elsewhere, studies = tmp_path / "user", tmp_path / "elsewhere", tmp_path / "studies"
+    space_file = _experiment(user)
+    elsewhere.mkdir()
+    (elsewhere / "grpo.yaml").write_text("not: a GRPO config\n")
+    monkeypatch.chdir(user)
+    study = open_study(load_space("exp.yaml"), "exp", f"sqlite:///{studies / 'exp.db'}")  # as search stores it
+    assert study.user_attrs[ATTR_SOURCE] == str(space_file)
+    study.add_trial(optuna.trial.create_trial(  # the study at its target: an accepted command stops
+        params={"learning_rate": 1.5e-4},
+        distributions={"learning_rate": optuna.distributions.FloatDistribution(1.0e-4, 2.0e-4)}, value=0.5))
+    res = _hpo(elsewhere, "resume", "--study", "exp", "--studies-dir", str(studies), timeout=200)
+    assert res.returncode == 0 and "already has 1 finished trials" in res.stdout, (res.stdout + res.stderr)[-3000:]
