@@ -4,9 +4,9 @@ they logged is a :class:`Finding` (one line naming the key, file or row); the ve
 
 The checks (:func:`check_runs`): each corner ran, else why (the root exception from its workers' logs,
 :func:`root_cause`), or that this machine could not finish it (:func:`unfinished_why`: out of its time, killed by the
-host; not rehearsed, not failed); the objective metric is logged under exactly its name; each tuned parameter reaches
-the trainer where verl logs it back (:data:`ECHOES`); non-finite metrics (a property of the corner, reported, not a
-failure); the default point's checkpoint resumes at its step.
+host, Ray not started in time; not rehearsed, not failed); the objective metric is logged under exactly its name; each
+tuned parameter reaches the trainer where verl logs it back (:data:`ECHOES`); non-finite metrics (a property of the
+corner, reported, not a failure); the default point's checkpoint resumes at its step.
 """
 
 from __future__ import annotations
@@ -165,9 +165,15 @@ def _how_far(o: CornerOutcome) -> str:
     return "after " + (" and ".join(parts) if parts else "its first metrics line")
 
 
-def unfinished_why(result: RunResult) -> str | None:
+# Ray's own line when the local node it starts for verl does not come up in time (ray/_private/node.py): the host is
+# too busy to start Ray, which says nothing of the experiment (seen on 2 cores with two other verl runs beside it)
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+def unfinished_why(result: RunResult, log_dir: Path | None = None) -> str | None:
     """Why a corner could not finish on this machine, not a failure of the experiment: it ran out of the corner's
-    time, or the host killed it (the kernel's OOM killer, a SIGKILL nobody here sent). None when it finished or
+    time, the host killed it (the kernel's OOM killer, a SIGKILL nobody here sent), or Ray could not start on this
+    machine in time (:data:`RAY_START_TIMEOUT`, from the attempt's logs in ``log_dir``). None when it finished or
     failed on its own."""
     if result.stop == "timeout":
         return "ran out of the corner's time limit"
@@ -175,7 +181,14 @@ def unfinished_why(result: RunResult) -> str | None:
         return "was killed by the host's kernel OOM killer (this machine's memory, not the experiment's GPUs)"
     if result.stop is None and result.exit_code == -9:
         return "was killed by the host (SIGKILL, not sent by the rehearsal)"
+    if result.exit_code != 0 and RAY_START_TIMEOUT in failure_line(result, log_dir):
+        return "could not start Ray on this machine in time (Ray: the node timed out during startup: a busy host)"
     return None
+
+
+def _last_logs(o: CornerOutcome) -> Path:
+    """The directory of a corner's last attempt's logs."""
+    return o.trial_dir if len(o.results) <= 1 else o.trial_dir / f"attempt{len(o.results) - 1}"
 
 
 def check_runs(space: Space, outcomes: Sequence[CornerOutcome], resumed: bool = True) -> list[Finding]:
@@ -185,8 +198,8 @@ def check_runs(space: Space, outcomes: Sequence[CornerOutcome], resumed: bool = 
     logged: set[str] = set()
     for o in outcomes:
         last = o.results[-1] if o.results else None
-        logs = o.trial_dir if len(o.results) <= 1 else o.trial_dir / f"attempt{len(o.results) - 1}"
-        host = unfinished_why(last) if last is not None else None
+        logs = _last_logs(o)
+        host = unfinished_why(last, logs) if last is not None else None
         if last is not None and host is not None:
             limit = f" ({o.timeout_s:.0f} s; --corner-timeout S gives it more)" if last.stop == "timeout" \
                 and o.timeout_s else ""
@@ -206,7 +219,7 @@ def check_runs(space: Space, outcomes: Sequence[CornerOutcome], resumed: bool = 
             for rec in recs:
                 logged.update(rec["data"])
     finished = any(o.results and o.results[-1].exit_code == 0 for o in outcomes)
-    cut_short = any(o.results and unfinished_why(o.results[-1]) for o in outcomes)
+    cut_short = any(o.results and unfinished_why(o.results[-1], _last_logs(o)) for o in outcomes)
     found += [f if finished or not cut_short or f.level != "problem" else
               Finding(f.check, "unfinished", f"not checked: no corner finished on this machine ({f.message})")
               for f in _objective(space, logged)]
@@ -284,7 +297,7 @@ def _resume(outcomes: Sequence[CornerOutcome]) -> list[Finding]:
     o = next((o for o in outcomes if o.corner.name == "default"), None)
     if o is None or not o.results:
         return []
-    if unfinished_why(o.results[-1]) is not None:
+    if unfinished_why(o.results[-1], _last_logs(o)) is not None:
         return [Finding("resume", "unfinished", "not checked: corner default could not finish on this machine, so "
                         "its kill and resume were not rehearsed")]
     if o.resumed_from is None:

@@ -86,6 +86,26 @@ def test_a_host_kill_is_not_finished_here_and_a_real_failure_still_fails(tmp_pat
     assert exit_code([Finding("run", "ok", "fine"), Finding("memory", "note", "n")]) == EXIT_PASS
 
 
+def test_ray_that_could_not_start_on_a_busy_host_is_not_finished_here(tmp_path: Path) -> None:
+    """verl's main_ppo starts a local Ray node; on a host too busy for it Ray gives up ("The current node timed out
+    during startup", seen on 2 cores with two other verl runs beside the rehearsal): not rehearsed, not a failure of
+    the experiment (exit 3, and the objective it could not check is not a problem either). The same exception
+    raised by the experiment's own code after Ray started is not Ray's start-up."""
+    ray_line = ("Exception: The current node timed out during startup. This could happen because some of the raylet "
+                "failed to startup or the GCS has become overloaded.")
+    crashed = _outcome(tmp_path, "default", _result(1, None, 64, final=ray_line))
+    (crashed.trial_dir / "stdout.log").write_text("Traceback (most recent call last):\n  File \"node.py\", line "
+                                                  f"441, in _wait_for_startup\n{ray_line}\n")
+    findings = check_runs(SPACE, [crashed], resumed=False)
+    (run,) = [f for f in findings if f.check == "run"]
+    assert run.level == "unfinished" and "could not start Ray on this machine in time" in run.message and \
+        "before verl logged its first metrics line" in run.message, run.message
+    assert [f.level for f in findings if f.check == "objective"] == ["unfinished"], findings
+    assert exit_code(findings) == EXIT_UNFINISHED
+    other = _outcome(tmp_path, "low", _result(1, None, 64, final="Exception: the reward server timed out"))
+    assert exit_code(check_runs(SPACE, [other], resumed=False)) == EXIT_FAIL
+
+
 def test_the_root_cause_comes_from_the_workers_tracebacks(tmp_path: Path) -> None:
     """Ray prints a worker's traceback into the driver's output with its ``(Actor pid=N)`` prefix, wrapped in
     RayTaskError: the cause is the worker's own exception (a bare AssertionError too), not the wrapper, not a
