@@ -196,10 +196,12 @@ def check_runs(space: Space, outcomes: Sequence[CornerOutcome], resumed: bool = 
     default point resumed at its checkpoint's step (``resumed``: it was meant to)."""
     found: list[Finding] = []
     logged: set[str] = set()
+    # each corner's host reason once (it may read the last attempt's logs, up to 32 MB each)
+    hosts = {o.corner.name: unfinished_why(o.results[-1], _last_logs(o)) if o.results else None for o in outcomes}
     for o in outcomes:
         last = o.results[-1] if o.results else None
         logs = _last_logs(o)
-        host = unfinished_why(last, logs) if last is not None else None
+        host = hosts[o.corner.name]
         if last is not None and host is not None:
             limit = f" ({o.timeout_s:.0f} s; --corner-timeout S gives it more)" if last.stop == "timeout" \
                 and o.timeout_s else ""
@@ -219,14 +221,15 @@ def check_runs(space: Space, outcomes: Sequence[CornerOutcome], resumed: bool = 
             for rec in recs:
                 logged.update(rec["data"])
     finished = any(o.results and o.results[-1].exit_code == 0 for o in outcomes)
-    cut_short = any(o.results and unfinished_why(o.results[-1], _last_logs(o)) for o in outcomes)
+    cut_short = any(hosts.values())
     found += [f if finished or not cut_short or f.level != "problem" else
               Finding(f.check, "unfinished", f"not checked: no corner finished on this machine ({f.message})")
               for f in _objective(space, logged)]
     found += _echoes(space, outcomes)
     found += _finite(outcomes)
-    found += _resume(outcomes) if resumed else [Finding("resume", "note", "not checked (--quick): a retried trial "
-                                                         "resuming from its checkpoint; rehearse without --quick")]
+    found += _resume(outcomes, hosts) if resumed else [
+        Finding("resume", "note", "not checked (--quick): a retried trial resuming from its checkpoint; rehearse "
+                "without --quick")]
     note = retry_note(space)
     if note:
         found.append(Finding("resume", "note", note))
@@ -293,11 +296,11 @@ def _finite(outcomes: Sequence[CornerOutcome]) -> list[Finding]:
     return out
 
 
-def _resume(outcomes: Sequence[CornerOutcome]) -> list[Finding]:
+def _resume(outcomes: Sequence[CornerOutcome], hosts: dict[str, str | None]) -> list[Finding]:
     o = next((o for o in outcomes if o.corner.name == "default"), None)
     if o is None or not o.results:
         return []
-    if unfinished_why(o.results[-1], _last_logs(o)) is not None:
+    if hosts[o.corner.name] is not None:
         return [Finding("resume", "unfinished", "not checked: corner default could not finish on this machine, so "
                         "its kill and resume were not rehearsed")]
     if o.resumed_from is None:
