@@ -45,8 +45,8 @@ class ProxySpec:
     promote: int = 4
     promote_steps: int | None = None
     transfer: dict[str, TransferRule] = field(default_factory=dict)
-    # when the proxy holds, the confirmation races this many promoted settings on the target (the proxy's best
-    # first, only those within the race's resolution of the target's best promoted value)
+    # when the proxy holds, the confirmation races at most this many promoted settings on the target (the proxy's
+    # best first, only those the proxy cannot tell apart: final proxy values within the race's resolution of its best)
     confirm_top: int = 1
 
 

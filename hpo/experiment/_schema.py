@@ -215,10 +215,11 @@ class StudySpec:
         "4, promote_steps: null, transfer: {<param>: {multiply: F} | {scale_by: hidden_ratio}}, confirm_top: 1}: the "
         "search runs on the proxy, its top `promote` settings run on the target for promote_steps steps (null: the "
         "first successive-halving rung, else a quarter of the trial's steps) on the confirmation's first seed, saving "
-        "a checkpoint there where the trainer can, and the proxy is trusted only if it ranks them as the target does. "
-        "Then the confirmation races confirm_top of them (the proxy's best first, only those within the resolution of "
-        "the target's best promoted value; at most promote), each one's first seed continuing its promoted run's "
-        "checkpoint; otherwise the rest of the budget searches on the target and the race takes confirm.top_k. Parsed "
+        "a checkpoint there where the trainer can, and the proxy is trusted only if it ranks them as the target "
+        "does at that step. Then the confirmation races at most confirm_top of them (the proxy's best first, only "
+        "those it cannot tell apart: final proxy values within the resolution of its best; at most promote), each "
+        "one's first seed continuing its promoted run's checkpoint; otherwise the rest of the budget searches on the "
+        "target and the race takes confirm.top_k. Parsed "
         "by hpo.experiment._fidelity."))
     baseline: dict[str, Any] = field(default_factory=dict, metadata=_meta(
         "The setting a user would run without a search, as trainer overrides on top of the fixed ones (e.g. the "

@@ -9,14 +9,20 @@
   A promoted run stops at ``promote_steps`` (the first successive-halving rung, else a quarter of a trial's steps;
   :func:`promote_steps`) and its value is a target value.
 * :func:`record_check`: when every promoted run has finished, the proxy's ranking of them is compared with the
-  target's (:func:`agreement`): Kendall's tau-b with a 95% bootstrap interval (2,000 resamples of the settings, seed
-  0, so every driver computes the same) and the exact one-sided permutation p-value, and the gap between the target
-  value of the proxy's best setting and the target's best, against the race's resolution
-  (``study.confirm.resolution``, else ``early_stopping.plateau_min_delta``, else 1% of the best). The proxy *holds*
-  when its best is within the resolution of the target's best and tau > 0 (or every target value is within the
-  resolution of the others: nothing to rank). The figures and the decision are kept in the study's user attr
-  :data:`~hpo.record.ATTR_FIDELITY_CHECK`, the first driver to finish them writes them, and :func:`check_line` says
-  them in one line.
+  target's **at the same step** (:func:`agreement`): each promoted setting's proxy value at ``promote_steps`` (its
+  proxy trial's last evaluation at or before it) against its target run's value there. Both then measure the same
+  thing: how far the setting has learned by that step. (A proxy trial's final value against a short target run
+  would ask the target's learning speed to rank like the proxy's end point: on the tiny_arith family the settings the
+  proxy ranks best at 60 steps are often its slow starters, behind at 10 steps on both models, and such a check
+  threw away the target's best setting; benchmarks/RESULTS.md, "model-size fidelity".) The figures: Kendall's tau-b
+  with a 95% bootstrap interval (2,000 resamples of the settings, seed 0, so every driver computes the same) and the
+  exact one-sided permutation p-value, and the gap between the target value of the setting the proxy ranks first at
+  that step and the target's best there, against the race's resolution (``study.confirm.resolution``, else
+  ``early_stopping.plateau_min_delta``, else 1% of the best). The proxy *holds* when that gap is within the
+  resolution and tau > 0 (or every target value is within the resolution of the others: nothing to rank). The
+  figures and the decision are kept in the study's user attr :data:`~hpo.record.ATTR_FIDELITY_CHECK`, the first
+  driver to finish them writes them, and :func:`check_line` says them in one line. Which settings the race then runs
+  is the proxy's full-length ranking's to say (:func:`hpo.study._continuation.proxy_field`).
 """
 
 from __future__ import annotations
@@ -216,22 +222,24 @@ def resolution(space: Space, best: float) -> float:
 
 
 def agreement(pairs: Sequence[tuple[int, int, float, float]], sign: float, space: Space) -> dict[str, Any]:
-    """The check's figures from ``(proxy trial, target trial, proxy value, target value)`` in the proxy's order,
-    best first (see the module docstring)."""
+    """The check's figures from ``(proxy trial, target run, proxy value, target value)``, both values at the promotion
+    step, in the proxy's full-length order (best first; see the module docstring). The proxy's first at that step is
+    its highest value there, the earlier in its order on a tie."""
     n = len(pairs)
     if n < 2:
         return {"n": n, "holds": False, "why": f"{n} promoted setting(s) with a finite target value: nothing to rank"}
-    x = [float(n - i) for i in range(n)]  # the proxy's rank, higher better
-    y = [sign * p[3] for p in pairs]  # the target's values, higher better
-    best = max(range(n), key=lambda i: y[i])
+    x = [sign * p[2] for p in pairs]  # the proxy's values at the step, higher better
+    y = [sign * p[3] for p in pairs]  # the target's values at the step, higher better
+    best = max(range(n), key=lambda i: (y[i], -i))
+    first = max(range(n), key=lambda i: (x[i], -i))
     res = resolution(space, pairs[best][3])
-    gap = y[best] - y[0]
+    gap = y[best] - y[first]
     tau = kendall_tau(x, y)
     flat = max(y) - min(y) <= res
     holds = gap <= res and (flat or (tau is not None and tau > 0))
     out: dict[str, Any] = {
         "n": n, "tau": tau, "interval": tau_interval(x, y), "p_value": None if tau is None else tau_p_value(x, y, tau),
-        "resolution": res, "gap": gap, "proxy_best": pairs[0][0], "target_best": pairs[best][0], "holds": holds,
+        "resolution": res, "gap": gap, "proxy_best": pairs[first][0], "target_best": pairs[best][0], "holds": holds,
         "pairs": [list(p) for p in pairs]}
     out["why"] = ("its best is within the resolution of the target's best and it ranks the rest alike" if holds else
                   f"its best is {gap:.4g} below the target's best, more than the resolution {res:.4g}" if gap > res
@@ -248,11 +256,12 @@ def _unit(p: Param, value: Any) -> float | None:
 
 
 def without_transfer(space: Space, trials: Sequence[FrozenTrial], pairs: Sequence[tuple[int, int, float, float]],
-                     factors: dict[str, float], sign: float) -> dict[str, Any] | None:
+                     factors: dict[str, float], sign: float, step: int | None = None) -> dict[str, Any] | None:
     """Whether the transfer rules helped, estimated from the runs the study has (no run is made for it): without the
     rules the proxy would have run each promoted setting's own values, so its value there is taken from the proxy
     trial that actually ran nearest them (its run values: the study's values / factor; within 0.1 of each range,
-    categoricals equal), and tau is computed again. None without rules or fewer than 2 such estimates."""
+    categoricals equal; its value at ``step``, as the check compares, else its final one), and tau is computed again.
+    None without rules or fewer than 2 such estimates."""
     if not factors:
         return None
     by_number = {t.number: t for t in trials}
@@ -270,7 +279,8 @@ def without_transfer(space: Space, trials: Sequence[FrozenTrial], pairs: Sequenc
             if max(gaps, default=0.0) <= near:
                 best, near = t, max(gaps, default=0.0)
         if best is not None:
-            estimates.append((float(best.values[0]), target))
+            at = None if step is None else _value_at(best, step)
+            estimates.append((float(best.values[0]) if at is None else at, target))
     if len(estimates) < 2:
         return None
     x = [sign * e[0] for e in estimates]
@@ -280,16 +290,21 @@ def without_transfer(space: Space, trials: Sequence[FrozenTrial], pairs: Sequenc
 
 def check_pairs(study: optuna.Study, trials: Sequence[FrozenTrial], kept: dict[str, Any]
                 ) -> list[tuple[int, int, float, float]]:
-    """(proxy trial, its promoted run, proxy value, target value) of each candidate with a finite target value, in
-    the proxy's order (a retried run's finished attempt)."""
+    """(proxy trial, its promoted run, proxy value at the promotion step, target value) of each candidate with a
+    finite target value, in the proxy's order (a retried run's finished attempt). The proxy value is the proxy trial's
+    last evaluation at or before ``kept["steps"]`` (its final value when it reported none by then)."""
     by_number = {t.number: t for t in trials}
     runs = {t.system_attrs.get(ATTR_PROMOTED_FROM): t for t in sorted(promoted_runs(trials), key=lambda t: t.number)
             if is_finished(t) and _finite(t) and promotion_twin(study, t) is None}
+    steps = kept.get("steps")
     out = []
     for n in kept.get("candidates", []):
         src, run = by_number.get(n), runs.get(n)
         if src is not None and run is not None and src.values is not None and run.values is not None:
-            out.append((n, run.number, float(src.values[0]), float(run.values[0])))
+            at = _value_at(src, steps) if isinstance(steps, int) and not isinstance(steps, bool) else None
+            if at is None or not math.isfinite(at):
+                at = float(src.values[0])
+            out.append((n, run.number, at, float(run.values[0])))
     return out
 
 
@@ -307,7 +322,9 @@ def record_check(study: optuna.Study, space: Space, factors: dict[str, float], k
     assert proxy is not None
     check["steps"] = kept.get("steps")
     scaled = dataclasses.replace(space, scale={k: 1.0 / f for k, f in factors.items()})  # what the proxy ran
-    check["without_transfer"] = without_transfer(scaled, trials, check.get("pairs") or [], factors, _sign(study))
+    steps = kept.get("steps")
+    check["without_transfer"] = without_transfer(scaled, trials, check.get("pairs") or [], factors, _sign(study),
+                                                 steps if isinstance(steps, int) else None)
     check["transfer"] = {name: {"rule": rule.text(), "factor": factors.get(name)} for name, rule in
                          proxy.transfer.items()}
     check = json.loads(json.dumps(check))  # as the storage gives it back to every other driver
@@ -338,8 +355,10 @@ def check_line(check: dict[str, Any]) -> str:
                   f"{other['n']} settings)")
     elif transfer:
         rules += " (whether they helped: too few proxy trials near the promoted settings to tell)"
+    steps = check.get("steps")
+    at = f" at step {steps}" if isinstance(steps, int) and not isinstance(steps, bool) else ""
     if check.get("holds"):
-        return (f"proxy check: the proxy holds on {n} promoted settings ({figures}; {check.get('why')}){rules}: "
+        return (f"proxy check: the proxy holds on {n} promoted settings{at} ({figures}; {check.get('why')}){rules}: "
                 "the confirmation races them on the target")
-    return (f"proxy check: the proxy does not rank settings as the target does ({figures} on {n} promoted settings; "
-            f"{check.get('why')}){rules}: the rest of the budget searches on the target")
+    return (f"proxy check: the proxy does not rank settings as the target does ({figures} on {n} promoted settings"
+            f"{at}; {check.get('why')}){rules}: the rest of the budget searches on the target")

@@ -5,9 +5,10 @@
   not the baseline; user attr ``promote_seed``) and, where the trainer can continue a run
   (``Backend.resumable.save_at``), also saves a checkpoint at ``promote_steps`` (verl_core ``trainer.save_freq``),
   which changes neither the run's length nor its math.
-* **The race's field** (:func:`proxy_field`): when the proxy's check holds, ``study.fidelity.proxy.confirm_top``
-  promoted settings in the proxy's order, only those whose target value is within the check's resolution of the best
-  promoted value (the check's own figures: ``pairs``, ``resolution``). When it does not hold, the race takes the top
+* **The race's field** (:func:`proxy_field`): when the proxy's check holds, at most ``study.fidelity.proxy.confirm_top``
+  promoted settings in the proxy's order, those the proxy cannot tell apart: their proxy trials' final values within
+  the check's resolution of the proxy's best (the target decides among them at full length; a proxy that separates
+  its best races it alone). When it does not hold, the race takes the top
   ``confirm.top_k`` target runs (:func:`top_k_race`), as a study without a proxy does.
 * **Which candidates continue** (:func:`continued_runs`, the one rule for both fields): a candidate's first seed
   continues a promoted run when the candidate is that run, or (a failed check's field) has exactly its parameters
@@ -94,18 +95,28 @@ def _sign(study: optuna.Study) -> float:
 
 
 def proxy_field(study: optuna.Study, space: Space, check: dict[str, Any]) -> list[int]:
-    """The promoted runs the race takes when the proxy held: the proxy's order (the check's ``pairs``: proxy trial,
-    target run, proxy value, target value), those within the check's resolution of the best target value, at most
-    ``confirm_top``; only runs still COMPLETE with a finite value."""
+    """The promoted runs the race takes when the proxy held: the proxy's full-length order (the check's ``pairs``:
+    proxy trial, target run, proxy value at the promotion step, target value there), those whose proxy trial's final
+    value is within the check's resolution of the proxy's best (settings the proxy cannot tell apart: the target
+    decides among them at full length), at most ``confirm_top``; only runs still COMPLETE with a finite value. The
+    promoted runs' short target values choose no one: they rank learning speed, which the check compared."""
     proxy = space.study.fidelity.proxy
     pairs, res = check.get("pairs"), check.get("resolution")
     if proxy is None or not isinstance(pairs, list) or not isinstance(res, (int, float)):
         return []
     sign = _sign(study)
-    runs = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
-    rows = [(int(p[1]), sign * float(p[3])) for p in pairs if isinstance(p, list) and len(p) == 4
-            and isinstance(p[1], int) and isinstance(p[3], (int, float)) and math.isfinite(p[3])]
-    rows = [r for r in rows if r[0] in runs]
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    runs = {n for n, t in trials.items() if t.state == TrialState.COMPLETE}
+    rows = []
+    for p in pairs:
+        if not (isinstance(p, list) and len(p) == 4 and all(isinstance(n, int) and not isinstance(n, bool)
+                                                             for n in p[:2])
+                and isinstance(p[3], (int, float)) and math.isfinite(p[3]) and p[1] in runs):
+            continue
+        source = trials.get(p[0])
+        final = source.values[0] if source is not None and source.values else None
+        if isinstance(final, (int, float)) and math.isfinite(final):
+            rows.append((p[1], sign * float(final)))
     if not rows:
         return []
     best = max(v for _, v in rows)
@@ -283,8 +294,8 @@ def unused_top_line(study: optuna.Study, top: int) -> str | None:
     if not isinstance(entry, dict) or not isinstance(entry.get("field"), list) or not entry["field"]:
         return None
     field = entry["field"]
-    return (f"--top {top} is not used: the proxy's check held, so the race takes the proxy's field (its promoted "
-            "settings within the check's resolution of the target's best, in the proxy's order, at most "
+    return (f"--top {top} is not used: the proxy's check held, so the race takes the proxy's field (the promoted "
+            "settings it cannot tell apart: within the check's resolution of its best, in its order, at most "
             f"study.fidelity.proxy.confirm_top = {entry.get('confirm_top')}): {len(field)} setting(s)")
 
 
@@ -307,7 +318,7 @@ def proxy_race_line(study: optuna.Study, space: Space) -> str | None:
                f"{'' if runs else ' from scratch'} (study.confirm.top_k)")
     else:
         who = "its best setting alone" if len(field) == 1 else \
-            f"{len(field)} promoted settings within the resolution of the target's best"
+            f"{len(field)} promoted settings it cannot tell apart (within the resolution of its best)"
         out = f"proxy race: the proxy held: the target race runs {who} (confirm_top {entry.get('confirm_top')})"
         if not runs:
             out += f"; every seed runs in full (trial.backend {space.trial.backend} cannot continue a run)"

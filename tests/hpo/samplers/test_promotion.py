@@ -17,6 +17,7 @@ from hpo.record import ATTR_FIDELITY, ATTR_FIDELITY_CHECK, ATTR_PROMOTED_FROM, P
 from hpo.samplers._fidelity import FidelitySampler, search_fidelity
 from hpo.samplers._promotion import (
     agreement,
+    check_line,
     kendall_tau,
     promotion_twin,
     proxy_ranking,
@@ -79,6 +80,33 @@ def test_the_check_catches_a_reversed_ranking_and_trusts_an_agreeing_one(tmp_pat
     # the proxy's best within the resolution (plateau_min_delta 0.01) of the target's: the swap at the top is noise
     close = agreement([(1, 5, 0.9, 0.795), (2, 6, 0.7, 0.8), (0, 7, 0.5, 0.2)], 1.0, space)
     assert close["holds"] is True and close["tau"] == pytest.approx(1 / 3)
+
+
+def test_the_check_compares_the_proxy_and_the_target_at_the_promotion_step(tmp_path: Path) -> None:
+    """Build D of the tiny_arith family, study seed 0 (benchmarks/RESULTS.md): the proxy's best at 60 steps (a slow
+    starter, lr 4.8e-6) was behind at step 10 on the target (0.318 against 0.41), and the check, comparing the proxy's
+    final values with the target's 10-step ones, failed and threw away the setting the target confirmed best at 60
+    steps. Both models rank the three alike at step 10: the check now compares them there and holds; a proxy whose
+    step-10 ranking is the target's reversed still fails."""
+    space = _space(tmp_path)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
+    for i, curve in enumerate([{0: 0.02, 5: 0.70, 10: 0.938},  # the slow starter: the proxy's best at the end
+                               {0: 0.02, 5: 0.92, 10: 0.932},
+                               {0: 0.02, 5: 0.90, 10: 0.929}]):
+        study.add_trial(create_trial(value=curve[10], intermediate_values=curve, params={"x": i / 10},
+                                     distributions=DIST, system_attrs={ATTR_FIDELITY: PROXY},
+                                     user_attrs={"last_step": 10}))
+    start_promotion(study, space)  # promote_steps 5
+    for t, value in zip([t for t in study.get_trials() if is_promoted(t)], (0.318, 0.413, 0.407), strict=True):
+        study._storage.set_trial_state_values(t._trial_id, TrialState.COMPLETE, [value])
+    check = record_check(study, space, {}, {"candidates": [0, 1, 2], "steps": 5})
+    assert [p[2] for p in check["pairs"]] == [0.70, 0.92, 0.90]  # the proxy at step 5, in its full-length order
+    assert check["holds"] is True and check["tau"] == 1.0 and check["gap"] == 0.0
+    assert check["proxy_best"] == check["target_best"] == 1  # the first of both at step 5
+    assert "at step 5" in check_line(check)
+    # the target's step-5 order the other way round: the proxy does not hold
+    reversed_ = agreement([(0, 3, 0.70, 0.413), (1, 4, 0.92, 0.318), (2, 5, 0.90, 0.36)], 1.0, space)
+    assert reversed_["holds"] is False and reversed_["tau"] == -1.0 and reversed_["gap"] == pytest.approx(0.095)
 
 
 def test_the_check_is_recorded_once_and_then_the_search_samples_on_the_target(tmp_path: Path) -> None:
