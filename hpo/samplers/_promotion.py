@@ -19,7 +19,8 @@
   exact one-sided permutation p-value, and the gap between the target value of the setting the proxy ranks first at
   that step and the target's best there, against the race's resolution (``study.confirm.resolution``, else
   ``early_stopping.plateau_min_delta``, else 1% of the best). The proxy *holds* when that gap is within the
-  resolution and tau > 0 (or every target value is within the resolution of the others: nothing to rank). The
+  resolution and tau > 0, or when the gap is and either model's values at that step are all within the resolution
+  of each other (nothing to rank there: e.g. two promoted settings the proxy had at the same value). The
   figures and the decision are kept in the study's user attr :data:`~hpo.record.ATTR_FIDELITY_CHECK`, the first
   driver to finish them writes them, and :func:`check_line` says them in one line. Which settings the race then runs
   is the proxy's full-length ranking's to say (:func:`hpo.study._continuation.proxy_field`).
@@ -76,9 +77,10 @@ def _value_at(t: FrozenTrial, step: int) -> float | None:
 def proxy_ranking(trials: Sequence[FrozenTrial], sign: float) -> list[FrozenTrial]:
     """The proxy's distinct settings, best first: completed trials by value (a plateau stop at step 40 is as complete
     as step 60), pruned ones by the steps they reached (a later rung first) and their value there, each pruned trial
-    placed before the first completed one it beat where both were measured (the completed trial's value at the
-    pruned one's rung is lower: a trial that passed its rungs alone, or collapsed after them, is not better than one
-    pruned at 0.93 for lack of room at a rung)."""
+    placed before the first completed one it beat both where both were measured and at the end (the completed
+    trial's value at the pruned one's rung and its final value are lower: a trial that passed its rungs alone, or
+    collapsed after them, is not better than one pruned at 0.93 for lack of room at a rung; a slow starter that
+    was behind at the rung and ended above the pruned trial's value stays ahead of it)."""
     done = [t for t in trials if is_proxy(t) and not is_confirm(t) and _finite(t)
             and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
 
@@ -93,7 +95,8 @@ def proxy_ranking(trials: Sequence[FrozenTrial], sign: float) -> list[FrozenTria
                     key=lambda t: (-steps(t), -sign * float(t.values[0]), t.number)):
         rung, value = steps(p), sign * float(p.values[0])
         at = next((i for i in range(floor, len(order)) if order[i].state == TrialState.COMPLETE
-                   and (v := _value_at(order[i], rung)) is not None and sign * v < value), len(order))
+                   and (v := _value_at(order[i], rung)) is not None and sign * v < value
+                   and sign * float(order[i].values[0]) < value), len(order))
         order.insert(at, p)
         floor = at + 1
     out: list[FrozenTrial] = []
@@ -235,14 +238,18 @@ def agreement(pairs: Sequence[tuple[int, int, float, float]], sign: float, space
     res = resolution(space, pairs[best][3])
     gap = y[best] - y[first]
     tau = kendall_tau(x, y)
-    flat = max(y) - min(y) <= res
+    # either side within the resolution at that step: nothing to rank there, only the gap is asked
+    flat = max(y) - min(y) <= res or max(x) - min(x) <= res
     holds = gap <= res and (flat or (tau is not None and tau > 0))
     out: dict[str, Any] = {
         "n": n, "tau": tau, "interval": tau_interval(x, y), "p_value": None if tau is None else tau_p_value(x, y, tau),
         "resolution": res, "gap": gap, "proxy_best": pairs[first][0], "target_best": pairs[best][0], "holds": holds,
         "pairs": [list(p) for p in pairs]}
-    out["why"] = ("its best is within the resolution of the target's best and it ranks the rest alike" if holds else
-                  f"its best is {gap:.4g} below the target's best, more than the resolution {res:.4g}" if gap > res
+    side = ("" if not flat else "; the target has them within the resolution" if max(y) - min(y) <= res
+            else "; it has them within the resolution there, so nothing to rank")
+    out["why"] = ((f"its best is within the resolution of the target's best{side}" if flat else
+                   "its best is within the resolution of the target's best and it ranks the rest alike") if holds
+                  else f"its best is {gap:.4g} below the target's best, more than the resolution {res:.4g}" if gap > res
                   else "it ranks the promoted settings against the target's order")
     return out
 

@@ -107,6 +107,13 @@ def test_the_check_compares_the_proxy_and_the_target_at_the_promotion_step(tmp_p
     # the target's step-5 order the other way round: the proxy does not hold
     reversed_ = agreement([(0, 3, 0.70, 0.413), (1, 4, 0.92, 0.318), (2, 5, 0.90, 0.36)], 1.0, space)
     assert reversed_["holds"] is False and reversed_["tau"] == -1.0 and reversed_["gap"] == pytest.approx(0.095)
+    # build E, study seed 0: the proxy had its two best at the same value at step 10 (0.404) and the target 0.011
+    # apart; the proxy ranks nothing there, so only the gap is asked (its first, by its full-length order, is the
+    # target's best) and the check holds; with the order the other way round the gap fails it
+    tied = agreement([(2, 12, 0.404, 0.269), (7, 13, 0.404, 0.258)], 1.0, space)
+    assert tied["tau"] is None and tied["holds"] is True and "nothing to rank" in tied["why"]
+    behind = agreement([(2, 12, 0.404, 0.258), (7, 13, 0.404, 0.269)], 1.0, space)
+    assert behind["holds"] is False and behind["gap"] == pytest.approx(0.011)
 
 
 def test_the_check_is_recorded_once_and_then_the_search_samples_on_the_target(tmp_path: Path) -> None:
@@ -152,8 +159,9 @@ def test_completed_proxy_trials_rank_by_value_whatever_step_they_stopped_at(tmp_
 def test_a_pruned_trial_ranks_above_a_completed_one_it_beat_at_its_rung(tmp_path: Path) -> None:
     """Seeds 0 and 2 of the proxy benchmark (2026-12-05) promoted a trial that completed at 0.307 because it passed
     its rungs alone, and one that collapsed at step 2 (0.018), over trials pruned at step 30 with 0.93: a pruned
-    trial now goes before the first completed one whose value at its rung was lower; one that beat it there (or has
-    no value there) stays ahead, and the pruned trials keep their own order (later rung, then value)."""
+    trial now goes before the first completed one whose value at its rung and final value were lower; one that beat
+    it there (or has no value there) stays ahead, and the pruned trials keep their own order (later rung, then
+    value)."""
     space = _space(tmp_path)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
     for i, (value, curve, state) in enumerate([
@@ -167,3 +175,19 @@ def test_a_pruned_trial_ranks_above_a_completed_one_it_beat_at_its_rung(tmp_path
                                      user_attrs={"last_step": max(curve)}))
     assert [t.number for t in proxy_ranking(study.get_trials(), 1.0)] == [0, 3, 4, 1, 2]
     assert start_promotion(study, space) == [0, 3, 4]
+
+
+def test_a_slow_starter_that_ended_above_a_pruned_trial_stays_ahead_of_it(tmp_path: Path) -> None:
+    """Build E, study seed 0 (benchmarks/RESULTS.md): trial 2 completed at 0.966 after 0.887 at step 30, trial 7 was
+    pruned at step 30 with 0.898. The pruned trial beat it at the rung, not at the end: the completed one stays the
+    proxy's best (it was ranked second, behind the pruned one, and the study promoted the pruned one first)."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
+    for i, (value, curve, state) in enumerate([
+            (0.966, {10: 0.404, 30: 0.887, 60: 0.966}, TrialState.COMPLETE),  # 0: the slow starter, best at the end
+            (0.93, {10: 0.493, 30: 0.941, 40: 0.93}, TrialState.COMPLETE),  # 1: plateaued at step 40
+            (0.898, {10: 0.404, 30: 0.898}, TrialState.PRUNED),  # 2: pruned at 30
+            (0.298, {10: 0.027, 30: 0.065, 60: 0.298}, TrialState.COMPLETE)]):  # 3: barely learned
+        study.add_trial(create_trial(state=state, value=value, intermediate_values=curve, params={"x": i / 10},
+                                     distributions=DIST, system_attrs={ATTR_FIDELITY: PROXY},
+                                     user_attrs={"last_step": max(curve)}))
+    assert [t.number for t in proxy_ranking(study.get_trials(), 1.0)] == [0, 1, 2, 3]
