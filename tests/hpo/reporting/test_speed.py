@@ -18,6 +18,7 @@ import yaml
 from optuna.trial import TrialState
 
 from hpo.record import is_confirm
+from hpo.reporting._same_math import LOOSE_FLOOR
 from hpo.reporting._speed import _ratio
 from tests.hpo.conftest import cli_env, load
 
@@ -116,8 +117,10 @@ def test_a_config_that_changes_the_math_is_reported_and_not_recommended(tmp_path
     assert "recommended: keep your config (no pick computes the same update" in confirm.stdout
     line = next(x for x in confirm.stdout.splitlines() if x.startswith("trial 0 (mini=16)"))
     grad = line.split("actor/grad_norm ")[1].split(";")[0].split(" vs ")
-    assert 1.05 < float(grad[1]) / float(grad[0]) < 1.5, line  # ~15%: a change of size, not of scale
-    assert "critic/vf_loss" in line, line  # ~2.5%: caught only by the strict check (the loose one allows 50%)
+    # ~15%: a change of size, not of scale, and less than the loose check allows (LOOSE_FLOOR, 50%): the strict
+    # check caught it. (The critic's loss moves by ~2.5%: reported on the builds of the tiny model before, within the
+    # strict tolerance on an AMD EPYC without AVX-512, whose line named the actor's two metrics only.)
+    assert 1.05 < float(grad[1]) / float(grad[0]) < 1 + LOOSE_FLOOR, line
     best = _cli(tmp_path, "best", "--study", "planted", "--format", "overrides")
     assert best.returncode == 1 and best.stdout == "", (best.stdout, best.stderr)
     assert "DIFFERS" in best.stderr
