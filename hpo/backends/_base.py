@@ -36,8 +36,9 @@ asked for by the part of the driver that needs it: ``memory`` (:class:`~hpo.back
 * ``model_keys``, ``tokenizer_keys``: the keys that name its model and tokenizer (``study.fidelity.proxy``; none:
   no proxy search), with :meth:`model_path`, :meth:`tokenizer_path` and :meth:`model_facts`
   (:mod:`hpo.backends._models`);
-* ``dropped_row_patterns``, ``ray_hold``, ``leaves_scratch``: how its log says it dropped a row, whether a Ray job
-  may hold its GPUs, whether a killed attempt leaves scratch that :meth:`cleanup` removes;
+* ``dropped_row_patterns``, ``host_failure_lines``, ``ray_hold``, ``leaves_scratch``: how its log says it dropped a
+  row, how it says the host could not start it, whether a Ray job may hold its GPUs, whether a killed attempt leaves
+  scratch that :meth:`cleanup` removes;
 * the experiment's checks: :meth:`check` (quick, on every load), :meth:`verify` (thorough, before a study),
   :meth:`check_launch`, :meth:`check_cluster`, :meth:`infeasible`; its defaults: :meth:`normalize`,
   :meth:`resolve_paths`, :meth:`for_command`; :meth:`prepare_argv` (the one-off step before any trial);
@@ -113,6 +114,10 @@ class Backend(abc.ABC):
     # cap cuts any (hpo.execution._logpump: a named group `n` counts n rows, `key` counts each value once). A trial's
     # count is its `dropped_rows` attr; more than $VERL_HPO_MAX_DROPPED_ROWS (default 10) fails it. None: ()
     dropped_row_patterns: ClassVar[tuple[str, ...]] = ()
+    # what the trainer says when this host could not start its runtime in time (Ray's node on a busy host): plain
+    # substrings of a failed trial's last exception line (or the end of its stderr). Such a failure is the host's,
+    # not the setting's: FAIL, not counted, retried up to study.max_retry (3 where unlimited), like a lost Ray node.
+    host_failure_lines: ClassVar[tuple[str, ...]] = ()
     # study.fidelity.proxy: the keys that name the model (the first: the policy's, actor, rollout and reference), and
     # those that name a tokenizer apart from it; a trainer that names none cannot run a proxy search
     model_keys: ClassVar[tuple[str, ...]] = ()

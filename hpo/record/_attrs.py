@@ -84,8 +84,9 @@ USER_ATTRS: dict[str, str] = {
     "retry_of": "the trial this attempt retries",
     "stop_reason": "pruned | converged | collapsed[:label] | plateau | interrupted | surplus | driver_error",
     "fail_reason": "oom | timeout | bad_metrics | killed | crash | predicted_oom | infeasible | checkpoint | "
-                   "dropped_rows (a failed trial: its value, the worst or a timed-out throughput trial's, never ranks "
-                   "it among the finished ones: is_failed)",
+                   "dropped_rows | host (a failed trial: its value, the worst or a timed-out throughput trial's, never "
+                   "ranks it among the finished ones: is_failed; host: a FAIL, retried: the host could not start the "
+                   "trainer in time, Backend.host_failure_lines)",
     "timeout_rate": "a throughput trial stopped at its time limit: its mean rate over the steps it measured (None: "
                     "none); its value is below every finished trial's",
     "host_busy": "the share of the host's CPU time other processes used while the trial ran (/proc/stat less the "

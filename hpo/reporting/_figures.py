@@ -35,7 +35,7 @@ OUTCOME_COLORS: dict[str, str] = {
     "ok": "#2ca02c", "converged": "#17becf", "plateau": "#9edae5", "collapsed": "#aec7e8", "pruned": "#ff7f0e",
     "budget": "#ffbb78", "oom": "#d62728",
     "predicted_oom": "#ff9896", "killed": "#c49c94", "timeout": "#9467bd", "crash": "#8c564b",
-    "interrupted": "#7f7f7f", "running": "#1f77b4", "queued": "#bcbd22",
+    "host": "#dbdb8d", "interrupted": "#7f7f7f", "running": "#1f77b4", "queued": "#bcbd22",
 }
 OTHER_COLOR = "#e377c2"
 

@@ -43,7 +43,7 @@ def fmt_params(params: dict[str, Any]) -> str:
 
 def outcome(t: FrozenTrial) -> str:
     """One word for how a trial ended: ok, converged, collapsed, pruned, budget, oom, predicted_oom, killed, timeout,
-    crash, bad_metrics, dropped_rows, interrupted, driver_error, surplus, running, queued."""
+    crash, bad_metrics, dropped_rows, host, interrupted, driver_error, surplus, running, queued."""
     ua = t.user_attrs
     if t.state == TrialState.RUNNING:
         return "running"

@@ -31,9 +31,11 @@ Trial outcomes (user attrs of every trial: ``peak_memory_gb``, ``wall_time_s``, 
   exception. A trial whose trainer dropped any gets ``dropped_rows`` (the count) and ``dropped_rows_error``; a log over
   its cap (``$VERL_HPO_LOG_CAP_MIB``) ``logs_cut`` (log -> bytes cut); the driver says both in a line.
 * interrupted (Ctrl-C, SIGTERM, SIGHUP, driver death) -> FAIL without a recorded result; a WAITING copy with
-  the same parameters is queued, so ``resume`` (or any worker) runs it first. Trials of a dead driver are
-  found by every other driver of the study (:mod:`hpo.study._recovery`: a dead pid where pids are comparable,
-  else a stale heartbeat).
+  the same parameters is queued, so ``resume`` (or any worker) runs it first. So is a run that failed because the
+  host could not start the trainer in time (``fail_reason=host``, :attr:`~hpo.backends.Backend.host_failure_lines`:
+  Ray's node on a busy host), up to ``study.max_retry`` (3 where unlimited); past it, a crash like any other. Trials
+  of a dead driver are found by every other driver of the study (:mod:`hpo.study._recovery`: a dead pid where pids
+  are comparable, else a stale heartbeat).
 * ``fail_reason=infeasible`` -> not launched: the trainer refuses the sampled values together
   (:meth:`~hpo.backends.Backend.infeasible`: a micro-batch larger than the mini-batch it divides; each value is valid
   with other values of the space, or the space was refused at load); recorded like a failure (the worst value, so
@@ -51,7 +53,7 @@ import copy
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +262,17 @@ class TrialRunner:
             fail_trial(trial, dataclasses.replace(self.space, trial=dataclasses.replace(
                 self.space.trial, on_failure="worst")), "killed", "the Ray job lost its node", result.stderr_tail)
             raise TrialRetried(f"trial {trial.number}: its Ray job lost its node; retry queued")
+        host = host_failure(result, self.backend.host_failure_lines)
+        if host is not None:  # a busy host, not the setting: retried while retries last, then a crash
+            error = f"the host could not start the trainer in time: {host}"
+            if not queue_retry(self.study, frozen_trial(self.study, trial.number),
+                               max_retry=self.space.study.max_retry or HOST_RETRIES):
+                return fail_trial(trial, self.space, "crash", f"{error} (no retry left: study.max_retry)",
+                                  result.stderr_tail)
+            trial.set_user_attr("fail_reason", "host")
+            trial.set_user_attr("error", error)
+            raise TrialRetried(f"trial {trial.number}: the host could not start the trainer in time ({host}); "
+                               "a busy host, not the setting: retry queued")
         return outcome(trial, self.space, result, watch, setup.trial_dir, self.dropped_limit)
 
     def _set_up(self, trial: Trial) -> _TrialSetup:
@@ -502,6 +515,22 @@ def _scored_values(trial: Trial, space: Space, watch: Watch) -> float | list[flo
     record_scores(trial, space, watch.scored)
     values = watch.scored.values
     return values if space.objective.multi else values[0]
+
+
+# retries of a trial the host could not start (Backend.host_failure_lines) where study.max_retry is unlimited
+HOST_RETRIES = 3
+
+
+def host_failure(result: RunResult, lines: Sequence[str]) -> str | None:
+    """The trainer's line that says this host could not start it (one of ``lines``, a substring of the failed run's
+    last exception line or the end of its stderr), or None: it ran, was stopped by the driver, or failed otherwise."""
+    if not lines or result.exit_code in (0, None) or result.stop is not None or result.kernel_oom:
+        return None
+    for text in (result.final_exception or "", result.stderr_tail[-4000:]):
+        for line in text.splitlines():
+            if any(s in line for s in lines):
+                return line.strip()[:300]
+    return None
 
 
 def fail_trial(trial: Trial, space: Space, reason: str, error: str | None, stderr_tail: str) -> float | list[float]:

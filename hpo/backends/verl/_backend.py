@@ -26,6 +26,7 @@ from hpo.backends.verl._data import resolve_path, split_list
 from hpo.backends.verl._launch import (
     DROPPED_ROW_PATTERNS,
     MAIN_MODULE,
+    RAY_START_TIMEOUT,
     default_python,
     format_override,
     scratch_dir,
@@ -221,6 +222,7 @@ class VerlBackend(Backend):
     default_command: ClassVar[tuple[str, ...]] = ("python", "-m", MAIN_MODULE)  # in trial.python (_launch)
     metrics_env: ClassVar[str | None] = "VERL_FILE_LOGGER_PATH"
     dropped_row_patterns: ClassVar[tuple[str, ...]] = DROPPED_ROW_PATTERNS  # _launch: the rehearsal's corners too
+    host_failure_lines: ClassVar[tuple[str, ...]] = (RAY_START_TIMEOUT,)
     # study.fidelity.proxy: verl 0.9.1's policy model (actor, rollout and reference), the critic's, and the policy's
     # tokenizer when it is not the model's (ppo_trainer.yaml)
     model_keys: ClassVar[tuple[str, ...]] = ("actor_rollout_ref.model.path", "critic.model.path")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpo.analysis import FileRefused, read_bounded
-from hpo.backends.verl._launch import override_key
+from hpo.backends.verl._launch import RAY_START_TIMEOUT, override_key
 from hpo.backends.verl._resume import retry_note
 from hpo.execution import RunResult
 
@@ -165,9 +165,6 @@ def _how_far(o: CornerOutcome) -> str:
     return "after " + (" and ".join(parts) if parts else "its first metrics line")
 
 
-# Ray's own line when the local node it starts for verl does not come up in time (ray/_private/node.py): the host is
-# too busy to start Ray, which says nothing of the experiment (seen on 2 cores with two other verl runs beside it)
-RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
 def unfinished_why(result: RunResult, log_dir: Path | None = None) -> str | None:
