@@ -295,6 +295,12 @@ def without_transfer(space: Space, trials: Sequence[FrozenTrial], pairs: Sequenc
     return {"n": len(estimates), "tau": kendall_tau(x, y)}
 
 
+def _promote_steps(kept: dict[str, Any]) -> int | None:
+    """The promotion step of the stored ``kept`` record (None when absent or not an int: storage is untrusted)."""
+    steps = kept.get("steps")
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
 def check_pairs(study: optuna.Study, trials: Sequence[FrozenTrial], kept: dict[str, Any]
                 ) -> list[tuple[int, int, float, float]]:
     """(proxy trial, its promoted run, proxy value at the promotion step, target value) of each candidate with a
@@ -303,12 +309,12 @@ def check_pairs(study: optuna.Study, trials: Sequence[FrozenTrial], kept: dict[s
     by_number = {t.number: t for t in trials}
     runs = {t.system_attrs.get(ATTR_PROMOTED_FROM): t for t in sorted(promoted_runs(trials), key=lambda t: t.number)
             if is_finished(t) and _finite(t) and promotion_twin(study, t) is None}
-    steps = kept.get("steps")
+    steps = _promote_steps(kept)
     out = []
     for n in kept.get("candidates", []):
         src, run = by_number.get(n), runs.get(n)
         if src is not None and run is not None and src.values is not None and run.values is not None:
-            at = _value_at(src, steps) if isinstance(steps, int) and not isinstance(steps, bool) else None
+            at = None if steps is None else _value_at(src, steps)
             if at is None or not math.isfinite(at):
                 at = float(src.values[0])
             out.append((n, run.number, at, float(run.values[0])))
@@ -327,11 +333,10 @@ def record_check(study: optuna.Study, space: Space, factors: dict[str, float], k
     check = agreement(check_pairs(study, trials, kept), _sign(study), space)
     proxy = space.study.fidelity.proxy
     assert proxy is not None
-    check["steps"] = kept.get("steps")
+    check["steps"] = steps = _promote_steps(kept)
     scaled = dataclasses.replace(space, scale={k: 1.0 / f for k, f in factors.items()})  # what the proxy ran
-    steps = kept.get("steps")
     check["without_transfer"] = without_transfer(scaled, trials, check.get("pairs") or [], factors, _sign(study),
-                                                 steps if isinstance(steps, int) else None)
+                                                 steps)
     check["transfer"] = {name: {"rule": rule.text(), "factor": factors.get(name)} for name, rule in
                          proxy.transfer.items()}
     check = json.loads(json.dumps(check))  # as the storage gives it back to every other driver
