@@ -115,7 +115,8 @@ test-bench: $(STAMP)
 
 # Long scenarios whose code paths CI runs in another test (the local executor's killed real-verl driver: the retry from
 # verl's own checkpoint runs in CI through the Ray-job test; the large tiny_arith model's 5-min build: the small one's
-# runs in make test): not in CI, to keep it under an hour.
+# runs in make test; the shipped GPU experiment's rehearsal, the real-verl first-rollout replay and PBT segment, the GPU
+# check's SIGTERM stage, `track` after an MLflow outage: docs/make-targets.md): not in CI, to keep it under an hour.
 test-extended: $(STAMP)
 	$(PY) -m pytest -v -p no:cacheprovider -m extended $(PYTEST_ARGS)
 
