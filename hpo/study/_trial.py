@@ -265,8 +265,9 @@ class TrialRunner:
         host = host_failure(result, self.backend.host_failure_lines)
         if host is not None:  # a busy host, not the setting: retried while retries last, then a crash
             error = f"the host could not start the trainer in time: {host}"
+            limit = self.space.study.max_retry
             if not queue_retry(self.study, frozen_trial(self.study, trial.number),
-                               max_retry=self.space.study.max_retry or HOST_RETRIES):
+                               max_retry=HOST_RETRIES if limit is None else limit):
                 return fail_trial(trial, self.space, "crash", f"{error} (no retry left: study.max_retry)",
                                   result.stderr_tail)
             trial.set_user_attr("fail_reason", "host")

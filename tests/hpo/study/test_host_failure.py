@@ -101,16 +101,18 @@ def test_a_trial_whose_host_could_not_start_ray_is_retried_and_its_retry_counts(
         "a busy host, not the setting: retry queued"), res.stdout
 
 
-def test_retries_end_at_max_retry_and_the_last_failure_is_a_crash(tmp_path: Path) -> None:
-    user = user_dir(tmp_path, fails=5, max_retry=1)
+@pytest.mark.parametrize("max_retry", [1, 0])
+def test_retries_end_at_max_retry_and_the_last_failure_is_a_crash(tmp_path: Path, max_retry: int) -> None:
+    user = user_dir(tmp_path, fails=5, max_retry=max_retry)
     res = search(user)
     assert res.returncode == 0, res.stderr
     trials = load(user / "studies", "exp").get_trials(deepcopy=False)
-    assert len(trials) == 2 and (user / "site" / "runs.txt").read_text() == "2"
-    assert trials[0].state == TrialState.FAIL and trials[0].user_attrs["fail_reason"] == "host"
-    last = trials[1]
+    assert len(trials) == max_retry + 1 and (user / "site" / "runs.txt").read_text() == str(max_retry + 1)
+    assert all(t.state == TrialState.FAIL and t.user_attrs["fail_reason"] == "host" for t in trials[:-1])
+    last = trials[-1]
     assert last.state == TrialState.COMPLETE and last.value == -math.inf
     assert last.user_attrs["fail_reason"] == "crash" and "timed out during startup" in last.user_attrs["error"]
+    assert "no retry left: study.max_retry" in last.user_attrs["error"]
 
 
 def test_any_other_failure_is_the_setting_s_and_is_not_retried(tmp_path: Path) -> None:
