@@ -115,13 +115,14 @@ test-bench: $(STAMP)
 
 # Long scenarios whose code paths CI runs in another test (the local executor's killed real-verl driver: the retry from
 # verl's own checkpoint runs in CI through the Ray-job test; the large tiny_arith model's 5-min build: the small one's
-# runs in make test; the shipped GPU experiment's rehearsal, the real-verl first-rollout replay and PBT segment, the GPU
-# check's SIGTERM stage, `track` after an MLflow outage: docs/make-targets.md): not in CI, to keep it under an hour.
+# runs in make test; the shipped GPU experiment's rehearsal, the real-verl first-rollout replay, real verl's Ray jobs
+# surviving a killed driver, the GPU check's pair and SIGTERM stages, `track` after an MLflow outage:
+# docs/make-targets.md): not in CI, to keep it under an hour.
 test-extended: $(STAMP)
 	$(PY) -m pytest -v -p no:cacheprovider -m extended $(PYTEST_ARGS)
 
-# Real verl trials as Ray jobs on a local two-node cluster of logical GPUs (issue 45; ~5 min on 2 cores), alone (it is
-# also part of make test-slow).
+# Real verl trials as Ray jobs on a local two-node cluster of logical GPUs (issue 45; ~5 min on 2 cores), alone (also
+# part of make test-extended; not of make test-slow or CI since stop 65: 13 min on CI's machine of stop 64).
 test-ray-verl: $(STAMP)
 	$(PY) -m pytest -v -p no:cacheprovider tests/hpo/backends/verl/test_ray_jobs.py $(PYTEST_ARGS)
 

@@ -507,8 +507,8 @@ def stand_in_args(tmp_path: Path, study: str, devices: str) -> list[str]:
 
 
 # 417 s on CI's machine of stop 64 (real verl composes the study's config before each of the two driver runs): make
-# test-extended, not CI; the driver's SIGTERM, queued retry and resume from verl's checkpoint run in CI through
-# tests/hpo/study/test_driver.py and tests/hpo/backends/verl/test_ray_jobs.py, the GPU check's pair stage below
+# test-extended, not CI; the driver's SIGTERM, queued retry and resume run in CI through tests/hpo/study/
+# test_driver.py and tests/hpo/backends/verl/test_resume.py (the stand-in's checkpoints), the GPU check's dry run
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.timeout(600)
@@ -534,7 +534,11 @@ print(json.dumps([[c.status, c.detail], [s.status, s.detail], c.data]))
     assert (tmp_path / "work" / "gpu-check-verl.log").read_text().count("$ ") == 2  # search, then resume
 
 
+# 227-320 s on CI's machine of stop 64 (real verl composes the study's config before the trials): make
+# test-extended, not CI; CI runs the GPU check's dry run (its plan and table) and two trials at once on two devices
+# through the driver elsewhere (tests/hpo/study/test_distributed.py)
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(720)
 def test_two_trials_at_once_through_the_driver_with_the_stand_in(tmp_path: Path) -> None:
     """The GPU check's pair stage on two (lock-file) devices: both trials COMPLETE, on GPUs 0 and 1, their

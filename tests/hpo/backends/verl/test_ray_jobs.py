@@ -107,6 +107,11 @@ def _steps(path: Path) -> list[int]:
     return [int(json.loads(line)["step"]) for line in _lines(path)]
 
 
+# 803 s on CI's machine of stop 64, the heavy run's longest after the shared study: make test-extended and make
+# test-ray-verl, not CI. CI runs real verl as a Ray job (a two-node trial, tests/hpo/execution/ray_jobs/
+# test_ray_study.py), a resumed job's adoption and a lost node's retry on stand-in jobs there, and real verl resumed
+# from a checkpoint through verl's own loader (the PBT segment of test_real.py)
+@pytest.mark.extended
 def test_two_verl_trials_at_once_survive_a_killed_driver(verl_cluster: RayCluster, tmp_path: Path) -> None:
     """Two real verl trials in flight on the two nodes. Once both are past their step-2 checkpoint (in
     ``trial.ray.shared_dir``) the driver is SIGKILLed, and one job is stopped while no driver watches (a job that

@@ -299,10 +299,6 @@ def run_segment(tmp_path: Path, number: int, end: int, lr: float, resume: Path |
     return MetricsTail(verl_metrics_path(trial_dir, 0)).read()
 
 
-# a verl run of 2 steps resumed from the shared study's checkpoint: 353 s on CI's machine of stop 64, make
-# test-extended, not CI; CI composes the segment's argv with verl and runs verl's checkpoint manager on the
-# weights-only load (test_launch.py), and PBT's driver on verl_core (tests/hpo/study/test_pbt_real.py)
-@pytest.mark.extended
 def test_a_pbt_segment_continues_a_real_verl_checkpoint_with_its_own_learning_rate(study: Study,
                                                                                       tmp_path: Path) -> None:
     """PBT's hand-over through verl's real checkpoint: a segment resumes from ``global_step_4`` of a healthy trial of
