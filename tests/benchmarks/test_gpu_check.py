@@ -53,6 +53,10 @@ def _dry_run(tmp_path: Path, *only: str) -> tuple[subprocess.CompletedProcess[st
 THROUGHPUT_ROWS = ["throughput ratio", "speed health"]
 
 
+# light enough for the lighter run, but self-contained: taken by a heavy run of make test-slow once its own tests
+# are done (the lighter run is CI's longest on stop 64's machine, and test-vllm waits for it)
+@pytest.mark.cpu_heavy
+@pytest.mark.cpu_heavy_late
 @pytest.mark.timeout(1500)
 @pytest.mark.slow  # ~1-2 min on 2 busy cores: make test-slow
 def test_dry_run_prints_the_table(tmp_path: Path) -> None:

@@ -45,6 +45,10 @@ def test_hf_toxicity_model_scores_the_toxic_label(tiny_model_dir: Path, tmp_path
         ToxicityEvaluator(ToxicityConfig(model=str(tmp_path / "tox"), label="hateful"), torch.device("cpu"))
 
 
+# light enough for the lighter run, but self-contained: taken by a heavy run of make test-slow once its own tests
+# are done (the lighter run is CI's longest on stop 64's machine, and test-vllm waits for it)
+@pytest.mark.cpu_heavy
+@pytest.mark.cpu_heavy_late
 @pytest.mark.slow  # ~30-100 s on 2 busy cores: make test-slow (CI runs it)
 def test_latency_grows_with_response_length(tiny_model_dir: Path, tmp_path: Path) -> None:
     """An untrained model rarely emits EOS, so max_response_length sets the answer length."""

@@ -13,6 +13,10 @@ from verl_core import tasks
 from verl_core.tiny_model import DOMINANT_OFFSET, build_tiny_arith
 
 
+# light enough for the lighter run, but self-contained: taken by a heavy run of make test-slow once its own tests
+# are done (the lighter run is CI's longest on stop 64's machine, and test-vllm waits for it)
+@pytest.mark.cpu_heavy
+@pytest.mark.cpu_heavy_late
 @pytest.mark.slow  # make test-slow (CI runs it); kept out of make test's 15-minute budget
 def test_build_is_deterministic(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The family's smallest member built again is its cached build bit for bit: the default's recipe, tokenizer and

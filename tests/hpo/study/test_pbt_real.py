@@ -61,6 +61,10 @@ def metrics(t: FrozenTrial) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+# light enough for the lighter run, but self-contained: taken by a heavy run of make test-slow once its own tests
+# are done (the lighter run is CI's longest on stop 64's machine, and test-vllm waits for it)
+@pytest.mark.cpu_heavy
+@pytest.mark.cpu_heavy_late
 def test_population_exploits_rolls_back_survives_sigkill_and_resume(tmp_path: Path, studies: Path) -> None:
     space_file = pbt_space(tmp_path)
     space = load_space(str(space_file))
