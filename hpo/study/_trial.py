@@ -270,8 +270,8 @@ class TrialRunner:
                                max_retry=HOST_RETRIES if limit is None else limit):
                 return fail_trial(trial, self.space, "crash", f"{error} (no retry left: study.max_retry)",
                                   result.stderr_tail)
-            trial.set_user_attr("fail_reason", "host")
-            trial.set_user_attr("error", error)
+            fail_trial(trial, dataclasses.replace(self.space, trial=dataclasses.replace(
+                self.space.trial, on_failure="worst")), "host", error, result.stderr_tail)  # as a lost node's
             raise TrialRetried(f"trial {trial.number}: the host could not start the trainer in time ({host}); "
                                "a busy host, not the setting: retry queued")
         return outcome(trial, self.space, result, watch, setup.trial_dir, self.dropped_limit)

@@ -93,15 +93,15 @@ _KEYWORDS = {"true", "false", "null", "inf", "+inf", "-inf", "nan", "+nan", "-na
 # _run_prompt logs each failed session of a prompt ("for uid=": the prompt; a reward that raises ends here) or the
 # prompt itself; the limited reward manager scores a failed call 0. Ray folds repeats from several workers into
 # one "[repeated Nx across cluster]" line (Ray's log deduplication): counted N times (Backend.dropped_row_patterns).
-# Ray's own line when the local node it starts for verl does not come up in time (ray/_private/node.py, a fixed 30 s):
-# the host is too busy to start Ray, which says nothing of the experiment (seen on 2 cores with two other verl runs
-# beside it). Backend.host_failure_lines: a trial that fails on it is retried; rehearse says "not finished here".
-RAY_START_TIMEOUT = "The current node timed out during startup"
 DROPPED_ROW_PATTERNS = (
     r"Error in _run_prompt for uid=(?P<key>[\w-]+)(?:.*\[repeated (?P<n>\d+)x across cluster\])?",
     r"Error in _run_prompt: (?:.*\[repeated (?P<n>\d+)x across cluster\])?",
     r"Reward computation failed for data_source=(?:.*\[repeated (?P<n>\d+)x across cluster\])?",
 )
+# Ray's own line when the local node it starts for verl does not come up in time (ray/_private/node.py, a fixed 30 s):
+# the host is too busy to start Ray, which says nothing of the experiment (seen on 2 cores with two other verl runs
+# beside it). Backend.host_failure_lines: a trial that fails on it is retried; rehearse says "not finished here".
+RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
 def _quote(text: str) -> str:

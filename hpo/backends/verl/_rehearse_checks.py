@@ -165,8 +165,6 @@ def _how_far(o: CornerOutcome) -> str:
     return "after " + (" and ".join(parts) if parts else "its first metrics line")
 
 
-
-
 def unfinished_why(result: RunResult, log_dir: Path | None = None) -> str | None:
     """Why a corner could not finish on this machine, not a failure of the experiment: it ran out of the corner's
     time, the host killed it (the kernel's OOM killer, a SIGKILL nobody here sent), or Ray could not start on this
