@@ -122,6 +122,8 @@ def one_study(method: str, seed: int, studies: Path, smoke: bool) -> dict[str, A
     from benchmarks.search_cost import TODAY, racing
     from hpo.record import ATTR_FIDELITY_CHECK, is_baseline, is_confirm, study_cost
     from hpo.reporting._verdict import study_verdict
+    from hpo.samplers import ties_line
+    from hpo.study._compare import race_state
     from hpo.study._optuna import load_stored
 
     # racing: kl_lr_proxy's own budget (9, the baseline's runs included), as kl_lr ships it; search_cost's 7 assumes
@@ -151,7 +153,8 @@ def one_study(method: str, seed: int, studies: Path, smoke: bool) -> dict[str, A
             "runs": cost.total_runs - cost.split["baseline"], "runs_fresh_host": cost.total_runs + cost.runs(fresh),
             "pick": {"trial": v.pick.trial.number, "params": dict(v.pick.trial.params),
                      "values": list(v.pick.values), "test_values": list(v.pick.test_values)},
-            "check": study.user_attrs.get(ATTR_FIDELITY_CHECK)}
+            "check": study.user_attrs.get(ATTR_FIDELITY_CHECK), "ties": ties_line(study),
+            "race_end": (race.end, race.rounds) if (race := race_state(study, space)) is not None else None}
 
 
 def family_build() -> dict[str, str | None]:

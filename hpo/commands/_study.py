@@ -130,14 +130,14 @@ def run_study(run: StudyRun, inv: Invocation) -> int:
 
 def _finished(study: Any, space: Space) -> tuple[int, int | None]:
     """The header's count of finished trials (confirmation runs never count): a proxy search's proxy trials (its
-    target), and apart its runs on the target model (None without a proxy)."""
-    from hpo.record import is_finished, is_proxy
+    target; its tie runs not), and apart its runs on the target model (None without a proxy)."""
+    from hpo.record import is_finished, is_proxy, is_tie_run
 
     done = [t for t in study.get_trials(deepcopy=False) if is_finished(t)]
     if space.study.fidelity.proxy is None:
         return len(done), None
-    proxy = sum(1 for t in done if is_proxy(t))
-    return proxy, len(done) - proxy
+    proxy = sum(1 for t in done if is_proxy(t) and not is_tie_run(t))  # a tie run is evidence, not a search trial
+    return proxy, sum(1 for t in done if not is_proxy(t))
 
 
 def _open(run: StudyRun, storage_url: str, studies_dir: Path) -> tuple[Space, Any, Any, Any]:

@@ -48,6 +48,11 @@ class ProxySpec:
     # when the proxy holds, the confirmation races at most this many promoted settings on the target (the proxy's
     # best first, only those the proxy cannot tell apart: final proxy values within the race's resolution of its best)
     confirm_top: int = 1
+    # the proxy's best settings it cannot tell apart (final values within the race's resolution of its best, among
+    # the ``promote`` it ranks first) each run this many more times on the proxy, on the race's seeds, before the
+    # promotion; the proxy then ranks them by their mean over its seeds (a proxy run is a fraction of a target run:
+    # its seeds separate a tie cheaper than the target race does). 0: never.
+    tie_seeds: int = 1
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class Param(Protocol):  # hpo.experiment._schema.Param, as far as it is read her
 
 Error = Callable[[str, str], Exception]
 WHERE = "study.fidelity.proxy"
-PROXY_FIELDS = ("overrides", "promote", "promote_steps", "transfer", "confirm_top")
+PROXY_FIELDS = ("overrides", "promote", "promote_steps", "transfer", "confirm_top", "tie_seeds")
 
 
 def parse_fidelity(raw: Any, params: Sequence[Param], error: Error) -> FidelitySpec:
@@ -96,7 +101,8 @@ def parse_fidelity(raw: Any, params: Sequence[Param], error: Error) -> FidelityS
     if top > int(promote or 4):
         raise error(f"{WHERE}.confirm_top", f"{top} is more than promote={promote} (the race's field is taken from "
                     "the promoted settings)")
-    return FidelitySpec(ProxySpec(overrides, int(promote or 4), steps, transfer, top))
+    ties = int(_count(proxy, "tie_seeds", 1, 0, error) or 0)
+    return FidelitySpec(ProxySpec(overrides, int(promote or 4), steps, transfer, top, ties))
 
 
 def _overrides(raw: Any, params: Sequence[Param], error: Error) -> dict[str, Any]:

@@ -4,7 +4,8 @@ reporting, tracking and the dashboard read them; all of them read the keys and t
 Study system attributes: :data:`ATTR_SPACE` (the experiment as parsed), :data:`ATTR_SOURCE` (its file),
 :data:`ATTR_TARGET` (the trial target), :data:`ATTR_DIGEST` (sha256 of the experiment), :data:`ATTR_TRACKING_KEY`
 and :data:`ATTR_TRACKING_RUN` (MLflow / W&B run ids of each retry chain), :data:`ATTR_RACE` (racing confirmation's
-settings), :data:`ATTR_PROMOTION` (the proxy settings promoted to the target). Study user attributes:
+settings), :data:`ATTR_PROMOTION` (the proxy settings promoted to the target), :data:`ATTR_PROXY_TIES` (the proxy's
+tied best settings re-run on its own seeds). Study user attributes:
 :data:`ATTR_BUDGET`, :data:`ATTR_FIDELITY_CHECK` (the proxy's rank agreement with the target and the decision),
 :data:`ATTR_TRANSFER`.
 
@@ -21,7 +22,7 @@ Trial system attributes (set before a trial runs, by whoever queued it):
 * a PBT segment: the ``pbt:`` keys (:data:`PBT_MEMBER` ... :data:`PBT_INTERMEDIATE`); :data:`ATTR_JOB_TYPE`;
 * ``study.fidelity.proxy``: :data:`ATTR_FIDELITY` (``proxy`` or ``target``), a promoted run's
   :data:`ATTR_PROMOTED_FROM` and :data:`ATTR_PROMOTE_STEPS`; a confirmation run's :data:`ATTR_CONTINUES` (the promoted
-  run whose checkpoint its first seed continues).
+  run whose checkpoint its first seed continues); a proxy tie run's :data:`ATTR_TIE_OF` and :data:`ATTR_TIE_SEED`.
 
 Trial user attributes (what happened): see :data:`USER_ATTRS`.
 """
@@ -44,6 +45,9 @@ ATTR_RACE = "hpo:race"  # racing confirmation's settings: candidates, seeds (min
 # study.fidelity.proxy: the proxy settings promoted to the target (candidates, steps), set once (system attr), and
 # the proxy's check against the target (agreement figures and the decision: a user attr, so reports show it)
 ATTR_PROMOTION = "hpo:promotion"
+# study.fidelity.proxy.tie_seeds: the proxy's best settings it could not tell apart and the seeds they re-run on
+# before the promotion ({settings, seeds}), set once (system attr)
+ATTR_PROXY_TIES = "hpo:proxy_ties"
 ATTR_FIDELITY_CHECK = "hpo:fidelity_check"
 ATTR_TRANSFER = "hpo:fidelity_transfer"  # the transfer factors the study's proxy runs used, by parameter (user attr)
 
@@ -68,6 +72,9 @@ ATTR_FIDELITY = "hpo:fidelity"
 ATTR_PROMOTED_FROM = "hpo:promoted_from"
 ATTR_PROMOTE_STEPS = "hpo:promote_steps"
 ATTR_CONTINUES = "hpo:continues"  # a confirmation run that continues this promoted run's checkpoint (hpo.study)
+# a proxy tie run (study.fidelity.proxy.tie_seeds): the proxy trial whose setting it runs again, and on which seed
+ATTR_TIE_OF = "hpo:tie_of"
+ATTR_TIE_SEED = "hpo:tie_seed"
 PROXY, TARGET = "proxy", "target"
 
 PBT = "pbt:"
@@ -123,6 +130,9 @@ USER_ATTRS: dict[str, str] = {
     "promote_seed": "a promoted target run: the seed it ran on (the race's first confirmation seed)",
     "continued_from": "a confirmation run that continued a promoted run: {run, step} of the checkpoint",
     "continue_refused": "a confirmation run that was to continue a promoted run and started afresh: why",
+    "tie_of": "a proxy tie run: the proxy trial whose setting it runs again on another seed (study.fidelity.proxy."
+              "tie_seeds)",
+    "tie_seed": "a proxy tie run: its seed (one of the race's confirmation seeds)",
 }
 
 
@@ -151,6 +161,12 @@ def is_proxy(t: FrozenTrial) -> bool:
 def is_promoted(t: FrozenTrial) -> bool:
     """A target run of a proxy setting promoted by ``study.fidelity.proxy`` (its short budget: promote_steps)."""
     return ATTR_PROMOTED_FROM in t.system_attrs and not is_confirm(t)
+
+
+def is_tie_run(t: FrozenTrial) -> bool:
+    """A proxy run of a setting the proxy could not tell from its best, on another seed (``tie_seeds``): evidence for
+    the promotion, not a search trial (never counted in ``n_trials``, never pruned)."""
+    return ATTR_TIE_OF in t.system_attrs and not is_confirm(t)
 
 
 def is_baseline(t: FrozenTrial) -> bool:

@@ -17,10 +17,13 @@ from optuna.trial import FrozenTrial, TrialState
 from hpo.experiment import Space, format_value
 from hpo.record import (
     ATTR_PROMOTED_FROM,
+    ATTR_TIE_OF,
+    ATTR_TIE_SEED,
     is_confirm,
     is_failed,
     is_promoted,
     is_proxy,
+    is_tie_run,
     study_cost,
 )
 from hpo.storages import mask_url
@@ -285,8 +288,11 @@ def dropped_rows(t: FrozenTrial) -> int:
 
 
 def fidelity_mark(t: FrozenTrial) -> str:
-    """`` (proxy)`` for a proxy search's trial on the proxy model, `` (promoted from N)`` for a promoted setting's
-    target run, else nothing (``study.fidelity.proxy``)."""
+    """`` (proxy)`` for a proxy search's trial on the proxy model (with the setting and seed for a tie run),
+    `` (promoted from N)`` for a promoted setting's target run, else nothing (``study.fidelity.proxy``)."""
+    if is_tie_run(t):
+        of, seed = t.system_attrs.get(ATTR_TIE_OF), t.system_attrs.get(ATTR_TIE_SEED)
+        return f" (proxy, trial {of}'s setting on seed {seed})"
     if is_proxy(t):
         return " (proxy)"
     if is_promoted(t):

@@ -16,6 +16,7 @@ from hpo.analysis import HEALTH_KNOBS
 from hpo.record import ATTR_FIDELITY_CHECK, is_promoted, is_proxy, steps_run, study_cost
 from hpo.reporting._report import dropped_rows, fmt_params, is_surplus, outcome, top_table
 from hpo.reporting._speed_search import speed_search_summary
+from hpo.samplers import ties_line
 from hpo.storages import mask_url, storage_downtime, storage_outages
 
 
@@ -58,8 +59,10 @@ def fidelity_summary(study: optuna.Study) -> str:
         rules += f" (without it, estimated: tau {other['tau']:.2f})"
     what = "held: confirm races the promoted settings on the target" if check.get("holds") else \
         "did not hold: the search went on on the target"
+    ties = ties_line(study)  # the proxy's best settings it could not tell apart, re-run on its own seeds
+    tied = f"; {ties.removeprefix('proxy tie: ')}" if ties else ""
     return (f"proxy: {what} ({figures} over {check.get('n')} promoted settings at {check.get('steps')} steps"
-            f"{'; transfer ' + rules if rules else ''}); {proxy_effect(study, bool(check.get('holds')))}\n")
+            f"{'; transfer ' + rules if rules else ''}); {proxy_effect(study, bool(check.get('holds')))}{tied}\n")
 
 
 def proxy_effect(study: optuna.Study, holds: bool) -> str:

@@ -11,6 +11,7 @@ import optuna
 
 from hpo.experiment import Space, format_value
 from hpo.record import is_confirm, study_cost
+from hpo.samplers import ties_line
 from hpo.study import (
     RULE,
     Confirmed,
@@ -74,7 +75,8 @@ def race_lines(study: optuna.Study, space: Space) -> list[str]:
              "seed cap": f"ended at the seed cap ({len(race.seeds)}): the candidates left are not separated",
              "budget": "ended at the budget (study.budget: the next round would pass it): the candidates left are "
                        "not separated"}
-    out = [] if proxy is None else [proxy]
+    ties = ties_line(study) if space.study.fidelity.proxy is not None else None  # the proxy's tie, on its seeds
+    out = [line for line in (ties, proxy) if line is not None]
     out.append(f"racing confirmation {shown.get(race.end, race.end)} after {race.rounds} seed(s); leader trial "
                f"{race.leader}")
     for c, (seeds, gap) in sorted(race.dropped.items()):

@@ -5,7 +5,7 @@ imports torch through Optuna: loaded only for ``study.sampler.type: gp``), the L
 successive halving over retry chains (``_halving``: the multi-fidelity pruner of ``study.pruner.type:
 successive_halving``), and model-size fidelity (``study.fidelity.proxy``): a sampler and a pruner per fidelity
 (``_fidelity``) and the promotion of the proxy's best settings to the target with the check of its ranking
-(``_promotion``).
+(``_promotion``; before it, the proxy's own seeds for the best settings it cannot tell apart).
 
 May import: ``hpo.experiment``, ``hpo.record``, ``hpo.analysis``."""
 
@@ -19,12 +19,19 @@ from hpo.samplers._promotion import (
     promotion,
     promotion_pending,
     promotion_twin,
+    proxy_ties,
+    proxy_value,
     record_check,
     start_promotion,
+    start_ties,
+    tie_twin,
+    ties_line,
+    ties_pending,
 )
 from hpo.samplers._startup import LatinStartSampler
 
 __all__ = ["ChainHalvingPruner", "Decision", "FidelityPruner", "FidelitySampler", "FidelityView", "LatinStartSampler",
            "PrunedAwareGPSampler", "Segment", "check_line", "decide", "initial_population", "latest", "lineage",
-           "promote_steps", "promotion", "promotion_pending", "promotion_twin", "ranked", "record_check", "schedule",
-           "search_fidelity", "start_promotion", "with_fidelity"]
+           "promote_steps", "promotion", "promotion_pending", "promotion_twin", "proxy_ties", "proxy_value", "ranked",
+           "record_check", "schedule", "search_fidelity", "start_promotion", "start_ties", "tie_twin", "ties_line",
+           "ties_pending", "with_fidelity"]

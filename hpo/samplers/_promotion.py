@@ -46,13 +46,19 @@ from hpo.record import (
     ATTR_PROMOTE_STEPS,
     ATTR_PROMOTED_FROM,
     ATTR_PROMOTION,
+    ATTR_PROXY_TIES,
+    ATTR_TIE_OF,
+    ATTR_TIE_SEED,
     ATTR_TRANSFER,
+    PROXY,
     TARGET,
     full_steps,
     is_confirm,
+    is_failed,
     is_finished,
     is_promoted,
     is_proxy,
+    is_tie_run,
 )
 
 BOOTSTRAP = 2000
@@ -74,29 +80,50 @@ def _value_at(t: FrozenTrial, step: int) -> float | None:
     return float(t.intermediate_values[max(steps)]) if steps else None
 
 
+def tie_runs(trials: Sequence[FrozenTrial], of: int) -> list[FrozenTrial]:
+    """The finished tie runs of proxy trial ``of`` (a retried one's finished attempt; the runs queued, running or
+    failed with a retry due are not evidence yet)."""
+    return [t for t in trials if is_tie_run(t) and t.system_attrs.get(ATTR_TIE_OF) == of and is_finished(t)]
+
+
+def proxy_value(t: FrozenTrial, trials: Sequence[FrozenTrial], sign: float) -> float:
+    """A completed proxy trial's value as the promotion ranks it: its own, or with tie runs (``tie_seeds``) the mean
+    over its seeds, a failed or non-finite tie run counting as the worst (the setting breaks under some seed)."""
+    values = [float(t.values[0])] if t.values else [-sign * math.inf]
+    for run in tie_runs(trials, t.number):
+        ok = run.values is not None and not is_failed(run) and math.isfinite(run.values[0])
+        values.append(float(run.values[0]) if ok and run.values is not None else -sign * math.inf)
+    if any(math.isinf(v) for v in values):
+        return -sign * math.inf
+    return math.fsum(values) / len(values)
+
+
 def proxy_ranking(trials: Sequence[FrozenTrial], sign: float) -> list[FrozenTrial]:
     """The proxy's distinct settings, best first: completed trials by value (a plateau stop at step 40 is as complete
     as step 60), pruned ones by the steps they reached (a later rung first) and their value there, each pruned trial
     placed before the first completed one it beat both where both were measured and at the end (the completed
     trial's value at the pruned one's rung and its final value are lower: a trial that passed its rungs alone, or
     collapsed after them, is not better than one pruned at 0.93 for lack of room at a rung; a slow starter that
-    was behind at the rung and ended above the pruned trial's value stays ahead of it)."""
-    done = [t for t in trials if is_proxy(t) and not is_confirm(t) and _finite(t)
+    was behind at the rung and ended above the pruned trial's value stays ahead of it). A completed trial with tie
+    runs ranks by its mean over its seeds (:func:`proxy_value`)."""
+    done = [t for t in trials if is_proxy(t) and not is_confirm(t) and not is_tie_run(t) and _finite(t)
             and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    value = {t.number: proxy_value(t, trials, sign) if t.state == TrialState.COMPLETE else float(t.values[0])
+             for t in done}
 
     def steps(t: FrozenTrial) -> int:
         last = t.user_attrs.get("last_step")
         return last if isinstance(last, int) and not isinstance(last, bool) else max(t.intermediate_values, default=0)
 
-    order = sorted((t for t in done if t.state == TrialState.COMPLETE), key=lambda t: (-sign * float(t.values[0]),
+    order = sorted((t for t in done if t.state == TrialState.COMPLETE), key=lambda t: (-sign * value[t.number],
                                                                                        t.number))
     floor = 0  # pruned trials keep their own order: each goes after the one placed before it
     for p in sorted((t for t in done if t.state == TrialState.PRUNED),
                     key=lambda t: (-steps(t), -sign * float(t.values[0]), t.number)):
-        rung, value = steps(p), sign * float(p.values[0])
+        rung, v_p = steps(p), sign * float(p.values[0])
         at = next((i for i in range(floor, len(order)) if order[i].state == TrialState.COMPLETE
-                   and (v := _value_at(order[i], rung)) is not None and sign * v < value
-                   and sign * float(order[i].values[0]) < value), len(order))
+                   and (v := _value_at(order[i], rung)) is not None and sign * v < v_p
+                   and sign * value[order[i].number] < v_p), len(order))
         order.insert(at, p)
         floor = at + 1
     out: list[FrozenTrial] = []
@@ -171,6 +198,100 @@ def promotion_pending(trials: Sequence[FrozenTrial]) -> tuple[bool, bool]:
     """(a promoted run is waiting, a promoted run is running)."""
     runs = promoted_runs(trials)
     return (any(t.state == TrialState.WAITING for t in runs), any(t.state == TrialState.RUNNING for t in runs))
+
+
+# ----------------------------------------------------------------------------- the proxy's ties
+def tied_best(study: optuna.Study, space: Space, trials: Sequence[FrozenTrial]) -> list[int]:
+    """The proxy's best settings it cannot tell apart: among the ``promote`` it ranks first, the completed trials whose
+    value is within the race's resolution (:func:`resolution`) of the best completed one's, best first."""
+    proxy = space.study.fidelity.proxy
+    assert proxy is not None
+    sign = _sign(study)
+    ranked = [t for t in proxy_ranking(trials, sign)[:proxy.promote] if t.state == TrialState.COMPLETE]
+    if not ranked:
+        return []
+    best = sign * float(ranked[0].values[0])
+    res = resolution(space, float(ranked[0].values[0]))
+    return [t.number for t in ranked if best - sign * float(t.values[0]) <= res + 1e-12]
+
+
+def _ints(raw: Any) -> list[int]:
+    """The ints of a stored list (storage is untrusted: anything else is dropped)."""
+    return [v for v in raw if isinstance(v, int) and not isinstance(v, bool)] if isinstance(raw, list) else []
+
+
+def start_ties(study: optuna.Study, space: Space, seeds: Sequence[int]) -> list[tuple[int, int]]:
+    """``study.fidelity.proxy.tie_seeds``: before the promotion, the proxy's best settings it cannot tell apart
+    (:func:`tied_best`, two or more) each run again on the proxy on ``tie_seeds`` of ``seeds`` (the race's seeds),
+    so the promotion ranks them by their mean over the proxy's seeds (:func:`proxy_value`). The tied settings and
+    the seeds are kept in the study once (:data:`~hpo.record.ATTR_PROXY_TIES`: every driver and a resume run the same
+    ones); each (setting, seed) gets one WAITING proxy run (system attrs ``hpo:fidelity=proxy``, ``hpo:tie_of``,
+    ``hpo:tie_seed``), queued only when none is queued, running or finished. The (setting, seed) pairs queued here."""
+    proxy = space.study.fidelity.proxy
+    assert proxy is not None
+    trials = study.get_trials(deepcopy=False)
+    kept = study._storage.get_study_system_attrs(study._study_id).get(ATTR_PROXY_TIES)
+    if not isinstance(kept, dict):
+        tied = tied_best(study, space, trials) if proxy.tie_seeds and seeds else []
+        tied = tied if len(tied) >= 2 else []
+        kept = {"settings": tied, "seeds": [int(s) for s in seeds[:proxy.tie_seeds]] if tied else []}
+        study._storage.set_study_system_attr(study._study_id, ATTR_PROXY_TIES, kept)
+    by_number = {t.number: t for t in trials}
+    present = {(t.system_attrs.get(ATTR_TIE_OF), t.system_attrs.get(ATTR_TIE_SEED)) for t in trials if is_tie_run(t)}
+    queued = []
+    for n in _ints(kept.get("settings")):
+        source = by_number.get(n)
+        for seed in _ints(kept.get("seeds")):
+            if source is None or (n, seed) in present:
+                continue
+            study.add_trial(optuna.create_trial(
+                state=TrialState.WAITING, params=source.params, distributions=source.distributions,
+                system_attrs={ATTR_FIDELITY: PROXY, ATTR_TIE_OF: n, ATTR_TIE_SEED: seed}))
+            queued.append((n, seed))
+    return queued
+
+
+def proxy_ties(study: optuna.Study) -> dict[str, list[int]] | None:
+    """The tied settings and seeds kept in the study (None before they were decided)."""
+    kept = study._storage.get_study_system_attrs(study._study_id).get(ATTR_PROXY_TIES)
+    return {"settings": _ints(kept.get("settings")), "seeds": _ints(kept.get("seeds"))} \
+        if isinstance(kept, dict) else None
+
+
+def ties_pending(trials: Sequence[FrozenTrial]) -> tuple[bool, bool]:
+    """(a tie run is waiting, a tie run is running)."""
+    runs = [t for t in trials if is_tie_run(t)]
+    return (any(t.state == TrialState.WAITING for t in runs), any(t.state == TrialState.RUNNING for t in runs))
+
+
+def tie_twin(study: optuna.Study, run: FrozenTrial) -> int | None:
+    """Another tie run of the same setting and seed that goes first (finished, or queued or running with a lower
+    number): ``run`` is then surplus. None when ``run`` is the one to run (a retry replaces its failed original)."""
+    key = (run.system_attrs.get(ATTR_TIE_OF), run.system_attrs.get(ATTR_TIE_SEED))
+    for t in study.get_trials(deepcopy=False):
+        if t.number == run.number or not is_tie_run(t) or \
+                (t.system_attrs.get(ATTR_TIE_OF), t.system_attrs.get(ATTR_TIE_SEED)) != key:
+            continue
+        if is_finished(t) or (t.state in (TrialState.RUNNING, TrialState.WAITING) and t.number < run.number):
+            return t.number
+    return None
+
+
+def ties_line(study: optuna.Study, sign: float | None = None) -> str | None:
+    """The proxy's tie, one line (None: no tie was run): the settings, their seeds and their means."""
+    kept = proxy_ties(study)
+    if not kept or not kept["settings"]:
+        return None
+    sign = _sign(study) if sign is None else sign
+    trials = study.get_trials(deepcopy=False)
+    by_number = {t.number: t for t in trials}
+    rows = [(proxy_value(t, trials, sign), n, 1 + len(tie_runs(trials, n))) for n in kept["settings"]
+            if (t := by_number.get(n)) is not None and t.values]
+    rows.sort(key=lambda r: (-sign * r[0], r[1]))
+    return (f"proxy tie: {len(kept['settings'])} of the proxy's best settings were within the resolution of each "
+            f"other on the tuning seed, so each ran again on the proxy on seed(s) {kept['seeds']}: "
+            + ", ".join(f"trial {n} {v:.4g} over {k} seed(s)" for v, n, k in rows)
+            + " (the promotion ranks them by these means, best first)")
 
 
 # ----------------------------------------------------------------------------- the check
@@ -273,7 +394,7 @@ def without_transfer(space: Space, trials: Sequence[FrozenTrial], pairs: Sequenc
         return None
     by_number = {t.number: t for t in trials}
     ran = [(t, {p.name: space.scaled(p, t.params.get(p.name)) for p in space.params}) for t in trials
-           if is_proxy(t) and _finite(t) and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+           if is_proxy(t) and not is_tie_run(t) and _finite(t) and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     estimates: list[tuple[float, float]] = []  # (the proxy's estimated value without the rules, the target value)
     for n, _, _, target in pairs:
         wanted = by_number[n].params

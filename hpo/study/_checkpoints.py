@@ -29,7 +29,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.record import ATTR_RETRY_HISTORY, TRIAL_MARKER, is_failed, is_proxy
+from hpo.record import ATTR_RETRY_HISTORY, TRIAL_MARKER, is_failed, is_proxy, is_tie_run
 
 CHECKPOINTS = "checkpoints"
 COPY_CHUNK = 64 * 2**20
@@ -226,7 +226,8 @@ def clean_after(study: optuna.Study, trial: FrozenTrial, value: float | None, tr
     maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     proxy = is_proxy(trial)
     scored = [(t.values[0], t) for t in finished if t.number != trial.number and t.state == TrialState.COMPLETE
-              and t.values and math.isfinite(t.values[0]) and not is_failed(t) and is_proxy(t) == proxy]
+              and t.values and math.isfinite(t.values[0]) and not is_failed(t) and is_proxy(t) == proxy
+              and not is_tie_run(t)]
     if value is not None and math.isfinite(value):
         scored.append((value, trial))
     scored.sort(key=lambda vt: -vt[0] if maximize else vt[0])

@@ -58,6 +58,7 @@ from hpo.record import (
     is_confirm,
     is_promoted,
 )
+from hpo.samplers import proxy_value
 from hpo.study._checkpoints import chain, checkpoint_dirs
 from hpo.study._confirm import confirm_seeds, seed_overrides, top_trials
 
@@ -97,7 +98,8 @@ def _sign(study: optuna.Study) -> float:
 def proxy_field(study: optuna.Study, space: Space, check: dict[str, Any]) -> list[int]:
     """The promoted runs the race takes when the proxy held: the proxy's full-length order (the check's ``pairs``:
     proxy trial, target run, proxy value at the promotion step, target value there), those whose proxy trial's final
-    value is within the check's resolution of the proxy's best (settings the proxy cannot tell apart: the target
+    value (its mean over the proxy's seeds where it had tie runs: :func:`~hpo.samplers.proxy_value`) is within the
+    check's resolution of the proxy's best (settings the proxy cannot tell apart: the target
     decides among them at full length), at most ``confirm_top``; only runs still COMPLETE with a finite value. The
     promoted runs' short target values choose no one: they rank learning speed, which the check compared."""
     proxy = space.study.fidelity.proxy
@@ -105,7 +107,8 @@ def proxy_field(study: optuna.Study, space: Space, check: dict[str, Any]) -> lis
     if proxy is None or not isinstance(pairs, list) or not isinstance(res, (int, float)):
         return []
     sign = _sign(study)
-    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    all_trials = study.get_trials(deepcopy=False)
+    trials = {t.number: t for t in all_trials}
     runs = {n for n, t in trials.items() if t.state == TrialState.COMPLETE}
     rows = []
     for p in pairs:
@@ -114,7 +117,7 @@ def proxy_field(study: optuna.Study, space: Space, check: dict[str, Any]) -> lis
                 and isinstance(p[3], (int, float)) and math.isfinite(p[3]) and p[1] in runs):
             continue
         source = trials.get(p[0])
-        final = source.values[0] if source is not None and source.values else None
+        final = proxy_value(source, all_trials, sign) if source is not None and source.values else None
         if isinstance(final, (int, float)) and math.isfinite(final):
             rows.append((p[1], sign * float(final)))
     if not rows:

@@ -37,12 +37,15 @@ from hpo.record import (
     ATTR_FIDELITY_CHECK,
     ATTR_PROMOTED_FROM,
     ATTR_RETRY_OF,
+    ATTR_TIE_OF,
+    ATTR_TIE_SEED,
     fidelity_of,
     is_baseline,
     is_promoted,
     is_proxy,
+    is_tie_run,
 )
-from hpo.samplers import promotion_twin
+from hpo.samplers import promotion_twin, tie_twin
 from hpo.storages import StorageUnavailable, check_study_name
 from hpo.study._compare import advance_race, twin_of
 from hpo.study._confirm import baseline_cache, is_confirm, remember_baseline, search_over_budget
@@ -423,10 +426,13 @@ class Driver:
 
     def _say_check(self, check: dict[str, object]) -> None:
         """The proxy's check, one line, once per driver."""
-        from hpo.samplers import check_line
+        from hpo.samplers import check_line, ties_line
 
         if not self._said_check:
             self._said_check = True
+            ties = ties_line(self.study)  # the proxy's best settings it could not tell apart, on its own seeds
+            if ties is not None:
+                self.reporter.note(ties)
             self.reporter.note(check_line(check))
 
     def _trial_over_budget(self) -> bool:
@@ -451,9 +457,11 @@ class Driver:
         it was surplus or lost."""
         frozen = frozen_trial(self.study, trial.number)
         promoted = is_promoted(frozen)  # study.fidelity.proxy: a proxy setting's queued target run
-        queued = ATTR_RETRY_OF in frozen.system_attrs or is_confirm(frozen) or promoted  # requested: never surplus
+        tie = is_tie_run(frozen)  # ... or a tied proxy setting's run on another seed
+        queued = ATTR_RETRY_OF in frozen.system_attrs or is_confirm(frozen) or promoted or tie  # never surplus
         twin = is_confirm(frozen) and twin_of(self.study, frozen) is not None  # two drivers queued one race run
         twin = twin or promoted and promotion_twin(self.study, frozen) is not None  # ... or one promoted run
+        twin = twin or tie and tie_twin(self.study, frozen) is not None  # ... or one tie run
         if self.population is not None and not self.confirming:  # pbt: its own segments, each once
             queued = not self.population.is_surplus(frozen, self.study.get_trials(deepcopy=False))
         if twin or not queued and (self.confirming or self.population is not None or not Slots.count(
@@ -468,6 +476,9 @@ class Driver:
             trial.set_user_attr("fidelity", fidelity_of(frozen))
             if promoted:
                 trial.set_user_attr("promoted_from", frozen.system_attrs.get(ATTR_PROMOTED_FROM))
+            if tie:
+                trial.set_user_attr("tie_of", frozen.system_attrs.get(ATTR_TIE_OF))
+                trial.set_user_attr("tie_seed", frozen.system_attrs.get(ATTR_TIE_SEED))
             runner = self.proxy_runner if is_proxy(frozen) else self.runner
         assert self.heartbeat is not None
         lost = self.heartbeat.add(trial._trial_id)

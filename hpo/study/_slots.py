@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo.experiment import Space
+from hpo.experiment import Space, SpaceError
 from hpo.record import (
     ATTR_FIDELITY_CHECK,
     ATTR_RECOVERING,
@@ -27,8 +27,10 @@ from hpo.record import (
     is_finished,
     is_promoted,
     is_proxy,
+    is_tie_run,
 )
-from hpo.samplers import promotion, promotion_pending, record_check, start_promotion
+from hpo.samplers import promotion, promotion_pending, record_check, start_promotion, start_ties, ties_pending
+from hpo.study._confirm import confirm_seeds
 
 
 def n_finished(study: optuna.Study) -> int:
@@ -80,10 +82,10 @@ class Slots:
 # ----------------------------------------------------------------------------- study.fidelity.proxy
 def same_kind(trials: Sequence[FrozenTrial], like: FrozenTrial) -> list[FrozenTrial]:
     """A proxy search's trials that share ``like``'s place in a target: its proxy trials (``study.n_trials`` of
-    them), its promoted target runs (one per promoted setting, queued), or its target search's (a fallback's
-    ``study.n_trials``)."""
+    them), its tie runs (queued), its promoted target runs (one per promoted setting, queued), or its target
+    search's (a fallback's ``study.n_trials``)."""
     return [t for t in trials if is_proxy(t) == is_proxy(like) and is_promoted(t) == is_promoted(like)
-            and not is_confirm(t)]
+            and is_tie_run(t) == is_tie_run(like) and not is_confirm(t)]
 
 
 def _target_search(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
@@ -104,13 +106,19 @@ class Stage:
 
 def proxy_stage(study: optuna.Study, space: Space, trials: Sequence[FrozenTrial], target: int,
                 factors: dict[str, float]) -> Stage:
-    """A proxy search's stages (:mod:`hpo.samplers._promotion`): its ``target`` proxy trials; then its best
-    settings' target runs (queued once, whoever gets here first); then the check, which ends the search (the proxy
-    holds) or starts a search of ``target`` trials on the target."""
+    """A proxy search's stages (:mod:`hpo.samplers._promotion`): its ``target`` proxy trials; then the tie runs of
+    the best settings it cannot tell apart (``tie_seeds``); then its best settings' target runs (each stage queued
+    once, whoever gets here first); then the check, which ends the search (the proxy holds) or starts a search of
+    ``target`` trials on the target."""
     retry = space.study.max_retry
-    slots = Slots.count([t for t in trials if is_proxy(t) and not is_confirm(t)], retry)
+    slots = Slots.count([t for t in trials if is_proxy(t) and not is_confirm(t) and not is_tie_run(t)], retry)
     if slots.finished < target:
         return Stage(False, not slots.waiting and len(slots.held) >= target)
+    if start_ties(study, space, _tie_seeds(space)):  # queued here: the next ask pops them
+        return Stage(False, False)
+    waiting, running = ties_pending(trials)
+    if waiting or running:
+        return Stage(False, not waiting)
     if start_promotion(study, space):  # queued here: the next ask pops them
         return Stage(False, False)
     waiting, running = promotion_pending(trials)
@@ -123,6 +131,15 @@ def proxy_stage(study: optuna.Study, space: Space, trials: Sequence[FrozenTrial]
     if slots.finished >= target:
         return Stage(True, False, check, True)
     return Stage(False, not slots.waiting and len(slots.held) >= target, check, True)
+
+
+def _tie_seeds(space: Space) -> list[int]:
+    """The seeds a tie run takes: the race's first ``tie_seeds`` (none where the study has no fresh seed to give)."""
+    proxy = space.study.fidelity.proxy
+    try:
+        return confirm_seeds(space, proxy.tie_seeds) if proxy is not None and proxy.tie_seeds else []
+    except (SpaceError, ValueError):
+        return []
 
 
 def proxy_search_over(study: optuna.Study, target: int, max_retry: int | None) -> bool:

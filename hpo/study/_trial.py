@@ -74,7 +74,17 @@ from hpo.execution import (
     read_tail,
 )
 from hpo.experiment import Scored, Space, SpaceError, speed_value_ok, speed_value_problem
-from hpo.record import ATTR_PROMOTE_STEPS, ATTR_RETRY_HISTORY, ATTR_RETRY_OF, is_failed, is_promoted, runs_steps
+from hpo.record import (
+    ATTR_PROMOTE_STEPS,
+    ATTR_RETRY_HISTORY,
+    ATTR_RETRY_OF,
+    ATTR_TIE_OF,
+    ATTR_TIE_SEED,
+    is_failed,
+    is_promoted,
+    is_tie_run,
+    runs_steps,
+)
 from hpo.storages import STORAGE_ERRORS
 from hpo.study._checkpoints import clean_after
 from hpo.study._confirm import (
@@ -88,6 +98,7 @@ from hpo.study._confirm import (
     first_rollout_env,
     heldout_metric_of,
     is_confirm,
+    seed_overrides,
 )
 from hpo.study._continuation import continue_setup, held_checkpoints, promoted_setup, trim_promoted
 from hpo.study._errors import DriverError, TrialFailed, TrialInterrupted, TrialLost, TrialRetried
@@ -156,6 +167,7 @@ class _TrialSetup:
     start: Path | None  # a PBT segment's start checkpoint
     stop_at: int | None = None  # a promoted target run's steps (study.fidelity.proxy)
     continues: ResumePointLike | None = None  # a confirmation run's start: its promoted run's checkpoint
+    tie: bool = False  # a tied proxy setting's run on another seed (study.fidelity.proxy.tie_seeds): never pruned
 
 
 class TrialRunner:
@@ -296,6 +308,10 @@ class TrialRunner:
         if runs_steps(system):  # pbt: its step range and start checkpoint (hpo.study._population)
             tail, resume_from = segment_overrides(self.space, system, trial)
         extra = {} if confirm_seed is None else confirm_overrides(self.space, int(confirm_seed), baseline)
+        tie_seed = system.get(ATTR_TIE_SEED)  # a tied proxy setting's run on another seed: every seed key to it
+        tie = ATTR_TIE_OF in system and confirm_seed is None
+        if tie and isinstance(tie_seed, int) and not isinstance(tie_seed, bool):
+            extra = dict(seed_overrides(self.space, tie_seed))
         trial.set_user_attr("trial_dir", str(trial_dir))
         if retry_of is not None:
             trial.set_user_attr("retry_of", retry_of)
@@ -307,7 +323,7 @@ class TrialRunner:
         continues = None if confirm_seed is None else continue_setup(
             trial, self.study, self.trials_dir, self.backend, system, self.reporter.note)  # a promoted run's checkpoint
         return _TrialSetup(values, retry_of, trial_dir, history, confirm_seed, dict(extra), tail, resume_from, stop_at,
-                           continues)
+                           continues, tie)
 
     def _launch(self, trial: Trial, setup: _TrialSetup, launch: Launch, lost: threading.Event,
                 job: tuple[str, bool] | None = None, gpus: int = 0) -> tuple[RunResult, TrialExecutor, Watch]:
@@ -331,8 +347,10 @@ class TrialRunner:
                               gpu=spec.ray.device != "cpu" and spec.ray.num_gpus > 0 if job else gpus > 0,
                               ) if diag.enabled else None
         confirming = setup.confirm_seed is not None  # full budget unless study.confirm.early_stopping
+        tie = setup.tie  # evidence for the promotion: never pruned, never stopped by the budget
         speed = self.space.study.kind == "throughput"
-        watch = Watch(trial, self.space, total, on_eval, diagnoser, prune=not confirming and setup.stop_at is None,
+        watch = Watch(trial, self.space, total, on_eval, diagnoser,
+                      prune=not confirming and not tie and setup.stop_at is None,
                       early_stop=not confirming or self.space.study.confirm.early_stopping,
                       test_metric=heldout_metric_of(self.space) if confirming and not speed else None,
                       warmup_steps=self.space.study.throughput.warmup_steps if speed else None,
@@ -345,7 +363,7 @@ class TrialRunner:
                 watch(step, data)  # its decisions are the live run's to make again at its next evaluation
             trial.set_user_attr("resumed_from_step", point.step)
             trial.set_user_attr("replayed_steps", len(replayed))
-        watch.over_budget = None if confirming else self.over_budget  # the live run's evaluations only
+        watch.over_budget = None if confirming or tie else self.over_budget  # the live run's evaluations only
         watch.stop_at = setup.stop_at
         run = TrialRun(argv, env, setup.trial_dir, launch.metrics, cwd=self.cwd, timeout_s=spec.timeout_s,
                        memory_limit_gb=spec.memory_limit_gb, on_metrics=watch, on_tick=on_tick,
@@ -385,6 +403,7 @@ class TrialRunner:
         keep = self.space.trial.keep_checkpoints
         me = frozen_trial(self.study, trial.number)
         value = values[0] if state == TrialState.COMPLETE and values and not is_confirm(me) and not is_failed(me) \
+            and not is_tie_run(me) \
             else None  # a failed trial's value (a timed-out throughput trial's is finite) keeps nothing
         finished = [t for t in self.study.get_trials(deepcopy=False) if is_finished(t)]
         ray = self.space.trial.ray  # a Ray-job trial's checkpoints in trial.ray.shared_dir (docs/ray.md)

@@ -44,6 +44,7 @@ Behaviour keys (all optional):
     fake.small_step_s   seconds per step of the small model (default fake.step_s / 4)
     fake.small_x0       the small model's best x (default 0.3: the large model's)
     fake.small_reverse  true: the small model ranks every x the other way round (default false)
+    fake.small_flat_seed on this trainer.seed the small model scores 0.9 whatever x (every setting tied there)
     data.test_files     when set (not null): test/reward_mean = the final value + fake.test_offset (default -0.05) at
                         the last step, as verl_core logs its held-out split
 Checkpoints, as verl_core keeps them (a resumable backend of the tests drives them; the custom command ignores them):
@@ -138,6 +139,8 @@ def main(argv: list[str]) -> int:
         step_s = float(opts.get("fake.small_step_s", step_s / 4))
         gap = (x - float(opts.get("fake.small_x0", 0.3))) ** 2
         final = gap if opts.get("fake.small_reverse") == "true" else 1.0 - gap
+        if str(seed) == opts.get("fake.small_flat_seed"):  # a proxy that cannot tell settings apart on this seed
+            final = 0.9
     nan_at = int(opts["fake.nan_at"]) if "fake.nan_at" in opts else None
     hog: list[bytearray] = []
     started = time.time()

@@ -13,7 +13,17 @@ from optuna.distributions import BaseDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from hpo.experiment import read_space
-from hpo.record import ATTR_FIDELITY, ATTR_FIDELITY_CHECK, ATTR_PROMOTED_FROM, PROXY, TARGET, is_promoted
+from hpo.record import (
+    ATTR_FIDELITY,
+    ATTR_FIDELITY_CHECK,
+    ATTR_PROMOTED_FROM,
+    ATTR_TIE_OF,
+    ATTR_TIE_SEED,
+    PROXY,
+    TARGET,
+    is_promoted,
+    is_tie_run,
+)
 from hpo.samplers._fidelity import FidelitySampler, search_fidelity
 from hpo.samplers._promotion import (
     agreement,
@@ -21,21 +31,25 @@ from hpo.samplers._promotion import (
     kendall_tau,
     promotion_twin,
     proxy_ranking,
+    proxy_ties,
     record_check,
     start_promotion,
+    start_ties,
     tau_p_value,
+    tie_twin,
+    ties_line,
 )
 
 DIST: dict[str, BaseDistribution] = {"x": FloatDistribution(0.0, 1.0)}
 
 
-def _space(tmp_path: Path, promote: int = 3):  # type: ignore[no-untyped-def]
+def _space(tmp_path: Path, promote: int = 3, tie_seeds: int = 1):  # type: ignore[no-untyped-def]
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump({
         "config": "tiny_arith", "params": {"x": {"key": "fake.x", "type": "float", "low": 0.0, "high": 1.0}},
         "early_stopping": {"plateau_min_delta": 0.01},
         "study": {"n_trials": 4, "fidelity": {"proxy": {"overrides": {"m": "small"}, "promote": promote,
-                                                        "promote_steps": 5}}}}))
+                                                        "promote_steps": 5, "tie_seeds": tie_seeds}}}}))
     return read_space(str(path))[0]
 
 
@@ -191,3 +205,58 @@ def test_a_slow_starter_that_ended_above_a_pruned_trial_stays_ahead_of_it(tmp_pa
                                      distributions=DIST, system_attrs={ATTR_FIDELITY: PROXY},
                                      user_attrs={"last_step": max(curve)}))
     assert [t.number for t in proxy_ranking(study.get_trials(), 1.0)] == [0, 1, 2, 3]
+
+
+def _finish(study: optuna.Study, run: optuna.trial.FrozenTrial, value: float | None, failed: bool = False) -> None:
+    if failed:  # a crash recorded with the worst value (on_failure: worst)
+        study._storage.set_trial_user_attr(run._trial_id, "fail_reason", "crash")
+    study._storage.set_trial_state_values(run._trial_id, TrialState.COMPLETE, [value if value is not None
+                                                                               else float("-inf")])
+
+
+def test_the_proxy_s_tied_best_settings_run_again_on_its_seeds_once_and_then_rank_by_their_means(
+        tmp_path: Path) -> None:
+    """Trials 1 (0.930) and 2 (0.925) are within the resolution (0.01) of each other; 0 (0.5) is not. Each of the two
+    gets one proxy run on each given seed (tie_seeds 2 of seeds 1000, 1001, 1002), queued once whoever asks; a
+    twin queued by a second driver at once is surplus. When they have run, the promotion ranks the two by their
+    means over 3 seeds: 2 (0.925, 0.95, 0.96) goes before 1 (0.930, 0.90, 0.91)."""
+    space, study = _space(tmp_path, tie_seeds=2), _study(tmp_path, [0.5, 0.930, 0.925, 0.1])
+    assert start_ties(study, space, [1000, 1001, 1002]) == [(1, 1000), (1, 1001), (2, 1000), (2, 1001)]
+    assert start_ties(study, space, [1000, 1001, 1002]) == []  # a resume, another driver: nothing twice
+    assert proxy_ties(study) == {"settings": [1, 2], "seeds": [1000, 1001]}
+    runs = [t for t in study.get_trials() if is_tie_run(t)]
+    assert all(t.state == TrialState.WAITING and t.system_attrs[ATTR_FIDELITY] == PROXY and t.params ==
+               study.trials[t.system_attrs[ATTR_TIE_OF]].params for t in runs)
+    study.add_trial(create_trial(state=TrialState.WAITING, params=runs[0].params, distributions=DIST,
+                                 system_attrs=dict(runs[0].system_attrs)))
+    twin = study.trials[-1]
+    assert tie_twin(study, twin) == runs[0].number and tie_twin(study, runs[0]) is None
+    study._storage.set_trial_state_values(twin._trial_id, TrialState.FAIL)  # the surplus twin, as the driver ends it
+    values = {(1, 1000): 0.90, (1, 1001): 0.91, (2, 1000): 0.95, (2, 1001): 0.96}
+    for t in runs:
+        _finish(study, t, values[(t.system_attrs[ATTR_TIE_OF], t.system_attrs[ATTR_TIE_SEED])])
+    ranked = [t.number for t in proxy_ranking(study.get_trials(), 1.0)]
+    assert ranked == [2, 1, 0, 3]  # the tie runs are evidence, never ranked themselves
+    line = ties_line(study)
+    assert line is not None and "trial 2 0.945 over 3 seed(s), trial 1 0.9133 over 3 seed(s)" in line
+
+
+def test_a_tie_run_that_fails_ranks_its_setting_last_and_a_separated_best_runs_no_tie(tmp_path: Path) -> None:
+    """A setting that breaks under another seed (a crash: the worst value) is not the proxy's best whatever its
+    tuning-seed value; a proxy whose best is more than the resolution ahead queues no tie run (nor with tie_seeds
+    0, nor without a seed to give)."""
+    space, study = _space(tmp_path), _study(tmp_path, [0.5, 0.930, 0.925, 0.1])
+    assert start_ties(study, space, [7]) == [(1, 7), (2, 7)]
+    for t in study.get_trials():
+        if is_tie_run(t):
+            _finish(study, t, None if t.system_attrs[ATTR_TIE_OF] == 1 else 0.92, failed=t.system_attrs[
+                ATTR_TIE_OF] == 1)
+    assert [t.number for t in proxy_ranking(study.get_trials(), 1.0)][:2] == [2, 0]
+    assert [t.number for t in proxy_ranking(study.get_trials(), 1.0)][-1] == 1
+    for values, tie_seeds, seeds in (([0.5, 0.95, 0.925, 0.1], 1, [7]), ([0.5, 0.930, 0.925, 0.1], 0, [7]),
+                                     ([0.5, 0.930, 0.925, 0.1], 1, [])):
+        d = tmp_path / f"{tie_seeds}-{len(seeds)}-{values[1]}"
+        d.mkdir()
+        sp, st = _space(d, tie_seeds=tie_seeds), _study(d, values)
+        assert start_ties(st, sp, seeds) == [] and proxy_ties(st) == {"settings": [], "seeds": []}
+        assert ties_line(st) is None

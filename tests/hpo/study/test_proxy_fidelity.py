@@ -17,11 +17,16 @@ import pytest
 import yaml
 
 from hpo.record import (
+    ATTR_CONFIRM_OF,
     ATTR_FIDELITY_CHECK,
     ATTR_PROMOTED_FROM,
+    ATTR_PROMOTION,
+    ATTR_TIE_OF,
+    ATTR_TIE_SEED,
     is_confirm,
     is_promoted,
     is_proxy,
+    is_tie_run,
     step_seconds,
     steps_run,
     study_cost,
@@ -59,9 +64,10 @@ def experiment(tmp_path: Path, proxy: dict[str, Any], **study: Any) -> Path:
                                          "promote": 3, "promote_steps": 4}}, **study},
         "trial": {"backend": "verl_core", "command": [PY, str(FAKE_TRAINER), "train"], "n_jobs": 2},
     }
-    transfer = space["study"]["fidelity"]["proxy"]["overrides"].pop("transfer", None)  # type: ignore[index]
-    if transfer:
-        space["study"]["fidelity"]["proxy"]["transfer"] = transfer  # type: ignore[index]
+    for field in ("transfer", "tie_seeds", "confirm_top"):  # the proxy's own fields, given beside its overrides
+        value = space["study"]["fidelity"]["proxy"]["overrides"].pop(field, None)  # type: ignore[index]
+        if value is not None:
+            space["study"]["fidelity"]["proxy"][field] = value  # type: ignore[index]
     path = tmp_path / "proxy.yaml"
     path.write_text(yaml.safe_dump(space, sort_keys=False))
     return path
@@ -152,3 +158,57 @@ def test_a_transfer_rule_reaches_the_proxy_runs_and_the_check_reports_it(tmp_pat
     assert all(value_in(argv_of(t), "actor_rollout_ref.model.path") == str(tmp_path / "models" / "large")
                for t in runs)
     assert "target search" in conf.stdout and "confirmation" in conf.stdout
+
+
+def test_settings_the_proxy_cannot_tell_apart_run_again_on_its_seeds_and_the_race_takes_the_best_mean_alone(
+        tmp_path: Path) -> None:
+    """On the tuning seed the small model scores every x alike (fake.small_flat_seed=1): the proxy's 3 settings are
+    tied, so each runs once more on the proxy on the race's first seed (tie_seeds 1), to its last step, never counted
+    among the search's n_trials; the promotion then ranks them by their mean over the proxy's 2 seeds (x nearest 0.3
+    first, the target's best too), and the race takes that setting alone although confirm_top allows 2: the proxy's
+    seeds told them apart, so the target does not pay for it. The tie runs count in the proxy's spend."""
+    space = experiment(tmp_path, {"fake.small_flat_seed": 1, "tie_seeds": 1, "confirm_top": 2},
+                       confirm={"top_k": 1, "seeds": 2})
+    res = cli(tmp_path, "search", "--space", str(space))
+    assert res.returncode == 0, res.stderr
+    study = load(tmp_path / "studies", "proxy")
+    trials = study.get_trials(deepcopy=False)
+    search = [t for t in trials if is_proxy(t) and not is_tie_run(t)]
+    ties = [t for t in trials if is_tie_run(t)]
+    promoted = [t for t in trials if is_promoted(t)]
+    assert len(search) == 3 and len({t.values[0] for t in search}) == 1  # flat on the tuning seed: all tied
+    seed = int(promoted[0].user_attrs["promote_seed"])  # the race's first seed
+    assert sorted(t.system_attrs[ATTR_TIE_OF] for t in ties) == sorted(t.number for t in search)
+    small = str(tmp_path / "models" / "small")
+    for t in ties:
+        assert t.system_attrs[ATTR_TIE_SEED] == seed and t.user_attrs["tie_seed"] == seed
+        assert value_in(argv_of(t), "trainer.seed") == str(seed)
+        assert value_in(argv_of(t), "actor_rollout_ref.model.path") == small
+        assert t.user_attrs["last_step"] == 6 and "stop_reason" not in t.user_attrs  # run to the end
+        assert t.params == next(s for s in search if s.number == t.system_attrs[ATTR_TIE_OF]).params
+    assert all(t.number < min(p.number for p in promoted) for t in ties)  # evidence for the promotion: before it
+    best = min(search, key=lambda t: abs(t.params["x"] - 0.3))
+    kept = study._storage.get_study_system_attrs(study._study_id)[ATTR_PROMOTION]
+    assert kept["candidates"][0] == best.number  # ranked by the means over the proxy's two seeds
+    assert kept["candidates"] != sorted(kept["candidates"])  # not the tuning seed's tie order (trial numbers)
+    said = [line for line in res.stdout.splitlines() if line.startswith("proxy tie:")]
+    assert len(said) == 1 and "3 of the proxy's best settings" in said[0] and f"seed(s) [{seed}]" in said[0]
+    cost = study_cost(trials)
+    assert cost.proxy_steps == sum(steps_run(t) for t in search + ties) == 36  # the tie runs are proxy spend
+
+    again = cli(tmp_path, "resume", "--study", "proxy")  # nothing left to run; the header counts search trials only
+    assert again.returncode == 0, again.stderr
+    assert "3/3 finished proxy trials (and 3 finished on the target model)" in again.stdout
+    assert len([t for t in load(tmp_path / "studies", "proxy").get_trials() if is_tie_run(t)]) == 3  # none twice
+
+    conf = cli(tmp_path, "confirm", "--study", "proxy")
+    assert conf.returncode == 0, conf.stderr
+    runs = [t for t in load(tmp_path / "studies", "proxy").get_trials() if is_confirm(t)
+            and not t.system_attrs.get("hpo:baseline")]
+    chosen = next(p for p in promoted if p.system_attrs[ATTR_PROMOTED_FROM] == best.number)
+    assert runs and {t.system_attrs[ATTR_CONFIRM_OF] for t in runs} == {chosen.number}  # alone
+    shown = subprocess.run([PY, "-m", "hpo", "best", "--study", "proxy", "--studies-dir", str(tmp_path / "studies")],
+                           cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert f"3 of the proxy's best settings were within the resolution of each other on the tuning seed, so each " \
+           f"ran again on the proxy on seed(s) [{seed}]: trial {best.number} " in shown.stderr
