@@ -212,8 +212,10 @@ class StudySpec:
     confirm: ConfirmSpec = field(default_factory=ConfirmSpec, metadata=_meta("verl-hpo confirm defaults."))
     fidelity: FidelitySpec = field(default_factory=FidelitySpec, metadata=_meta(
         "Model-size fidelity: proxy: {overrides: {<model key>: <a smaller model of the same family>, ...}, promote: "
-        "4, promote_steps: null, transfer: {<param>: {multiply: F} | {scale_by: hidden_ratio}}, confirm_top: 1}: the "
-        "search runs on the proxy, its top `promote` settings run on the target for promote_steps steps (null: the "
+        "4, promote_steps: null, transfer: {<param>: {multiply: F} | {scale_by: hidden_ratio}}, confirm_top: 1, "
+        "tie_seeds: 1}: the search runs on the proxy (its best settings within the resolution of each other run "
+        "tie_seeds more times on the proxy, on the race's seeds, and rank by their mean), its top `promote` settings "
+        "run on the target for promote_steps steps (null: the "
         "first successive-halving rung, else a quarter of the trial's steps) on the confirmation's first seed, saving "
         "a checkpoint there where the trainer can, and the proxy is trusted only if it ranks them as the target "
         "does at that step. Then the confirmation races at most confirm_top of them (the proxy's best first, only "
