@@ -38,6 +38,9 @@ def test_a_proxy_with_its_defaults_and_its_transfer_rules() -> None:
     assert (spec.proxy.promote, spec.proxy.promote_steps, spec.proxy.confirm_top) == (2, 5, 1)
     top = _parse({"proxy": {"overrides": {"m": 1}, "promote": 3, "confirm_top": 3}}).proxy
     assert top is not None and top.confirm_top == 3
+    assert spec.proxy.tie_seeds == 1  # the proxy's tied best settings run once more on the proxy by default
+    ties = _parse({"proxy": {"overrides": {"m": 1}, "tie_seeds": 0}}).proxy
+    assert ties is not None and ties.tie_seeds == 0
     rule = _parse({"proxy": {"overrides": {"m": 1}, "transfer": {"lr": {"scale_by": "hidden_ratio"}}}}).proxy
     assert rule is not None and rule.transfer["lr"].text() == "scale_by hidden_ratio"
     assert TransferRule(multiply=0.25).text() == "multiply 0.25"
@@ -57,6 +60,8 @@ def test_a_proxy_with_its_defaults_and_its_transfer_rules() -> None:
     ({"overrides": {"m": 1}, "promote_steps": 0}, "study.fidelity.proxy.promote_steps: expected an integer >= 1"),
     ({"overrides": {"m": 1}, "confirm_top": 0}, "study.fidelity.proxy.confirm_top: expected an integer >= 1, got 0"),
     ({"overrides": {"m": 1}, "confirm_top": "2"}, "study.fidelity.proxy.confirm_top: expected an integer >= 1"),
+    ({"overrides": {"m": 1}, "tie_seeds": -1}, "study.fidelity.proxy.tie_seeds: expected an integer >= 0, got -1"),
+    ({"overrides": {"m": 1}, "tie_seeds": 1.5}, "study.fidelity.proxy.tie_seeds: expected an integer >= 0, got 1.5"),
     ({"overrides": {"m": 1}, "promote": 2, "confirm_top": 3}, "study.fidelity.proxy.confirm_top: 3 is more than "
                                                               "promote=2 (the race's field is taken from the promoted"),
     ({"overrides": {"m": 1}, "transfer": {"wd": {"multiply": 2}}}, "study.fidelity.proxy.transfer.wd: not a "
