@@ -463,3 +463,83 @@ def test_workers_killed_at_a_rung_boundary_keep_successive_halving_whole(tmp_pat
         else:
             assert t.state == TrialState.COMPLETE and rungs == ["completed_rung_0", "completed_rung_1"], t.number
             assert t.user_attrs["last_step"] == 8
+
+
+# ----------------------------------------------------------------------------- a proxy search's tie runs
+@pytest.mark.slow  # ~60-120 s on 2 busy cores: make test-slow (CI runs it)
+def test_workers_killed_at_random_run_each_proxy_tie_run_once_and_promote_once(tmp_path: Path, studies: Path,
+                                                                               study_name: str) -> None:
+    """A proxy search (study.fidelity.proxy) on PostgreSQL whose small model scores every setting alike on the tuning
+    seed (fake.small_flat_seed=1): its 3 settings are tied, so each runs on the proxy on 2 more seeds (tie_seeds 2)
+    before the promotion. 3 drivers start together; one of them is SIGKILLed while a tie or promoted run of its own is
+    running, 3 times, and restarted as a worker. At the end: the ties kept once (the 3 settings, 2 seeds); each
+    (setting, seed) ran to exactly one result (an interrupted attempt's retry instead of it, never a second run); each
+    promoted setting ran once on the target, the promotion in the order of the means over the 3 seeds; no trial
+    process left."""
+    from hpo.record import (
+        ATTR_PROMOTED_FROM,
+        ATTR_PROMOTION,
+        ATTR_PROXY_TIES,
+        ATTR_TIE_OF,
+        ATTR_TIE_SEED,
+        is_promoted,
+        is_proxy,
+        is_tie_run,
+    )
+    from tests.hpo.study.test_proxy_fidelity import models
+
+    _need(PG_URL)
+    large, small = models(tmp_path)
+    space = fake_space(
+        tmp_path, overrides={"trainer.total_training_steps": 10, "trainer.test_freq": 5, "fake.step_s": 0.1,
+                             "actor_rollout_ref.model.path": str(large), "fake.model": "large"},
+        study={"n_trials": 3, "heartbeat_interval": 1, "grace_period": 3, "max_retry": 10,
+               "fidelity": {"proxy": {"overrides": {"actor_rollout_ref.model.path": str(small), "fake.model": "small",
+                                                    "fake.small_step_s": 0.1, "fake.small_flat_seed": 1},
+                                      "promote": 3, "promote_steps": 5, "tie_seeds": 2}}},
+        trial={"n_jobs": 1})
+    tag = uuid.uuid4().hex
+    search = ["search", "--space", str(space), "--study", study_name, "--storage", PG_URL]
+    worker = ["worker", "--study", study_name, "--storage", PG_URL]
+    drivers = [start(search, studies, tag) for _ in range(3)]
+    rng = random.Random(uuid.uuid4().int)
+    killed, deadline = 0, time.monotonic() + 240
+    study: optuna.Study | None = None
+    while killed < 3 and time.monotonic() < deadline and all(d.poll() is None for d in drivers):
+        time.sleep(rng.uniform(0.0, 0.5))  # a random moment of a tie or promoted run (or of its start or end)
+        try:
+            study = study or load(PG_URL, study_name)
+        except KeyError:  # not created yet
+            continue
+        running = [t for t in study.get_trials(states=(TrialState.RUNNING,)) if is_tie_run(t) or is_promoted(t)]
+        pids = {t.user_attrs.get("worker", {}).get("pid") for t in running}
+        victims = [i for i, d in enumerate(drivers) if d.pid in pids]
+        if not victims:
+            continue
+        victim = rng.choice(victims)
+        drivers[victim].send_signal(signal.SIGKILL)
+        drivers[victim].wait()
+        killed += 1
+        drivers[victim] = start(worker, studies, tag)
+    for d in drivers:
+        _, err = d.communicate(timeout=300)
+        assert d.returncode == 0, err
+    assert killed == 3, "the study ended before the kills"
+    wait_for(lambda: not trial_procs(tag))
+    study = load(PG_URL, study_name)
+    trials = study.trials
+    system = study._storage.get_study_system_attrs(study._study_id)
+    search_trials = [t for t in trials if is_proxy(t) and not is_tie_run(t) and is_finished(t)]
+    assert len(search_trials) == 3 and {t.value for t in search_trials} == {0.9}
+    seeds = system[ATTR_PROXY_TIES]["seeds"]
+    assert sorted(system[ATTR_PROXY_TIES]["settings"]) == sorted(t.number for t in search_trials) and len(seeds) == 2
+    ran = Counter((t.system_attrs[ATTR_TIE_OF], t.system_attrs[ATTR_TIE_SEED]) for t in trials
+                  if is_tie_run(t) and is_finished(t))
+    assert ran == Counter({(t.number, s): 1 for t in search_trials for s in seeds}), ran
+    for t in trials:
+        if is_tie_run(t) and is_finished(t):
+            assert t.value == pytest.approx(1 - (t.params["x"] - 0.3) ** 2) and t.user_attrs["last_step"] == 10
+    promoted = Counter(t.system_attrs[ATTR_PROMOTED_FROM] for t in trials if is_promoted(t) and is_finished(t))
+    assert promoted == Counter({t.number: 1 for t in search_trials}), promoted
+    means = {t.number: (0.9 + 2 * (1 - (t.params["x"] - 0.3) ** 2)) / 3 for t in search_trials}
+    assert system[ATTR_PROMOTION]["candidates"] == sorted(means, key=lambda n: -means[n])
