@@ -33,7 +33,7 @@ import itertools
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import optuna
@@ -80,17 +80,20 @@ def _value_at(t: FrozenTrial, step: int) -> float | None:
     return float(t.intermediate_values[max(steps)]) if steps else None
 
 
-def tie_runs(trials: Sequence[FrozenTrial], of: int) -> list[FrozenTrial]:
-    """The finished tie runs of proxy trial ``of`` (a retried one's finished attempt; the runs queued, running or
-    failed with a retry due are not evidence yet)."""
-    return [t for t in trials if is_tie_run(t) and t.system_attrs.get(ATTR_TIE_OF) == of and is_finished(t)]
+def tie_runs(trials: Sequence[FrozenTrial], of: int, seeds: Container[int] | None = None) -> list[FrozenTrial]:
+    """The finished tie runs of proxy trial ``of`` (on ``seeds`` only, when given; a retried one's finished attempt;
+    the runs queued, running or failed with a retry due are not evidence yet)."""
+    return [t for t in trials if is_tie_run(t) and t.system_attrs.get(ATTR_TIE_OF) == of and is_finished(t)
+            and (seeds is None or t.system_attrs.get(ATTR_TIE_SEED) in seeds)]
 
 
-def proxy_value(t: FrozenTrial, trials: Sequence[FrozenTrial], sign: float) -> float:
+def proxy_value(t: FrozenTrial, trials: Sequence[FrozenTrial], sign: float,
+                seeds: Container[int] | None = None) -> float:
     """A completed proxy trial's value as the promotion ranks it: its own, or with tie runs (``tie_seeds``) the mean
-    over its seeds, a failed or non-finite tie run counting as the worst (the setting breaks under some seed)."""
+    over its seeds (those of ``seeds`` only, when given), a failed or non-finite tie run counting as the worst (the
+    setting breaks under some seed)."""
     values = [float(t.values[0])] if t.values else [-sign * math.inf]
-    for run in tie_runs(trials, t.number):
+    for run in tie_runs(trials, t.number, seeds):
         ok = run.values is not None and not is_failed(run) and math.isfinite(run.values[0])
         values.append(float(run.values[0]) if ok and run.values is not None else -sign * math.inf)
     if any(math.isinf(v) for v in values):
@@ -220,13 +223,29 @@ def _ints(raw: Any) -> list[int]:
     return [v for v in raw if isinstance(v, int) and not isinstance(v, bool)] if isinstance(raw, list) else []
 
 
+def _alive(trials: Sequence[FrozenTrial], settings: Sequence[int], seeds: Container[int], sign: float,
+           res: float) -> list[int]:
+    """The tied ``settings`` still within ``res`` of the best one's mean over the tuning seed and the tie runs on
+    ``seeds`` (the rounds before the next one)."""
+    by_number = {t.number: t for t in trials}
+    means = {n: sign * proxy_value(by_number[n], trials, sign, seeds) for n in settings if n in by_number}
+    if not means:
+        return []
+    best = max(means.values())
+    return [n for n in settings if n in means and best - means[n] <= res + 1e-12]
+
+
 def start_ties(study: optuna.Study, space: Space, seeds: Sequence[int]) -> list[tuple[int, int]]:
     """``study.fidelity.proxy.tie_seeds``: before the promotion, the proxy's best settings it cannot tell apart
-    (:func:`tied_best`, two or more) each run again on the proxy on ``tie_seeds`` of ``seeds`` (the race's seeds),
-    so the promotion ranks them by their mean over the proxy's seeds (:func:`proxy_value`). The tied settings and
-    the seeds are kept in the study once (:data:`~hpo.record.ATTR_PROXY_TIES`: every driver and a resume run the same
-    ones); each (setting, seed) gets one WAITING proxy run (system attrs ``hpo:fidelity=proxy``, ``hpo:tie_of``,
-    ``hpo:tie_seed``), queued only when none is queued, running or finished. The (setting, seed) pairs queued here."""
+    (:func:`tied_best`, two or more) run again on the proxy, one seed of ``seeds`` (the race's) per round, up to
+    ``tie_seeds`` rounds: each round runs the settings still within the resolution of the best one's mean over the
+    seeds so far (a setting more than the resolution behind drops out), and the rounds end when one is left. The
+    promotion then ranks them by their mean over the proxy's seeds (:func:`proxy_value`). The tied settings and the
+    seeds are kept in the study once (:data:`~hpo.record.ATTR_PROXY_TIES`: every driver and a resume run the same
+    ones) and each round is decided from the finished runs alone, so every driver queues the same; each (setting,
+    seed) gets one WAITING proxy run (system attrs ``hpo:fidelity=proxy``, ``hpo:tie_of``, ``hpo:tie_seed``), queued
+    only when none is queued, running or finished, and a round's runs only once the round before has none waiting
+    or running. The (setting, seed) pairs queued here."""
     proxy = space.study.fidelity.proxy
     assert proxy is not None
     trials = study.get_trials(deepcopy=False)
@@ -237,17 +256,31 @@ def start_ties(study: optuna.Study, space: Space, seeds: Sequence[int]) -> list[
         kept = {"settings": tied, "seeds": [int(s) for s in seeds[:proxy.tie_seeds]] if tied else []}
         study._storage.set_study_system_attr(study._study_id, ATTR_PROXY_TIES, kept)
     by_number = {t.number: t for t in trials}
-    present = {(t.system_attrs.get(ATTR_TIE_OF), t.system_attrs.get(ATTR_TIE_SEED)) for t in trials if is_tie_run(t)}
-    queued = []
-    for n in _ints(kept.get("settings")):
-        source = by_number.get(n)
-        for seed in _ints(kept.get("seeds")):
-            if source is None or (n, seed) in present:
-                continue
-            study.add_trial(optuna.create_trial(
-                state=TrialState.WAITING, params=source.params, distributions=source.distributions,
-                system_attrs={ATTR_FIDELITY: PROXY, ATTR_TIE_OF: n, ATTR_TIE_SEED: seed}))
-            queued.append((n, seed))
+    settings = [n for n in _ints(kept.get("settings")) if n in by_number and by_number[n].values]
+    if len(settings) < 2:
+        return []
+    sign = _sign(study)
+    res = resolution(space, float(by_number[settings[0]].values[0]))
+    runs: dict[tuple[Any, Any], list[FrozenTrial]] = {}
+    for t in trials:
+        if is_tie_run(t):
+            runs.setdefault((t.system_attrs.get(ATTR_TIE_OF), t.system_attrs.get(ATTR_TIE_SEED)), []).append(t)
+    queued: list[tuple[int, int]] = []
+    round_seeds = _ints(kept.get("seeds"))
+    for r, seed in enumerate(round_seeds):
+        alive = _alive(trials, settings, set(round_seeds[:r]), sign, res)
+        if len(alive) < 2:
+            break
+        for n in alive:
+            if (n, seed) not in runs:
+                source = by_number[n]
+                study.add_trial(optuna.create_trial(
+                    state=TrialState.WAITING, params=source.params, distributions=source.distributions,
+                    system_attrs={ATTR_FIDELITY: PROXY, ATTR_TIE_OF: n, ATTR_TIE_SEED: seed}))
+                queued.append((n, seed))
+        if queued or any(t.state in (TrialState.WAITING, TrialState.RUNNING) for n in alive
+                         for t in runs.get((n, seed), [])):
+            break  # this round first
     return queued
 
 
@@ -289,7 +322,8 @@ def ties_line(study: optuna.Study, sign: float | None = None) -> str | None:
             if (t := by_number.get(n)) is not None and t.values]
     rows.sort(key=lambda r: (-sign * r[0], r[1]))
     return (f"proxy tie: {len(kept['settings'])} of the proxy's best settings were within the resolution of each "
-            f"other on the tuning seed, so each ran again on the proxy on seed(s) {kept['seeds']}: "
+            f"other on the tuning seed, so they ran again on the proxy, a round per seed of {kept['seeds']} while "
+            "still tied: "
             + ", ".join(f"trial {n} {v:.4g} over {k} seed(s)" for v, n, k in rows)
             + " (the promotion ranks them by these means, best first)")
 

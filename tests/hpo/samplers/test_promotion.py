@@ -214,15 +214,16 @@ def _finish(study: optuna.Study, run: optuna.trial.FrozenTrial, value: float | N
                                                                                else float("-inf")])
 
 
-def test_the_proxy_s_tied_best_settings_run_again_on_its_seeds_once_and_then_rank_by_their_means(
+def test_the_proxy_s_tied_best_settings_run_again_round_by_round_once_and_then_rank_by_their_means(
         tmp_path: Path) -> None:
-    """Trials 1 (0.930) and 2 (0.925) are within the resolution (0.01) of each other; 0 (0.5) is not. Each of the two
-    gets one proxy run on each given seed (tie_seeds 2 of seeds 1000, 1001, 1002), queued once whoever asks; a
-    twin queued by a second driver at once is surplus. When they have run, the promotion ranks the two by their
-    means over 3 seeds: 2 (0.925, 0.95, 0.96) goes before 1 (0.930, 0.90, 0.91)."""
+    """Trials 1 (0.930) and 2 (0.925) are within the resolution (0.01) of each other; 0 (0.5) is not. Round 1 runs the
+    two on the first seed (tie_seeds 2 of seeds 1000, 1001, 1002), queued once whoever asks (a twin queued by a second
+    driver at once is surplus), round 2 only once round 1 has run and only while they are still tied (means 0.925 and
+    0.925); then the promotion ranks them by their means over 3 seeds: 2 (0.925, 0.925, 0.96) before 1 (0.930, 0.92,
+    0.90)."""
     space, study = _space(tmp_path, tie_seeds=2), _study(tmp_path, [0.5, 0.930, 0.925, 0.1])
-    assert start_ties(study, space, [1000, 1001, 1002]) == [(1, 1000), (1, 1001), (2, 1000), (2, 1001)]
-    assert start_ties(study, space, [1000, 1001, 1002]) == []  # a resume, another driver: nothing twice
+    assert start_ties(study, space, [1000, 1001, 1002]) == [(1, 1000), (2, 1000)]
+    assert start_ties(study, space, [1000, 1001, 1002]) == []  # a resume, another driver: round 1 is pending
     assert proxy_ties(study) == {"settings": [1, 2], "seeds": [1000, 1001]}
     runs = [t for t in study.get_trials() if is_tie_run(t)]
     assert all(t.state == TrialState.WAITING and t.system_attrs[ATTR_FIDELITY] == PROXY and t.params ==
@@ -232,13 +233,31 @@ def test_the_proxy_s_tied_best_settings_run_again_on_its_seeds_once_and_then_ran
     twin = study.trials[-1]
     assert tie_twin(study, twin) == runs[0].number and tie_twin(study, runs[0]) is None
     study._storage.set_trial_state_values(twin._trial_id, TrialState.FAIL)  # the surplus twin, as the driver ends it
-    values = {(1, 1000): 0.90, (1, 1001): 0.91, (2, 1000): 0.95, (2, 1001): 0.96}
-    for t in runs:
-        _finish(study, t, values[(t.system_attrs[ATTR_TIE_OF], t.system_attrs[ATTR_TIE_SEED])])
+    values = {(1, 1000): 0.92, (2, 1000): 0.925, (1, 1001): 0.90, (2, 1001): 0.96}
+    _finish(study, runs[0], values[(1, 1000)])
+    assert start_ties(study, space, [1000, 1001, 1002]) == []  # round 1 not over: trial 2's run still waits
+    _finish(study, runs[1], values[(2, 1000)])
+    assert start_ties(study, space, [1000, 1001, 1002]) == [(1, 1001), (2, 1001)]  # still tied: round 2
+    for t in study.get_trials():
+        if is_tie_run(t) and t.state == TrialState.WAITING:
+            _finish(study, t, values[(t.system_attrs[ATTR_TIE_OF], t.system_attrs[ATTR_TIE_SEED])])
+    assert start_ties(study, space, [1000, 1001, 1002]) == []  # tie_seeds rounds run
     ranked = [t.number for t in proxy_ranking(study.get_trials(), 1.0)]
     assert ranked == [2, 1, 0, 3]  # the tie runs are evidence, never ranked themselves
     line = ties_line(study)
-    assert line is not None and "trial 2 0.945 over 3 seed(s), trial 1 0.9133 over 3 seed(s)" in line
+    assert line is not None and "trial 2 0.9367 over 3 seed(s), trial 1 0.9167 over 3 seed(s)" in line
+
+
+def test_a_round_that_separates_the_tie_is_the_last(tmp_path: Path) -> None:
+    """Round 1 puts trial 1 0.0275 ahead (means 0.94 and 0.9125 over 2 seeds): more than the resolution, so no round
+    2 is queued, whatever tie_seeds allows."""
+    space, study = _space(tmp_path, tie_seeds=3), _study(tmp_path, [0.5, 0.930, 0.925, 0.1])
+    assert start_ties(study, space, [1000, 1001, 1002]) == [(1, 1000), (2, 1000)]
+    for t in study.get_trials():
+        if is_tie_run(t):
+            _finish(study, t, 0.95 if t.system_attrs[ATTR_TIE_OF] == 1 else 0.90)
+    assert start_ties(study, space, [1000, 1001, 1002]) == []
+    assert [t.number for t in proxy_ranking(study.get_trials(), 1.0)][:2] == [1, 2]
 
 
 def test_a_tie_run_that_fails_ranks_its_setting_last_and_a_separated_best_runs_no_tie(tmp_path: Path) -> None:

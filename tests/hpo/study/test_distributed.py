@@ -470,12 +470,12 @@ def test_workers_killed_at_a_rung_boundary_keep_successive_halving_whole(tmp_pat
 def test_workers_killed_at_random_run_each_proxy_tie_run_once_and_promote_once(tmp_path: Path, studies: Path,
                                                                                study_name: str) -> None:
     """A proxy search (study.fidelity.proxy) on PostgreSQL whose small model scores every setting alike on the tuning
-    seed (fake.small_flat_seed=1): its 3 settings are tied, so each runs on the proxy on 2 more seeds (tie_seeds 2)
-    before the promotion. 3 drivers start together; one of them is SIGKILLed while a tie or promoted run of its own is
-    running, 3 times, and restarted as a worker. At the end: the ties kept once (the 3 settings, 2 seeds); each
-    (setting, seed) ran to exactly one result (an interrupted attempt's retry instead of it, never a second run); each
-    promoted setting ran once on the target, the promotion in the order of the means over the 3 seeds; no trial
-    process left."""
+    seed (fake.small_flat_seed=1): its 3 settings are tied, so they run again on the proxy before the promotion, round
+    by round (tie_seeds 2: all 3 on the first seed, then those still tied on the second). 3 drivers start together;
+    one of them is SIGKILLed while a tie or promoted run of its own is running, 3 times, and restarted as a worker. At
+    the end: the ties kept once (the 3 settings, 2 seeds); each (setting, seed) of the rounds ran to exactly one
+    result (an interrupted attempt's retry instead of it, never a second run); each promoted setting ran once on the
+    target, the promotion in the order of the means over the proxy's seeds; no trial process left."""
     from hpo.record import (
         ATTR_PROMOTED_FROM,
         ATTR_PROMOTION,
@@ -533,13 +533,19 @@ def test_workers_killed_at_random_run_each_proxy_tie_run_once_and_promote_once(t
     assert len(search_trials) == 3 and {t.value for t in search_trials} == {0.9}
     seeds = system[ATTR_PROXY_TIES]["seeds"]
     assert sorted(system[ATTR_PROXY_TIES]["settings"]) == sorted(t.number for t in search_trials) and len(seeds) == 2
+    # round 1: the 3 on the first seed; round 2: those still within the resolution (1% of 0.9) of the best mean
+    value = {t.number: 1 - (t.params["x"] - 0.3) ** 2 for t in search_trials}  # the small model on other seeds
+    after = {n: (0.9 + v) / 2 for n, v in value.items()}
+    second = [n for n in after if max(after.values()) - after[n] <= 0.009 + 1e-12]
+    expected = [(n, seeds[0]) for n in value] + ([(n, seeds[1]) for n in second] if len(second) >= 2 else [])
     ran = Counter((t.system_attrs[ATTR_TIE_OF], t.system_attrs[ATTR_TIE_SEED]) for t in trials
                   if is_tie_run(t) and is_finished(t))
-    assert ran == Counter({(t.number, s): 1 for t in search_trials for s in seeds}), ran
+    assert ran == Counter(expected), (ran, expected)  # each once: a killed attempt's retry instead, never twice
     for t in trials:
         if is_tie_run(t) and is_finished(t):
-            assert t.value == pytest.approx(1 - (t.params["x"] - 0.3) ** 2) and t.user_attrs["last_step"] == 10
+            assert t.value == pytest.approx(value[t.system_attrs[ATTR_TIE_OF]]) and t.user_attrs["last_step"] == 10
     promoted = Counter(t.system_attrs[ATTR_PROMOTED_FROM] for t in trials if is_promoted(t) and is_finished(t))
     assert promoted == Counter({t.number: 1 for t in search_trials}), promoted
-    means = {t.number: (0.9 + 2 * (1 - (t.params["x"] - 0.3) ** 2)) / 3 for t in search_trials}
+    runs = Counter(n for n, _ in expected)
+    means = {n: (0.9 + runs[n] * v) / (1 + runs[n]) for n, v in value.items()}
     assert system[ATTR_PROMOTION]["candidates"] == sorted(means, key=lambda n: -means[n])
