@@ -116,12 +116,13 @@ def proxy_stage(study: optuna.Study, space: Space, trials: Sequence[FrozenTrial]
         return Stage(False, not slots.waiting and len(slots.held) >= target)
     if start_ties(study, space, _tie_seeds(space)):  # queued here: the next ask pops them
         return Stage(False, False)
-    waiting, running = ties_pending(trials)
+    # read again: runs another driver queued after ``trials`` was read are pending too (never decide without them)
+    waiting, running = ties_pending(study.get_trials(deepcopy=False))
     if waiting or running:
         return Stage(False, not waiting)
     if start_promotion(study, space):  # queued here: the next ask pops them
         return Stage(False, False)
-    waiting, running = promotion_pending(trials)
+    waiting, running = promotion_pending(study.get_trials(deepcopy=False))
     if waiting or running:
         return Stage(False, not waiting)
     check = record_check(study, space, factors, promotion(study) or {})
