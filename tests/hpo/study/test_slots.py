@@ -65,3 +65,33 @@ def test_a_new_trial_is_admitted_only_while_fewer_than_the_target_are_held_befor
     slots.held |= {3}  # trial 3 holds its place
     assert [slots.admits(n, target=4) for n in (4, 5)] == [False, False]
     assert Slots(finished=0, held={5, 6, 7, 8}, waiting=0).admits(2, target=1)
+
+
+def test_a_proxy_search_waits_for_tie_runs_another_driver_queued_after_its_snapshot(tmp_path: Any) -> None:
+    """Driver A read the study's trials (its snapshot: the 4 proxy trials, no tie run yet); driver B then queued the
+    round's tie runs. A's stage must see them pending (read again) and promote nothing: a promotion decided from the
+    snapshot would rank the tied settings without their other seeds, and it is kept once for every driver."""
+    import yaml
+
+    from hpo.experiment import read_space
+    from hpo.record import ATTR_FIDELITY, ATTR_PROMOTION, PROXY
+    from hpo.samplers import start_ties
+    from hpo.study._slots import proxy_stage
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({
+        "config": "tiny_arith", "params": {"x": {"key": "fake.x", "type": "float", "low": 0.0, "high": 1.0}},
+        "early_stopping": {"plateau_min_delta": 0.01},
+        "study": {"n_trials": 4, "fidelity": {"proxy": {"overrides": {"m": "small"}, "promote": 2,
+                                                        "tie_seeds": 1}}}}))
+    space = read_space(str(path))[0]
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
+    dist = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+    for i, v in enumerate((0.5, 0.930, 0.925, 0.1)):
+        study.add_trial(create_trial(value=v, params={"x": i / 10}, distributions=dist,
+                                     system_attrs={ATTR_FIDELITY: PROXY}, user_attrs={"last_step": 10}))
+    snapshot = study.get_trials(deepcopy=False)  # driver A's
+    assert start_ties(study, space, [1000]) == [(1, 1000), (2, 1000)]  # driver B
+    stage = proxy_stage(study, space, snapshot, 4, {})
+    assert not stage.done and not stage.full  # the tie runs wait for the next ask; nothing is decided before them
+    assert ATTR_PROMOTION not in study._storage.get_study_system_attrs(study._study_id)
