@@ -86,7 +86,7 @@ def test_a_proxy_search_waits_for_tie_runs_another_driver_queued_after_its_snaps
                                                         "tie_seeds": 1}}}}))
     space = read_space(str(path))[0]
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
-    dist = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+    dist: dict[str, optuna.distributions.BaseDistribution] = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
     for i, v in enumerate((0.5, 0.930, 0.925, 0.1)):
         study.add_trial(create_trial(value=v, params={"x": i / 10}, distributions=dist,
                                      system_attrs={ATTR_FIDELITY: PROXY}, user_attrs={"last_step": 10}))
