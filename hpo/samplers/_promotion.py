@@ -33,7 +33,7 @@ import itertools
 import json
 import math
 import random
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import optuna
@@ -92,11 +92,9 @@ def proxy_value(t: FrozenTrial, trials: Sequence[FrozenTrial], sign: float,
     """A completed proxy trial's value as the promotion ranks it: its own, or with tie runs (``tie_seeds``) the mean
     over its seeds (those of ``seeds`` only, when given), a failed or non-finite tie run counting as the worst (the
     setting breaks under some seed)."""
-    values = [float(t.values[0])] if t.values else [-sign * math.inf]
-    for run in tie_runs(trials, t.number, seeds):
-        ok = run.values is not None and not is_failed(run) and math.isfinite(run.values[0])
-        values.append(float(run.values[0]) if ok and run.values is not None else -sign * math.inf)
-    if any(math.isinf(v) for v in values):
+    values = [float(r.values[0]) if r.values and not is_failed(r) else math.nan
+              for r in (t, *tie_runs(trials, t.number, seeds))]
+    if not all(math.isfinite(v) for v in values):
         return -sign * math.inf
     return math.fsum(values) / len(values)
 
@@ -185,22 +183,40 @@ def promotion(study: optuna.Study) -> dict[str, Any] | None:
     return kept if isinstance(kept, dict) else None
 
 
-def promotion_twin(study: optuna.Study, run: FrozenTrial) -> int | None:
-    """Another target run of the same promoted setting that goes first (finished, or queued or running with a lower
-    number): ``run`` is then surplus. None when ``run`` is the one to run (a retry replaces its failed original)."""
-    key = run.system_attrs.get(ATTR_PROMOTED_FROM)
+def _promoted_key(t: FrozenTrial) -> Any:
+    return t.system_attrs.get(ATTR_PROMOTED_FROM) if is_promoted(t) else None
+
+
+def _tie_key(t: FrozenTrial) -> Any:
+    return (t.system_attrs.get(ATTR_TIE_OF), t.system_attrs.get(ATTR_TIE_SEED)) if is_tie_run(t) else None
+
+
+def _twin(study: optuna.Study, run: FrozenTrial, key: Callable[[FrozenTrial], Any]) -> int | None:
+    """Another queued run with ``run``'s ``key`` (None: not such a run) that goes first (finished, or queued or
+    running with a lower number): ``run`` is then surplus. None when ``run`` is the one to run (a retry replaces its
+    failed original)."""
+    mine = key(run)
     for t in study.get_trials(deepcopy=False):
-        if t.number == run.number or not is_promoted(t) or t.system_attrs.get(ATTR_PROMOTED_FROM) != key:
+        if t.number == run.number or mine is None or key(t) != mine:
             continue
         if is_finished(t) or (t.state in (TrialState.RUNNING, TrialState.WAITING) and t.number < run.number):
             return t.number
     return None
 
 
+def _pending(runs: Sequence[FrozenTrial]) -> tuple[bool, bool]:
+    """(one of ``runs`` is waiting, one is running)."""
+    return (any(t.state == TrialState.WAITING for t in runs), any(t.state == TrialState.RUNNING for t in runs))
+
+
+def promotion_twin(study: optuna.Study, run: FrozenTrial) -> int | None:
+    """Another target run of the same promoted setting that goes first (:func:`_twin`)."""
+    return _twin(study, run, _promoted_key)
+
+
 def promotion_pending(trials: Sequence[FrozenTrial]) -> tuple[bool, bool]:
     """(a promoted run is waiting, a promoted run is running)."""
-    runs = promoted_runs(trials)
-    return (any(t.state == TrialState.WAITING for t in runs), any(t.state == TrialState.RUNNING for t in runs))
+    return _pending(promoted_runs(trials))
 
 
 # ----------------------------------------------------------------------------- the proxy's ties
@@ -261,10 +277,10 @@ def start_ties(study: optuna.Study, space: Space, seeds: Sequence[int]) -> list[
         return []
     sign = _sign(study)
     res = resolution(space, float(by_number[settings[0]].values[0]))
-    runs: dict[tuple[Any, Any], list[FrozenTrial]] = {}
+    runs: dict[Any, list[FrozenTrial]] = {}
     for t in trials:
         if is_tie_run(t):
-            runs.setdefault((t.system_attrs.get(ATTR_TIE_OF), t.system_attrs.get(ATTR_TIE_SEED)), []).append(t)
+            runs.setdefault(_tie_key(t), []).append(t)
     queued: list[tuple[int, int]] = []
     round_seeds = _ints(kept.get("seeds"))
     for r, seed in enumerate(round_seeds):
@@ -293,21 +309,12 @@ def proxy_ties(study: optuna.Study) -> dict[str, list[int]] | None:
 
 def ties_pending(trials: Sequence[FrozenTrial]) -> tuple[bool, bool]:
     """(a tie run is waiting, a tie run is running)."""
-    runs = [t for t in trials if is_tie_run(t)]
-    return (any(t.state == TrialState.WAITING for t in runs), any(t.state == TrialState.RUNNING for t in runs))
+    return _pending([t for t in trials if is_tie_run(t)])
 
 
 def tie_twin(study: optuna.Study, run: FrozenTrial) -> int | None:
-    """Another tie run of the same setting and seed that goes first (finished, or queued or running with a lower
-    number): ``run`` is then surplus. None when ``run`` is the one to run (a retry replaces its failed original)."""
-    key = (run.system_attrs.get(ATTR_TIE_OF), run.system_attrs.get(ATTR_TIE_SEED))
-    for t in study.get_trials(deepcopy=False):
-        if t.number == run.number or not is_tie_run(t) or \
-                (t.system_attrs.get(ATTR_TIE_OF), t.system_attrs.get(ATTR_TIE_SEED)) != key:
-            continue
-        if is_finished(t) or (t.state in (TrialState.RUNNING, TrialState.WAITING) and t.number < run.number):
-            return t.number
-    return None
+    """Another tie run of the same setting and seed that goes first (:func:`_twin`)."""
+    return _twin(study, run, _tie_key)
 
 
 def ties_line(study: optuna.Study, sign: float | None = None) -> str | None:

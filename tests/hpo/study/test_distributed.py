@@ -80,6 +80,27 @@ def start(args: list[str], studies: Path, tag: str, prefix: tuple[str, ...] = ()
                             env=cli_env(TEST_TAG=tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def kill_a_busy_driver(drivers: list[subprocess.Popen[str]], running: list[optuna.trial.FrozenTrial],
+                       rng: random.Random, restart: list[str], studies: Path, tag: str) -> bool:
+    """SIGKILL a random one of ``drivers`` that runs one of the ``running`` trials and start ``restart`` in its place
+    (the list is updated); False when none of them runs one."""
+    pids = {t.user_attrs.get("worker", {}).get("pid") for t in running}
+    victims = [i for i, d in enumerate(drivers) if d.pid in pids]
+    if not victims:
+        return False
+    victim = rng.choice(victims)
+    drivers[victim].send_signal(signal.SIGKILL)
+    drivers[victim].wait()
+    drivers[victim] = start(restart, studies, tag)
+    return True
+
+
+def all_exit_cleanly(drivers: list[subprocess.Popen[str]]) -> None:
+    for d in drivers:
+        _, err = d.communicate(timeout=300)
+        assert d.returncode == 0, err
+
+
 def trial_procs(tag: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["pid"]):
@@ -375,18 +396,10 @@ def test_chaos_three_workers_killed_at_random(url: str, tmp_path: Path, studies:
         if any(w.poll() is not None for w in workers):
             break  # the study is done
         time.sleep(rng.uniform(0.0, 0.8))  # a random moment of a running trial (or of its start or end)
-        busy = {t.user_attrs.get("worker", {}).get("pid") for t in study.get_trials(states=(TrialState.RUNNING,))}
-        candidates = [i for i, w in enumerate(workers) if w.pid in busy]
-        if not candidates:
-            continue
-        victim = rng.choice(candidates)
-        workers[victim].send_signal(signal.SIGKILL)
-        workers[victim].wait()
-        killed += 1
-        workers[victim] = start(["worker", "--study", study_name, "--storage", url], studies, tag)
-    for w in workers:
-        _, err = w.communicate(timeout=300)
-        assert w.returncode == 0, err
+        if kill_a_busy_driver(workers, study.get_trials(states=(TrialState.RUNNING,)), rng,
+                              ["worker", "--study", study_name, "--storage", url], studies, tag):
+            killed += 1
+    all_exit_cleanly(workers)
     assert killed == kills, "the study ended before the chaos"
     wait_for(lambda: not trial_procs(tag))
     trials = load(url, study_name).trials
@@ -512,18 +525,9 @@ def test_workers_killed_at_random_run_each_proxy_tie_run_once_and_promote_once(t
         except KeyError:  # not created yet
             continue
         running = [t for t in study.get_trials(states=(TrialState.RUNNING,)) if is_tie_run(t) or is_promoted(t)]
-        pids = {t.user_attrs.get("worker", {}).get("pid") for t in running}
-        victims = [i for i, d in enumerate(drivers) if d.pid in pids]
-        if not victims:
-            continue
-        victim = rng.choice(victims)
-        drivers[victim].send_signal(signal.SIGKILL)
-        drivers[victim].wait()
-        killed += 1
-        drivers[victim] = start(worker, studies, tag)
-    for d in drivers:
-        _, err = d.communicate(timeout=300)
-        assert d.returncode == 0, err
+        if kill_a_busy_driver(drivers, running, rng, worker, studies, tag):
+            killed += 1
+    all_exit_cleanly(drivers)
     assert killed == 3, "the study ended before the kills"
     wait_for(lambda: not trial_procs(tag))
     study = load(PG_URL, study_name)
