@@ -208,7 +208,7 @@ class Backend(abc.ABC):
         """Why the trainer would refuse the tuned ``values`` (by parameter name) together, in one line; None when it
         accepts them or when this trainer cannot tell without launching (the default: not known). Asked before a
         trial is launched: a trial it refuses is recorded ``fail_reason=infeasible`` with the reason, never launched
-        (:mod:`hpo.study._outcome`); and at load, a value no combination makes valid refuses the space
+        (:mod:`hpo.study._trial._outcome`); and at load, a value no combination makes valid refuses the space
         (:func:`hpo.experiment._combos.check_combinations`)."""
         return None
 

@@ -3,12 +3,12 @@ heartbeats, seed confirmation and checkpoint retention. What a trial runs is its
 where the study lives is :mod:`hpo.storages`, how values are chosen :mod:`hpo.samplers`, what the stored
 attributes mean :mod:`hpo.record`.
 
-Modules: ``_driver`` (the loop), ``_slots`` (claiming the target), ``_trial`` (one trial run), ``_outcome`` (what a
-run's ending is recorded as: run attrs, values, stop and fail reasons), ``_trial_files`` (its directory, environment
-and files), ``_watch`` (reporting, pruning and early stopping per metrics line), ``_optuna`` (sampler, pruner,
-creating and loading the study), ``_recovery``, ``_confirm``, ``_compare``, ``_continuation`` (a proxy search's race:
-its field, promoted runs continued), ``_checkpoints``, ``_ray_trials``, ``_population`` (PBT's segments as trials),
-``_schedules`` (a PBT study's confirmation), ``_errors``, ``_progress``.
+Modules: ``_driver`` (the loop), ``_slots`` (claiming the target), ``_trial`` (one trial: ``_runner`` runs it,
+``_outcome`` what its ending is recorded as: run attrs, values, stop and fail reasons), ``_trial_files`` (its
+directory, environment and files), ``_watch`` (reporting, pruning and early stopping per metrics line), ``_optuna``
+(sampler, pruner, creating and loading the study), ``_recovery``, ``_confirm``, ``_compare``, ``_continuation`` (a
+proxy search's race: its field, promoted runs continued), ``_checkpoints``, ``_ray_trials``, ``_population`` (PBT's
+segments as trials), ``_schedules`` (a PBT study's confirmation), ``_errors``, ``_progress``.
 
 May import: ``hpo.backends``, ``hpo.storages``, ``hpo.samplers``, ``hpo.record``, ``hpo.execution``,
 ``hpo.experiment``, ``hpo.analysis``; never ``hpo.reporting`` (progress goes to a ``Progress`` the caller hands in)."""

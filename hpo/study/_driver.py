@@ -1,6 +1,6 @@
 """The Optuna loop: each of a driver's ``n_jobs`` jobs takes a slot of the study's target (:mod:`hpo.study._slots`),
 asks Optuna for a trial, runs it (:class:`hpo.study._trial.TrialRunner`; the trial outcomes:
-:mod:`hpo.study._outcome`), tells the result and calls the callbacks; stale trials of dead drivers are recovered
+:mod:`hpo.study._trial._outcome`), tells the result and calls the callbacks; stale trials of dead drivers are recovered
 first (:mod:`hpo.study._recovery`).
 Interrupts (Ctrl-C, SIGTERM, SIGHUP) stop every job; the interrupted trials are queued again for ``resume``.
 

@@ -1,5 +1,5 @@
-"""How a trial or the driver stops early: the exceptions the study loop raises and maps (see :mod:`hpo.study._outcome`
-for the outcomes, :mod:`hpo.study._driver` for the loop)."""
+"""How a trial or the driver stops early: the exceptions the study loop raises and maps (see
+:mod:`hpo.study._trial._outcome` for the outcomes, :mod:`hpo.study._driver` for the loop)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One trial's live state: each metrics line's objective values go to Optuna, and the pruner, the plateau rule, the
 spread rule (``early_stopping``), the run diagnosis, a promoted run's steps and the study's budget decide whether the
-trial stops (the ``stop_reason``s of :mod:`hpo.study._outcome`)."""
+trial stops (the ``stop_reason``s of :mod:`hpo.study._trial._outcome`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One trial to its outcome (``hpo/study/_trial.py``), run the way a driver runs it: a :class:`TrialRunner` on a real
+"""One trial to its outcome (``hpo/study/_trial``), run the way a driver runs it: a :class:`TrialRunner` on a real
 Optuna study, the fake trainer as its process (``tests/hpo/fake_trainer.py``), a recording progress. A run to its end
 is COMPLETE with the objective's value and its files in the trial's directory; a crash is the worst value with its
 reason and the trainer's last words, or FAIL with ``on_failure: fail``; the driver's stop interrupts the trial."""

@@ -1,6 +1,6 @@
 """Running one trial: its trainer subprocess on devices of the pool, pruning and reward-aware early stopping (the
 :class:`~hpo.study._watch.Watch`), checkpoint retention, and the state and values to tell; what each way a trial
-ends is recorded as (its outcome, ``stop_reason`` / ``fail_reason``) is :mod:`hpo.study._outcome`'s.
+ends is recorded as (its outcome, ``stop_reason`` / ``fail_reason``) is :mod:`hpo.study._trial._outcome`'s.
 """
 
 from __future__ import annotations
@@ -56,12 +56,12 @@ from hpo.study._confirm import (
 )
 from hpo.study._continuation import continue_setup, held_checkpoints, promoted_setup, trim_promoted
 from hpo.study._errors import DriverError, TrialFailed, TrialInterrupted, TrialLost, TrialRetried
-from hpo.study._outcome import HOST_RETRIES, fail_trial, frozen_trial, host_failure, outcome, run_attrs
 from hpo.study._population import segment_overrides
 from hpo.study._progress import Progress
 from hpo.study._ray_trials import admit, job_for, ray_job
 from hpo.study._recovery import fail_and_retry, queue_retry
 from hpo.study._slots import is_finished
+from hpo.study._trial._outcome import HOST_RETRIES, fail_trial, frozen_trial, host_failure, outcome, run_attrs
 from hpo.study._trial_files import fresh_trial_dir, launch_extra, trial_env, write_trial_files
 from hpo.study._watch import Watch
 
