@@ -154,7 +154,8 @@ def one_study(method: str, seed: int, studies: Path, smoke: bool) -> dict[str, A
             "pick": {"trial": v.pick.trial.number, "params": dict(v.pick.trial.params),
                      "values": list(v.pick.values), "test_values": list(v.pick.test_values)},
             "check": study.user_attrs.get(ATTR_FIDELITY_CHECK), "ties": ties_line(study),
-            "race_end": (race.end, race.rounds) if (race := race_state(study, space)) is not None else None}
+            "race_end": (race.end, race.rounds) if (race := race_state(study, space)) is not None else None,
+            "race_field": list(race.candidates) if race is not None else None}
 
 
 def family_build() -> dict[str, str | None]:

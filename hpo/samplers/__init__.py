@@ -27,6 +27,7 @@ from hpo.samplers._promotion import (
     tie_twin,
     ties_line,
     ties_pending,
+    unseen_setting,
 )
 from hpo.samplers._startup import LatinStartSampler
 
@@ -34,4 +35,4 @@ __all__ = ["ChainHalvingPruner", "Decision", "FidelityPruner", "FidelitySampler"
            "PrunedAwareGPSampler", "Segment", "check_line", "decide", "initial_population", "latest", "lineage",
            "promote_steps", "promotion", "promotion_pending", "promotion_twin", "proxy_ties", "proxy_value", "ranked",
            "record_check", "schedule", "search_fidelity", "start_promotion", "start_ties", "tie_twin", "ties_line",
-           "ties_pending", "with_fidelity"]
+           "ties_pending", "unseen_setting", "with_fidelity"]

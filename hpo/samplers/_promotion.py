@@ -20,7 +20,13 @@
   that step and the target's best there, against the race's resolution (``study.confirm.resolution``, else
   ``early_stopping.plateau_min_delta``, else 1% of the best). The proxy *holds* when that gap is within the
   resolution and tau > 0, or when the gap is and either model's values at that step are all within the resolution
-  of each other (nothing to rank there: e.g. two promoted settings the proxy had at the same value). The
+  of each other (nothing to rank there: e.g. two promoted settings the proxy had at the same value); the gap is taken
+  to the best target value of the settings the proxy had within the resolution of its first there (it makes no claim
+  among them). When the check holds but the proxy had the target's best at that step within the resolution of its
+  pick (its full-length first) while the target had it more than the resolution ahead, the proxy's preference for its
+  pick is not measured: the check keeps that setting as ``unseen`` and the race takes both (build C of the tiny_arith
+  family, study seed 2: the proxy had the two at 0.480 / 0.484, the target at 0.187 / 0.478, and at 60 steps the
+  proxy's pick, a slow starter, was 0.047 behind on the target). The
   figures and the decision are kept in the study's user attr :data:`~hpo.record.ATTR_FIDELITY_CHECK`, the first
   driver to finish them writes them, and :func:`check_line` says them in one line. Which settings the race then runs
   is the proxy's full-length ranking's to say (:func:`hpo.study._continuation.proxy_field`).
@@ -398,7 +404,9 @@ def agreement(pairs: Sequence[tuple[int, int, float, float]], sign: float, space
     best = max(range(n), key=lambda i: (y[i], -i))
     first = max(range(n), key=lambda i: (x[i], -i))
     res = resolution(space, pairs[best][3])
-    gap = y[best] - y[first]
+    # what the proxy claims at the step: its best there, and the settings within the resolution of it (it cannot tell
+    # them apart); the gap is the target's best less the target's best of those
+    gap = y[best] - max(y[i] for i in range(n) if x[first] - x[i] <= res + 1e-12)
     tau = kendall_tau(x, y)
     # either side within the resolution at that step: nothing to rank there, only the gap is asked
     flat = max(y) - min(y) <= res or max(x) - min(x) <= res
@@ -407,6 +415,11 @@ def agreement(pairs: Sequence[tuple[int, int, float, float]], sign: float, space
         "n": n, "tau": tau, "interval": tau_interval(x, y), "p_value": None if tau is None else tau_p_value(x, y, tau),
         "resolution": res, "gap": gap, "proxy_best": pairs[first][0], "target_best": pairs[best][0], "holds": holds,
         "pairs": [list(p) for p in pairs]}
+    if holds and best != 0 and abs(x[best] - x[0]) <= res + 1e-12 and y[best] - y[0] > res:
+        # the proxy's pick (its full-length first) and the target's best at the step: the proxy had them within the
+        # resolution there, the target did not; the proxy's preference of its pick is not measured: the race takes both
+        out["unseen"] = {"trial": pairs[best][0], "run": pairs[best][1], "of": pairs[0][0],
+                         "proxy_gap": x[best] - x[0], "target_gap": y[best] - y[0]}
     side = ("" if not flat else "; the target has them within the resolution" if max(y) - min(y) <= res
             else "; it has them within the resolution there, so nothing to rank")
     out["why"] = ((f"its best is within the resolution of the target's best{side}" if flat else
@@ -508,6 +521,31 @@ def record_check(study: optuna.Study, space: Space, factors: dict[str, float], k
     return check
 
 
+def unseen_setting(check: Any) -> dict[str, Any] | None:
+    """The check's ``unseen`` record (the target's best at the promotion step that the proxy could not tell from its
+    pick there; :func:`agreement`), None when absent or malformed (the study's record is read, never trusted)."""
+    found = check.get("unseen") if isinstance(check, dict) else None
+    if not isinstance(found, dict) or not all(isinstance(found.get(k), int) and not isinstance(found.get(k), bool)
+                                              for k in ("trial", "run", "of")):
+        return None
+    if not all(isinstance(found.get(k), (int, float)) and math.isfinite(found[k]) for k in ("proxy_gap", "target_gap")):
+        return None
+    return found
+
+
+def unseen_clause(check: dict[str, Any]) -> str:
+    """``; ...`` saying the check's :func:`unseen_setting` ("" without one)."""
+    found = unseen_setting(check)
+    if found is None:
+        return ""
+    steps = check.get("steps")
+    at = f"step {steps}" if isinstance(steps, int) and not isinstance(steps, bool) else "the promotion step"
+    return (f"; at {at} it had trial {found['trial']} within the resolution of its pick, trial {found['of']} "
+            f"({abs(found['proxy_gap']):.3g} apart), where the target had trial {found['trial']} "
+            f"{found['target_gap']:.3g} ahead: the proxy's preference for its pick is not measured, so the race "
+            "takes both")
+
+
 def check_line(check: dict[str, Any]) -> str:
     """The check in one line (what the search prints, and ``best`` and the summary repeat)."""
     n = check.get("n", 0)
@@ -532,7 +570,7 @@ def check_line(check: dict[str, Any]) -> str:
     steps = check.get("steps")
     at = f" at step {steps}" if isinstance(steps, int) and not isinstance(steps, bool) else ""
     if check.get("holds"):
-        return (f"proxy check: the proxy holds on {n} promoted settings{at} ({figures}; {check.get('why')}){rules}: "
-                "the confirmation races them on the target")
+        return (f"proxy check: the proxy holds on {n} promoted settings{at} ({figures}; {check.get('why')}){rules}"
+                f"{unseen_clause(check)}: the confirmation races them on the target")
     return (f"proxy check: the proxy does not rank settings as the target does ({figures} on {n} promoted settings"
             f"{at}; {check.get('why')}){rules}: the rest of the budget searches on the target")

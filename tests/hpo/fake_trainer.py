@@ -45,6 +45,8 @@ Behaviour keys (all optional):
     fake.small_x0       the small model's best x (default 0.3: the large model's)
     fake.small_reverse  true: the small model ranks every x the other way round (default false)
     fake.small_flat_seed on this trainer.seed the small model scores 0.9 whatever x (every setting tied there)
+    fake.small_blind_until up to this step the small model's eval/reward_mean is the same whatever x (the curve of a
+                        final 0.9), then its own: a proxy that cannot tell settings apart early in a run
     data.test_files     when set (not null): test/reward_mean = the final value + fake.test_offset (default -0.05) at
                         the last step, as verl_core logs its held-out split
 Checkpoints, as verl_core keeps them (a resumable backend of the tests drives them; the custom command ignores them):
@@ -184,7 +186,9 @@ def main(argv: list[str]) -> int:
                 data["perf/throughput"] = float(opts["fake.throughput"]) * (
                     1.0 + jitter * random.Random(f"{seed}:{opts['fake.throughput']}").uniform(-1, 1))
             if (step == 0 and val0) or (step and freq > 0 and step % freq == 0) or step == total:
-                data["eval/reward_mean"] = final * (min(step, int(opts.get("fake.peak_at", total))) + 1) / (total + 1)
+                blind = opts.get("fake.model") == "small" and step <= int(opts.get("fake.small_blind_until", -1))
+                data["eval/reward_mean"] = (0.9 if blind else final) * (
+                    min(step, int(opts.get("fake.peak_at", total))) + 1) / (total + 1)
                 data["eval/reward_std"] = std
                 data["eval/toxicity_mean"] = float(opts.get("fake.tox", 0.1))
                 data["eval/latency_p95"] = float(opts.get("fake.lat", 0.5))

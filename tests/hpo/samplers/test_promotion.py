@@ -38,6 +38,7 @@ from hpo.samplers._promotion import (
     tau_p_value,
     tie_twin,
     ties_line,
+    unseen_setting,
 )
 
 DIST: dict[str, BaseDistribution] = {"x": FloatDistribution(0.0, 1.0)}
@@ -123,11 +124,49 @@ def test_the_check_compares_the_proxy_and_the_target_at_the_promotion_step(tmp_p
     assert reversed_["holds"] is False and reversed_["tau"] == -1.0 and reversed_["gap"] == pytest.approx(0.095)
     # build E, study seed 0: the proxy had its two best at the same value at step 10 (0.404) and the target 0.011
     # apart; the proxy ranks nothing there, so only the gap is asked (its first, by its full-length order, is the
-    # target's best) and the check holds; with the order the other way round the gap fails it
+    # target's best) and the check holds with nothing unseen
     tied = agreement([(2, 12, 0.404, 0.269), (7, 13, 0.404, 0.258)], 1.0, space)
     assert tied["tau"] is None and tied["holds"] is True and "nothing to rank" in tied["why"]
+    assert "unseen" not in tied
+    # with the target's order the other way round the proxy still claims nothing between the two at step 10 (no
+    # gap), but its preference for its pick over the target's best there is not measured: kept as unseen
     behind = agreement([(2, 12, 0.404, 0.258), (7, 13, 0.404, 0.269)], 1.0, space)
-    assert behind["holds"] is False and behind["gap"] == pytest.approx(0.011)
+    assert behind["holds"] is True and behind["gap"] == 0.0
+    assert behind["unseen"] == {"trial": 7, "run": 13, "of": 2, "proxy_gap": 0.0,
+                                "target_gap": pytest.approx(0.011)}
+
+
+def test_a_pick_the_proxy_could_not_tell_from_the_target_s_best_at_the_step_is_raced_against_it(
+        tmp_path: Path) -> None:
+    """Build C of the tiny_arith family, study seed 2 (benchmarks/RESULTS.md): the proxy's full-length best, a slow
+    starter (kl 0.061, lr 6.3e-6), and kl 0.031, lr 5.3e-5 were at 0.480 / 0.484 at step 10 on the proxy, within the
+    resolution (0.01), and at 0.187 / 0.478 on the target. The check held (the proxy's first there was the target's
+    best) and the race ran the slow starter alone: 0.047 behind at 60 steps on the target. Now the check keeps the
+    other as unseen, says so, and the race's reserve counts it. A pick the proxy saw behind at the step (build E's
+    seeds 0 and 2: 0.404 against 0.493 on the proxy, 0.258 against 0.491 on the target) is trusted: its crossing was
+    measured on the proxy."""
+    space = _space(tmp_path)
+    seed2 = agreement([(3, 14, 0.480, 0.187), (8, 15, 0.484, 0.478)], 1.0, space)
+    assert seed2["holds"] is True and seed2["gap"] == 0.0 and seed2["proxy_best"] == seed2["target_best"] == 8
+    assert seed2["unseen"] == {"trial": 8, "run": 15, "of": 3, "proxy_gap": pytest.approx(0.004),
+                               "target_gap": pytest.approx(0.291)}
+    line = check_line({**seed2, "steps": 10})
+    assert ("at step 10 it had trial 8 within the resolution of its pick, trial 3 (0.004 apart), where the target had "
+            "trial 8 0.291 ahead: the proxy's preference for its pick is not measured, so the race takes both") in line
+    assert line.endswith("the confirmation races them on the target")
+    seen = agreement([(3, 14, 0.404, 0.258), (8, 15, 0.493, 0.491)], 1.0, space)
+    assert seen["holds"] is True and "unseen" not in seen
+    # the target within the resolution too: nothing the proxy missed
+    alike = agreement([(3, 14, 0.480, 0.470), (8, 15, 0.484, 0.478)], 1.0, space)
+    assert alike["holds"] is True and "unseen" not in alike
+    # a failed check keeps nothing: its race is the target's
+    failed = agreement([(3, 14, 0.60, 0.187), (8, 15, 0.484, 0.478)], 1.0, space)
+    assert failed["holds"] is False and "unseen" not in failed
+    # the record is read back from storage, never trusted
+    assert unseen_setting({"unseen": {"trial": 8, "run": "15", "of": 3, "proxy_gap": 0.0, "target_gap": 0.2}}) is None
+    assert unseen_setting({"unseen": {"trial": 8, "run": 15, "of": 3, "proxy_gap": 0.0,
+                                      "target_gap": float("nan")}}) is None
+    assert unseen_setting(seed2) == seed2["unseen"] and unseen_setting(None) is None
 
 
 def test_the_check_is_recorded_once_and_then_the_search_samples_on_the_target(tmp_path: Path) -> None:

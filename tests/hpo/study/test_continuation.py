@@ -41,6 +41,7 @@ from hpo.record import (
     steps_run,
     study_cost,
 )
+from hpo.study._confirm import confirm_reserve
 from hpo.study._continuation import continued, continued_runs, proxy_field
 from tests.hpo.conftest import FAKE_TRAINER, PY, load
 from tests.hpo.study.test_proxy_fidelity import argv_of, models, value_in
@@ -95,7 +96,7 @@ def resumable_backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         unregister(ResumableFake.name)
 
 
-def experiment(tmp_path: Path, reverse: bool = False, top_k: int = 2) -> Path:
+def experiment(tmp_path: Path, reverse: bool = False, top_k: int = 2, proxy: dict[str, Any] | None = None) -> Path:
     large, small = models(tmp_path)
     space = {
         "config": "tiny_arith",
@@ -109,7 +110,8 @@ def experiment(tmp_path: Path, reverse: bool = False, top_k: int = 2) -> Path:
                               "test_files": "heldout.parquet"},
                   "fidelity": {"proxy": {"overrides": {"actor_rollout_ref.model.path": str(small),
                                                        "fake.model": "small", "fake.small_step_s": 0.0005,
-                                                       **({"fake.small_reverse": True} if reverse else {})},
+                                                       **({"fake.small_reverse": True} if reverse else {}),
+                                                       **(proxy or {})},
                                          "promote": 3, "promote_steps": PROMOTE}}},
         "trial": {"backend": ResumableFake.name, "command": [PY, str(FAKE_TRAINER), "train"], "n_jobs": 2},
     }
@@ -135,10 +137,10 @@ def checkpoint(t: optuna.trial.FrozenTrial) -> Path:
     return Path(t.user_attrs["trial_dir"]) / "checkpoints" / f"global_step_{PROMOTE}"
 
 
-def searched(tmp_path: Path, capsys: pytest.CaptureFixture[str], reverse: bool = False, top_k: int = 2
-             ) -> tuple[optuna.Study, list[optuna.trial.FrozenTrial], int]:
+def searched(tmp_path: Path, capsys: pytest.CaptureFixture[str], reverse: bool = False, top_k: int = 2,
+             proxy: dict[str, Any] | None = None) -> tuple[optuna.Study, list[optuna.trial.FrozenTrial], int]:
     """The proxy search run: the study, its promoted runs and the race's first seed."""
-    run(tmp_path, capsys, "search", "--space", str(experiment(tmp_path, reverse, top_k)))
+    run(tmp_path, capsys, "search", "--space", str(experiment(tmp_path, reverse, top_k, proxy)))
     study = load(tmp_path / "studies", "proxy")
     promoted = [t for t in study.get_trials(deepcopy=False) if is_promoted(t)]
     assert len(promoted) == 3
@@ -205,6 +207,37 @@ def test_a_held_proxy_races_its_best_setting_alone_and_its_first_seed_continues_
     _, err = run(tmp_path, capsys, "best", "--study", "proxy")
     assert (f"seed {seed} continued its promoted run (trial {best}) from step {PROMOTE}" in err
             and "its best setting alone (confirm_top 1)" in err)
+
+
+def test_a_pick_the_proxy_could_not_tell_from_the_target_s_best_at_the_promotion_step_races_against_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The small model scores every x alike up to step 10 (fake.small_blind_until) and then ranks x by its distance
+    to 0.8, the large one by its distance to 0.3 all along (build C's study seed 2 in small: benchmarks/RESULTS.md).
+    The proxy's pick is the x nearest 0.8; at the promotion step the proxy has it level with every other promoted
+    setting while the target has the x nearest 0.3 ahead: the check holds (the proxy claims nothing there) but says
+    in one line that the pick is not measured against that setting, and the race takes both, although confirm_top
+    is 1; the target's full-length runs then recommend the target's best, and each first seed continues its own
+    promoted run."""
+    study, promoted, seed = searched(tmp_path, capsys, proxy={"fake.small_blind_until": PROMOTE, "fake.small_x0": 0.8})
+    check = study.user_attrs[ATTR_FIDELITY_CHECK]
+    by_run = {t.number: t for t in promoted}
+    pick, other = check["pairs"][0][1], check["unseen"]["run"]
+    assert check["holds"] is True and len({p[2] for p in check["pairs"]}) == 1  # the proxy level at step 10
+    assert pick == min(by_run, key=lambda n: abs(by_run[n].params["x"] - 0.8))  # the proxy's full-length best
+    assert other == min(by_run, key=lambda n: abs(by_run[n].params["x"] - 0.3)) != pick  # the target's best at 10
+    out, _ = run(tmp_path, capsys, "confirm", "--study", "proxy")
+    said = [line for line in out.splitlines() if "proxy race: the proxy held" in line]
+    assert said and (f"the target race runs its best setting alone and trial {other}, the target's best at the "
+                     "promotion step, which the proxy could not tell from its pick there (confirm_top 1)") in said[0]
+    study = load(tmp_path / "studies", "proxy")
+    race = race_of(study)
+    assert race["candidates"] == [pick, other] and race["proxy"]["continues"] == [pick, other]
+    runs = confirmations(study)
+    assert sorted((t.system_attrs[ATTR_CONFIRM_OF], t.system_attrs[ATTR_CONFIRM_SEED]) for t in runs) == sorted(
+        (c, s) for c in (pick, other) for s in (seed, seed + 1))
+    assert {t.system_attrs[ATTR_CONFIRM_OF] for t in runs if ATTR_CONTINUES in t.system_attrs} == {pick, other}
+    _, err = run(tmp_path, capsys, "best", "--study", "proxy")
+    assert f"# trial {other} " in err, err  # the target's best at full length, not the proxy's pick
 
 
 def test_confirm_top_with_a_held_proxy_says_in_one_line_that_the_proxy_s_field_is_raced(
@@ -329,8 +362,8 @@ def test_the_field_is_the_proxy_s_best_settings_it_cannot_tell_apart_whatever_th
         path = tmp_path / f"p{top}.yaml"
         path.write_text(yaml.safe_dump({
             "config": "tiny_arith", "params": {"x": {"key": "fake.x", "type": "float", "low": 0.0, "high": 1.0}},
-            "study": {"n_trials": 4, "fidelity": {"proxy": {"overrides": {"m": "small"}, "promote": 4,
-                                                            "confirm_top": top}}}}))
+            "study": {"n_trials": 4, "confirm": {"race": True, "min_seeds": 2},
+                      "fidelity": {"proxy": {"overrides": {"m": "small"}, "promote": 4, "confirm_top": top}}}}))
         return read_space(str(path))[0]
 
     study = optuna.create_study(direction="maximize")
@@ -347,6 +380,15 @@ def test_the_field_is_the_proxy_s_best_settings_it_cannot_tell_apart_whatever_th
     # a proxy that separates its best races it alone, whatever confirm_top allows
     separated = {**check, "resolution": 0.005}
     assert proxy_field(study, space(4), separated) == [4]
+    # a setting the proxy could not tell from its pick at the promotion step, which the target had ahead there (the
+    # check's unseen): it joins the field beyond confirm_top, once, and the confirmation's reserve counts it
+    unseen = {**check, "unseen": {"trial": 3, "run": 7, "of": 0, "proxy_gap": 0.004, "target_gap": 0.132}}
+    assert proxy_field(study, space(1), unseen) == [4, 7]
+    assert proxy_field(study, space(4), {**unseen, "unseen": {**unseen["unseen"], "run": 5, "trial": 1}}) == [4, 5, 6]
+    assert proxy_field(study, space(1), {**unseen, "unseen": {**unseen["unseen"], "run": None}}) == [4]
+    trials = study.get_trials(deepcopy=False)
+    assert confirm_reserve(space(1), None, trials, check) == 2.0  # 1 setting on 2 seeds
+    assert confirm_reserve(space(1), None, trials, unseen) == 4.0
 
 
 def test_a_candidate_continues_its_own_promoted_run_or_one_with_exactly_its_params(tmp_path: Path) -> None:
