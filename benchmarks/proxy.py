@@ -5,7 +5,7 @@ family (``builtin:tiny_arith_s``) for the largest (``builtin:tiny_arith_l``), ag
   (:func:`benchmarks.noise.run_one`, the model named by ``actor_rollout_ref.model.path``), scored as a kl_lr trial
   records them (:func:`benchmarks.noise.recorded`: the shipped objective and stopping rules); Kendall's tau-b of the
   settings' mean values, proxy against target, with its 95% bootstrap interval over the settings and the exact
-  permutation p-value (the study's own check: :mod:`hpo.samplers._promotion`).
+  permutation p-value (the study's own check: :mod:`hpo.samplers._check`).
 * **cost**: per study seed 0-2, three studies of the same experiment, each searched then confirmed: ``proxy``
   (kl_lr_proxy as shipped), ``racing`` (the same on the target alone: ``study.fidelity=null``, today's racing method)
   and ``today`` (the 21-run method of before issue 37, on the target: :data:`benchmarks.search_cost.TODAY`). Each
@@ -77,7 +77,7 @@ def agreement(runs_dir: Path, smoke: bool) -> dict[str, Any]:
     same values (no transfer), and at the values kl_lr_proxy's transfer rules give it (the target's value / factor;
     :data:`CANDIDATE_TRANSFER` when it ships none)."""
     from benchmarks.noise import recorded, run_one
-    from hpo.samplers._promotion import kendall_tau, tau_interval, tau_p_value
+    from hpo.samplers._check import kendall_tau, tau_interval, tau_p_value
 
     settings = SETTINGS[:3] if smoke else SETTINGS
     seeds = TRAINER_SEEDS[:1] if smoke else TRAINER_SEEDS

@@ -47,8 +47,8 @@ class ProxySpec:
     transfer: dict[str, TransferRule] = field(default_factory=dict)
     # when the proxy holds, the confirmation races at most this many promoted settings on the target (the proxy's
     # best first, only those the proxy cannot tell apart: final proxy values within the race's resolution of its best;
-    # beyond it, the target's best at promote_steps when the proxy could not tell it from its pick there:
-    # hpo.samplers.unseen_setting)
+    # beyond it, the target's best at promote_steps when the target has the pick further behind it there than the
+    # proxy had: hpo.samplers.unmeasured_setting)
     confirm_top: int = 1
     # the proxy's best settings it cannot tell apart (final values within the race's resolution of its best, among
     # the ``promote`` it ranks first) each run this many more times on the proxy, on the race's seeds, before the

@@ -220,8 +220,8 @@ class StudySpec:
         "a checkpoint there where the trainer can, and the proxy is trusted only if it ranks them as the target "
         "does at that step. Then the confirmation races at most confirm_top of them (the proxy's best first, only "
         "those it cannot tell apart: final proxy values within the resolution of its best; at most promote; and the "
-        "target's best at promote_steps when the proxy had it within the resolution of its pick there and the target "
-        "did not), each "
+        "target's best at promote_steps when the target has the pick further behind it there than the proxy had, by "
+        "more than the resolution), each "
         "one's first seed continuing its promoted run's checkpoint; otherwise the rest of the budget searches on the "
         "target and the race takes confirm.top_k. Parsed "
         "by hpo.experiment._fidelity."))

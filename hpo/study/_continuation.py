@@ -8,8 +8,9 @@
 * **The race's field** (:func:`proxy_field`): when the proxy's check holds, at most ``study.fidelity.proxy.confirm_top``
   promoted settings in the proxy's order, those the proxy cannot tell apart: their proxy trials' final values within
   the check's resolution of the proxy's best (the target decides among them at full length; a proxy that separates
-  its best races it alone), and beyond ``confirm_top`` the target's best at the promotion step when the proxy could
-  not tell it from its pick there (the check's ``unseen``). When it does not hold, the race takes the top
+  its best races it alone), and beyond ``confirm_top`` the target's best at the promotion step when the target has
+  the pick further behind it there than the proxy had (the check's ``unmeasured``: a catch-up the proxy never
+  measured). When it does not hold, the race takes the top
   ``confirm.top_k`` target runs (:func:`top_k_race`), as a study without a proxy does.
 * **Which candidates continue** (:func:`continued_runs`, the one rule for both fields): a candidate's first seed
   continues a promoted run when the candidate is that run, or (a failed check's field) has exactly its parameters
@@ -59,7 +60,7 @@ from hpo.record import (
     is_confirm,
     is_promoted,
 )
-from hpo.samplers import proxy_value, unseen_setting
+from hpo.samplers import proxy_value, unmeasured_setting
 from hpo.study._checkpoints import chain, checkpoint_dirs
 from hpo.study._confirm import confirm_seeds, seed_overrides, top_trials
 
@@ -103,9 +104,9 @@ def proxy_field(study: optuna.Study, space: Space, check: dict[str, Any]) -> lis
     check's resolution of the proxy's best (settings the proxy cannot tell apart: the target
     decides among them at full length), at most ``confirm_top``; only runs still COMPLETE with a finite value. The
     promoted runs' short target values choose no one: they rank learning speed, which the check compared; except one
-    the proxy could not see (the check's ``unseen``: the target's best at the promotion step, which the proxy had
-    within the resolution of its pick there while the target had it further ahead): the proxy's preference for its pick
-    over that setting is not measured, so it joins the field, beyond ``confirm_top``, and the target decides."""
+    the proxy could not vouch for (the check's ``unmeasured``: the target's best at the promotion step, ahead of the
+    pick there by more on the target than on the proxy): the pick's catch-up on the target is not measured, so that
+    setting joins the field, beyond ``confirm_top``, and the target decides."""
     proxy = space.study.fidelity.proxy
     pairs, res = check.get("pairs"), check.get("resolution")
     if proxy is None or not isinstance(pairs, list) or not isinstance(res, (int, float)):
@@ -128,7 +129,7 @@ def proxy_field(study: optuna.Study, space: Space, check: dict[str, Any]) -> lis
         return []
     best = max(v for _, v in rows)
     field = [n for n, v in rows if best - v <= float(res) + 1e-12][:proxy.confirm_top]
-    found = unseen_setting(check)
+    found = unmeasured_setting(check)
     if found is not None and found["run"] in runs and found["run"] not in field:
         field.append(found["run"])
     return field
@@ -328,14 +329,14 @@ def proxy_race_line(study: optuna.Study, space: Space) -> str | None:
         out = (f"proxy race: the proxy did not hold: the target race runs the top {len(field)} target setting(s)"
                f"{'' if runs else ' from scratch'} (study.confirm.top_k)")
     else:
-        found = unseen_setting(study.user_attrs.get(ATTR_FIDELITY_CHECK))
+        found = unmeasured_setting(study.user_attrs.get(ATTR_FIDELITY_CHECK))
         extra = found["run"] if found is not None and found["run"] in field[1:] else None
         tied = len(field) - (extra is not None)
         who = "its best setting alone" if tied == 1 else \
             f"{tied} promoted settings it cannot tell apart (within the resolution of its best)"
         if extra is not None:
-            who += (f" and trial {extra}, the target's best at the promotion step, which the proxy could not tell "
-                    "from its pick there")
+            who += (f" and trial {extra}, the target's best at the promotion step, further ahead of the pick there "
+                    "on the target than on the proxy")
         out = f"proxy race: the proxy held: the target race runs {who} (confirm_top {entry.get('confirm_top')})"
         if not runs:
             out += f"; every seed runs in full (trial.backend {space.trial.backend} cannot continue a run)"

@@ -106,10 +106,10 @@ class Stage:
 
 def proxy_stage(study: optuna.Study, space: Space, trials: Sequence[FrozenTrial], target: int,
                 factors: dict[str, float]) -> Stage:
-    """A proxy search's stages (:mod:`hpo.samplers._promotion`): its ``target`` proxy trials; then the tie runs of
-    the best settings it cannot tell apart (``tie_seeds``); then its best settings' target runs (each stage queued
-    once, whoever gets here first); then the check, which ends the search (the proxy holds) or starts a search of
-    ``target`` trials on the target."""
+    """A proxy search's stages (:mod:`hpo.samplers._promotion`, :mod:`hpo.samplers._check`): its ``target`` proxy
+    trials; then the tie runs of the best settings it cannot tell apart (``tie_seeds``); then its best settings'
+    target runs (each stage queued once, whoever gets here first); then the check, which ends the search (the proxy
+    holds) or starts a search of ``target`` trials on the target."""
     retry = space.study.max_retry
     slots = Slots.count([t for t in trials if is_proxy(t) and not is_confirm(t) and not is_tie_run(t)], retry)
     if slots.finished < target:

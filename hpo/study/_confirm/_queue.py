@@ -20,7 +20,7 @@ from hpo.record import (
     is_confirm,
     study_cost,
 )
-from hpo.samplers import promote_steps, unseen_setting
+from hpo.samplers import promote_steps, unmeasured_setting
 from hpo.study._confirm._baselines import Note, baseline_key, baseline_run, cached_baseline
 from hpo.study._confirm._seeds import BASELINE_OF, confirm_seeds, present_runs, top_trials
 
@@ -64,7 +64,7 @@ def confirm_reserve(space: Space, cache: Path | None = None, trials: Sequence[Fr
 
     A racing proxy search (``study.fidelity.proxy``) whose check has not failed (``check``: the study's
     :data:`~hpo.record.ATTR_FIDELITY_CHECK`, None before it is made) races ``confirm_top`` settings instead (one more
-    where the check kept a setting the proxy could not see: :func:`~hpo.samplers.unseen_setting`), the first
+    where the check kept a catch-up the proxy never measured: :func:`~hpo.samplers.unmeasured_setting`), the first
     seed of each continuing its promoted run: ``(full - promote_steps) / full`` of a run where the trainer continues
     runs and a full run's length is known from ``trials`` (else a whole run). After a failed check the race takes the
     top ``top_k`` target runs and only those of promoted settings continue (:mod:`hpo.study._continuation`), which
@@ -83,7 +83,7 @@ def confirm_reserve(space: Space, cache: Path | None = None, trials: Sequence[Fr
     resumable = backend_of(space).resumable
     if full and resumable is not None and resumable.save_at is not None:
         first = max(0.0, (full - promote_steps(space, trials)) / full)
-    return (proxy.confirm_top + (unseen_setting(check) is not None)) * (n - 1 + first) + base
+    return (proxy.confirm_top + (unmeasured_setting(check) is not None)) * (n - 1 + first) + base
 
 
 def search_over_budget(trials: list[FrozenTrial], space: Space, cache: Path | None,

@@ -1,6 +1,7 @@
-"""The proxy's promotion and check (:mod:`hpo.samplers._promotion`) on a real SQLite study: the promoted settings are
-queued once whoever asks and however often (a resume, two drivers at once: the later twin is surplus), Kendall's tau
-and the decision, and the fidelity-aware sampler that keeps the target's search off the proxy's values."""
+"""The proxy's promotion and check (:mod:`hpo.samplers._promotion`, :mod:`hpo.samplers._check`) on a real SQLite
+study: the promoted settings are queued once whoever asks and however often (a resume, two drivers at once: the
+later twin is surplus), Kendall's tau and the decision, and the fidelity-aware sampler that keeps the target's search
+off the proxy's values."""
 
 from __future__ import annotations
 
@@ -24,21 +25,16 @@ from hpo.record import (
     is_promoted,
     is_tie_run,
 )
+from hpo.samplers._check import agreement, check_line, kendall_tau, record_check, tau_p_value, unmeasured_setting
 from hpo.samplers._fidelity import FidelitySampler, search_fidelity
 from hpo.samplers._promotion import (
-    agreement,
-    check_line,
-    kendall_tau,
     promotion_twin,
     proxy_ranking,
     proxy_ties,
-    record_check,
     start_promotion,
     start_ties,
-    tau_p_value,
     tie_twin,
     ties_line,
-    unseen_setting,
 )
 
 DIST: dict[str, BaseDistribution] = {"x": FloatDistribution(0.0, 1.0)}
@@ -124,49 +120,57 @@ def test_the_check_compares_the_proxy_and_the_target_at_the_promotion_step(tmp_p
     assert reversed_["holds"] is False and reversed_["tau"] == -1.0 and reversed_["gap"] == pytest.approx(0.095)
     # build E, study seed 0: the proxy had its two best at the same value at step 10 (0.404) and the target 0.011
     # apart; the proxy ranks nothing there, so only the gap is asked (its first, by its full-length order, is the
-    # target's best) and the check holds with nothing unseen
+    # target's best) and the check holds, with nothing unmeasured (its pick is the target's best there)
     tied = agreement([(2, 12, 0.404, 0.269), (7, 13, 0.404, 0.258)], 1.0, space)
     assert tied["tau"] is None and tied["holds"] is True and "nothing to rank" in tied["why"]
-    assert "unseen" not in tied
+    assert "unmeasured" not in tied
     # with the target's order the other way round the proxy still claims nothing between the two at step 10 (no
-    # gap), but its preference for its pick over the target's best there is not measured: kept as unseen
+    # gap), but the target has its pick 0.011 behind where the proxy had it level: a catch-up never measured
     behind = agreement([(2, 12, 0.404, 0.258), (7, 13, 0.404, 0.269)], 1.0, space)
     assert behind["holds"] is True and behind["gap"] == 0.0
-    assert behind["unseen"] == {"trial": 7, "run": 13, "of": 2, "proxy_gap": 0.0,
-                                "target_gap": pytest.approx(0.011)}
+    assert behind["unmeasured"] == {"trial": 7, "run": 13, "of": 2, "proxy_gap": 0.0,
+                                    "target_gap": pytest.approx(0.011)}
 
 
-def test_a_pick_the_proxy_could_not_tell_from_the_target_s_best_at_the_step_is_raced_against_it(
-        tmp_path: Path) -> None:
-    """Build C of the tiny_arith family, study seed 2 (benchmarks/RESULTS.md): the proxy's full-length best, a slow
-    starter (kl 0.061, lr 6.3e-6), and kl 0.031, lr 5.3e-5 were at 0.480 / 0.484 at step 10 on the proxy, within the
-    resolution (0.01), and at 0.187 / 0.478 on the target. The check held (the proxy's first there was the target's
-    best) and the race ran the slow starter alone: 0.047 behind at 60 steps on the target. Now the check keeps the
-    other as unseen, says so, and the race's reserve counts it. A pick the proxy saw behind at the step (build E's
-    seeds 0 and 2: 0.404 against 0.493 on the proxy, 0.258 against 0.491 on the target) is trusted: its crossing was
-    measured on the proxy."""
+def test_a_catch_up_the_proxy_never_measured_races_the_target_s_best_against_the_pick(tmp_path: Path) -> None:
+    """Build C of the tiny_arith family (benchmarks/RESULTS.md): the proxy's full-length best was a slow starter on
+    study seeds 0 and 2, behind the other promoted setting at step 10 on both models, by 0.049 and 0.004 on the proxy
+    and 0.351 and 0.291 on the target. The check held (both rank the two alike there) and the race ran the slow
+    starter alone; on fresh seeds it tested below the other. The target's deficit is larger than any the proxy saw
+    its pick make up: the check keeps the other setting as unmeasured, its line says so, and the race takes both.
+    A pick whose deficit on the target is no larger than on the proxy (to the resolution) is trusted."""
     space = _space(tmp_path)
     seed2 = agreement([(3, 14, 0.480, 0.187), (8, 15, 0.484, 0.478)], 1.0, space)
     assert seed2["holds"] is True and seed2["gap"] == 0.0 and seed2["proxy_best"] == seed2["target_best"] == 8
-    assert seed2["unseen"] == {"trial": 8, "run": 15, "of": 3, "proxy_gap": pytest.approx(0.004),
-                               "target_gap": pytest.approx(0.291)}
+    assert seed2["unmeasured"] == {"trial": 8, "run": 15, "of": 3, "proxy_gap": pytest.approx(0.004),
+                                   "target_gap": pytest.approx(0.291)}
     line = check_line({**seed2, "steps": 10})
-    assert ("at step 10 it had trial 8 within the resolution of its pick, trial 3 (0.004 apart), where the target had "
-            "trial 8 0.291 ahead: the proxy's preference for its pick is not measured, so the race takes both") in line
+    assert ("at step 10 its pick, trial 3, was 0.004 behind trial 8 on the proxy and 0.291 behind it on the target: a "
+            "catch-up the proxy never measured, so the race takes both") in line
     assert line.endswith("the confirmation races them on the target")
-    seen = agreement([(3, 14, 0.404, 0.258), (8, 15, 0.493, 0.491)], 1.0, space)
-    assert seen["holds"] is True and "unseen" not in seen
-    # the target within the resolution too: nothing the proxy missed
-    alike = agreement([(3, 14, 0.480, 0.470), (8, 15, 0.484, 0.478)], 1.0, space)
-    assert alike["holds"] is True and "unseen" not in alike
+    seed0 = agreement([(2, 12, 0.438, 0.109), (11, 13, 0.487, 0.460)], 1.0, space)
+    assert seed0["holds"] is True and seed0["tau"] == 1.0
+    assert seed0["unmeasured"] == {"trial": 11, "run": 13, "of": 2, "proxy_gap": pytest.approx(0.049),
+                                   "target_gap": pytest.approx(0.351)}
+    # the target's deficit no larger than the proxy's (to the resolution): the proxy measured that catch-up
+    measured = agreement([(2, 12, 0.404, 0.41), (11, 13, 0.493, 0.491)], 1.0, space)
+    assert measured["holds"] is True and "unmeasured" not in measured
+    assert "catch-up" not in check_line(measured)
+    edge = agreement([(2, 12, 0.40, 0.30), (11, 13, 0.45, 0.359)], 1.0, space)  # 0.059 against 0.05: 0.009 more
+    assert "unmeasured" not in edge
+    # the pick ahead on the proxy within the resolution, behind on the target: the same
+    ahead = agreement([(3, 14, 0.488, 0.187), (8, 15, 0.484, 0.478)], 1.0, space)
+    assert ahead["unmeasured"]["proxy_gap"] == pytest.approx(-0.004)
+    assert "its pick, trial 3, was 0.004 ahead of trial 8 on the proxy" in check_line(ahead)
     # a failed check keeps nothing: its race is the target's
     failed = agreement([(3, 14, 0.60, 0.187), (8, 15, 0.484, 0.478)], 1.0, space)
-    assert failed["holds"] is False and "unseen" not in failed
+    assert failed["holds"] is False and "unmeasured" not in failed
     # the record is read back from storage, never trusted
-    assert unseen_setting({"unseen": {"trial": 8, "run": "15", "of": 3, "proxy_gap": 0.0, "target_gap": 0.2}}) is None
-    assert unseen_setting({"unseen": {"trial": 8, "run": 15, "of": 3, "proxy_gap": 0.0,
-                                      "target_gap": float("nan")}}) is None
-    assert unseen_setting(seed2) == seed2["unseen"] and unseen_setting(None) is None
+    assert unmeasured_setting({"unmeasured": {"trial": 8, "run": "15", "of": 3, "proxy_gap": 0.0,
+                                              "target_gap": 0.2}}) is None
+    assert unmeasured_setting({"unmeasured": {"trial": 8, "run": 15, "of": 3, "proxy_gap": 0.0,
+                                              "target_gap": float("nan")}}) is None
+    assert unmeasured_setting(seed2) == seed2["unmeasured"] and unmeasured_setting(None) is None
 
 
 def test_the_check_is_recorded_once_and_then_the_search_samples_on_the_target(tmp_path: Path) -> None:

@@ -209,26 +209,27 @@ def test_a_held_proxy_races_its_best_setting_alone_and_its_first_seed_continues_
             and "its best setting alone (confirm_top 1)" in err)
 
 
-def test_a_pick_the_proxy_could_not_tell_from_the_target_s_best_at_the_promotion_step_races_against_it(
+def test_a_catch_up_the_proxy_never_measured_races_the_target_s_best_against_the_pick(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The small model scores every x alike up to step 10 (fake.small_blind_until) and then ranks x by its distance
     to 0.8, the large one by its distance to 0.3 all along (build C's study seed 2 in small: benchmarks/RESULTS.md).
     The proxy's pick is the x nearest 0.8; at the promotion step the proxy has it level with every other promoted
     setting while the target has the x nearest 0.3 ahead: the check holds (the proxy claims nothing there) but says
-    in one line that the pick is not measured against that setting, and the race takes both, although confirm_top
-    is 1; the target's full-length runs then recommend the target's best, and each first seed continues its own
-    promoted run."""
+    in one line that the pick's catch-up on the target was never measured, and the race takes both, although
+    confirm_top is 1; the target's full-length runs then recommend the target's best, and each first seed continues
+    its own promoted run."""
     study, promoted, seed = searched(tmp_path, capsys, proxy={"fake.small_blind_until": PROMOTE, "fake.small_x0": 0.8})
     check = study.user_attrs[ATTR_FIDELITY_CHECK]
     by_run = {t.number: t for t in promoted}
-    pick, other = check["pairs"][0][1], check["unseen"]["run"]
+    pick, other = check["pairs"][0][1], check["unmeasured"]["run"]
     assert check["holds"] is True and len({p[2] for p in check["pairs"]}) == 1  # the proxy level at step 10
     assert pick == min(by_run, key=lambda n: abs(by_run[n].params["x"] - 0.8))  # the proxy's full-length best
     assert other == min(by_run, key=lambda n: abs(by_run[n].params["x"] - 0.3)) != pick  # the target's best at 10
     out, _ = run(tmp_path, capsys, "confirm", "--study", "proxy")
     said = [line for line in out.splitlines() if "proxy race: the proxy held" in line]
     assert said and (f"the target race runs its best setting alone and trial {other}, the target's best at the "
-                     "promotion step, which the proxy could not tell from its pick there (confirm_top 1)") in said[0]
+                     "promotion step, further ahead of the pick there on the target than on the proxy (confirm_top "
+                     "1)") in said[0]
     study = load(tmp_path / "studies", "proxy")
     race = race_of(study)
     assert race["candidates"] == [pick, other] and race["proxy"]["continues"] == [pick, other]
@@ -381,14 +382,16 @@ def test_the_field_is_the_proxy_s_best_settings_it_cannot_tell_apart_whatever_th
     separated = {**check, "resolution": 0.005}
     assert proxy_field(study, space(4), separated) == [4]
     # a setting the proxy could not tell from its pick at the promotion step, which the target had ahead there (the
-    # check's unseen): it joins the field beyond confirm_top, once, and the confirmation's reserve counts it
-    unseen = {**check, "unseen": {"trial": 3, "run": 7, "of": 0, "proxy_gap": 0.004, "target_gap": 0.132}}
-    assert proxy_field(study, space(1), unseen) == [4, 7]
-    assert proxy_field(study, space(4), {**unseen, "unseen": {**unseen["unseen"], "run": 5, "trial": 1}}) == [4, 5, 6]
-    assert proxy_field(study, space(1), {**unseen, "unseen": {**unseen["unseen"], "run": None}}) == [4]
+    # check's unmeasured catch-up): it joins the field beyond confirm_top, once, and the confirmation's reserve
+    # counts it
+    found = {"trial": 3, "run": 7, "of": 0, "proxy_gap": 0.23, "target_gap": 0.132}
+    unmeasured_ = {**check, "unmeasured": found}
+    assert proxy_field(study, space(1), unmeasured_) == [4, 7]
+    assert proxy_field(study, space(4), {**check, "unmeasured": {**found, "run": 5, "trial": 1}}) == [4, 5, 6]
+    assert proxy_field(study, space(1), {**check, "unmeasured": {**found, "run": None}}) == [4]
     trials = study.get_trials(deepcopy=False)
     assert confirm_reserve(space(1), None, trials, check) == 2.0  # 1 setting on 2 seeds
-    assert confirm_reserve(space(1), None, trials, unseen) == 4.0
+    assert confirm_reserve(space(1), None, trials, unmeasured_) == 4.0
 
 
 def test_a_candidate_continues_its_own_promoted_run_or_one_with_exactly_its_params(tmp_path: Path) -> None:
