@@ -16,7 +16,7 @@ from hpo.analysis import HEALTH_KNOBS
 from hpo.record import ATTR_FIDELITY_CHECK, is_promoted, is_proxy, steps_run, study_cost
 from hpo.reporting._report import dropped_rows, fmt_params, is_surplus, outcome, top_table
 from hpo.reporting._speed_search import speed_search_summary
-from hpo.samplers import ties_line
+from hpo.samplers import ties_line, unmeasured_words
 from hpo.storages import mask_url, storage_downtime, storage_outages
 
 
@@ -61,6 +61,9 @@ def fidelity_summary(study: optuna.Study) -> str:
         "did not hold: the search went on on the target"
     ties = ties_line(study)  # the proxy's best settings it could not tell apart, re-run on its own seeds
     tied = f"; {ties.removeprefix('proxy tie: ')}" if ties else ""
+    words = unmeasured_words(check) if check.get("holds") else None
+    if words is not None:
+        tied += f"; {words}: a catch-up it never measured, so the race took both"
     return (f"proxy: {what} ({figures} over {check.get('n')} promoted settings at {check.get('steps')} steps"
             f"{'; transfer ' + rules if rules else ''}); {proxy_effect(study, bool(check.get('holds')))}{tied}\n")
 

@@ -9,7 +9,7 @@ successive_halving``), and model-size fidelity (``study.fidelity.proxy``): a sam
 
 May import: ``hpo.experiment``, ``hpo.record``, ``hpo.analysis``."""
 
-from hpo.samplers._check import check_line, record_check, unmeasured_setting
+from hpo.samplers._check import check_line, record_check, unmeasured_setting, unmeasured_words
 from hpo.samplers._fidelity import FidelityPruner, FidelitySampler, FidelityView, search_fidelity, with_fidelity
 from hpo.samplers._gp import PrunedAwareGPSampler
 from hpo.samplers._halving import ChainHalvingPruner
@@ -33,4 +33,4 @@ __all__ = ["ChainHalvingPruner", "Decision", "FidelityPruner", "FidelitySampler"
            "PrunedAwareGPSampler", "Segment", "check_line", "decide", "initial_population", "latest", "lineage",
            "promote_steps", "promotion", "promotion_pending", "promotion_twin", "proxy_ties", "proxy_value", "ranked",
            "record_check", "schedule", "search_fidelity", "start_promotion", "start_ties", "tie_twin", "ties_line",
-           "ties_pending", "unmeasured_setting", "with_fidelity"]
+           "ties_pending", "unmeasured_setting", "unmeasured_words", "with_fidelity"]

@@ -120,7 +120,7 @@ def agreement(pairs: Sequence[tuple[int, int, float, float]], sign: float, space
     if holds and best != 0 and (y[best] - y[0]) - (x[best] - x[0]) > res + 1e-12:
         # the proxy's pick (its full-length first) is further behind the target's best at the step on the target than
         # it was on the proxy: a catch-up the proxy never measured (module docstring): the race takes both
-        out["unmeasured"] = {"trial": pairs[best][0], "run": pairs[best][1], "of": pairs[0][0],
+        out["unmeasured"] = {"trial": pairs[best][0], "run": pairs[best][1], "of": pairs[0][0], "of_run": pairs[0][1],
                              "proxy_gap": x[best] - x[0], "target_gap": y[best] - y[0]}
     side = ("" if not flat else "; the target has them within the resolution" if max(y) - min(y) <= res
             else "; it has them within the resolution there, so nothing to rank")
@@ -236,18 +236,27 @@ def unmeasured_setting(check: Any) -> dict[str, Any] | None:
     return found
 
 
-def unmeasured_clause(check: dict[str, Any]) -> str:
-    """``; ...`` saying the check's :func:`unmeasured_setting` ("" without one)."""
+def unmeasured_words(check: Any) -> str | None:
+    """The check's :func:`unmeasured_setting` in words (``at step 10 its pick, trial 3, was 0.004 behind trial 8 on
+    the proxy and 0.291 behind it on the target``), None without one."""
     found = unmeasured_setting(check)
     if found is None:
-        return ""
+        return None
     steps = check.get("steps")
     at = f"step {steps}" if isinstance(steps, int) and not isinstance(steps, bool) else "the promotion step"
     g = found["proxy_gap"]
     proxy = f"{g:.3g} behind" if g > 0 else f"{-g:.3g} ahead of" if g < 0 else "level with"
-    return (f"; at {at} its pick, trial {found['of']}, was {proxy} trial {found['trial']} on the proxy and "
-            f"{found['target_gap']:.3g} behind it on the target: a catch-up the proxy never measured, so the race "
-            "takes both")
+    of_run = found.get("of_run")
+    runs = (f" (target run {of_run})" if isinstance(of_run, int) and not isinstance(of_run, bool) else "",
+            f" (target run {found['run']})")
+    return (f"at {at} its pick, trial {found['of']}{runs[0]}, was {proxy} trial {found['trial']}{runs[1]} on the "
+            f"proxy and {found['target_gap']:.3g} behind it on the target")
+
+
+def unmeasured_clause(check: dict[str, Any]) -> str:
+    """``; ...`` saying the check's :func:`unmeasured_setting` ("" without one)."""
+    words = unmeasured_words(check)
+    return "" if words is None else f"; {words}: a catch-up the proxy never measured, so the race takes both"
 
 
 def check_line(check: dict[str, Any]) -> str:

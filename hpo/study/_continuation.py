@@ -332,7 +332,7 @@ def proxy_race_line(study: optuna.Study, space: Space) -> str | None:
         found = unmeasured_setting(study.user_attrs.get(ATTR_FIDELITY_CHECK))
         extra = found["run"] if found is not None and found["run"] in field[1:] else None
         tied = len(field) - (extra is not None)
-        who = "its best setting alone" if tied == 1 else \
+        who = ("its best setting" + ("" if extra is not None else " alone")) if tied == 1 else \
             f"{tied} promoted settings it cannot tell apart (within the resolution of its best)"
         if extra is not None:
             who += (f" and trial {extra}, the target's best at the promotion step, further ahead of the pick there "

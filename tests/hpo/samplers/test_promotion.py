@@ -128,7 +128,7 @@ def test_the_check_compares_the_proxy_and_the_target_at_the_promotion_step(tmp_p
     # gap), but the target has its pick 0.011 behind where the proxy had it level: a catch-up never measured
     behind = agreement([(2, 12, 0.404, 0.258), (7, 13, 0.404, 0.269)], 1.0, space)
     assert behind["holds"] is True and behind["gap"] == 0.0
-    assert behind["unmeasured"] == {"trial": 7, "run": 13, "of": 2, "proxy_gap": 0.0,
+    assert behind["unmeasured"] == {"trial": 7, "run": 13, "of": 2, "of_run": 12, "proxy_gap": 0.0,
                                     "target_gap": pytest.approx(0.011)}
 
 
@@ -142,15 +142,15 @@ def test_a_catch_up_the_proxy_never_measured_races_the_target_s_best_against_the
     space = _space(tmp_path)
     seed2 = agreement([(3, 14, 0.480, 0.187), (8, 15, 0.484, 0.478)], 1.0, space)
     assert seed2["holds"] is True and seed2["gap"] == 0.0 and seed2["proxy_best"] == seed2["target_best"] == 8
-    assert seed2["unmeasured"] == {"trial": 8, "run": 15, "of": 3, "proxy_gap": pytest.approx(0.004),
+    assert seed2["unmeasured"] == {"trial": 8, "run": 15, "of": 3, "of_run": 14, "proxy_gap": pytest.approx(0.004),
                                    "target_gap": pytest.approx(0.291)}
     line = check_line({**seed2, "steps": 10})
-    assert ("at step 10 its pick, trial 3, was 0.004 behind trial 8 on the proxy and 0.291 behind it on the target: a "
-            "catch-up the proxy never measured, so the race takes both") in line
+    assert ("at step 10 its pick, trial 3 (target run 14), was 0.004 behind trial 8 (target run 15) on the proxy and "
+            "0.291 behind it on the target: a catch-up the proxy never measured, so the race takes both") in line
     assert line.endswith("the confirmation races them on the target")
     seed0 = agreement([(2, 12, 0.438, 0.109), (11, 13, 0.487, 0.460)], 1.0, space)
     assert seed0["holds"] is True and seed0["tau"] == 1.0
-    assert seed0["unmeasured"] == {"trial": 11, "run": 13, "of": 2, "proxy_gap": pytest.approx(0.049),
+    assert seed0["unmeasured"] == {"trial": 11, "run": 13, "of": 2, "of_run": 12, "proxy_gap": pytest.approx(0.049),
                                    "target_gap": pytest.approx(0.351)}
     # the target's deficit no larger than the proxy's (to the resolution): the proxy measured that catch-up
     measured = agreement([(2, 12, 0.404, 0.41), (11, 13, 0.493, 0.491)], 1.0, space)
@@ -161,7 +161,8 @@ def test_a_catch_up_the_proxy_never_measured_races_the_target_s_best_against_the
     # the pick ahead on the proxy within the resolution, behind on the target: the same
     ahead = agreement([(3, 14, 0.488, 0.187), (8, 15, 0.484, 0.478)], 1.0, space)
     assert ahead["unmeasured"]["proxy_gap"] == pytest.approx(-0.004)
-    assert "its pick, trial 3, was 0.004 ahead of trial 8 on the proxy" in check_line(ahead)
+    assert "its pick, trial 3 (target run 14), was 0.004 ahead of trial 8 (target run 15) on the proxy" in check_line(
+        ahead)
     # a failed check keeps nothing: its race is the target's
     failed = agreement([(3, 14, 0.60, 0.187), (8, 15, 0.484, 0.478)], 1.0, space)
     assert failed["holds"] is False and "unmeasured" not in failed

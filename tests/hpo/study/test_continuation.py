@@ -227,7 +227,7 @@ def test_a_catch_up_the_proxy_never_measured_races_the_target_s_best_against_the
     assert other == min(by_run, key=lambda n: abs(by_run[n].params["x"] - 0.3)) != pick  # the target's best at 10
     out, _ = run(tmp_path, capsys, "confirm", "--study", "proxy")
     said = [line for line in out.splitlines() if "proxy race: the proxy held" in line]
-    assert said and (f"the target race runs its best setting alone and trial {other}, the target's best at the "
+    assert said and (f"the target race runs its best setting and trial {other}, the target's best at the "
                      "promotion step, further ahead of the pick there on the target than on the proxy (confirm_top "
                      "1)") in said[0]
     study = load(tmp_path / "studies", "proxy")
@@ -239,6 +239,9 @@ def test_a_catch_up_the_proxy_never_measured_races_the_target_s_best_against_the
     assert {t.system_attrs[ATTR_CONFIRM_OF] for t in runs if ATTR_CONTINUES in t.system_attrs} == {pick, other}
     _, err = run(tmp_path, capsys, "best", "--study", "proxy")
     assert f"# trial {other} " in err, err  # the target's best at full length, not the proxy's pick
+    assert (f"its pick, trial {check['pairs'][0][0]} (target run {pick}), was level with trial "
+            f"{check['unmeasured']['trial']} (target run {other}) on the proxy") in err
+    assert "a catch-up it never measured, so the race took both" in err
 
 
 def test_confirm_top_with_a_held_proxy_says_in_one_line_that_the_proxy_s_field_is_raced(
