@@ -24,7 +24,7 @@
   ``confirm_top``): the target decides at full length. A pick whose deficit on the target is no larger than on the
   proxy (to the resolution) is trusted. On build C of the tiny_arith family the proxy's picks were slow starters and
   the target's deficit was 7 and 70 times the proxy's (study seeds 0 and 2: 0.049 -> 0.351, 0.004 -> 0.291 at step
-  10); on fresh seeds those picks tested 0.042 and 0.033 below the other promoted setting (benchmarks/RESULTS.md,
+  10); on fresh seeds those picks tested 0.056 and 0.033 below the other promoted setting (benchmarks/RESULTS.md,
   "model-size fidelity").
 
 The figures and the decision are kept in the study's user attr :data:`~hpo.record.ATTR_FIDELITY_CHECK`, the first
