@@ -52,6 +52,7 @@ from hpo.samplers._promotion import _finite, _sign, _value_at, promoted_runs, pr
 BOOTSTRAP = 2000
 MAX_EXACT = 8  # the permutation p-value is exact up to this many settings (8! = 40,320 orderings)
 
+
 def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Kendall's tau-b of two paired samples (None when either is constant)."""
     conc = disc = tx = ty = 0
@@ -91,7 +92,6 @@ def tau_p_value(x: Sequence[float], y: Sequence[float], tau: float) -> float | N
         return None
     taus = [kendall_tau(x, list(p)) for p in itertools.permutations(y)]
     return sum(1 for t in taus if t is not None and t >= tau - 1e-12) / len(taus)
-
 
 
 def agreement(pairs: Sequence[tuple[int, int, float, float]], sign: float, space: Space) -> dict[str, Any]:

@@ -196,6 +196,15 @@ def promotion_pending(trials: Sequence[FrozenTrial]) -> tuple[bool, bool]:
     return _pending(promoted_runs(trials))
 
 
+def resolution(space: Space, best: float) -> float:
+    """The race's resolution: ``study.confirm.resolution``, else ``plateau_min_delta``, else 1% of the best."""
+    res = getattr(space.study.confirm, "resolution", None)
+    if isinstance(res, (int, float)) and not isinstance(res, bool):
+        return float(res)
+    delta = space.early_stopping.plateau_min_delta
+    return delta if delta > 0 else (0.01 * abs(best) or 1e-12)
+
+
 # ----------------------------------------------------------------------------- the proxy's ties
 def tied_best(study: optuna.Study, space: Space, trials: Sequence[FrozenTrial]) -> list[int]:
     """The proxy's best settings it cannot tell apart: among the ``promote`` it ranks first, the completed trials whose
@@ -310,11 +319,3 @@ def ties_line(study: optuna.Study, sign: float | None = None) -> str | None:
             "still tied: "
             + ", ".join(f"trial {n} {v:.4g} over {k} seed(s)" for v, n, k in rows)
             + " (the promotion ranks them by these means, best first)")
-
-def resolution(space: Space, best: float) -> float:
-    """The race's resolution: ``study.confirm.resolution``, else ``plateau_min_delta``, else 1% of the best."""
-    res = getattr(space.study.confirm, "resolution", None)
-    if isinstance(res, (int, float)) and not isinstance(res, bool):
-        return float(res)
-    delta = space.early_stopping.plateau_min_delta
-    return delta if delta > 0 else (0.01 * abs(best) or 1e-12)
