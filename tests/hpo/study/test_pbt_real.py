@@ -77,17 +77,24 @@ def test_population_exploits_rolls_back_survives_sigkill_and_resume(tmp_path: Pa
     driver = subprocess.Popen([PY, "-m", "hpo", "resume", "--study", "pbt", "--studies-dir", str(studies)],
                               cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 400
-    killed_at = None
+    killed_at, frozen = None, []
     while killed_at is None:  # SIGKILL the worker while member 3's exploit segment trains
         assert time.monotonic() < deadline and driver.poll() is None
         for t in load(studies, "pbt").trials:
             if t.system_attrs.get("pbt:member") == 3 and t.state == TrialState.RUNNING \
                     and t.system_attrs.get("pbt:action") == "exploit" and "trial_dir" in t.user_attrs \
                     and (Path(t.user_attrs["trial_dir"]) / "metrics.jsonl").exists():
+                # its trainer stopped first, so that the segment cannot end (and be recorded) before the kill lands:
+                # a 2-step segment on a busy host could, and then nothing was left to retry
+                frozen = _signal([p for p in psutil.process_iter() if t.user_attrs["trial_dir"] in
+                                  " ".join(_cmdline(p))], psutil.Process.suspend)
+                assert frozen and load(studies, "pbt").trials[t.number].state == TrialState.RUNNING
                 killed_at = t.number
+                break
         time.sleep(0.1)
     driver.kill()
     driver.wait()
+    _signal(frozen, psutil.Process.resume)  # the trainer may now go the way of a trial whose driver died
     trials_dir = studies / "pbt" / "trials"
     left = [p for p in psutil.process_iter() if str(trials_dir) in " ".join(_cmdline(p))]
     assert psutil.wait_procs(left, timeout=30)[1] == [], "a trial survived its driver"
@@ -162,6 +169,18 @@ def test_population_exploits_rolls_back_survives_sigkill_and_resume(tmp_path: Pa
     assert chain[0].system_attrs["pbt:checkpoint"] is None  # from scratch
     assert all(t.system_attrs["pbt:checkpoint"] for t in chain[1:])
     assert not list(Path(chain[-1].user_attrs["trial_dir"]).glob("checkpoints/global_step_*"))
+
+
+def _signal(procs: list[psutil.Process], how: Any) -> list[psutil.Process]:
+    """``how`` (suspend, resume) applied to each of ``procs`` still alive; those it reached."""
+    out = []
+    for p in procs:
+        try:
+            how(p)
+            out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 def _cmdline(p: psutil.Process) -> list[str]:
