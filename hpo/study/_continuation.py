@@ -330,7 +330,10 @@ def proxy_race_line(study: optuna.Study, space: Space) -> str | None:
                f"{'' if runs else ' from scratch'} (study.confirm.top_k)")
     else:
         found = unmeasured_setting(study.user_attrs.get(ATTR_FIDELITY_CHECK))
-        extra = found["run"] if found is not None and found["run"] in field[1:] else None
+        top = entry.get("confirm_top")
+        # appended by proxy_field beyond confirm_top, not one of the settings the proxy could not tell apart
+        extra = found["run"] if found is not None and field[-1] == found["run"] and isinstance(top, int) \
+            and len(field) > top else None
         tied = len(field) - (extra is not None)
         who = ("its best setting" + ("" if extra is not None else " alone")) if tied == 1 else \
             f"{tied} promoted settings it cannot tell apart (within the resolution of its best)"
